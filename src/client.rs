@@ -1,0 +1,151 @@
+//! Connecting to an agent from the host.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! let client = sandbox_agent::connect("unix:///run/sandbox-agent.sock").await?;
+//! let info = client.agent().get_info(sandbox_agent::proto::GetInfoRequest {}).await?;
+//! println!("{}", info.into_inner().hostname);
+//! # Ok(()) }
+//! ```
+//!
+//! [`ConnectOptions`] sets the token and timeouts. The channel reconnects by
+//! itself (through the same transport, handshake included) when the
+//! connection drops.
+
+use std::time::Duration;
+
+use hyper_util::rt::TokioIo;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::{Channel, Uri};
+
+use crate::auth::{BearerInterceptor, Token};
+use crate::proto::agent_client::AgentClient;
+use crate::proto::health::health_client::HealthClient;
+use crate::proto::servers_client::ServersClient;
+use crate::proto::workspace_client::WorkspaceClient;
+use crate::transport::{self, DialError, Endpoint, HvsockOptions, UriError};
+
+/// Channel with the bearer token attached to every request.
+pub type AuthChannel = InterceptedService<Channel, BearerInterceptor>;
+
+/// Why [`connect`] failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    #[error(transparent)]
+    Uri(#[from] UriError),
+    #[error("cannot reach the agent at {endpoint}: {detail}")]
+    Unreachable { endpoint: String, detail: String },
+}
+
+/// How to connect: token and timeouts.
+#[derive(Debug, Clone)]
+pub struct ConnectOptions {
+    pub token: Option<Token>,
+    /// Bound on establishing one connection (tcp, unix, vsock).
+    pub connect_timeout: Duration,
+    /// Hybrid-vsock handshake timeout and retry deadline.
+    pub hvsock: HvsockOptions,
+}
+
+impl Default for ConnectOptions {
+    fn default() -> Self {
+        ConnectOptions {
+            token: None,
+            connect_timeout: Duration::from_secs(5),
+            hvsock: HvsockOptions::default(),
+        }
+    }
+}
+
+/// Connects with default options and no token.
+pub async fn connect(uri: &str) -> Result<Client, ConnectError> {
+    ConnectOptions::default().connect(uri).await
+}
+
+impl ConnectOptions {
+    /// Parses `uri` and connects now, so an unreachable agent is reported
+    /// here rather than on the first RPC.
+    pub async fn connect(&self, uri: &str) -> Result<Client, ConnectError> {
+        let endpoint: Endpoint = uri.parse()?;
+        let unreachable = |detail: String| ConnectError::Unreachable {
+            endpoint: endpoint.to_string(),
+            detail,
+        };
+        // The URI given to tonic only names the HTTP/2 authority; the
+        // connector decides where bytes really go.
+        let builder = Channel::from_static("http://sandbox-agent")
+            .connect_timeout(self.connect_timeout)
+            .tcp_nodelay(true);
+        let target = endpoint.clone();
+        let timeout = self.connect_timeout;
+        let hv = self.hvsock.clone();
+        let connector = tower::service_fn(move |_: Uri| {
+            let target = target.clone();
+            let hv = hv.clone();
+            async move {
+                let io = transport::dial(&target, timeout, &hv).await?;
+                Ok::<_, DialError>(TokioIo::new(io))
+            }
+        });
+        let channel = builder
+            .connect_with_connector(connector)
+            .await
+            .map_err(|e| unreachable(error_chain(&e)))?;
+        Ok(Client {
+            channel,
+            auth: BearerInterceptor::new(self.token.as_ref()),
+            endpoint,
+        })
+    }
+}
+
+/// Renders an error with its sources, `a: b: c`, skipping repeats.
+pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut parts: Vec<String> = vec![e.to_string()];
+    let mut cur = e.source();
+    while let Some(s) = cur {
+        let text = s.to_string();
+        if !parts.iter().any(|p| p.contains(&text)) {
+            parts.push(text);
+        }
+        cur = s.source();
+    }
+    parts.join(": ")
+}
+
+/// A connection to one agent, handing out typed clients for each service.
+/// Cloning is cheap; all clones share the connection.
+#[derive(Clone)]
+pub struct Client {
+    channel: Channel,
+    auth: BearerInterceptor,
+    endpoint: Endpoint,
+}
+
+impl Client {
+    pub fn agent(&self) -> AgentClient<AuthChannel> {
+        AgentClient::with_interceptor(self.channel.clone(), self.auth.clone())
+    }
+
+    pub fn workspace(&self) -> WorkspaceClient<AuthChannel> {
+        WorkspaceClient::with_interceptor(self.channel.clone(), self.auth.clone())
+    }
+
+    pub fn servers(&self) -> ServersClient<AuthChannel> {
+        ServersClient::with_interceptor(self.channel.clone(), self.auth.clone())
+    }
+
+    /// Standard `grpc.health.v1` client.
+    pub fn health(&self) -> HealthClient<AuthChannel> {
+        HealthClient::with_interceptor(self.channel.clone(), self.auth.clone())
+    }
+
+    /// The raw channel, for other generated clients (e.g. reflection).
+    pub fn channel(&self) -> Channel {
+        self.channel.clone()
+    }
+
+    pub fn endpoint(&self) -> &Endpoint {
+        &self.endpoint
+    }
+}
