@@ -1,1 +1,312 @@
-fn main() {}
+//! `sandboxctl`: host-side command line client of a sandbox agent.
+//!
+//! Exit status: 0 on success, 1 when the operation failed (agent unreachable,
+//! RPC error, health not SERVING), 2 for usage errors.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context, anyhow};
+use clap::{Parser, Subcommand};
+use sandbox_agent::auth::Token;
+use sandbox_agent::client::{Client, ConnectOptions, error_chain};
+use sandbox_agent::proto;
+use sandbox_agent::proto::health::HealthCheckRequest;
+use sandbox_agent::proto::health::health_check_response::ServingStatus;
+use sandbox_agent::transport::HvsockOptions;
+use serde_json::json;
+
+/// Control a sandbox agent from the host.
+#[derive(Parser, Debug)]
+#[command(name = "sandboxctl", version)]
+struct Args {
+    /// Agent endpoint: vsock://CID:PORT, unix:///path, tcp://HOST:PORT or
+    /// hvsock:///path/to/vsock.sock:PORT.
+    #[arg(long, global = true, value_name = "URI", env = "SANDBOX_AGENT")]
+    agent: Option<String>,
+
+    /// Bearer token (required by tcp:// listeners).
+    #[arg(
+        long,
+        global = true,
+        env = "SANDBOX_AGENT_TOKEN",
+        hide_env_values = true,
+        conflicts_with = "token_file"
+    )]
+    token: Option<String>,
+
+    /// File holding the bearer token.
+    #[arg(
+        long,
+        global = true,
+        value_name = "FILE",
+        env = "SANDBOX_AGENT_TOKEN_FILE"
+    )]
+    token_file: Option<PathBuf>,
+
+    /// Seconds to wait for a connection (for hvsock://, the retry deadline
+    /// while the VM boots).
+    #[arg(long, global = true, default_value_t = 5.0, value_name = "SECONDS")]
+    timeout: f64,
+
+    /// Machine-readable JSON output.
+    #[arg(long, global = true)]
+    json: bool,
+
+    #[command(subcommand)]
+    verb: Verb,
+}
+
+#[derive(Subcommand, Debug)]
+enum Verb {
+    /// Health of the agent (grpc.health.v1). Exit 0 only when SERVING.
+    Health {
+        /// Check one service (e.g. sandbox.agent.v1.Workspace) instead of
+        /// the whole agent.
+        #[arg(long, default_value = "")]
+        service: String,
+    },
+    /// Agent version, machine, resources and lease.
+    Info,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let json = args.json;
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => return fail(json, &anyhow!(e).context("starting the async runtime")),
+    };
+    match runtime.block_on(run(args)) {
+        Ok(code) => code,
+        Err(e) => fail(json, &e),
+    }
+}
+
+fn fail(json: bool, e: &anyhow::Error) -> ExitCode {
+    let msg = format!("{e:#}");
+    if json {
+        println!("{}", json!({ "ok": false, "error": msg }));
+    }
+    eprintln!("sandboxctl: {msg}");
+    ExitCode::FAILURE
+}
+
+async fn connect(args: &Args) -> anyhow::Result<Client> {
+    let uri = args
+        .agent
+        .as_deref()
+        .context("no agent given: pass --agent URI or set SANDBOX_AGENT (e.g. unix:///run/sandbox-agent.sock)")?;
+    let token = match (&args.token, &args.token_file) {
+        (Some(t), _) => Some(Token::new(t, "--token")?),
+        (None, Some(p)) => Some(Token::from_file(p)?),
+        (None, None) => None,
+    };
+    if !(args.timeout.is_finite() && args.timeout > 0.0) {
+        anyhow::bail!("--timeout must be a positive number of seconds");
+    }
+    let timeout = Duration::from_secs_f64(args.timeout);
+    let opts = ConnectOptions {
+        token,
+        connect_timeout: timeout,
+        hvsock: HvsockOptions {
+            retry_deadline: timeout,
+            ..HvsockOptions::default()
+        },
+    };
+    Ok(opts.connect(uri).await?)
+}
+
+/// Formats a failed RPC as `Method: CODE: message`.
+fn rpc_error(method: &str, s: tonic::Status) -> anyhow::Error {
+    let detail = if s.message().is_empty() {
+        error_chain(&s)
+    } else {
+        s.message().to_owned()
+    };
+    anyhow!("{method} failed: {:?}: {detail}", s.code())
+}
+
+async fn run(args: Args) -> anyhow::Result<ExitCode> {
+    let client = connect(&args).await?;
+    match &args.verb {
+        Verb::Health { service } => health(&client, service, args.json).await,
+        Verb::Info => info(&client, args.json).await,
+    }
+}
+
+async fn health(client: &Client, service: &str, json: bool) -> anyhow::Result<ExitCode> {
+    let resp = client
+        .health()
+        .check(HealthCheckRequest {
+            service: service.to_owned(),
+        })
+        .await
+        .map_err(|s| rpc_error("Health.Check", s))?
+        .into_inner();
+    let status = ServingStatus::try_from(resp.status).unwrap_or(ServingStatus::Unknown);
+    let name = status.as_str_name();
+    if json {
+        println!(
+            "{}",
+            json!({ "ok": status == ServingStatus::Serving, "service": service, "status": name, "agent": client.endpoint().to_string() })
+        );
+    } else if service.is_empty() {
+        println!("{name}");
+    } else {
+        println!("{service}: {name}");
+    }
+    Ok(if status == ServingStatus::Serving {
+        ExitCode::SUCCESS
+    } else {
+        if !json {
+            eprintln!("sandboxctl: agent at {} is {name}", client.endpoint());
+        }
+        ExitCode::FAILURE
+    })
+}
+
+async fn info(client: &Client, json: bool) -> anyhow::Result<ExitCode> {
+    let i = client
+        .agent()
+        .get_info(proto::GetInfoRequest {})
+        .await
+        .map_err(|s| rpc_error("Agent.GetInfo", s))?
+        .into_inner();
+    let status = proto::SandboxStatus::try_from(i.status)
+        .map(|s| status_name(s).to_owned())
+        .unwrap_or_else(|_| format!("unknown ({})", i.status));
+    let load = i.load_average.unwrap_or_default();
+    let ws = i.workspace.clone().unwrap_or_default();
+    if json {
+        let lease = i.lease.as_ref().map(|l| {
+            json!({
+                "lease_id": l.lease_id,
+                "benchmark": proto::Benchmark::try_from(l.benchmark).map(|b| b.as_str_name()).unwrap_or("unknown"),
+                "server_names": l.server_names,
+                "acquired_at_ms": l.acquired_at_ms,
+                "ttl_seconds": l.ttl_seconds,
+                "expires_at_ms": l.expires_at_ms,
+                "test_account_email": l.test_account_email,
+            })
+        });
+        println!(
+            "{}",
+            json!({
+                "ok": true,
+                "agent_version": i.agent_version,
+                "boot_id": i.boot_id,
+                "system_uptime_seconds": i.system_uptime_seconds,
+                "agent_uptime_ms": i.agent_uptime_ms,
+                "agent_pid": i.agent_pid,
+                "hostname": i.hostname,
+                "kernel_release": i.kernel_release,
+                "kernel_version": i.kernel_version,
+                "arch": i.arch,
+                "cpu_count": i.cpu_count,
+                "load_average": [load.one, load.five, load.fifteen],
+                "memory_total_bytes": i.memory_total_bytes,
+                "memory_available_bytes": i.memory_available_bytes,
+                "workspace": {
+                    "path": ws.path,
+                    "total_bytes": ws.total_bytes,
+                    "free_bytes": ws.free_bytes,
+                    "available_bytes": ws.available_bytes,
+                },
+                "agent_rss_bytes": i.agent_rss_bytes,
+                "status": status,
+                "lease": lease,
+            })
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    let lease = match &i.lease {
+        None => "-".to_owned(),
+        Some(l) => format!("{} ({} servers)", l.lease_id, l.server_names.len()),
+    };
+    let rows = [
+        (
+            "agent",
+            format!(
+                "sandbox-agent {} (pid {}, up {})",
+                i.agent_version,
+                i.agent_pid,
+                duration(i.agent_uptime_ms / 1000)
+            ),
+        ),
+        ("status", status),
+        ("lease", lease),
+        ("hostname", i.hostname),
+        ("kernel", format!("{} {}", i.kernel_release, i.arch)),
+        ("boot id", i.boot_id),
+        ("uptime", duration(i.system_uptime_seconds)),
+        (
+            "cpus",
+            format!(
+                "{} (load {:.2} {:.2} {:.2})",
+                i.cpu_count, load.one, load.five, load.fifteen
+            ),
+        ),
+        (
+            "memory",
+            format!(
+                "{} available of {}",
+                bytes(i.memory_available_bytes),
+                bytes(i.memory_total_bytes)
+            ),
+        ),
+        (
+            "workspace",
+            format!(
+                "{} ({} available of {})",
+                ws.path,
+                bytes(ws.available_bytes),
+                bytes(ws.total_bytes)
+            ),
+        ),
+        ("agent rss", bytes(i.agent_rss_bytes)),
+    ];
+    for (k, v) in rows {
+        println!("{k:<10} {v}");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Klavis spelling of a status.
+fn status_name(s: proto::SandboxStatus) -> &'static str {
+    match s {
+        proto::SandboxStatus::Idle => "idle",
+        proto::SandboxStatus::Occupied => "occupied",
+        proto::SandboxStatus::Error => "error",
+        proto::SandboxStatus::Unspecified => "unspecified",
+    }
+}
+
+fn bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = n as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u < UNITS.len() - 1 {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}
+
+fn duration(secs: u64) -> String {
+    let (d, h, m, s) = (secs / 86400, secs / 3600 % 24, secs / 60 % 60, secs % 60);
+    match (d, h, m) {
+        (0, 0, 0) => format!("{s}s"),
+        (0, 0, _) => format!("{m}m {s}s"),
+        (0, _, _) => format!("{h}h {m}m"),
+        _ => format!("{d}d {h}h"),
+    }
+}

@@ -1,0 +1,187 @@
+//! Test harness: starts the real `sandbox-agent` and `sandboxctl` binaries.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+pub const AGENT: &str = env!("CARGO_BIN_EXE_sandbox-agent");
+pub const CTL: &str = env!("CARGO_BIN_EXE_sandboxctl");
+pub const TOKEN: &str = "test-token-0123456789abcdef";
+
+/// Lines a child wrote to stderr, shared with the reader thread.
+#[derive(Clone, Default)]
+pub struct Lines(Arc<(Mutex<Vec<String>>, Condvar)>);
+
+impl Lines {
+    /// Waits until a line satisfies `pred` and returns it.
+    pub fn wait_for(&self, timeout: Duration, pred: impl Fn(&str) -> bool) -> Option<String> {
+        let deadline = Instant::now() + timeout;
+        let (lock, cv) = &*self.0;
+        let mut lines = lock.lock().unwrap();
+        loop {
+            if let Some(l) = lines.iter().find(|l| pred(l)) {
+                return Some(l.clone());
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return None;
+            }
+            lines = cv.wait_timeout(lines, deadline - now).unwrap().0;
+        }
+    }
+
+    pub fn all(&self) -> String {
+        self.0.0.lock().unwrap().join("\n")
+    }
+}
+
+/// A running agent; killed (and reaped) when dropped.
+pub struct Agent {
+    pub child: Child,
+    pub dir: tempfile::TempDir,
+    pub stderr: Lines,
+    pub socket: PathBuf,
+}
+
+impl Agent {
+    /// Starts an agent with a unix listener at `<dir>/agent.sock`, workspace
+    /// `<dir>/ws`, and `extra` arguments; waits until it logs "serving".
+    pub fn start(extra: &[&str]) -> Agent {
+        let dir = tempfile::tempdir().unwrap();
+        Agent::start_in(dir, extra, &[])
+    }
+
+    pub fn start_in(dir: tempfile::TempDir, extra: &[&str], env: &[(&str, &str)]) -> Agent {
+        let socket = dir.path().join("agent.sock");
+        let mut cmd = Command::new(AGENT);
+        cmd.arg("--listen")
+            .arg(format!("unix://{}", socket.display()))
+            .arg("--workspace")
+            .arg(dir.path().join("ws"))
+            .args(extra)
+            .env_remove("SANDBOX_AGENT_TOKEN")
+            .env_remove("SANDBOX_AGENT_LISTEN")
+            .env_remove("SANDBOX_AGENT_CONFIG")
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().expect("spawn sandbox-agent");
+        let stderr = capture(child.stderr.take().unwrap());
+        let agent = Agent {
+            child,
+            dir,
+            stderr,
+            socket,
+        };
+        if agent
+            .stderr
+            .wait_for(Duration::from_secs(20), |l| {
+                l.contains(" serving ") || l.contains("\"message\":\"serving\"")
+            })
+            .is_none()
+        {
+            panic!(
+                "agent did not start serving; stderr:\n{}",
+                agent.stderr.all()
+            );
+        }
+        agent
+    }
+
+    pub fn unix_uri(&self) -> String {
+        format!("unix://{}", self.socket.display())
+    }
+
+    /// The endpoint a "listening" log line reports for `scheme`.
+    pub fn listening(&self, scheme: &str) -> String {
+        let line = self
+            .stderr
+            .wait_for(Duration::from_secs(5), |l| {
+                l.contains("listening") && l.contains(&format!("endpoint={scheme}://"))
+            })
+            .unwrap_or_else(|| panic!("no {scheme} listener; stderr:\n{}", self.stderr.all()));
+        let start = line.find("endpoint=").unwrap() + "endpoint=".len();
+        line[start..].split_whitespace().next().unwrap().to_owned()
+    }
+
+    /// Sends SIGTERM and waits for the exit status.
+    pub fn terminate(mut self) -> std::process::ExitStatus {
+        signal(self.child.id(), nix::sys::signal::Signal::SIGTERM);
+        let deadline = Instant::now() + Duration::from_secs(15);
+        loop {
+            if let Some(st) = self.child.try_wait().unwrap() {
+                return st;
+            }
+            assert!(Instant::now() < deadline, "agent ignored SIGTERM");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub fn signal(pid: u32, sig: nix::sys::signal::Signal) {
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), sig).unwrap();
+}
+
+fn capture(stream: impl std::io::Read + Send + 'static) -> Lines {
+    let lines = Lines::default();
+    let shared = lines.clone();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stream).lines() {
+            let Ok(line) = line else { break };
+            let (lock, cv) = &*shared.0;
+            lock.lock().unwrap().push(line);
+            cv.notify_all();
+        }
+    });
+    lines
+}
+
+/// Runs `sandboxctl` with `args` (environment cleared of agent settings).
+pub fn ctl(args: &[&str]) -> Output {
+    Command::new(CTL)
+        .args(args)
+        .env_remove("SANDBOX_AGENT")
+        .env_remove("SANDBOX_AGENT_TOKEN")
+        .env_remove("SANDBOX_AGENT_TOKEN_FILE")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run sandboxctl")
+}
+
+/// Runs `sandbox-agent` to completion (for --check-config and start errors).
+pub fn agent_once(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut cmd = Command::new(AGENT);
+    cmd.args(args)
+        .env_remove("SANDBOX_AGENT_TOKEN")
+        .env_remove("SANDBOX_AGENT_LISTEN")
+        .env_remove("SANDBOX_AGENT_CONFIG")
+        .stdin(Stdio::null());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().expect("run sandbox-agent")
+}
+
+pub fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+pub fn write_token(dir: &Path) -> PathBuf {
+    let p = dir.join("token");
+    std::fs::write(&p, format!("{TOKEN}\n")).unwrap();
+    p
+}

@@ -1,0 +1,196 @@
+//! The control plane through the library client and independent gRPC
+//! clients: reflection, standard health, and honest UNIMPLEMENTED answers.
+
+mod common;
+
+use common::*;
+use sandbox_agent::proto;
+use tokio_stream::StreamExt;
+use tonic::Code;
+use tonic_reflection::pb::v1::ServerReflectionRequest;
+use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
+use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
+use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
+
+#[tokio::test]
+async fn library_client_reads_info_and_health() {
+    let agent = Agent::start(&[]);
+    let client = sandbox_agent::connect(&agent.unix_uri())
+        .await
+        .expect("connect");
+    let info = client
+        .agent()
+        .get_info(proto::GetInfoRequest {})
+        .await
+        .expect("GetInfo")
+        .into_inner();
+    assert_eq!(info.agent_pid, agent.child.id());
+    assert_eq!(info.status, proto::SandboxStatus::Idle as i32);
+    let health = client
+        .health()
+        .check(proto::health::HealthCheckRequest {
+            service: "sandbox.agent.v1.Agent".into(),
+        })
+        .await
+        .expect("health")
+        .into_inner();
+    assert_eq!(
+        health.status,
+        proto::health::health_check_response::ServingStatus::Serving as i32
+    );
+}
+
+#[tokio::test]
+async fn unbuilt_methods_answer_unimplemented_naming_the_feature() {
+    let agent = Agent::start(&[]);
+    let c = sandbox_agent::connect(&agent.unix_uri())
+        .await
+        .expect("connect");
+
+    let e = c
+        .agent()
+        .acquire(proto::AcquireRequest {
+            lease_id: "l1".into(),
+            all_servers: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::Unimplemented);
+    assert!(
+        e.message().contains("Agent.Acquire") && e.message().contains("lifecycle"),
+        "{}",
+        e.message()
+    );
+    let e = c
+        .agent()
+        .release(proto::ReleaseRequest::default())
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::Unimplemented);
+    let e = c
+        .agent()
+        .reset(proto::ResetRequest::default())
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::Unimplemented);
+
+    let e = c
+        .workspace()
+        .clear(proto::ClearRequest {})
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::Unimplemented);
+    assert!(
+        e.message().contains("workspace transfer"),
+        "{}",
+        e.message()
+    );
+    let e = c
+        .workspace()
+        .dump(proto::DumpRequest::default())
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::Unimplemented);
+    let header = proto::InitializeRequest {
+        msg: Some(proto::initialize_request::Msg::Header(
+            proto::InitializeHeader::default(),
+        )),
+    };
+    let e = c
+        .workspace()
+        .initialize(tokio_stream::iter(vec![header]))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::Unimplemented);
+
+    let e = c
+        .servers()
+        .list(proto::ListServersRequest {})
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::Unimplemented);
+    assert!(e.message().contains("supervision"), "{}", e.message());
+    let e = c
+        .servers()
+        .logs(proto::LogsRequest {
+            name: "git".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::Unimplemented);
+}
+
+#[tokio::test]
+async fn reflection_lists_every_service() {
+    let agent = Agent::start(&[]);
+    let c = sandbox_agent::connect(&agent.unix_uri())
+        .await
+        .expect("connect");
+    let mut refl = ServerReflectionClient::new(c.channel());
+    let req = ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    };
+    let mut stream = refl
+        .server_reflection_info(tokio_stream::iter(vec![req]))
+        .await
+        .expect("reflection")
+        .into_inner();
+    let resp = stream.next().await.expect("one response").expect("ok");
+    let Some(MessageResponse::ListServicesResponse(list)) = resp.message_response else {
+        panic!("unexpected reflection answer");
+    };
+    let mut names: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
+    names.sort();
+    assert_eq!(
+        names,
+        [
+            "grpc.health.v1.Health",
+            "grpc.reflection.v1.ServerReflection",
+            "sandbox.agent.v1.Agent",
+            "sandbox.agent.v1.Servers",
+            "sandbox.agent.v1.Workspace",
+        ]
+    );
+}
+
+#[test]
+fn a_generic_client_works_without_our_proto_files() {
+    let agent = Agent::start(&[]);
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/clients/grpc_generic.py");
+    let out = std::process::Command::new("python3")
+        .arg(script)
+        .arg(format!("unix:{}", agent.socket.display()))
+        .output()
+        .expect("python3");
+    assert!(
+        out.status.success(),
+        "generic client failed (the test command installs grpcio, grpcio-reflection, grpcio-health-checking):\n{}",
+        text(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let services: Vec<&str> = v["services"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s.as_str().unwrap())
+        .collect();
+    for s in [
+        "sandbox.agent.v1.Agent",
+        "sandbox.agent.v1.Workspace",
+        "sandbox.agent.v1.Servers",
+        "grpc.health.v1.Health",
+    ] {
+        assert!(services.contains(&s), "{services:?}");
+    }
+    assert_eq!(v["health"], "SERVING");
+    assert_eq!(v["get_info"]["agent_pid"], agent.child.id());
+    assert_eq!(v["get_info"]["status"], "SANDBOX_STATUS_IDLE");
+    assert!(
+        v["get_info"]["kernel_release"]
+            .as_str()
+            .is_some_and(|k| !k.is_empty())
+    );
+}
