@@ -479,3 +479,16 @@ fn dev_mode_creates_a_private_token_and_serves() {
     let _ = child.kill();
     let _ = child.wait();
 }
+
+#[test]
+fn the_shipped_example_config_is_valid() {
+    let cfg = concat!(env!("CARGO_MANIFEST_DIR"), "/packaging/agent.toml");
+    let out = agent_once(&["--config", cfg, "--check-config"], &[]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let effective = text(&out.stdout);
+    assert!(effective.contains("vsock://any:1024"), "{effective}");
+    assert!(
+        effective.contains("max_message_bytes = 4194304"),
+        "{effective}"
+    );
+}

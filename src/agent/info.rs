@@ -118,10 +118,10 @@ impl Collector {
         snap.workspace.path = self.workspace.clone();
         match nix::sys::statvfs::statvfs(&self.workspace) {
             Ok(v) => {
-                let frag = v.fragment_size() as u64;
-                snap.workspace.total_bytes = v.blocks() as u64 * frag;
-                snap.workspace.free_bytes = v.blocks_free() as u64 * frag;
-                snap.workspace.available_bytes = v.blocks_available() as u64 * frag;
+                let frag = v.fragment_size();
+                snap.workspace.total_bytes = v.blocks() * frag;
+                snap.workspace.free_bytes = v.blocks_free() * frag;
+                snap.workspace.available_bytes = v.blocks_available() * frag;
             }
             Err(e) => {
                 tracing::warn!(path = %self.workspace.display(), error = %e, "statvfs of workspace failed")

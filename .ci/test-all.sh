@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# The whole test suite: installs what it needs when missing, then runs
+# formatting and lint checks, the unit and integration tests (real binaries
+# over real sockets), the static musl build check, and the benchmarks.
+#
+#   ./.ci/test-all.sh            everything
+#   SKIP_BENCH=1 ./.ci/test-all.sh   without the benchmarks
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PATH="$HOME/.cargo/bin:$PATH"
+
+step() { printf '\n==> %s\n' "$*"; }
+SUDO=""
+if [ "$(id -u)" != 0 ] && command -v sudo >/dev/null; then SUDO=sudo; fi
+
+step "prerequisites"
+apt_pkgs=()
+command -v readelf >/dev/null || apt_pkgs+=(binutils)
+command -v python3 >/dev/null || apt_pkgs+=(python3 python3-pip)
+if [ ${#apt_pkgs[@]} -gt 0 ]; then
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${apt_pkgs[@]}"
+fi
+rustup target list --installed | grep -qx x86_64-unknown-linux-musl \
+  || rustup target add x86_64-unknown-linux-musl
+for c in rustfmt clippy; do
+  rustup component list --installed | grep -q "^$c" || rustup component add "$c"
+done
+python3 -c 'import grpc, grpc_reflection, grpc_health' 2>/dev/null \
+  || python3 -m pip install -q -r tests/clients/requirements.txt \
+  || python3 -m pip install -q --break-system-packages -r tests/clients/requirements.txt
+
+step "cargo fmt --check"
+cargo fmt --check
+
+step "cargo clippy --all-targets -- -D warnings"
+cargo clippy --locked --all-targets -- -D warnings
+
+step "cargo test"
+cargo test --locked
+
+step "static build (x86_64-unknown-linux-musl)"
+cargo build --locked --release --target x86_64-unknown-linux-musl
+for bin in sandbox-agent sandboxctl; do
+  f=target/x86_64-unknown-linux-musl/release/$bin
+  if readelf -lW "$f" | grep -q INTERP || readelf -dW "$f" | grep -q NEEDED; then
+    echo "$f is dynamically linked" >&2
+    exit 1
+  fi
+  echo "$f: statically linked, $(stat -c %s "$f") bytes"
+done
+
+if [ "${SKIP_BENCH:-0}" != 1 ]; then
+  step "cargo bench (static binary)"
+  cargo bench --locked --target x86_64-unknown-linux-musl
+fi
+
+step "all checks passed"
