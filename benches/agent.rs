@@ -52,23 +52,21 @@ fn main() {
         true_ms.push(ms(t.elapsed()));
 
         let sock = dir.path().join(format!("s{i}.sock"));
-        let (mut child, took) = rt.block_on(start_agent(dir.path(), &sock));
+        let (child, took) = rt.block_on(start_agent(dir.path(), &sock));
         start_ms.push(ms(took));
-        let _ = child.kill();
-        let _ = child.wait();
+        drop(child);
     }
 
     // 2–4 on one long-lived agent.
     let sock = dir.path().join("bench.sock");
-    let (mut child, _) = rt.block_on(start_agent(dir.path(), &sock));
+    let (child, _) = rt.block_on(start_agent(dir.path(), &sock));
     std::thread::sleep(Duration::from_secs(1));
     let idle_rss = rss_kib(child.id());
 
     let floor_us = unix_pingpong_us(dir.path(), LATENCY_CALLS);
     let (lat_us, rps) = rt.block_on(health_load(&sock));
     let loaded_rss = rss_kib(child.id());
-    let _ = child.kill();
-    let _ = child.wait();
+    drop(child);
 
     let start_med = median(&mut start_ms);
     let true_med = median(&mut true_ms);
@@ -110,19 +108,37 @@ fn main() {
     );
 }
 
+/// A running agent, killed and reaped when dropped (also on panic).
+struct Running(Child);
+
+impl Running {
+    fn id(&self) -> u32 {
+        self.0.id()
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// Spawns the agent and returns when a health check answers SERVING.
-async fn start_agent(dir: &Path, sock: &Path) -> (Child, Duration) {
+async fn start_agent(dir: &Path, sock: &Path) -> (Running, Duration) {
     let t = Instant::now();
-    let child = Command::new(AGENT)
-        .arg("--listen")
-        .arg(format!("unix://{}", sock.display()))
-        .arg("--workspace")
-        .arg(dir.join("ws"))
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn agent");
+    let child = Running(
+        Command::new(AGENT)
+            .arg("--listen")
+            .arg(format!("unix://{}", sock.display()))
+            .arg("--workspace")
+            .arg(dir.join("ws"))
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn agent"),
+    );
     let uri = format!("unix://{}", sock.display());
     loop {
         if sock.exists()
