@@ -194,3 +194,63 @@ fn a_generic_client_works_without_our_proto_files() {
             .is_some_and(|k| !k.is_empty())
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_reports_not_serving_and_the_drain_is_bounded() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("agent.toml");
+    std::fs::write(&cfg, "[limits]\nshutdown_grace_ms = 500\n").unwrap();
+    let mut agent = Agent::start_in(dir, &["--config", cfg.to_str().unwrap()], &[]);
+    let c = sandbox_agent::connect(&agent.unix_uri())
+        .await
+        .expect("connect");
+    // Watch never ends by itself: it is an RPC in flight that the drain
+    // must not wait for forever.
+    let mut watch = c
+        .health()
+        .watch(proto::health::HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .expect("watch")
+        .into_inner();
+    let first = watch.next().await.expect("first status").expect("ok");
+    assert_eq!(
+        first.status,
+        proto::health::health_check_response::ServingStatus::Serving as i32
+    );
+
+    let start = std::time::Instant::now();
+    signal(agent.child.id(), nix::sys::signal::Signal::SIGTERM);
+    let next = tokio::time::timeout(std::time::Duration::from_secs(5), watch.next())
+        .await
+        .expect("watcher told before the connection closes");
+    let not_serving = proto::health::health_check_response::ServingStatus::NotServing as i32;
+    assert!(
+        matches!(next, Some(Ok(ref r)) if r.status == not_serving),
+        "{next:?}"
+    );
+
+    let status = tokio::task::spawn_blocking(move || {
+        let st = agent.child.wait().unwrap();
+        (st, agent)
+    })
+    .await
+    .unwrap();
+    let took = start.elapsed();
+    assert!(
+        status.0.success(),
+        "{:?}\n{}",
+        status.0,
+        status.1.stderr.all()
+    );
+    assert!(
+        took < std::time::Duration::from_secs(4),
+        "drain bounded by the grace period: {took:?}"
+    );
+    assert!(
+        status.1.stderr.all().contains("grace period over"),
+        "{}",
+        status.1.stderr.all()
+    );
+}
