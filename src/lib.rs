@@ -12,6 +12,7 @@ pub mod auth;
 pub mod client;
 pub mod proto;
 pub mod transport;
+pub mod workspace;
 
 pub use client::{Client, ConnectError, ConnectOptions, connect};
 pub use transport::Endpoint;

@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::auth::{Token, TokenError};
 use crate::transport::{DEFAULT_AGENT_LISTEN, Endpoint, UriError};
+use crate::workspace::ArchiveLimits;
 
 /// Config file read when `--config` is not given, if it exists.
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/sandbox-agent/agent.toml";
@@ -33,6 +34,8 @@ pub struct Config {
     pub log_format: LogFormat,
     pub auth: AuthConfig,
     pub limits: Limits,
+    /// Limits of workspace archives (Initialize and Dump).
+    pub archive: ArchiveLimits,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
@@ -91,6 +94,7 @@ impl Default for Config {
             log_format: LogFormat::Text,
             auth: AuthConfig::default(),
             limits: Limits::default(),
+            archive: ArchiveLimits::default(),
         }
     }
 }
@@ -132,6 +136,8 @@ pub enum ConfigError {
     ZeroLimit(&'static str),
     #[error("workspace: {0}")]
     Workspace(String),
+    #[error("{0}")]
+    Archive(String),
 }
 
 /// Values from flags and environment variables (clap merges the two, flags
@@ -168,6 +174,7 @@ pub struct Settings {
     pub token_source: TokenSource,
     pub require_token_on_local: bool,
     pub limits: Limits,
+    pub archive: ArchiveLimits,
     /// The merged file-level view, printed by `--check-config`.
     pub effective: Config,
 }
@@ -281,6 +288,7 @@ impl Config {
                 return Err(ConfigError::ZeroLimit(name));
             }
         }
+        self.archive.validate().map_err(ConfigError::Archive)?;
         if self.workspace.as_os_str().is_empty() {
             return Err(ConfigError::Workspace("the path is empty".into()));
         }
@@ -306,6 +314,7 @@ impl Config {
             token_source,
             require_token_on_local: self.auth.require_on_local,
             limits: self.limits.clone(),
+            archive: self.archive.clone(),
             effective: self,
         })
     }

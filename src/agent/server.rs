@@ -17,6 +17,7 @@ use super::{info as sysinfo, rpc};
 use crate::auth::{AuthLayer, AuthPolicy};
 use crate::proto;
 use crate::transport::{Endpoint, ListenError, Listener};
+use crate::workspace::Workspace;
 
 /// Why the agent could not start serving.
 #[derive(Debug, thiserror::Error)]
@@ -31,11 +32,14 @@ pub enum ServeError {
     },
     #[error("building the reflection service: {0}")]
     Reflection(String),
+    #[error("opening the workspace: {0}")]
+    Open(String),
 }
 
 /// Listeners bound and ready to serve.
 pub struct Bound {
     listeners: Vec<Listener>,
+    workspace: Arc<Workspace>,
 }
 
 impl Bound {
@@ -56,11 +60,19 @@ pub async fn bind(settings: &Settings) -> Result<Bound, ServeError> {
         path: settings.workspace.display().to_string(),
         source,
     })?;
+    let (path, limits) = (settings.workspace.clone(), settings.archive.clone());
+    let workspace = tokio::task::spawn_blocking(move || Workspace::open(&path, limits))
+        .await
+        .map_err(|e| ServeError::Open(e.to_string()))?
+        .map_err(|e| ServeError::Open(e.to_string()))?;
     let mut listeners = Vec::with_capacity(settings.listen.len());
     for ep in &settings.listen {
         listeners.push(Listener::bind(ep).await?);
     }
-    Ok(Bound { listeners })
+    Ok(Bound {
+        listeners,
+        workspace: Arc::new(workspace),
+    })
 }
 
 /// Serves until `shutdown` is cancelled, then stops accepting, marks health
@@ -88,7 +100,7 @@ async fn serve_inner(
             .set_service_status(name, ServingStatus::Serving)
             .await;
     }
-    let routes = routes(&settings, health_service)?;
+    let routes = routes(&settings, health_service, bound.workspace.clone())?;
 
     let mut servers = JoinSet::new();
     let mut accept_tasks = Vec::new();
@@ -161,6 +173,7 @@ fn routes(
     health: tonic_health::pb::health_server::HealthServer<
         impl tonic_health::pb::health_server::Health,
     >,
+    workspace: Arc<Workspace>,
 ) -> Result<Routes, ServeError> {
     let max = settings.limits.max_message_bytes;
     let reflection = || {
@@ -186,7 +199,7 @@ fn routes(
                 .max_encoding_message_size(max),
         )
         .add_service(
-            proto::workspace_server::WorkspaceServer::new(rpc::WorkspaceService)
+            proto::workspace_server::WorkspaceServer::new(rpc::WorkspaceService::new(workspace))
                 .max_decoding_message_size(max)
                 .max_encoding_message_size(max),
         )

@@ -69,7 +69,39 @@ enum Verb {
     },
     /// Agent version, machine, resources and lease.
     Info,
+    /// Load a directory (packed and compressed on the fly) or an archive file
+    /// (.tar, .tar.gz, .tar.zst) into the workspace, atomically.
+    Upload {
+        /// Directory or archive file.
+        path: PathBuf,
+        /// Lay the contents over the workspace instead of replacing it.
+        #[arg(long)]
+        merge: bool,
+    },
+    /// Download the workspace as a tar.gz (or tar.zst) archive.
+    Dump {
+        /// Output file, or - for standard output. A file appears only once
+        /// the whole archive arrived and its sha256 matched.
+        #[arg(short, long, value_name = "FILE")]
+        output: String,
+        /// Leave out paths matching this glob (repeatable), e.g. 'node_modules' or '**/*.log'.
+        #[arg(long, value_name = "GLOB")]
+        exclude: Vec<String>,
+        /// zstd instead of gzip.
+        #[arg(long)]
+        zstd: bool,
+        /// Compression level (gzip 1-9, default 6; zstd 1-22, default 3).
+        #[arg(long)]
+        level: Option<i32>,
+        /// Dump only this directory of the workspace.
+        #[arg(long, value_name = "DIR")]
+        path: Option<String>,
+    },
+    /// Empty the workspace, atomically.
+    Clear,
 }
+
+mod transfer;
 
 fn main() -> ExitCode {
     let args = Args::parse();
@@ -122,7 +154,7 @@ async fn connect(args: &Args) -> anyhow::Result<Client> {
 }
 
 /// Formats a failed RPC as `Method: CODE: message`.
-fn rpc_error(method: &str, s: tonic::Status) -> anyhow::Error {
+pub(crate) fn rpc_error(method: &str, s: tonic::Status) -> anyhow::Error {
     let detail = if s.message().is_empty() {
         error_chain(&s)
     } else {
@@ -136,6 +168,45 @@ async fn run(args: Args) -> anyhow::Result<ExitCode> {
     match &args.verb {
         Verb::Health { service } => health(&client, service, args.json).await,
         Verb::Info => info(&client, args.json).await,
+        Verb::Upload { path, merge } => transfer::upload(&client, path, *merge, args.json).await,
+        Verb::Dump {
+            output,
+            exclude,
+            zstd,
+            level,
+            path,
+        } => {
+            transfer::dump(
+                &client,
+                output,
+                exclude.clone(),
+                *zstd,
+                level.unwrap_or(0),
+                path.clone().unwrap_or_default(),
+                args.json,
+            )
+            .await
+        }
+        Verb::Clear => {
+            let r = client
+                .workspace()
+                .clear(proto::ClearRequest {})
+                .await
+                .map_err(|s| rpc_error("Workspace.Clear", s))?
+                .into_inner();
+            if args.json {
+                println!(
+                    "{}",
+                    json!({ "ok": true, "removed_entries": r.removed_entries, "duration_ms": r.duration_ms })
+                );
+            } else {
+                println!(
+                    "cleared the workspace ({} top-level entries removed, {} ms)",
+                    r.removed_entries, r.duration_ms
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
     }
 }
 
@@ -286,7 +357,7 @@ fn status_name(s: proto::SandboxStatus) -> &'static str {
     }
 }
 
-fn bytes(n: u64) -> String {
+pub(crate) fn bytes(n: u64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
     let mut v = n as f64;
     let mut u = 0;

@@ -1,0 +1,124 @@
+//! Compression: sniffing and decoding archives, and encoding dumps.
+//!
+//! gzip decoding uses flate2 on the zlib-rs backend and accepts
+//! multi-member streams; gzip encoding is block-parallel (gzp, pigz style,
+//! one gzip member any reader accepts); zstd uses the zstd library, with its
+//! own worker threads for encoding.
+
+use std::io::{self, BufRead, BufReader, Read, Write};
+
+use gzp::ZWriter;
+use gzp::deflate::Gzip;
+use gzp::par::compress::{ParCompress, ParCompressBuilder};
+
+use crate::proto::Compression;
+
+const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
+const ZSTD_MAGIC: [u8; 4] = [0x28, 0xb5, 0x2f, 0xfd];
+
+/// Resolves `Auto` by looking at the first bytes of the stream.
+pub fn sniff<R: BufRead>(r: &mut R, requested: Compression) -> io::Result<Compression> {
+    if requested != Compression::Auto {
+        return Ok(requested);
+    }
+    let head = r.fill_buf()?;
+    Ok(if head.starts_with(&GZIP_MAGIC) {
+        Compression::Gzip
+    } else if head.starts_with(&ZSTD_MAGIC) {
+        Compression::Zstd
+    } else {
+        Compression::None
+    })
+}
+
+/// A decompressing reader over `r`.
+pub fn decoder<'a, R: BufRead + 'a>(r: R, c: Compression) -> io::Result<Box<dyn Read + 'a>> {
+    Ok(match c {
+        Compression::Gzip => Box::new(flate2::bufread::MultiGzDecoder::new(r)),
+        Compression::Zstd => Box::new(zstd::stream::read::Decoder::with_buffer(r)?),
+        Compression::None | Compression::Auto => Box::new(r),
+    })
+}
+
+/// A compressing writer; [`Encoder::finish`] writes the trailer and returns
+/// the inner writer.
+pub enum Encoder<W: Write + Send + 'static> {
+    Gzip(ParCompress<'static, Gzip, W>),
+    Zstd(zstd::stream::write::Encoder<'static, W>),
+    None(W),
+}
+
+impl<W: Write + Send + 'static> Encoder<W> {
+    /// `level` 0 means the codec default (gzip 6, zstd 3). `threads` 0 means
+    /// one per CPU.
+    pub fn new(w: W, c: Compression, level: i32, threads: usize) -> io::Result<Encoder<W>> {
+        let threads = if threads == 0 {
+            std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1)
+        } else {
+            threads
+        };
+        Ok(match c {
+            Compression::Gzip | Compression::Auto => {
+                let level = if level == 0 { 6 } else { level };
+                if !(1..=9).contains(&level) {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidInput,
+                        format!("gzip level must be 1..=9, got {level}"),
+                    ));
+                }
+                let b = ParCompressBuilder::<Gzip>::new()
+                    .num_threads(threads)
+                    .map_err(io::Error::other)?
+                    .compression_level(flate2::Compression::new(level as u32));
+                Encoder::Gzip(b.from_writer(w))
+            }
+            Compression::Zstd => {
+                let level = if level == 0 { 3 } else { level };
+                if !(1..=22).contains(&level) {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidInput,
+                        format!("zstd level must be 1..=22, got {level}"),
+                    ));
+                }
+                let mut e = zstd::stream::write::Encoder::new(w, level)?;
+                if threads > 1 {
+                    e.multithread(threads as u32)?;
+                }
+                Encoder::Zstd(e)
+            }
+            Compression::None => Encoder::None(w),
+        })
+    }
+
+    pub fn finish(self) -> io::Result<W> {
+        match self {
+            Encoder::Gzip(mut g) => g.finish().map_err(io::Error::other),
+            Encoder::Zstd(z) => z.finish(),
+            Encoder::None(w) => Ok(w),
+        }
+    }
+}
+
+impl<W: Write + Send + 'static> Write for Encoder<W> {
+    fn write(&mut self, b: &[u8]) -> io::Result<usize> {
+        match self {
+            Encoder::Gzip(g) => g.write(b),
+            Encoder::Zstd(z) => z.write(b),
+            Encoder::None(w) => w.write(b),
+        }
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        match self {
+            Encoder::Gzip(g) => g.flush(),
+            Encoder::Zstd(z) => z.flush(),
+            Encoder::None(w) => w.flush(),
+        }
+    }
+}
+
+/// Buffered reader of the size the decoders work best with.
+pub fn buffered<R: Read>(r: R) -> BufReader<R> {
+    BufReader::with_capacity(256 << 10, r)
+}

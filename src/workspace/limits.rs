@@ -1,0 +1,83 @@
+//! Limits and settings of archive transfer (`[archive]` in the config).
+
+use serde::{Deserialize, Serialize};
+
+/// Largest data chunk a client may send in one `InitializeRequest`.
+pub const MAX_CHUNK_BYTES: usize = 1 << 20;
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ArchiveLimits {
+    /// Compressed bytes one Initialize may send.
+    pub max_archive_bytes: u64,
+    /// Total size of all file contents in one archive.
+    pub max_expanded_bytes: u64,
+    /// Entries (files, dirs, links) in one archive.
+    pub max_entries: u64,
+    /// Bytes of one entry's path.
+    pub max_path_bytes: usize,
+    /// Size of one file.
+    pub max_file_bytes: u64,
+    /// Expanded ÷ compressed bytes, checked once more than
+    /// `ratio_grace_bytes` have been expanded (against decompression bombs).
+    pub max_compression_ratio: u64,
+    pub ratio_grace_bytes: u64,
+    /// Create FIFOs from archives (device nodes are always refused).
+    pub allow_fifos: bool,
+    /// Owner of extracted files, "UID:GID". Default: the owner of the
+    /// workspace directory.
+    pub owner: Option<String>,
+    /// Archive chunks buffered between the gRPC stream and the extractor or
+    /// compressor (memory per stream ≈ this × 1 MiB).
+    pub queue_chunks: usize,
+    /// Compression threads for Dump; 0 means one per CPU.
+    pub dump_threads: usize,
+}
+
+impl Default for ArchiveLimits {
+    fn default() -> Self {
+        ArchiveLimits {
+            max_archive_bytes: 8 << 30,
+            max_expanded_bytes: 32 << 30,
+            max_entries: 500_000,
+            max_path_bytes: 4096,
+            max_file_bytes: 16 << 30,
+            max_compression_ratio: 200,
+            ratio_grace_bytes: 64 << 20,
+            allow_fifos: false,
+            owner: None,
+            queue_chunks: 8,
+            dump_threads: 0,
+        }
+    }
+}
+
+impl ArchiveLimits {
+    /// Checks the values; the error names the key.
+    pub fn validate(&self) -> Result<(), String> {
+        for (k, v) in [
+            ("max_archive_bytes", self.max_archive_bytes),
+            ("max_expanded_bytes", self.max_expanded_bytes),
+            ("max_entries", self.max_entries),
+            ("max_path_bytes", self.max_path_bytes as u64),
+            ("max_file_bytes", self.max_file_bytes),
+            ("max_compression_ratio", self.max_compression_ratio),
+            ("queue_chunks", self.queue_chunks as u64),
+        ] {
+            if v == 0 {
+                return Err(format!("archive.{k} must be greater than 0"));
+            }
+        }
+        if let Some(o) = &self.owner {
+            parse_owner(o)?;
+        }
+        Ok(())
+    }
+}
+
+/// Parses "UID:GID".
+pub fn parse_owner(s: &str) -> Result<(u32, u32), String> {
+    let bad = || format!("archive.owner must be \"UID:GID\" with numeric ids, got {s:?}");
+    let (u, g) = s.split_once(':').ok_or_else(bad)?;
+    Ok((u.parse().map_err(|_| bad())?, g.parse().map_err(|_| bad())?))
+}

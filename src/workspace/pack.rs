@@ -1,0 +1,303 @@
+//! Writing a directory tree as a tar archive.
+//!
+//! The walk goes through directory handles with `O_NOFOLLOW`, never through
+//! paths, so a process that swaps a directory for a symlink while the dump
+//! runs cannot make the agent read outside the tree. Entries are sorted by
+//! name (reproducible archives). Paths are `./`-relative; long and non-UTF-8
+//! names use GNU long-name headers and sizes over 8 GiB GNU binary size
+//! fields (what GNU tar reads and writes). Files that change while they are
+//! read never break the archive: a short read is padded and the file is
+//! reported as changed.
+
+use std::ffi::OsStr;
+use std::fs::File;
+use std::io::{self, Read, Write};
+use std::os::fd::{AsFd, BorrowedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use globset::GlobSet;
+use rustix::fs::{AtFlags, FileType, Mode, OFlags};
+
+use super::error::{WsError, sys};
+use super::extract::list;
+
+/// At most this many changed paths are reported in a trailer.
+pub const MAX_CHANGED_REPORTED: usize = 1000;
+/// Deepest directory nesting the walk follows.
+pub const MAX_DEPTH: usize = 1024;
+
+#[derive(Default)]
+pub struct PackOptions<'a> {
+    /// Paths (relative, without `./`) to leave out; a matching directory is
+    /// left out with everything below it.
+    pub exclude: Option<&'a GlobSet>,
+    /// A top-level name to leave out (the workspace's inner state dir).
+    pub hidden: Option<&'a OsStr>,
+    /// Set by the consumer when it stops reading; the walk then ends with
+    /// `Cancelled`.
+    pub cancelled: Option<&'a AtomicBool>,
+}
+
+#[derive(Debug, Default, Clone)]
+pub struct PackStats {
+    pub files: u64,
+    pub dirs: u64,
+    pub symlinks: u64,
+    pub skipped_special: u64,
+    pub content_bytes: u64,
+    pub changed: Vec<String>,
+    pub changed_truncated: bool,
+}
+
+impl PackStats {
+    fn changed(&mut self, p: &Path) {
+        if self.changed.len() < MAX_CHANGED_REPORTED {
+            self.changed.push(p.display().to_string());
+        } else {
+            self.changed_truncated = true;
+        }
+    }
+}
+
+/// Appends the tree under `root` to `out`, then the end-of-archive marker.
+pub fn pack<W: Write>(
+    root: BorrowedFd<'_>,
+    opts: &PackOptions<'_>,
+    out: W,
+) -> Result<(W, PackStats), WsError> {
+    let mut b = tar::Builder::new(out);
+    let mut stats = PackStats::default();
+    let st =
+        rustix::fs::fstat(root).map_err(|e| WsError::io("stat of the dumped directory", sys(e)))?;
+    append_dir_header(&mut b, &st, Path::new("./"))?;
+    walk(&mut b, root, Path::new(""), opts, &mut stats, 0)?;
+    let out = b
+        .into_inner()
+        .map_err(|e| WsError::io("finishing the archive", e))?;
+    Ok((out, stats))
+}
+
+fn archive_path(rel: &Path, dir: bool) -> PathBuf {
+    let mut p = PathBuf::from(".");
+    p.push(rel);
+    if dir {
+        let mut s = p.into_os_string();
+        s.push("/");
+        p = PathBuf::from(s);
+    }
+    p
+}
+
+fn header(st: &rustix::fs::Stat, kind: tar::EntryType, size: u64) -> tar::Header {
+    let mut h = tar::Header::new_gnu();
+    h.set_entry_type(kind);
+    h.set_mode(st.st_mode & 0o7777);
+    h.set_mtime(st.st_mtime.max(0) as u64);
+    h.set_uid(st.st_uid as u64);
+    h.set_gid(st.st_gid as u64);
+    h.set_size(size);
+    h
+}
+
+fn append_dir_header<W: Write>(
+    b: &mut tar::Builder<W>,
+    st: &rustix::fs::Stat,
+    path: &Path,
+) -> Result<(), WsError> {
+    let mut h = header(st, tar::EntryType::Directory, 0);
+    append(b, &mut h, path, io::empty())
+}
+
+/// Appends an entry named exactly `path` (keeping the `./` prefix that the
+/// tar crate strips from short names; long names go through its GNU
+/// long-name records, which keep the bytes as given).
+fn append<W: Write>(
+    b: &mut tar::Builder<W>,
+    h: &mut tar::Header,
+    path: &Path,
+    data: impl Read,
+) -> Result<(), WsError> {
+    let raw = path.as_os_str().as_bytes();
+    let r = if raw.len() <= 100 {
+        let name = &mut h.as_old_mut().name;
+        name.fill(0);
+        name[..raw.len()].copy_from_slice(raw);
+        h.set_cksum();
+        b.append(h, data)
+    } else {
+        b.append_data(h, path, data)
+    };
+    r.map_err(|e| WsError::io(format!("archiving {}", path.display()), e))
+}
+
+fn walk<W: Write>(
+    b: &mut tar::Builder<W>,
+    dir: BorrowedFd<'_>,
+    rel: &Path,
+    opts: &PackOptions<'_>,
+    stats: &mut PackStats,
+    depth: usize,
+) -> Result<(), WsError> {
+    if depth > MAX_DEPTH {
+        return Err(WsError::invalid(format!(
+            "'{}' is nested more than {MAX_DEPTH} directories deep",
+            rel.display()
+        )));
+    }
+    let names = match list(dir) {
+        Ok(n) => n,
+        Err(e) => {
+            return Err(WsError::io(
+                format!("listing {}", archive_path(rel, true).display()),
+                e,
+            ));
+        }
+    };
+    for name in names {
+        if opts.cancelled.is_some_and(|c| c.load(Ordering::Relaxed)) {
+            return Err(WsError::Cancelled(
+                "the receiver of the archive went away".into(),
+            ));
+        }
+        if depth == 0 && Some(name.as_os_str()) == opts.hidden {
+            continue;
+        }
+        let path = rel.join(&name);
+        if opts.exclude.is_some_and(|g| g.is_match(&path)) {
+            continue;
+        }
+        let st = match rustix::fs::statat(dir, &name, AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(st) => st,
+            // Deleted between listing and stat: it is simply not in the dump.
+            Err(rustix::io::Errno::NOENT) => continue,
+            Err(e) => return Err(WsError::io(format!("stat {}", path.display()), sys(e))),
+        };
+        match FileType::from_raw_mode(st.st_mode) {
+            FileType::Directory => {
+                let sub = match rustix::fs::openat(
+                    dir,
+                    &name,
+                    OFlags::DIRECTORY | OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                    Mode::empty(),
+                ) {
+                    Ok(fd) => fd,
+                    Err(rustix::io::Errno::NOENT) => continue,
+                    // Replaced by a symlink or file since the stat.
+                    Err(rustix::io::Errno::LOOP) | Err(rustix::io::Errno::NOTDIR) => {
+                        stats.changed(&path);
+                        continue;
+                    }
+                    Err(e) => {
+                        return Err(WsError::io(format!("opening {}", path.display()), sys(e)));
+                    }
+                };
+                append_dir_header(b, &st, &archive_path(&path, true))?;
+                stats.dirs += 1;
+                walk(b, sub.as_fd(), &path, opts, stats, depth + 1)?;
+            }
+            FileType::RegularFile => {
+                let fd = match rustix::fs::openat(
+                    dir,
+                    &name,
+                    OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                    Mode::empty(),
+                ) {
+                    Ok(fd) => fd,
+                    Err(rustix::io::Errno::NOENT) => continue,
+                    Err(rustix::io::Errno::LOOP) => {
+                        stats.changed(&path);
+                        continue;
+                    }
+                    Err(e) => {
+                        return Err(WsError::io(format!("opening {}", path.display()), sys(e)));
+                    }
+                };
+                let before = rustix::fs::fstat(&fd)
+                    .map_err(|e| WsError::io(format!("stat {}", path.display()), sys(e)))?;
+                if FileType::from_raw_mode(before.st_mode) != FileType::RegularFile {
+                    stats.changed(&path);
+                    continue;
+                }
+                let size = before.st_size.max(0) as u64;
+                let mut h = header(&before, tar::EntryType::Regular, size);
+                let mut reader = Exact {
+                    file: File::from(fd),
+                    left: size,
+                    short: false,
+                };
+                append(b, &mut h, &archive_path(&path, false), &mut reader)?;
+                let after = rustix::fs::fstat(&reader.file)
+                    .map_err(|e| WsError::io(format!("stat {}", path.display()), sys(e)))?;
+                if reader.short
+                    || after.st_size != before.st_size
+                    || after.st_mtime != before.st_mtime
+                    || after.st_mtime_nsec != before.st_mtime_nsec
+                {
+                    stats.changed(&path);
+                }
+                stats.files += 1;
+                stats.content_bytes += size;
+            }
+            FileType::Symlink => {
+                let target = match rustix::fs::readlinkat(dir, &name, Vec::new()) {
+                    Ok(t) => t,
+                    Err(rustix::io::Errno::NOENT) => continue,
+                    Err(e) => {
+                        return Err(WsError::io(
+                            format!("reading link {}", path.display()),
+                            sys(e),
+                        ));
+                    }
+                };
+                let mut h = header(&st, tar::EntryType::Symlink, 0);
+                let name = archive_path(&path, false);
+                if target.as_bytes().len() <= 100 && name.as_os_str().len() <= 100 {
+                    let link = &mut h.as_old_mut().linkname;
+                    link.fill(0);
+                    link[..target.as_bytes().len()].copy_from_slice(target.as_bytes());
+                    append(b, &mut h, &name, io::empty())?;
+                } else {
+                    let target = Path::new(OsStr::from_bytes(target.as_bytes()));
+                    b.append_link(&mut h, &name, target)
+                        .map_err(|e| WsError::io(format!("archiving {}", path.display()), e))?;
+                }
+                stats.symlinks += 1;
+            }
+            _ => stats.skipped_special += 1,
+        }
+    }
+    Ok(())
+}
+
+/// Reads exactly `left` bytes: a file that shrank is padded with zeros, one
+/// that grew is cut, so the header's size stays true.
+struct Exact {
+    file: File,
+    left: u64,
+    short: bool,
+}
+
+impl Read for Exact {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if self.left == 0 {
+            return Ok(0);
+        }
+        let want = buf.len().min(self.left.min(usize::MAX as u64) as usize);
+        let n = if self.short {
+            0
+        } else {
+            self.file.read(&mut buf[..want])?
+        };
+        let n = if n == 0 {
+            self.short = true;
+            buf[..want].fill(0);
+            want
+        } else {
+            n
+        };
+        self.left -= n as u64;
+        Ok(n)
+    }
+}

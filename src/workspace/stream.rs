@@ -1,0 +1,168 @@
+//! Byte plumbing between async gRPC streams and the blocking tar code.
+//!
+//! Memory per stream is bounded by the channel capacity (`queue_chunks`
+//! chunks of at most 1 MiB); a slow reader or writer applies backpressure
+//! to the other side instead of buffering.
+
+use std::io::{self, Read, Write};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use bytes::{Bytes, BytesMut};
+use sha2::{Digest, Sha256};
+use tokio::sync::mpsc;
+
+use super::error::WsError;
+
+/// What the async side feeds the extractor: data, or why the stream broke.
+pub type Feed = Result<Bytes, WsError>;
+
+/// Blocking `Read` over a channel of chunks, hashing and counting every
+/// byte, and enforcing the compressed-size limit.
+pub struct ChannelReader {
+    rx: mpsc::Receiver<Feed>,
+    cur: Bytes,
+    hasher: Sha256,
+    count: u64,
+    max: u64,
+    /// Set when the stream broke; the extractor reports it instead of the
+    /// generic read error.
+    pub failure: Option<WsError>,
+}
+
+impl ChannelReader {
+    pub fn new(rx: mpsc::Receiver<Feed>, max: u64) -> ChannelReader {
+        ChannelReader {
+            rx,
+            cur: Bytes::new(),
+            hasher: Sha256::new(),
+            count: 0,
+            max,
+            failure: None,
+        }
+    }
+
+    /// Bytes read so far.
+    pub fn count(&self) -> u64 {
+        self.count
+    }
+
+    /// SHA-256 of everything read, lowercase hex.
+    pub fn sha256_hex(&self) -> String {
+        hex(&self.hasher.clone().finalize())
+    }
+}
+
+impl Read for ChannelReader {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        while self.cur.is_empty() {
+            match self.rx.blocking_recv() {
+                None => return Ok(0),
+                Some(Ok(b)) => self.cur = b,
+                Some(Err(e)) => {
+                    let msg = e.to_string();
+                    self.failure = Some(e);
+                    return Err(io::Error::other(msg));
+                }
+            }
+        }
+        let n = buf.len().min(self.cur.len());
+        let chunk = self.cur.split_to(n);
+        buf[..n].copy_from_slice(&chunk);
+        self.hasher.update(&chunk);
+        self.count += n as u64;
+        if self.count > self.max {
+            let e = WsError::Limit {
+                limit: "max_archive_bytes",
+                detail: format!("the archive is larger than {} bytes", self.max),
+            };
+            let msg = e.to_string();
+            self.failure = Some(e);
+            return Err(io::Error::other(msg));
+        }
+        Ok(n)
+    }
+}
+
+/// Blocking `Write` that cuts the output into chunks of at most `chunk`
+/// bytes and sends them down a channel, hashing and counting them.
+///
+/// Once the receiver is gone (client disconnected) it sets `closed` and
+/// discards further output instead of failing: compressors then shut down
+/// normally, and the producer stops when it sees the flag.
+pub struct ChunkSink<T> {
+    tx: mpsc::Sender<T>,
+    closed: Arc<AtomicBool>,
+    wrap: fn(Bytes) -> T,
+    buf: BytesMut,
+    chunk: usize,
+    hasher: Sha256,
+    count: u64,
+}
+
+impl<T> ChunkSink<T> {
+    pub fn new(tx: mpsc::Sender<T>, chunk: usize, wrap: fn(Bytes) -> T) -> ChunkSink<T> {
+        ChunkSink {
+            tx,
+            closed: Arc::new(AtomicBool::new(false)),
+            wrap,
+            buf: BytesMut::with_capacity(chunk),
+            chunk,
+            hasher: Sha256::new(),
+            count: 0,
+        }
+    }
+
+    /// Set once the receiver is gone.
+    pub fn closed(&self) -> Arc<AtomicBool> {
+        self.closed.clone()
+    }
+
+    fn send(&mut self) {
+        if self.buf.is_empty() {
+            return;
+        }
+        let b = self.buf.split().freeze();
+        if self.closed.load(Ordering::Relaxed) {
+            return;
+        }
+        self.hasher.update(&b);
+        self.count += b.len() as u64;
+        if self.tx.blocking_send((self.wrap)(b)).is_err() {
+            self.closed.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// Sends what is buffered; returns (bytes sent, sha256 hex) and the
+    /// sender for a trailer. Fails if the receiver went away.
+    pub fn finish(mut self) -> io::Result<(u64, String, mpsc::Sender<T>)> {
+        self.send();
+        if self.closed.load(Ordering::Relaxed) {
+            return Err(io::Error::new(
+                io::ErrorKind::BrokenPipe,
+                "the receiving side went away",
+            ));
+        }
+        Ok((self.count, hex(&self.hasher.finalize()), self.tx))
+    }
+}
+
+impl<T> Write for ChunkSink<T> {
+    fn write(&mut self, data: &[u8]) -> io::Result<usize> {
+        let room = self.chunk - self.buf.len();
+        let n = room.min(data.len());
+        self.buf.extend_from_slice(&data[..n]);
+        if self.buf.len() == self.chunk {
+            self.send();
+        }
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
