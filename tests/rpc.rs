@@ -76,35 +76,6 @@ async fn unbuilt_methods_answer_unimplemented_naming_the_feature() {
     assert_eq!(e.code(), Code::Unimplemented);
 
     let e = c
-        .workspace()
-        .clear(proto::ClearRequest {})
-        .await
-        .unwrap_err();
-    assert_eq!(e.code(), Code::Unimplemented);
-    assert!(
-        e.message().contains("workspace transfer"),
-        "{}",
-        e.message()
-    );
-    let e = c
-        .workspace()
-        .dump(proto::DumpRequest::default())
-        .await
-        .unwrap_err();
-    assert_eq!(e.code(), Code::Unimplemented);
-    let header = proto::InitializeRequest {
-        msg: Some(proto::initialize_request::Msg::Header(
-            proto::InitializeHeader::default(),
-        )),
-    };
-    let e = c
-        .workspace()
-        .initialize(tokio_stream::iter(vec![header]))
-        .await
-        .unwrap_err();
-    assert_eq!(e.code(), Code::Unimplemented);
-
-    let e = c
         .servers()
         .list(proto::ListServersRequest {})
         .await

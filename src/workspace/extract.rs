@@ -143,7 +143,7 @@ pub fn extract(
         inner: decoder,
         n: meter.expanded.clone(),
     };
-    let mut x = Extractor::new(root, opts, &meter);
+    let mut x = Extractor::new(root, opts, &meter, compression);
 
     let mut last_end = 0u64;
     {
@@ -183,6 +183,8 @@ struct Extractor<'a> {
     root: BorrowedFd<'a>,
     opts: &'a ExtractOptions<'a>,
     meter: &'a Meter<'a>,
+    /// The stream's actual compression (after sniffing), for messages.
+    compression: Compression,
     stats: ExtractStats,
     hasher: RandomState,
     /// Hashes of every path the archive created (explicit or implicit).
@@ -202,11 +204,13 @@ impl<'a> Extractor<'a> {
         root: BorrowedFd<'a>,
         opts: &'a ExtractOptions<'a>,
         meter: &'a Meter<'a>,
+        compression: Compression,
     ) -> Extractor<'a> {
         Extractor {
             root,
             opts,
             meter,
+            compression,
             stats: ExtractStats::default(),
             hasher: RandomState::new(),
             seen: HashSet::new(),
@@ -322,7 +326,7 @@ impl<'a> Extractor<'a> {
                 let copied = loop {
                     let n = match e.read(&mut buf) {
                         Ok(n) => n,
-                        Err(err) => break Err(read_error(err, self.opts.compression)),
+                        Err(err) => break Err(read_error(err, self.compression)),
                     };
                     if n == 0 {
                         break Ok(());
@@ -580,17 +584,34 @@ impl<'a> Extractor<'a> {
 
     fn path_error(&self, e: io::Error, rel: &Path, raw: &[u8]) -> WsError {
         match e.raw_os_error() {
-            Some(nix::libc::ELOOP) | Some(nix::libc::EXDEV) => invalid(
-                raw,
-                format!(
-                    "goes through a symlink ('{}'); writing through symlinks is refused",
-                    rel.display()
-                ),
-            ),
-            Some(nix::libc::ENOTDIR) => invalid(
-                raw,
-                format!("is below '{}', which is not a directory", rel.display()),
-            ),
+            Some(nix::libc::ELOOP) | Some(nix::libc::EXDEV) | Some(nix::libc::ENOTDIR) => {
+                // Name the first component in the way, and what it is.
+                let mut prefix = PathBuf::new();
+                for c in rel.components() {
+                    prefix.push(c);
+                    let Ok(st) = rustix::fs::statat(self.root, &prefix, AtFlags::SYMLINK_NOFOLLOW)
+                    else {
+                        break;
+                    };
+                    match rustix::fs::FileType::from_raw_mode(st.st_mode) {
+                        rustix::fs::FileType::Directory => continue,
+                        rustix::fs::FileType::Symlink => {
+                            return invalid(
+                                raw,
+                                format!(
+                                    "goes through the symlink '{}'; writing through symlinks is refused",
+                                    prefix.display()
+                                ),
+                            );
+                        }
+                        _ => break,
+                    }
+                }
+                invalid(
+                    raw,
+                    format!("is below '{}', which is not a directory", prefix.display()),
+                )
+            }
             _ => WsError::io(format!("opening directory {}", rel.display()), e),
         }
     }

@@ -1,6 +1,8 @@
 //! Test harness: starts the real `sandbox-agent` and `sandboxctl` binaries.
 #![allow(dead_code)]
 
+pub mod ws;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
