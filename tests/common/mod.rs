@@ -113,6 +113,13 @@ impl Agent {
         line[start..].split_whitespace().next().unwrap().to_owned()
     }
 
+    /// SIGKILLs the agent and hands back its directory (for a restart).
+    pub fn kill9(mut self) -> tempfile::TempDir {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        std::mem::replace(&mut self.dir, tempfile::tempdir().unwrap())
+    }
+
     /// Sends SIGTERM and waits for the exit status.
     pub fn terminate(mut self) -> std::process::ExitStatus {
         signal(self.child.id(), nix::sys::signal::Signal::SIGTERM);
