@@ -182,14 +182,15 @@ impl proto::workspace_server::Workspace for WorkspaceService {
         let task = tokio::task::spawn_blocking(move || {
             let _guard = guard;
             let _e = span.enter();
-            let mut reader = ChannelReader::new(rx, limits.max_archive_bytes);
-            let r = ws.initialize(&init, &mut reader);
+            let (reader, outcome) = ChannelReader::new(rx, limits.max_archive_bytes);
+            let r = ws.initialize(&init, reader, &outcome);
             match &r {
                 Ok(s) => tracing::info!(
                     files = s.extract.files,
                     bytes = s.extract.bytes_written,
                     archive_bytes = s.archive_bytes,
                     ms = s.duration.as_millis() as u64,
+                    sync_ms = s.sync.as_millis() as u64,
                     "workspace initialized"
                 ),
                 Err(e) => tracing::warn!(error = %e, "initialize failed; workspace unchanged"),

@@ -13,6 +13,9 @@ use gzp::par::compress::{ParCompress, ParCompressBuilder};
 
 use crate::proto::Compression;
 
+/// zstd multithreaded job size (bytes of input per worker job).
+pub const ZSTD_JOB_BYTES: u32 = 1 << 20;
+
 const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
 const ZSTD_MAGIC: [u8; 4] = [0x28, 0xb5, 0x2f, 0xfd];
 
@@ -85,6 +88,11 @@ impl<W: Write + Send + 'static> Encoder<W> {
                 let mut e = zstd::stream::write::Encoder::new(w, level)?;
                 if threads > 1 {
                     e.multithread(threads as u32)?;
+                    // The default job is several windows long; each worker
+                    // buffers its job in and out. Short jobs keep a dump's
+                    // memory near 16 MiB at the default level (78 MiB
+                    // measured without this) for a ~1% larger output.
+                    e.set_parameter(zstd::stream::raw::CParameter::JobSize(ZSTD_JOB_BYTES))?;
                 }
                 Encoder::Zstd(e)
             }

@@ -19,7 +19,6 @@
 //! typical archive (entries grouped by directory) costs one `openat` per
 //! file rather than a path walk.
 
-use std::cell::Cell;
 use std::collections::HashSet;
 use std::ffi::OsStr;
 use std::fs::File;
@@ -28,7 +27,8 @@ use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
-use std::rc::Rc;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use rustix::fs::{AtFlags, Mode, OFlags, Timespec, Timestamps};
 use tar::EntryType;
@@ -62,16 +62,16 @@ pub struct ExtractStats {
     pub entries: u64,
 }
 
-/// Counts bytes read through it into a shared cell.
+/// Counts bytes read through it.
 struct Counted<R> {
     inner: R,
-    n: Rc<Cell<u64>>,
+    n: Arc<AtomicU64>,
 }
 
 impl<R: Read> Read for Counted<R> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         let n = self.inner.read(buf)?;
-        self.n.set(self.n.get() + n as u64);
+        self.n.fetch_add(n as u64, Ordering::Relaxed);
         Ok(n)
     }
 }
@@ -79,13 +79,14 @@ impl<R: Read> Read for Counted<R> {
 /// The compressed and expanded byte counters, for the bomb check.
 struct Meter<'a> {
     limits: &'a ArchiveLimits,
-    compressed: Rc<Cell<u64>>,
-    expanded: Rc<Cell<u64>>,
+    compressed: Arc<AtomicU64>,
+    expanded: Arc<AtomicU64>,
 }
 
 impl Meter<'_> {
     fn check(&self) -> Result<(), WsError> {
-        let (compressed, expanded) = (self.compressed.get(), self.expanded.get());
+        let compressed = self.compressed.load(Ordering::Relaxed);
+        let expanded = self.expanded.load(Ordering::Relaxed);
         let l = self.limits;
         if expanded > l.ratio_grace_bytes
             && expanded > l.max_compression_ratio.saturating_mul(compressed.max(1))
@@ -99,6 +100,36 @@ impl Meter<'_> {
             });
         }
         Ok(())
+    }
+}
+
+/// Decompressed blocks handed from the decoder thread to the extractor.
+const BLOCK: usize = 256 << 10;
+const BLOCKS_IN_FLIGHT: usize = 4;
+
+/// `Read` over the decoder thread's blocks.
+struct Blocks {
+    rx: std::sync::mpsc::Receiver<io::Result<Vec<u8>>>,
+    cur: Vec<u8>,
+    pos: usize,
+}
+
+impl Read for Blocks {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        while self.pos == self.cur.len() {
+            match self.rx.recv() {
+                Ok(Ok(b)) => {
+                    self.cur = b;
+                    self.pos = 0;
+                }
+                Ok(Err(e)) => return Err(e),
+                Err(_) => return Ok(0),
+            }
+        }
+        let n = buf.len().min(self.cur.len() - self.pos);
+        buf[..n].copy_from_slice(&self.cur[self.pos..self.pos + n]);
+        self.pos += n;
+        Ok(n)
     }
 }
 
@@ -121,15 +152,20 @@ fn read_error(e: io::Error, compression: Compression) -> WsError {
 
 /// Extracts `src` into the directory `root`. On error the tree may hold a
 /// partial result; the caller discards it.
-pub fn extract(
-    src: &mut dyn Read,
+///
+/// Decompression runs on its own thread, overlapping with file creation
+/// (at most 1 MiB of decompressed data in flight). On success every byte of
+/// `src` has been read; on error the decoder thread is left to finish on
+/// its own (it stops when `src` ends or the extractor is gone).
+pub fn extract<R: Read + Send + 'static>(
+    src: R,
     root: BorrowedFd<'_>,
     opts: &ExtractOptions<'_>,
 ) -> Result<ExtractStats, WsError> {
     let meter = Meter {
         limits: opts.limits,
-        compressed: Rc::new(Cell::new(0)),
-        expanded: Rc::new(Cell::new(0)),
+        compressed: Arc::new(AtomicU64::new(0)),
+        expanded: Arc::new(AtomicU64::new(0)),
     };
     let mut compressed = codec::buffered(Counted {
         inner: src,
@@ -137,11 +173,52 @@ pub fn extract(
     });
     let compression = codec::sniff(&mut compressed, opts.compression)
         .map_err(|e| read_error(e, opts.compression))?;
-    let decoder =
-        codec::decoder(&mut compressed, compression).map_err(|e| read_error(e, compression))?;
+    let (tx, rx) = std::sync::mpsc::sync_channel(BLOCKS_IN_FLIGHT);
+    let expanded = meter.expanded.clone();
+    let decoder = std::thread::Builder::new()
+        .name("ws-decode".into())
+        .spawn(move || {
+            let mut dec = match codec::decoder(compressed, compression) {
+                Ok(d) => d,
+                Err(e) => {
+                    let _ = tx.send(Err(e));
+                    return;
+                }
+            };
+            loop {
+                let mut block = vec![0u8; BLOCK];
+                let mut filled = 0;
+                // Fill whole blocks: fewer, larger hand-offs.
+                while filled < BLOCK {
+                    match dec.read(&mut block[filled..]) {
+                        Ok(0) => break,
+                        Ok(n) => filled += n,
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                        Err(e) => {
+                            let _ = tx.send(Err(e));
+                            return;
+                        }
+                    }
+                }
+                if filled == 0 {
+                    return;
+                }
+                block.truncate(filled);
+                expanded.fetch_add(filled as u64, Ordering::Relaxed);
+                if tx.send(Ok(block)).is_err() {
+                    return;
+                }
+            }
+        })
+        .map_err(|e| WsError::io("starting the decoder thread", e))?;
+    let consumed = Arc::new(AtomicU64::new(0));
     let mut plain = Counted {
-        inner: decoder,
-        n: meter.expanded.clone(),
+        inner: Blocks {
+            rx,
+            cur: Vec::new(),
+            pos: 0,
+        },
+        n: consumed.clone(),
     };
     let mut x = Extractor::new(root, opts, &meter, compression);
 
@@ -159,7 +236,7 @@ pub fn extract(
     }
     // The parser stops at the first zero block; if it stopped because the
     // input ended instead, the archive was cut short.
-    if meter.expanded.get() <= last_end {
+    if consumed.load(Ordering::Relaxed) <= last_end {
         return Err(WsError::invalid(
             "truncated tar archive: the stream ends without the end-of-archive marker",
         ));
@@ -175,6 +252,7 @@ pub fn extract(
         }
     }
     drop(plain);
+    let _ = decoder.join();
     x.finish_dirs()?;
     Ok(x.stats)
 }
@@ -317,7 +395,7 @@ impl<'a> Extractor<'a> {
                             | OFlags::EXCL
                             | OFlags::NOFOLLOW
                             | OFlags::CLOEXEC,
-                        Mode::from_raw_mode(0o600),
+                        Mode::from_raw_mode(mode),
                     )
                 })?;
                 let mut file = File::from(fd);
@@ -348,7 +426,7 @@ impl<'a> Extractor<'a> {
                     ));
                 }
                 self.expanded += size;
-                self.meta_fd(file.as_fd(), mode, mtime, &path)?;
+                self.meta_fd(file.as_fd(), mode, mtime, &path, mode & umask() != 0)?;
                 let key = self.key(&path);
                 self.files.insert(key);
                 self.stats.files += 1;
@@ -616,15 +694,21 @@ impl<'a> Extractor<'a> {
         }
     }
 
+    /// Sets mode (when `chmod`), owner and mtime. Files are created with
+    /// their mode, so they need a chmod only for bits the umask removed;
+    /// directories are created 0700 and always need one.
     fn meta_fd(
         &self,
         fd: BorrowedFd<'_>,
         mode: u32,
         mtime: u64,
         path: &Path,
+        chmod: bool,
     ) -> Result<(), WsError> {
-        rustix::fs::fchmod(fd, Mode::from_raw_mode(mode))
-            .map_err(|e| WsError::io(format!("chmod {}", path.display()), sys(e)))?;
+        if chmod {
+            rustix::fs::fchmod(fd, Mode::from_raw_mode(mode))
+                .map_err(|e| WsError::io(format!("chmod {}", path.display()), sys(e)))?;
+        }
         if let Some((u, g)) = self.opts.owner {
             rustix::fs::fchown(
                 fd,
@@ -661,10 +745,26 @@ impl<'a> Extractor<'a> {
         for (path, mode, mtime) in dirs {
             let fd = confine::open_dir(self.root, &path)
                 .map_err(|e| WsError::io(format!("opening {}", path.display()), e))?;
-            self.meta_fd(fd.as_fd(), mode, mtime, &path)?;
+            self.meta_fd(fd.as_fd(), mode, mtime, &path, true)?;
         }
         Ok(())
     }
+}
+
+/// The process umask, read once from /proc (reading it with umask(2)
+/// would change it). 0o777 if unknown: then every mode is set explicitly.
+fn umask() -> u32 {
+    static UMASK: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *UMASK.get_or_init(|| {
+        std::fs::read_to_string("/proc/self/status")
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find_map(|l| l.strip_prefix("Umask:"))
+                    .and_then(|v| u32::from_str_radix(v.trim(), 8).ok())
+            })
+            .unwrap_or(0o777)
+    })
 }
 
 fn times(mtime: u64) -> Timestamps {

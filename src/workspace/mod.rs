@@ -39,6 +39,8 @@ pub struct InitStats {
     pub archive_bytes: u64,
     pub archive_sha256: String,
     pub duration: Duration,
+    /// Part of `duration` spent making the new contents durable (syncfs).
+    pub sync: Duration,
 }
 
 /// What to Initialize.
@@ -137,10 +139,12 @@ impl Workspace {
     }
 
     /// Extracts the archive read from `src` and swaps it in. Blocking.
+    /// `outcome` is `src`'s shared state (byte count, sha256, failure).
     pub fn initialize(
         &self,
         req: &InitRequest,
-        src: &mut stream::ChannelReader,
+        src: stream::ChannelReader,
+        outcome: &Mutex<stream::ReadOutcome>,
     ) -> Result<InitStats, WsError> {
         let start = Instant::now();
         if !req.expected_sha256.is_empty()
@@ -160,16 +164,18 @@ impl Workspace {
                 owner: self.owner,
                 merge: req.merge,
             };
-            let stats = extract::extract(src, stage.as_fd(), &opts)
-                .map_err(|e| src.failure.take().unwrap_or(e))?;
-            if req.size_hint != 0 && src.count() != req.size_hint {
+            let result = extract::extract(src, stage.as_fd(), &opts);
+            let mut o = outcome.lock().unwrap_or_else(|p| p.into_inner());
+            // A broken stream explains a parse error better than the parser.
+            let stats = result.map_err(|e| o.failure.take().unwrap_or(e))?;
+            let (count, sha) = (o.count, o.sha256.clone().unwrap_or_default());
+            drop(o);
+            if req.size_hint != 0 && count != req.size_hint {
                 return Err(WsError::Integrity(format!(
-                    "received {} archive bytes, the header announced {}; the upload was cut short or altered",
-                    src.count(),
+                    "received {count} archive bytes, the header announced {}; the upload was cut short or altered",
                     req.size_hint
                 )));
             }
-            let sha = src.sha256_hex();
             if !req.expected_sha256.is_empty() && !sha.eq_ignore_ascii_case(&req.expected_sha256) {
                 return Err(WsError::Integrity(format!(
                     "archive sha256 is {sha}, expected {}; nothing was changed",
@@ -177,16 +183,17 @@ impl Workspace {
                 )));
             }
             txn::fault_point("before-commit");
-            Ok((stats, sha))
+            Ok((stats, sha, count))
         })();
         match result {
-            Ok((stats, sha)) => {
-                self.commit(&stage_name, stage)?;
+            Ok((stats, sha, count)) => {
+                let (_, sync) = self.commit(&stage_name, stage)?;
                 Ok(InitStats {
                     extract: stats,
-                    archive_bytes: src.count(),
+                    archive_bytes: count,
                     archive_sha256: sha,
                     duration: start.elapsed(),
+                    sync,
                 })
             }
             Err(e) => {
@@ -249,12 +256,16 @@ impl Workspace {
     /// entries removed. Blocking.
     pub fn clear(&self) -> Result<u64, WsError> {
         let (name, stage) = self.txn.stage()?;
-        self.commit(&name, stage)
+        self.commit(&name, stage).map(|(n, _)| n)
     }
 
     /// Commits a stage; on failure, rolls forward (journal written) or
     /// discards the stage (not yet committed), as a restart would.
-    fn commit(&self, name: &std::ffi::OsStr, stage: std::os::fd::OwnedFd) -> Result<u64, WsError> {
+    fn commit(
+        &self,
+        name: &std::ffi::OsStr,
+        stage: std::os::fd::OwnedFd,
+    ) -> Result<(u64, Duration), WsError> {
         match self.txn.commit(name, stage.as_fd()) {
             Ok(n) => Ok(n),
             Err(e) => {

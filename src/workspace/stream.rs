@@ -5,8 +5,8 @@
 //! to the other side instead of buffering.
 
 use std::io::{self, Read, Write};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
 use bytes::{Bytes, BytesMut};
 use sha2::{Digest, Sha256};
@@ -17,6 +17,17 @@ use super::error::WsError;
 /// What the async side feeds the extractor: data, or why the stream broke.
 pub type Feed = Result<Bytes, WsError>;
 
+/// What a [`ChannelReader`] saw, readable after it was moved away.
+#[derive(Default)]
+pub struct ReadOutcome {
+    /// Bytes read so far.
+    pub count: u64,
+    /// SHA-256 (lowercase hex) of all bytes, set at end of stream.
+    pub sha256: Option<String>,
+    /// Why the stream broke, if it did (cancel, size limit, protocol).
+    pub failure: Option<WsError>,
+}
+
 /// Blocking `Read` over a channel of chunks, hashing and counting every
 /// byte, and enforcing the compressed-size limit.
 pub struct ChannelReader {
@@ -25,31 +36,29 @@ pub struct ChannelReader {
     hasher: Sha256,
     count: u64,
     max: u64,
-    /// Set when the stream broke; the extractor reports it instead of the
-    /// generic read error.
-    pub failure: Option<WsError>,
+    outcome: Arc<Mutex<ReadOutcome>>,
 }
 
 impl ChannelReader {
-    pub fn new(rx: mpsc::Receiver<Feed>, max: u64) -> ChannelReader {
-        ChannelReader {
+    pub fn new(rx: mpsc::Receiver<Feed>, max: u64) -> (ChannelReader, Arc<Mutex<ReadOutcome>>) {
+        let outcome = Arc::new(Mutex::new(ReadOutcome::default()));
+        let r = ChannelReader {
             rx,
             cur: Bytes::new(),
             hasher: Sha256::new(),
             count: 0,
             max,
-            failure: None,
-        }
+            outcome: outcome.clone(),
+        };
+        (r, outcome)
     }
 
-    /// Bytes read so far.
-    pub fn count(&self) -> u64 {
-        self.count
-    }
-
-    /// SHA-256 of everything read, lowercase hex.
-    pub fn sha256_hex(&self) -> String {
-        hex(&self.hasher.clone().finalize())
+    fn fail(&mut self, e: WsError) -> io::Error {
+        let msg = e.to_string();
+        let mut o = self.outcome.lock().unwrap_or_else(|p| p.into_inner());
+        o.count = self.count;
+        o.failure = Some(e);
+        io::Error::other(msg)
     }
 }
 
@@ -57,13 +66,14 @@ impl Read for ChannelReader {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         while self.cur.is_empty() {
             match self.rx.blocking_recv() {
-                None => return Ok(0),
-                Some(Ok(b)) => self.cur = b,
-                Some(Err(e)) => {
-                    let msg = e.to_string();
-                    self.failure = Some(e);
-                    return Err(io::Error::other(msg));
+                None => {
+                    let mut o = self.outcome.lock().unwrap_or_else(|p| p.into_inner());
+                    o.count = self.count;
+                    o.sha256 = Some(hex(&self.hasher.clone().finalize()));
+                    return Ok(0);
                 }
+                Some(Ok(b)) => self.cur = b,
+                Some(Err(e)) => return Err(self.fail(e)),
             }
         }
         let n = buf.len().min(self.cur.len());
@@ -72,13 +82,11 @@ impl Read for ChannelReader {
         self.hasher.update(&chunk);
         self.count += n as u64;
         if self.count > self.max {
-            let e = WsError::Limit {
+            let max = self.max;
+            return Err(self.fail(WsError::Limit {
                 limit: "max_archive_bytes",
-                detail: format!("the archive is larger than {} bytes", self.max),
-            };
-            let msg = e.to_string();
-            self.failure = Some(e);
-            return Err(io::Error::other(msg));
+                detail: format!("the archive is larger than {max} bytes"),
+            }));
         }
         Ok(n)
     }

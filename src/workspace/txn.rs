@@ -158,9 +158,16 @@ impl Txn {
     }
 
     /// Swaps the staging directory's contents in. Returns how many
-    /// top-level entries the workspace had before.
-    pub fn commit(&self, stage_name: &OsStr, stage: BorrowedFd<'_>) -> Result<u64, WsError> {
+    /// top-level entries the workspace had before, and the time spent in
+    /// `syncfs`.
+    pub fn commit(
+        &self,
+        stage_name: &OsStr,
+        stage: BorrowedFd<'_>,
+    ) -> Result<(u64, std::time::Duration), WsError> {
+        let t = std::time::Instant::now();
         rustix::fs::syncfs(stage).map_err(|e| WsError::io("syncing the staging tree", sys(e)))?;
+        let mut synced = t.elapsed();
         let old = unique("old");
         rustix::fs::mkdirat(&self.state, &old, Mode::from_raw_mode(0o700))
             .map_err(|e| WsError::io("creating the old-contents directory", sys(e)))?;
@@ -169,9 +176,11 @@ impl Txn {
         let moved = self.move_out(&old)?;
         self.write_journal("installing", stage_name, &old)?;
         self.move_in(stage_name)?;
+        let t = std::time::Instant::now();
         rustix::fs::syncfs(&self.root).map_err(|e| WsError::io("syncing the workspace", sys(e)))?;
+        synced += t.elapsed();
         self.finish(stage_name, &old)?;
-        Ok(moved)
+        Ok((moved, synced))
     }
 
     /// Completes or discards whatever a killed agent left behind. Returns a
