@@ -73,8 +73,11 @@ impl ConnectOptions {
         };
         // The URI given to tonic only names the HTTP/2 authority; the
         // connector decides where bytes really go.
+        // Large flow-control windows: workspace dumps are bulk transfers.
         let builder = Channel::from_static("http://sandbox-agent")
             .connect_timeout(self.connect_timeout)
+            .initial_stream_window_size(Some(2 << 20))
+            .initial_connection_window_size(Some(8 << 20))
             .tcp_nodelay(true);
         let target = endpoint.clone();
         let timeout = self.connect_timeout;

@@ -218,3 +218,38 @@ async fn sigkill_mid_stream_leaves_the_old_workspace() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_fails_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().join("ws");
+    std::fs::create_dir_all(&ws).unwrap();
+    let st = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=1m", "tmpfs"])
+        .arg(&ws)
+        .status()
+        .expect("mount");
+    assert!(st.success(), "mounting a tmpfs needs root");
+    let _mount = Mount(ws.clone());
+    let agent = Agent::start_in(dir, &[], &[]);
+    let client = connect(&agent).await;
+    initialize(&client, proto::InitializeHeader::default(), tree("old", 2))
+        .await
+        .expect("small tree fits");
+    let old = snapshot(&ws, true);
+    let mut t = Tar::new();
+    t.file("./big.bin", &vec![0x5au8; 2 << 20]);
+    let e = initialize(&client, proto::InitializeHeader::default(), gzip(&t.end()))
+        .await
+        .expect_err("2 MiB into 1 MiB");
+    assert_eq!(e.code(), tonic::Code::ResourceExhausted, "{}", e.message());
+    assert!(e.message().contains("full"), "{}", e.message());
+    assert_eq!(snapshot(&ws, true), old);
+    assert_eq!(
+        std::fs::read_dir(ws.join(".sandbox-agent"))
+            .unwrap()
+            .count(),
+        0,
+        "staging removed"
+    );
+}

@@ -71,6 +71,11 @@ pub struct Limits {
     /// HTTP/2 keepalive ping interval; dead peers are dropped after
     /// a further interval without an answer.
     pub keepalive_interval_ms: u64,
+    /// HTTP/2 flow-control window per stream: how much a client may send
+    /// ahead before the agent reads it (bulk upload throughput).
+    pub stream_window_bytes: u32,
+    /// HTTP/2 flow-control window per connection.
+    pub connection_window_bytes: u32,
 }
 
 impl Default for Limits {
@@ -81,6 +86,8 @@ impl Default for Limits {
             max_message_bytes: 4 << 20,
             shutdown_grace_ms: 10_000,
             keepalive_interval_ms: 30_000,
+            stream_window_bytes: 2 << 20,
+            connection_window_bytes: 8 << 20,
         }
     }
 }
@@ -283,6 +290,8 @@ impl Config {
             ("max_message_bytes", l.max_message_bytes as u64),
             ("shutdown_grace_ms", l.shutdown_grace_ms),
             ("keepalive_interval_ms", l.keepalive_interval_ms),
+            ("stream_window_bytes", l.stream_window_bytes as u64),
+            ("connection_window_bytes", l.connection_window_bytes as u64),
         ] {
             if v == 0 {
                 return Err(ConfigError::ZeroLimit(name));

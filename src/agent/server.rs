@@ -116,6 +116,8 @@ async fn serve_inner(
             .max_concurrent_streams(limits.max_concurrent_streams)
             .http2_keepalive_interval(Some(keepalive))
             .http2_keepalive_timeout(Some(keepalive))
+            .initial_stream_window_size(Some(limits.stream_window_bytes))
+            .initial_connection_window_size(Some(limits.connection_window_bytes))
             .layer(AuthLayer::new(policy));
         let (incoming, accept_task) = listener.incoming(limits.max_connections_per_listener);
         accept_tasks.push(accept_task);

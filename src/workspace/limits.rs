@@ -19,7 +19,10 @@ pub struct ArchiveLimits {
     /// Size of one file.
     pub max_file_bytes: u64,
     /// Expanded ÷ compressed bytes, checked once more than
-    /// `ratio_grace_bytes` have been expanded (against decompression bombs).
+    /// `ratio_grace_bytes` have been expanded: stops decompression bombs
+    /// early. gzip cannot exceed about 1032:1, so the default only bites on
+    /// zstd or nested tricks; `max_expanded_bytes` is the absolute bound.
+    /// Highly repetitive real data (logs, `yes` output) reaches 250:1.
     pub max_compression_ratio: u64,
     pub ratio_grace_bytes: u64,
     /// Create FIFOs from archives (device nodes are always refused).
@@ -42,8 +45,8 @@ impl Default for ArchiveLimits {
             max_entries: 500_000,
             max_path_bytes: 4096,
             max_file_bytes: 16 << 30,
-            max_compression_ratio: 200,
-            ratio_grace_bytes: 64 << 20,
+            max_compression_ratio: 1000,
+            ratio_grace_bytes: 256 << 20,
             allow_fifos: false,
             owner: None,
             queue_chunks: 8,
