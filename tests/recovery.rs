@@ -5,7 +5,7 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::ws::*;
 use common::*;
@@ -129,15 +129,7 @@ async fn crash_at(point: &str, mounted: bool, expect_after: bool) {
     } else {
         restarted.dir.path().join(".ws.sandbox-agent")
     };
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while std::fs::read_dir(&state).unwrap().count() > 0 {
-        assert!(
-            Instant::now() < deadline,
-            "{point}: debris left in {}",
-            state.display()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_empty(&state).await;
     // And the agent works normally afterwards.
     let r = initialize(
         &connect(&restarted).await,
@@ -212,11 +204,7 @@ async fn sigkill_mid_stream_leaves_the_old_workspace() {
     let restarted = Agent::start_in(dir, &[], &[]);
     assert_eq!(snapshot(&ws, true), old);
     let state = restarted.dir.path().join(".ws.sandbox-agent");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while std::fs::read_dir(&state).unwrap().count() > 0 {
-        assert!(Instant::now() < deadline, "debris left");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_empty(&state).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -86,19 +86,7 @@ impl Fixture {
     }
 
     async fn assert_no_debris(&self) {
-        let state = self.agent.dir.path().join(".ws.sandbox-agent");
-        let deadline = Instant::now() + Duration::from_secs(5);
-        loop {
-            let left: Vec<_> = std::fs::read_dir(&state)
-                .unwrap()
-                .map(|e| e.unwrap().file_name())
-                .collect();
-            if left.is_empty() {
-                return;
-            }
-            assert!(Instant::now() < deadline, "staging debris left: {left:?}");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        wait_empty(&self.agent.dir.path().join(".ws.sandbox-agent")).await;
     }
 }
 

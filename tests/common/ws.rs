@@ -210,3 +210,24 @@ fn walk(root: &Path, rel: &Path, mtimes: bool, out: &mut Snapshot) {
         out.insert(p, desc);
     }
 }
+
+/// Waits (up to 10 s) until `dir` is empty: the agent removes old trees and
+/// failed stages in the background.
+pub async fn wait_empty(dir: &Path) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let left: Vec<_> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        if left.is_empty() {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "debris left in {}: {left:?}",
+            dir.display()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
