@@ -14,7 +14,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use rustix::fs::{Mode, OFlags, ResolveFlags};
 
-use super::error::sys;
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+
+use rustix::fs::AtFlags;
+
+use super::error::{WsError, sys};
 
 static NO_OPENAT2: AtomicBool = AtomicBool::new(false);
 
@@ -78,5 +83,45 @@ pub fn normalize(path: &Path) -> Result<Vec<&std::ffi::OsStr>, String> {
             Component::RootDir | Component::Prefix(_) => return Err("is absolute".to_owned()),
         }
     }
+    Ok(out)
+}
+
+/// Removes `name` in `dir` (a whole tree if it is a directory), never
+/// following symlinks.
+pub fn remove_at(dir: BorrowedFd<'_>, name: &OsStr, path: &Path) -> Result<(), WsError> {
+    match rustix::fs::unlinkat(dir, name, AtFlags::empty()) {
+        Ok(()) => Ok(()),
+        Err(rustix::io::Errno::ISDIR) | Err(rustix::io::Errno::PERM) => {
+            let sub = rustix::fs::openat(
+                dir,
+                name,
+                OFlags::DIRECTORY | OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                Mode::empty(),
+            )
+            .map_err(|e| WsError::io(format!("opening {}", path.display()), sys(e)))?;
+            let names = list(sub.as_fd())
+                .map_err(|e| WsError::io(format!("listing {}", path.display()), e))?;
+            for n in names {
+                remove_at(sub.as_fd(), &n, &path.join(&n))?;
+            }
+            rustix::fs::unlinkat(dir, name, AtFlags::REMOVEDIR)
+                .map_err(|e| WsError::io(format!("removing {}", path.display()), sys(e)))
+        }
+        Err(e) => Err(WsError::io(format!("removing {}", path.display()), sys(e))),
+    }
+}
+
+/// Names in a directory, without `.` and `..`, sorted bytewise.
+pub fn list(dir: BorrowedFd<'_>) -> io::Result<Vec<std::ffi::OsString>> {
+    let mut d = rustix::fs::Dir::read_from(dir).map_err(sys)?;
+    let mut out = Vec::new();
+    while let Some(e) = d.read() {
+        let e = e.map_err(sys)?;
+        let n = e.file_name().to_bytes();
+        if n != b"." && n != b".." {
+            out.push(OsStr::from_bytes(n).to_owned());
+        }
+    }
+    out.sort_by(|a, b| a.as_bytes().cmp(b.as_bytes()));
     Ok(out)
 }

@@ -34,7 +34,7 @@ use rustix::fs::{AtFlags, Mode, OFlags, Timespec, Timestamps};
 use tar::EntryType;
 
 use super::codec;
-use super::confine;
+use super::confine::{self, remove_at};
 use super::error::{WsError, sys};
 use super::limits::ArchiveLimits;
 use crate::proto::Compression;
@@ -776,44 +776,4 @@ fn times(mtime: u64) -> Timestamps {
         last_access: t,
         last_modification: t,
     }
-}
-
-/// Removes `name` in `dir` (a whole tree if it is a directory), never
-/// following symlinks.
-pub fn remove_at(dir: BorrowedFd<'_>, name: &OsStr, path: &Path) -> Result<(), WsError> {
-    match rustix::fs::unlinkat(dir, name, AtFlags::empty()) {
-        Ok(()) => Ok(()),
-        Err(rustix::io::Errno::ISDIR) | Err(rustix::io::Errno::PERM) => {
-            let sub = rustix::fs::openat(
-                dir,
-                name,
-                OFlags::DIRECTORY | OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-                Mode::empty(),
-            )
-            .map_err(|e| WsError::io(format!("opening {}", path.display()), sys(e)))?;
-            let names = list(sub.as_fd())
-                .map_err(|e| WsError::io(format!("listing {}", path.display()), e))?;
-            for n in names {
-                remove_at(sub.as_fd(), &n, &path.join(&n))?;
-            }
-            rustix::fs::unlinkat(dir, name, AtFlags::REMOVEDIR)
-                .map_err(|e| WsError::io(format!("removing {}", path.display()), sys(e)))
-        }
-        Err(e) => Err(WsError::io(format!("removing {}", path.display()), sys(e))),
-    }
-}
-
-/// Names in a directory, without `.` and `..`, sorted bytewise.
-pub fn list(dir: BorrowedFd<'_>) -> io::Result<Vec<std::ffi::OsString>> {
-    let mut d = rustix::fs::Dir::read_from(dir).map_err(sys)?;
-    let mut out = Vec::new();
-    while let Some(e) = d.read() {
-        let e = e.map_err(sys)?;
-        let n = e.file_name().to_bytes();
-        if n != b"." && n != b".." {
-            out.push(OsStr::from_bytes(n).to_owned());
-        }
-    }
-    out.sort_by(|a, b| a.as_bytes().cmp(b.as_bytes()));
-    Ok(out)
 }

@@ -20,8 +20,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use globset::GlobSet;
 use rustix::fs::{AtFlags, FileType, Mode, OFlags};
 
+use super::confine::list;
 use super::error::{WsError, sys};
-use super::extract::list;
 
 /// At most this many changed paths are reported in a trailer.
 pub const MAX_CHANGED_REPORTED: usize = 1000;

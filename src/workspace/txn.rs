@@ -32,8 +32,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use rustix::fs::{AtFlags, Mode, OFlags};
 
+use super::confine::{list, remove_at};
 use super::error::{WsError, sys};
-use super::extract::{list, remove_at};
 
 /// Name of the state directory when it lives inside the workspace.
 pub const INNER_STATE_NAME: &str = ".sandbox-agent";
@@ -283,23 +283,13 @@ impl Txn {
             Mode::empty(),
         )
         .map_err(|e| WsError::io("opening the old-contents directory", sys(e)))?;
-        let mut n = 0;
-        for name in list(self.root.as_fd()).map_err(ctx("listing the workspace"))? {
-            if Some(name.as_os_str()) == self.hidden_name() {
-                continue;
-            }
-            rustix::fs::renameat(&self.root, &name, &old_fd, &name).map_err(|e| {
-                WsError::io(
-                    format!("moving {} out of the workspace", Path::new(&name).display()),
-                    sys(e),
-                )
-            })?;
-            n += 1;
-            if n == 1 {
-                fault_point("mid-move-out");
-            }
-        }
-        Ok(n)
+        move_entries(
+            self.root.as_fd(),
+            old_fd.as_fd(),
+            self.hidden_name(),
+            "out of",
+            "mid-move-out",
+        )
     }
 
     fn move_in(&self, stage: &OsStr) -> Result<(), WsError> {
@@ -314,19 +304,13 @@ impl Txn {
             Err(rustix::io::Errno::NOENT) => return Ok(()),
             Err(e) => return Err(WsError::io("opening the staging directory", sys(e))),
         };
-        let mut n = 0;
-        for name in list(stage_fd.as_fd()).map_err(ctx("listing the staging directory"))? {
-            rustix::fs::renameat(&stage_fd, &name, &self.root, &name).map_err(|e| {
-                WsError::io(
-                    format!("moving {} into the workspace", Path::new(&name).display()),
-                    sys(e),
-                )
-            })?;
-            n += 1;
-            if n == 1 {
-                fault_point("mid-move-in");
-            }
-        }
+        move_entries(
+            stage_fd.as_fd(),
+            self.root.as_fd(),
+            None,
+            "into",
+            "mid-move-in",
+        )?;
         Ok(())
     }
 
@@ -360,6 +344,37 @@ impl Txn {
     pub fn root_path(&self) -> &Path {
         &self.root_path
     }
+}
+
+/// Renames every entry of `from` (but `skip`) into `to`; returns how many.
+/// `fault` names the test fault point hit after the first move.
+fn move_entries(
+    from: BorrowedFd<'_>,
+    to: BorrowedFd<'_>,
+    skip: Option<&OsStr>,
+    direction: &str,
+    fault: &str,
+) -> Result<u64, WsError> {
+    let mut n = 0;
+    for name in list(from).map_err(ctx("listing a directory to move"))? {
+        if Some(name.as_os_str()) == skip {
+            continue;
+        }
+        rustix::fs::renameat(from, &name, to, &name).map_err(|e| {
+            WsError::io(
+                format!(
+                    "moving {} {direction} the workspace",
+                    Path::new(&name).display()
+                ),
+                sys(e),
+            )
+        })?;
+        n += 1;
+        if n == 1 {
+            fault_point(fault);
+        }
+    }
+    Ok(n)
 }
 
 fn unique(kind: &str) -> OsString {
