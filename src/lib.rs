@@ -10,8 +10,10 @@
 pub mod agent;
 pub mod auth;
 pub mod client;
+pub mod lifecycle;
 pub mod proto;
 pub mod transport;
+pub mod supervisor;
 pub mod workspace;
 
 pub use client::{Client, ConnectError, ConnectOptions, connect};

@@ -11,6 +11,9 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::auth::{Token, TokenError};
+use crate::lifecycle::LifecycleConfig;
+use crate::supervisor::SupervisorConfig;
+use crate::supervisor::manifest::{DEFAULT_MANIFEST_PATH, Manifest, ManifestError};
 use crate::transport::{DEFAULT_AGENT_LISTEN, Endpoint, UriError};
 use crate::workspace::ArchiveLimits;
 
@@ -36,6 +39,11 @@ pub struct Config {
     pub limits: Limits,
     /// Limits of workspace archives (Initialize and Dump).
     pub archive: ArchiveLimits,
+    /// The MCP server manifest. Default: /etc/sandbox-agent/servers.toml
+    /// (no servers when that file does not exist).
+    pub manifest: Option<PathBuf>,
+    pub supervisor: SupervisorConfig,
+    pub lifecycle: LifecycleConfig,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
@@ -102,6 +110,9 @@ impl Default for Config {
             auth: AuthConfig::default(),
             limits: Limits::default(),
             archive: ArchiveLimits::default(),
+            manifest: None,
+            supervisor: SupervisorConfig::default(),
+            lifecycle: LifecycleConfig::default(),
         }
     }
 }
@@ -145,6 +156,10 @@ pub enum ConfigError {
     Workspace(String),
     #[error("{0}")]
     Archive(String),
+    #[error("{0}")]
+    Manifest(#[from] ManifestError),
+    #[error("{0}")]
+    Section(String),
 }
 
 /// Values from flags and environment variables (clap merges the two, flags
@@ -160,6 +175,7 @@ pub struct Overrides {
     pub log_format: Option<LogFormat>,
     pub allow_remote_tcp: bool,
     pub name: Option<String>,
+    pub manifest: Option<PathBuf>,
 }
 
 /// Where the token came from, for `--check-config`.
@@ -182,6 +198,9 @@ pub struct Settings {
     pub require_token_on_local: bool,
     pub limits: Limits,
     pub archive: ArchiveLimits,
+    pub manifest: Manifest,
+    pub supervisor: SupervisorConfig,
+    pub lifecycle: LifecycleConfig,
     /// The merged file-level view, printed by `--check-config`.
     pub effective: Config,
 }
@@ -229,6 +248,9 @@ impl Config {
         }
         if let Some(n) = &o.name {
             self.name = Some(n.clone());
+        }
+        if let Some(m) = &o.manifest {
+            self.manifest = Some(m.clone());
         }
     }
 
@@ -307,6 +329,15 @@ impl Config {
             })?;
             self.workspace = cwd.join(&self.workspace);
         }
+        self.supervisor.validate().map_err(ConfigError::Section)?;
+        self.lifecycle.validate().map_err(ConfigError::Section)?;
+        let manifest = match &self.manifest {
+            Some(p) => Manifest::load(p, &self.workspace)?,
+            None if Path::new(DEFAULT_MANIFEST_PATH).exists() => {
+                Manifest::load(Path::new(DEFAULT_MANIFEST_PATH), &self.workspace)?
+            }
+            None => Manifest::empty(Path::new(DEFAULT_MANIFEST_PATH)),
+        };
         let name = match &self.name {
             Some(n) => n.clone(),
             None => nix::unistd::gethostname()
@@ -324,6 +355,9 @@ impl Config {
             require_token_on_local: self.auth.require_on_local,
             limits: self.limits.clone(),
             archive: self.archive.clone(),
+            manifest,
+            supervisor: self.supervisor.clone(),
+            lifecycle: self.lifecycle.clone(),
             effective: self,
         })
     }
@@ -343,9 +377,20 @@ impl Settings {
             TokenSource::File(p) => format!("from file {}", p.display()),
             TokenSource::Env => format!("from environment variable {TOKEN_ENV}"),
         };
+        let mut servers = String::new();
+        for def in self.manifest.servers.values() {
+            let mut line = vec![def.command.clone()];
+            line.extend(def.args.iter().cloned());
+            servers.push_str(&format!("#   {}: {}\n", def.name, line.join(" ")));
+        }
+        if servers.is_empty() {
+            servers = "#   (none)\n".into();
+        }
         format!(
-            "# effective sandbox-agent configuration\n# sandbox name: {}\n# token: {token}\n{body}",
-            self.name
+            "# effective sandbox-agent configuration\n# sandbox name: {}\n# token: {token}\n# manifest {}: {} servers\n{servers}{body}",
+            self.name,
+            self.manifest.path.display(),
+            self.manifest.servers.len()
         )
     }
 }

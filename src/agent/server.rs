@@ -17,7 +17,46 @@ use super::{info as sysinfo, rpc};
 use crate::auth::{AuthLayer, AuthPolicy};
 use crate::proto;
 use crate::transport::{Endpoint, ListenError, Listener};
+use crate::lifecycle::Lifecycle;
+use crate::supervisor::{State, Supervisor};
 use crate::workspace::Workspace;
+
+/// Health service name of a server: `mcp/<name>`, SERVING while ready.
+pub fn server_health_name(name: &str) -> String {
+    format!("mcp/{name}")
+}
+
+/// Mirrors every server's readiness into grpc.health.v1.
+async fn publish_server_health(sup: &Supervisor, health: &tonic_health::server::HealthReporter) {
+    for name in sup.names() {
+        let Ok(mut rx) = sup.watch(&name) else {
+            continue;
+        };
+        let health = health.clone();
+        let service = server_health_name(&name);
+        health
+            .set_service_status(&service, ServingStatus::NotServing)
+            .await;
+        tokio::spawn(async move {
+            let mut last = None;
+            loop {
+                let ready = rx.borrow_and_update().state == State::Ready;
+                if last != Some(ready) {
+                    let st = if ready {
+                        ServingStatus::Serving
+                    } else {
+                        ServingStatus::NotServing
+                    };
+                    health.set_service_status(&service, st).await;
+                    last = Some(ready);
+                }
+                if rx.changed().await.is_err() {
+                    return;
+                }
+            }
+        });
+    }
+}
 
 /// Why the agent could not start serving.
 #[derive(Debug, thiserror::Error)]
@@ -34,6 +73,8 @@ pub enum ServeError {
     Reflection(String),
     #[error("opening the workspace: {0}")]
     Open(String),
+    #[error("starting the supervisor: {0}")]
+    Supervisor(std::io::Error),
 }
 
 /// Listeners bound and ready to serve.
@@ -100,7 +141,18 @@ async fn serve_inner(
             .set_service_status(name, ServingStatus::Serving)
             .await;
     }
-    let routes = routes(&settings, health_service, bound.workspace.clone())?;
+    let supervisor = Arc::new(
+        Supervisor::new(&settings.manifest, settings.supervisor.clone())
+            .map_err(ServeError::Supervisor)?,
+    );
+    let lifecycle = Lifecycle::new(
+        Arc::new(settings.manifest.clone()),
+        supervisor.clone(),
+        bound.workspace.clone(),
+        settings.lifecycle.clone(),
+    );
+    publish_server_health(&supervisor, &health).await;
+    let routes = routes(&settings, health_service, bound.workspace.clone(), lifecycle.clone())?;
 
     let mut servers = JoinSet::new();
     let mut accept_tasks = Vec::new();
@@ -145,6 +197,9 @@ async fn serve_inner(
     health
         .set_service_status("", ServingStatus::NotServing)
         .await;
+    // Servers go first: they hold no client state the drain could save,
+    // and nothing they started may outlive the agent.
+    lifecycle.shutdown().await;
     for name in proto::SERVICE_NAMES {
         health
             .set_service_status(name, ServingStatus::NotServing)
@@ -176,6 +231,7 @@ fn routes(
         impl tonic_health::pb::health_server::Health,
     >,
     workspace: Arc<Workspace>,
+    lifecycle: Arc<Lifecycle>,
 ) -> Result<Routes, ServeError> {
     let max = settings.limits.max_message_bytes;
     let reflection = || {
@@ -196,7 +252,7 @@ fn routes(
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
         .add_service(
-            proto::agent_server::AgentServer::new(rpc::AgentService::new(info))
+            proto::agent_server::AgentServer::new(rpc::AgentService::new(info, lifecycle.clone()))
                 .max_decoding_message_size(max)
                 .max_encoding_message_size(max),
         )
@@ -206,7 +262,7 @@ fn routes(
                 .max_encoding_message_size(max),
         )
         .add_service(
-            proto::servers_server::ServersServer::new(rpc::ServersService)
+            proto::servers_server::ServersServer::new(rpc::ServersService::new(lifecycle))
                 .max_decoding_message_size(max)
                 .max_encoding_message_size(max),
         );

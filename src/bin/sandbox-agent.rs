@@ -59,6 +59,11 @@ struct Args {
     #[arg(long, env = "SANDBOX_AGENT_NAME")]
     name: Option<String>,
 
+    /// The MCP server manifest (TOML). Default: /etc/sandbox-agent/servers.toml
+    /// when it exists, else no servers.
+    #[arg(long, value_name = "FILE", env = "SANDBOX_AGENT_MANIFEST")]
+    manifest: Option<PathBuf>,
+
     /// Local development defaults: listen on unix://./sandbox-agent.sock and
     /// tcp://127.0.0.1:7070, workspace ./workspace, token in
     /// ./sandbox-agent.token (created if missing). Explicit settings win.
@@ -94,6 +99,7 @@ fn run(args: Args) -> anyhow::Result<()> {
         log_format: args.log_format,
         allow_remote_tcp: args.allow_remote_tcp,
         name: args.name.clone(),
+        manifest: args.manifest.clone(),
     };
     if args.dev {
         if overrides.listen.is_empty() {

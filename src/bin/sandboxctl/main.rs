@@ -99,8 +99,90 @@ enum Verb {
     },
     /// Empty the workspace, atomically.
     Clear,
+    /// Lease the sandbox: start MCP servers and wait until they are ready.
+    Acquire {
+        /// Servers to start, comma-separated (names from the manifest).
+        #[arg(long, value_delimiter = ',', value_name = "NAMES")]
+        servers: Vec<String>,
+        /// Start every server in the manifest.
+        #[arg(long, conflicts_with = "servers")]
+        all: bool,
+        /// Benchmark profile: MCP_Atlas, Toolathlon or MCP_Mark.
+        #[arg(long)]
+        benchmark: Option<String>,
+        /// Release automatically after this many seconds (60-86400; default 7200).
+        #[arg(long, value_name = "SECONDS")]
+        ttl: Option<u32>,
+        /// No automatic release.
+        #[arg(long, conflicts_with = "ttl")]
+        no_ttl: bool,
+        /// Lease id (default: a random one).
+        #[arg(long)]
+        lease_id: Option<String>,
+        /// Klavis test_account_email.
+        #[arg(long)]
+        email: Option<String>,
+        /// Credential for a server: SERVER.KEY=VALUE (repeatable).
+        #[arg(long, value_name = "SERVER.KEY=VALUE")]
+        auth: Vec<String>,
+        /// Environment variable for a server: SERVER.VAR=VALUE (repeatable).
+        #[arg(long, value_name = "SERVER.VAR=VALUE")]
+        env: Vec<String>,
+    },
+    /// End the lease: stop the servers, clear the workspace and their state.
+    Release {
+        /// The lease to release (default: the current one).
+        #[arg(long)]
+        lease_id: Option<String>,
+        /// Record the release as a TTL expiry (Klavis is_ttl).
+        #[arg(long)]
+        is_ttl: bool,
+    },
+    /// Return the lease to its freshly-acquired state.
+    Reset {
+        #[arg(long)]
+        lease_id: Option<String>,
+    },
+    /// Sandbox status, lease and servers.
+    Status,
+    /// List, start, stop or restart MCP servers.
+    Servers {
+        #[command(subcommand)]
+        verb: Option<ServersVerb>,
+    },
+    /// A server's captured output (stderr; stdout for http servers).
+    Logs {
+        name: String,
+        /// Keep following new lines.
+        #[arg(short, long)]
+        follow: bool,
+        /// Start with the last N lines (default: all buffered).
+        #[arg(long, default_value_t = 0)]
+        tail: u32,
+        /// stdout, stderr or all.
+        #[arg(long)]
+        stream: Option<String>,
+    },
 }
 
+#[derive(Subcommand, Debug)]
+enum ServersVerb {
+    /// Every server in the manifest with state, pid, restarts, CPU and RSS.
+    List,
+    /// Start a server and wait until it is ready.
+    Start { name: String },
+    /// Stop a server (SIGTERM to its processes, SIGKILL after the grace period).
+    Stop {
+        name: String,
+        /// Milliseconds between SIGTERM and SIGKILL (default: the manifest's).
+        #[arg(long, default_value_t = 0)]
+        grace_ms: u32,
+    },
+    /// Stop and start a server, resetting its restart count.
+    Restart { name: String },
+}
+
+mod lease;
 mod transfer;
 
 fn main() -> ExitCode {
@@ -207,6 +289,50 @@ async fn run(args: Args) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
+        Verb::Acquire {
+            servers,
+            all,
+            benchmark,
+            ttl,
+            no_ttl,
+            lease_id,
+            email,
+            auth,
+            env,
+        } => {
+            let a = lease::AcquireArgs {
+                servers,
+                all: *all,
+                benchmark: benchmark.as_deref(),
+                ttl: *ttl,
+                no_ttl: *no_ttl,
+                lease_id: lease_id.as_deref(),
+                email: email.as_deref(),
+                auth,
+                env,
+            };
+            lease::acquire(&client, a, args.json).await
+        }
+        Verb::Release { lease_id, is_ttl } => {
+            lease::release(&client, lease_id.as_deref(), *is_ttl, args.json).await
+        }
+        Verb::Reset { lease_id } => lease::reset(&client, lease_id.as_deref(), args.json).await,
+        Verb::Status => lease::status(&client, args.json).await,
+        Verb::Servers { verb } => {
+            let v = match verb {
+                None | Some(ServersVerb::List) => lease::ServerVerb::List,
+                Some(ServersVerb::Start { name }) => lease::ServerVerb::Start(name),
+                Some(ServersVerb::Stop { name, grace_ms }) => lease::ServerVerb::Stop(name, *grace_ms),
+                Some(ServersVerb::Restart { name }) => lease::ServerVerb::Restart(name),
+            };
+            lease::servers(&client, v, args.json).await
+        }
+        Verb::Logs {
+            name,
+            follow,
+            tail,
+            stream,
+        } => lease::logs(&client, name, *follow, *tail, stream.as_deref(), args.json).await,
     }
 }
 
@@ -348,7 +474,7 @@ async fn info(client: &Client, json: bool) -> anyhow::Result<ExitCode> {
 }
 
 /// Klavis spelling of a status.
-fn status_name(s: proto::SandboxStatus) -> &'static str {
+pub(crate) fn status_name(s: proto::SandboxStatus) -> &'static str {
     match s {
         proto::SandboxStatus::Idle => "idle",
         proto::SandboxStatus::Occupied => "occupied",

@@ -1,0 +1,113 @@
+//! Placing benchmark seed data and wiping server state paths. Blocking.
+
+use std::io::Read;
+use std::os::fd::AsFd;
+use std::path::Path;
+use std::sync::Arc;
+
+use tokio::sync::mpsc;
+
+use crate::proto::Compression;
+use crate::supervisor::manifest::Seed;
+use crate::workspace::stream::{ChannelReader, ChunkSink, Feed};
+use crate::workspace::{InitRequest, MAX_CHUNK_BYTES, Workspace, WsError, codec, pack};
+
+/// Streams `from` (an archive file, or a directory packed on the fly) as
+/// tar bytes into a channel, on its own thread.
+fn feed(from: &Path) -> mpsc::Receiver<Feed> {
+    let (tx, rx) = mpsc::channel::<Feed>(8);
+    let from = from.to_owned();
+    std::thread::spawn(move || {
+        let fail = |tx: &mpsc::Sender<Feed>, e: WsError| {
+            let _ = tx.blocking_send(Err(e));
+        };
+        if from.is_dir() {
+            let dir = match std::fs::File::open(&from) {
+                Ok(d) => d,
+                Err(e) => return fail(&tx, WsError::io(format!("opening {}", from.display()), e)),
+            };
+            let sink = ChunkSink::new(tx.clone(), MAX_CHUNK_BYTES, Ok);
+            match pack::pack(dir.as_fd(), &pack::PackOptions::default(), sink) {
+                Ok((sink, _)) => {
+                    let _ = sink.finish();
+                }
+                Err(e) => fail(&tx, e),
+            }
+        } else {
+            let mut f = match std::fs::File::open(&from) {
+                Ok(f) => f,
+                Err(e) => return fail(&tx, WsError::io(format!("opening {}", from.display()), e)),
+            };
+            let mut buf = vec![0u8; 256 << 10];
+            loop {
+                match f.read(&mut buf) {
+                    Ok(0) => break,
+                    Ok(n) => {
+                        if tx
+                            .blocking_send(Ok(bytes::Bytes::copy_from_slice(&buf[..n])))
+                            .is_err()
+                        {
+                            break;
+                        }
+                    }
+                    Err(e) => {
+                        return fail(&tx, WsError::io(format!("reading {}", from.display()), e));
+                    }
+                }
+            }
+        }
+    });
+    rx
+}
+
+/// Places one seed: merged into the workspace (through the same confined,
+/// limited, atomic path as Initialize), or unpacked into a state directory.
+pub fn place(ws: &Arc<Workspace>, seed: &Seed) -> Result<(), WsError> {
+    let limits = ws.limits().clone();
+    let (reader, outcome) = ChannelReader::new(feed(&seed.from), limits.max_archive_bytes);
+    match &seed.to {
+        None => {
+            let _guard = ws.begin("Initialize")?;
+            let req = InitRequest {
+                compression: Compression::Auto,
+                merge: true,
+                ..Default::default()
+            };
+            ws.initialize(&req, reader, &outcome).map(|_| ())
+        }
+        Some(dir) => {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| WsError::io(format!("creating {}", dir.display()), e))?;
+            let mut r = codec::buffered(reader);
+            let c = codec::sniff(&mut r, Compression::Auto)
+                .map_err(|e| WsError::io("reading the seed", e))?;
+            let d = codec::decoder(r, c).map_err(|e| WsError::io("reading the seed", e))?;
+            tar::Archive::new(d)
+                .unpack(dir)
+                .map_err(|e| WsError::io(format!("unpacking into {}", dir.display()), e))
+        }
+    }
+}
+
+/// Empties a state path: a directory keeps existing (servers expect it)
+/// but loses its contents; a file or symlink is removed.
+pub fn wipe(path: &Path) -> std::io::Result<()> {
+    let meta = match std::fs::symlink_metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    if !meta.is_dir() {
+        return std::fs::remove_file(path);
+    }
+    for entry in std::fs::read_dir(path)? {
+        let entry = entry?;
+        let p = entry.path();
+        if entry.file_type()?.is_dir() {
+            std::fs::remove_dir_all(&p)?;
+        } else {
+            std::fs::remove_file(&p)?;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,312 @@
+//! Starting server processes and collecting their exits.
+//!
+//! - [`Reaper`] is the only caller of `waitpid` in the agent. It reaps every
+//!   child (servers, and orphans re-parented to the agent, which is a child
+//!   subreaper and may be PID 1) and hands each server's exit status to the
+//!   one future waiting for it. A pid is registered while the reaper's lock
+//!   is held across the fork, so an exit can never be reaped before its
+//!   waiter exists.
+//! - [`Spawner`] forks from one long-lived thread: `PR_SET_PDEATHSIG` fires
+//!   when the *thread* that forked the child exits, so forking from a
+//!   short-lived blocking-pool thread would kill servers at random.
+//! - In the child, before exec: a new session (so its signals never reach
+//!   the agent), the death signal, rlimits, and joining its cgroup.
+
+use std::collections::HashMap;
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::process::CommandExt;
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use nix::sys::signal::{Signal, kill};
+use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+use nix::unistd::Pid;
+use tokio::sync::oneshot;
+
+use super::manifest::{LaunchSpec, ResourceLimits};
+
+/// How a process ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exit {
+    Code(i32),
+    Signal(i32),
+}
+
+impl std::fmt::Display for Exit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Exit::Code(c) => write!(f, "exit code {c}"),
+            Exit::Signal(s) => match Signal::try_from(*s) {
+                Ok(sig) => write!(f, "killed by {sig}"),
+                Err(_) => write!(f, "killed by signal {s}"),
+            },
+        }
+    }
+}
+
+/// Owns `waitpid` for the whole process.
+pub struct Reaper {
+    waiters: Mutex<HashMap<i32, oneshot::Sender<Exit>>>,
+    orphans: std::sync::atomic::AtomicU64,
+}
+
+impl Reaper {
+    /// Starts reaping on SIGCHLD (and once a second, in case a signal is
+    /// coalesced away). Makes the agent a child subreaper so orphaned
+    /// grandchildren come back to it instead of lingering elsewhere.
+    pub fn start() -> io::Result<Arc<Reaper>> {
+        if let Err(e) = rustix::process::set_child_subreaper(Some(rustix::process::getpid())) {
+            tracing::warn!(error = %e, "cannot become a child subreaper; orphaned server processes re-parent to init");
+        }
+        let reaper = Arc::new(Reaper {
+            waiters: Mutex::new(HashMap::new()),
+            orphans: 0.into(),
+        });
+        let mut sigchld =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::child())?;
+        let r = reaper.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            loop {
+                tokio::select! {
+                    _ = sigchld.recv() => {}
+                    _ = tick.tick() => {}
+                }
+                r.reap();
+            }
+        });
+        Ok(reaper)
+    }
+
+    /// Orphans (not servers) reaped so far.
+    pub fn orphans_reaped(&self) -> u64 {
+        self.orphans.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn reap(&self) {
+        loop {
+            let (pid, exit) = match waitpid(None, Some(WaitPidFlag::WNOHANG)) {
+                Ok(WaitStatus::Exited(pid, code)) => (pid, Exit::Code(code)),
+                Ok(WaitStatus::Signaled(pid, sig, _)) => (pid, Exit::Signal(sig as i32)),
+                Ok(WaitStatus::StillAlive) | Err(nix::errno::Errno::ECHILD) => return,
+                Ok(_) => continue,
+                Err(nix::errno::Errno::EINTR) => continue,
+                Err(e) => {
+                    tracing::warn!(error = %e, "waitpid failed");
+                    return;
+                }
+            };
+            let waiter = self
+                .waiters
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&pid.as_raw());
+            match waiter {
+                Some(tx) => {
+                    let _ = tx.send(exit);
+                }
+                None => {
+                    self.orphans
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    tracing::debug!(pid = pid.as_raw(), %exit, "reaped an orphan");
+                }
+            }
+        }
+    }
+}
+
+/// A started server process.
+pub struct Spawned {
+    pub pid: i32,
+    pub stdin: OwnedFd,
+    pub stdout: OwnedFd,
+    pub stderr: OwnedFd,
+    /// Resolves with the exit status once the reaper collects it.
+    pub exit: oneshot::Receiver<Exit>,
+}
+
+struct Job {
+    cmd: Command,
+    reply: oneshot::Sender<io::Result<Spawned>>,
+}
+
+/// Forks server processes from one dedicated thread.
+#[derive(Clone)]
+pub struct Spawner {
+    jobs: std::sync::mpsc::Sender<Job>,
+}
+
+impl Spawner {
+    pub fn start(reaper: Arc<Reaper>) -> io::Result<Spawner> {
+        let (jobs, rx) = std::sync::mpsc::channel::<Job>();
+        std::thread::Builder::new()
+            .name("spawner".into())
+            .spawn(move || {
+                for job in rx {
+                    // Held across fork + registration: see the module docs.
+                    let mut waiters = reaper.waiters.lock().unwrap_or_else(|p| p.into_inner());
+                    let mut cmd = job.cmd;
+                    let result = cmd.spawn().and_then(|mut child| {
+                        let (tx, rx) = oneshot::channel();
+                        waiters.insert(child.id() as i32, tx);
+                        let missing = || io::Error::other("child stdio was not piped");
+                        Ok(Spawned {
+                            pid: child.id() as i32,
+                            stdin: child.stdin.take().ok_or_else(missing)?.into(),
+                            stdout: child.stdout.take().ok_or_else(missing)?.into(),
+                            stderr: child.stderr.take().ok_or_else(missing)?.into(),
+                            exit: rx,
+                        })
+                    });
+                    drop(waiters);
+                    let _ = job.reply.send(result);
+                }
+            })?;
+        Ok(Spawner { jobs })
+    }
+
+    /// Starts `spec`'s process. `cgroup_procs` is the server's
+    /// `cgroup.procs`, joined before exec.
+    pub async fn spawn(
+        &self,
+        spec: &LaunchSpec,
+        cgroup_procs: Option<OwnedFd>,
+    ) -> io::Result<Spawned> {
+        let mut cmd = Command::new(&spec.command);
+        cmd.args(&spec.args)
+            .env_clear()
+            .envs(&spec.env)
+            .current_dir(&spec.cwd)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        if let Some(gid) = spec.gid {
+            cmd.gid(gid);
+        }
+        if let Some(uid) = spec.uid {
+            cmd.uid(uid);
+        }
+        let rlimits = rlimits(&spec.limits);
+        let parent = rustix::process::getpid();
+        let procs = cgroup_procs.as_ref().map(|fd| fd.as_raw_fd());
+        // SAFETY: the closure runs between fork and exec and makes only
+        // async-signal-safe system calls; it allocates nothing (the rlimit
+        // list and the fd were prepared before the fork).
+        unsafe {
+            cmd.pre_exec(move || {
+                rustix::process::setsid()?;
+                rustix::process::set_parent_process_death_signal(Some(
+                    rustix::process::Signal::KILL,
+                ))?;
+                // The agent may have died between fork and prctl.
+                if rustix::process::getppid() != Some(parent) {
+                    return Err(io::Error::other("the agent exited during spawn"));
+                }
+                for (res, v) in &rlimits {
+                    rustix::process::setrlimit(
+                        *res,
+                        rustix::process::Rlimit {
+                            current: Some(*v),
+                            maximum: Some(*v),
+                        },
+                    )?;
+                }
+                if let Some(fd) = procs {
+                    let fd = std::os::fd::BorrowedFd::borrow_raw(fd);
+                    rustix::io::write(fd, b"0")?;
+                }
+                Ok(())
+            });
+        }
+        let (reply, rx) = oneshot::channel();
+        self.jobs
+            .send(Job { cmd, reply })
+            .map_err(|_| io::Error::other("the spawner thread is gone"))?;
+        // `cgroup_procs` must stay open until the fork happened.
+        let r = rx
+            .await
+            .map_err(|_| io::Error::other("the spawner thread is gone"))?;
+        drop(cgroup_procs);
+        r
+    }
+}
+
+fn rlimits(l: &ResourceLimits) -> Vec<(rustix::process::Resource, u64)> {
+    use rustix::process::Resource;
+    [
+        (Resource::Nofile, l.nofile),
+        (Resource::Nproc, l.nproc),
+        (Resource::Cpu, l.cpu_seconds),
+        (Resource::Fsize, l.fsize_bytes),
+        (Resource::As, l.address_space_bytes),
+        (Resource::Core, l.core_bytes),
+    ]
+    .into_iter()
+    .filter_map(|(r, v)| v.map(|v| (r, v)))
+    .collect()
+}
+
+/// Processes that belong to the server whose first process is `pid`: its
+/// cgroup members if it has a group, otherwise every process of its
+/// session or process group, and every descendant of `pid`.
+pub fn members(pid: i32, cgroup: Option<&super::cgroup::Cgroup>) -> Vec<i32> {
+    if let Some(cg) = cgroup {
+        return cg.pids();
+    }
+    use sysinfo::{ProcessRefreshKind, ProcessStatus, ProcessesToUpdate, System};
+    let Ok(mut sys) = System::new() else {
+        return vec![pid];
+    };
+    sys.refresh_processes_specifics(ProcessesToUpdate::All, true, ProcessRefreshKind::nothing());
+    let procs = sys.processes();
+    let mut out: Vec<i32> = Vec::new();
+    for (p, proc_) in procs {
+        if proc_.status() == ProcessStatus::Zombie {
+            continue;
+        }
+        let raw = p.as_u32() as i32;
+        let in_session = proc_.session_id().is_some_and(|s| s.as_u32() as i32 == pid);
+        let in_group = nix::unistd::getpgid(Some(Pid::from_raw(raw)))
+            .is_ok_and(|g| g.as_raw() == pid);
+        let mut descendant = false;
+        let mut cur = proc_.parent();
+        let mut hops = 0;
+        while let Some(pp) = cur {
+            if pp.as_u32() as i32 == pid {
+                descendant = true;
+                break;
+            }
+            hops += 1;
+            if hops > 64 {
+                break;
+            }
+            cur = procs.get(&pp).and_then(|x| x.parent());
+        }
+        if raw == pid || in_session || in_group || descendant {
+            out.push(raw);
+        }
+    }
+    out
+}
+
+/// Sends `sig` to the server's process group and to every member.
+pub fn signal_all(pid: i32, members: &[i32], sig: Signal) {
+    let _ = kill(Pid::from_raw(-pid), sig);
+    for m in members {
+        let _ = kill(Pid::from_raw(*m), sig);
+    }
+}
+
+/// Whether `pid` still runs (a zombie does not).
+pub fn alive(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state is the first field after the parenthesised command.
+        Ok(s) => s
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| state != "Z" && state != "X"),
+        Err(_) => false,
+    }
+}
