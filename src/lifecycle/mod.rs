@@ -709,6 +709,6 @@ impl Lifecycle {
     /// Stops every server (agent shutdown). The lease is kept in memory
     /// only, so it ends with the agent.
     pub async fn shutdown(&self) {
-        self.sup.stop_all().await;
+        self.sup.shutdown().await;
     }
 }

@@ -89,25 +89,26 @@ pub fn place(ws: &Arc<Workspace>, seed: &Seed) -> Result<(), WsError> {
     }
 }
 
-/// Empties a state path: a directory keeps existing (servers expect it)
-/// but loses its contents; a file or symlink is removed.
+/// Empties a state directory, creating it when missing (servers expect it
+/// to exist). Something else at the path (a file, a symlink) is replaced.
 pub fn wipe(path: &Path) -> std::io::Result<()> {
-    let meta = match std::fs::symlink_metadata(path) {
-        Ok(m) => m,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(e),
-    };
-    if !meta.is_dir() {
-        return std::fs::remove_file(path);
-    }
-    for entry in std::fs::read_dir(path)? {
-        let entry = entry?;
-        let p = entry.path();
-        if entry.file_type()?.is_dir() {
-            std::fs::remove_dir_all(&p)?;
-        } else {
-            std::fs::remove_file(&p)?;
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.is_dir() => {
+            for entry in std::fs::read_dir(path)? {
+                let entry = entry?;
+                if entry.file_type()?.is_dir() {
+                    std::fs::remove_dir_all(entry.path())?;
+                } else {
+                    std::fs::remove_file(entry.path())?;
+                }
+            }
+            Ok(())
         }
+        Ok(_) => {
+            std::fs::remove_file(path)?;
+            std::fs::create_dir_all(path)
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => std::fs::create_dir_all(path),
+        Err(e) => Err(e),
     }
-    Ok(())
 }

@@ -1,6 +1,8 @@
 //! cgroup v2 groups for servers, when the agent may create them.
 //!
-//! Each server runs in its own group below `<agent's cgroup>/sandbox-agent.servers`.
+//! Each server runs in its own group below `<agent's cgroup>/sandbox-agent-<pid>`
+//! (the pid keeps agents that share a cgroup apart; groups left by an agent
+//! that died are emptied and removed by the next one).
 //! The group lets a stop find and kill every process of the server, even
 //! ones that left its session, and carries the `memory.max` limit when the
 //! memory controller can be enabled there. Without a writable cgroup v2
@@ -52,9 +54,9 @@ impl CgroupRoot {
                             .find_map(|l| l.strip_prefix("0::").map(str::to_owned))
                     })
                     .unwrap_or_else(|| "/".into());
-                mount
-                    .join(own.trim_start_matches('/'))
-                    .join("sandbox-agent.servers")
+                let parent = mount.join(own.trim_start_matches('/'));
+                remove_stale(&parent);
+                parent.join(format!("sandbox-agent-{}", std::process::id()))
             }
             path => {
                 let p = PathBuf::from(path);
@@ -102,6 +104,41 @@ impl CgroupRoot {
         }
         std::fs::create_dir(&cg.dir)?;
         Ok(cg)
+    }
+}
+
+/// Empties and removes `sandbox-agent-<pid>` groups of agents that are gone.
+fn remove_stale(parent: &Path) {
+    let Ok(entries) = std::fs::read_dir(parent) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("sandbox-agent-"))
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if Path::new(&format!("/proc/{pid}")).exists() {
+            continue;
+        }
+        if let Ok(children) = std::fs::read_dir(e.path()) {
+            for c in children.flatten().filter(|c| c.path().is_dir()) {
+                let cg = Cgroup { dir: c.path() };
+                cg.kill();
+                cg.remove();
+            }
+        }
+        let _ = std::fs::remove_dir(e.path());
+    }
+}
+
+impl CgroupRoot {
+    /// Removes the (empty) base group; called when the agent stops.
+    pub fn remove(&self) {
+        let _ = std::fs::remove_dir(&self.dir);
     }
 }
 

@@ -192,7 +192,8 @@ pub struct ServerFile {
     pub http: Option<HttpFile>,
     pub ready_timeout_ms: Option<u64>,
     pub stop_grace_ms: Option<u64>,
-    /// Paths outside the workspace the server writes; wiped on release.
+    /// Directories outside the workspace the server writes: created before
+    /// it starts, emptied on release and reset.
     #[serde(default)]
     pub state_paths: Vec<String>,
     #[serde(default)]

@@ -267,15 +267,20 @@ impl Supervisor {
         {
             warn!(server = %spec.name, memory, "memory limit not enforced: no cgroup v2 memory controller available");
         }
-        server.status.send_modify(|s| {
-            s.restarts = 0;
-            s.message.clear();
-        });
+        server.status.send_modify(|s| s.restarts = 0);
+        // Starting from here on, so a waiter never sees the old Stopped.
+        set_state(&server, State::Starting, String::new());
         let stop = CancellationToken::new();
         let span = tracing::info_span!("server", server = %spec.name);
-        let task = tokio::spawn(
-            runner(server.clone(), self.shared.clone(), spec, stop.clone()).instrument(span),
-        );
+        let fut = runner(server.clone(), self.shared.clone(), spec, stop.clone()).instrument(span);
+        let s2 = server.clone();
+        let task = tokio::spawn(async move {
+            use futures_util::FutureExt;
+            if std::panic::AssertUnwindSafe(fut).catch_unwind().await.is_err() {
+                // Never leave a waiter looking at a state nobody updates.
+                set_state(&s2, State::Failed, "internal error: the supervisor task panicked".into());
+            }
+        });
         *run = Some(Running { stop, task });
         Ok(server.status.borrow().clone())
     }
@@ -301,6 +306,14 @@ impl Supervisor {
     pub async fn stop_all(&self) {
         let stops = self.servers.keys().map(|n| self.stop(n, None));
         futures_util::future::join_all(stops).await;
+    }
+
+    /// Stops everything and removes the agent's cgroup (agent exit).
+    pub async fn shutdown(&self) {
+        self.stop_all().await;
+        if let Some(root) = &self.shared.cgroups {
+            root.remove();
+        }
     }
 
     /// Forgets a server's log and last exit (a new lease starts clean).
@@ -525,7 +538,7 @@ async fn runner(server: Arc<Server>, shared: Arc<Shared>, spec: LaunchSpec, stop
                 Err(msg) => {
                     warn!(pid, error = %msg, "server did not become ready");
                     not_ready = Some(msg);
-                    let e = kill_tree(pid, cg.as_deref(), Duration::from_millis(500), &mut exit_rx).await;
+                    let e = kill_tree(pid, cg.as_deref(), Duration::from_millis(500), None, &mut exit_rx).await;
                     Outcome::Exited(e)
                 }
             },
@@ -543,7 +556,7 @@ async fn runner(server: Arc<Server>, shared: Arc<Shared>, spec: LaunchSpec, stop
                     .unwrap_or_else(|p| p.into_inner())
                     .take()
                     .unwrap_or(spec.stop_grace);
-                let exit = kill_tree(pid, cg.as_deref(), grace, &mut exit_rx).await;
+                let exit = kill_tree(pid, cg.as_deref(), grace, None, &mut exit_rx).await;
                 finish_process(&server, cg.as_deref(), exit);
                 info!(pid, %exit, "server stopped");
                 set_state(&server, State::Stopped, String::new());
@@ -552,7 +565,7 @@ async fn runner(server: Arc<Server>, shared: Arc<Shared>, spec: LaunchSpec, stop
             Outcome::Exited(exit) => exit,
         };
         // The main process is gone; whatever it left running goes too.
-        let _ = kill_tree(pid, cg.as_deref(), Duration::ZERO, &mut exit_rx).await;
+        let _ = kill_tree(pid, cg.as_deref(), Duration::ZERO, Some(exit), &mut exit_rx).await;
         finish_process(&server, cg.as_deref(), exit);
         let why = match &not_ready {
             Some(m) => format!("not ready: {m}"),
@@ -627,9 +640,12 @@ async fn kill_tree(
     pid: i32,
     cg: Option<&cgroup::Cgroup>,
     grace: Duration,
+    known: Option<Exit>,
     exit_rx: &mut oneshot::Receiver<Exit>,
 ) -> Exit {
-    let mut exit: Option<Exit> = None;
+    // `exit_rx` is polled only while the exit is unknown: a completed
+    // oneshot must not be polled again.
+    let mut exit: Option<Exit> = known;
     let members_of = |pid| spawn::members(pid, cg);
     let still = |exit: Option<Exit>| {
         let mut m = members_of(pid);

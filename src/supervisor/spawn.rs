@@ -233,8 +233,20 @@ impl Spawner {
     }
 }
 
+/// The rlimits to set. A value above the agent's own hard limit is
+/// lowered to it: raising a hard limit needs CAP_SYS_RESOURCE, which a
+/// container rarely grants.
 fn rlimits(l: &ResourceLimits) -> Vec<(rustix::process::Resource, u64)> {
     use rustix::process::Resource;
+    let clamp = |r: Resource, v: u64| {
+        match rustix::process::getrlimit(r).maximum {
+            Some(hard) if v > hard => {
+                tracing::debug!(resource = ?r, requested = v, hard, "rlimit lowered to the agent's hard limit");
+                (r, hard)
+            }
+            _ => (r, v),
+        }
+    };
     [
         (Resource::Nofile, l.nofile),
         (Resource::Nproc, l.nproc),
@@ -244,7 +256,7 @@ fn rlimits(l: &ResourceLimits) -> Vec<(rustix::process::Resource, u64)> {
         (Resource::Core, l.core_bytes),
     ]
     .into_iter()
-    .filter_map(|(r, v)| v.map(|v| (r, v)))
+    .filter_map(|(r, v)| v.map(|v| clamp(r, v)))
     .collect()
 }
 

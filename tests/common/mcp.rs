@@ -1,0 +1,123 @@
+//! Agents with an MCP server manifest: the shipped packaging/servers.toml
+//! (servers installed by packaging/install-servers.sh) plus test entries.
+
+use std::path::{Path, PathBuf};
+
+use super::Agent;
+
+/// Where the test command installed the servers.
+pub fn servers_dir() -> String {
+    std::env::var("SANDBOX_AGENT_SERVERS_DIR")
+        .unwrap_or_else(|_| "/opt/sandbox-agent/servers".to_owned())
+}
+
+/// The shipped manifest, pointed at the installed servers and with its
+/// state directories moved under `state` (tests run in parallel).
+pub fn shipped_manifest(state: &Path) -> String {
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/packaging/servers.toml"
+    ))
+    .expect("packaging/servers.toml");
+    text.replace(
+        "install_dir = \"/opt/sandbox-agent/servers\"",
+        &format!("install_dir = \"{}\"", servers_dir()),
+    )
+    .replace("/var/lib/sandbox-agent", &state.display().to_string())
+}
+
+/// Path of the memory server's entry point, for test entries that wrap it.
+pub fn memory_js() -> String {
+    format!(
+        "{}/node/node_modules/@modelcontextprotocol/server-memory/dist/index.js",
+        servers_dir()
+    )
+}
+
+/// Starts an agent with the shipped manifest plus `extra` TOML, and
+/// `config` as its agent.toml.
+pub fn agent_with(extra: &str, config: &str) -> Agent {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let state = dir.path().join("state");
+    std::fs::create_dir_all(&state).expect("state dir");
+    let manifest = dir.path().join("servers.toml");
+    std::fs::write(&manifest, format!("{}\n{extra}", shipped_manifest(&state))).expect("manifest");
+    let cfg = dir.path().join("agent.toml");
+    std::fs::write(&cfg, config).expect("config");
+    let m = manifest.display().to_string();
+    let c = cfg.display().to_string();
+    Agent::start_in(dir, &["--manifest", &m, "--config", &c], &[])
+}
+
+pub fn state_dir(agent: &Agent) -> PathBuf {
+    agent.dir.path().join("state")
+}
+
+/// Pids of every process whose parent chain reaches `root` (not `root`).
+pub fn descendants(root: u32) -> Vec<u32> {
+    let mut parent = std::collections::HashMap::new();
+    for e in std::fs::read_dir("/proc").expect("/proc").flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        if let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            && let Some((_, rest)) = stat.rsplit_once(')')
+        {
+            let f: Vec<&str> = rest.split_whitespace().collect();
+            if let Some(pp) = f.get(1).and_then(|s| s.parse::<u32>().ok()) {
+                parent.insert(pid, (pp, f[0].to_owned()));
+            }
+        }
+    }
+    let mut out = Vec::new();
+    for (&pid, _) in parent.iter() {
+        let mut cur = pid;
+        for _ in 0..64 {
+            match parent.get(&cur) {
+                Some((pp, _)) if *pp == root => {
+                    out.push(pid);
+                    break;
+                }
+                Some((pp, _)) if *pp > 1 => cur = *pp,
+                _ => break,
+            }
+        }
+    }
+    out
+}
+
+/// Zombie children of `parent`.
+pub fn zombies_of(parent: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").expect("/proc").flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        if let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            && let Some((_, rest)) = stat.rsplit_once(')')
+        {
+            let f: Vec<&str> = rest.split_whitespace().collect();
+            if f.first() == Some(&"Z") && f.get(1) == Some(&parent.to_string().as_str()) {
+                out.push(pid);
+            }
+        }
+    }
+    out
+}
+
+/// Processes whose command line contains `needle`.
+pub fn pgrep(needle: &str) -> Vec<u32> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").expect("/proc").flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        if let Ok(cmd) = std::fs::read(format!("/proc/{pid}/cmdline")) {
+            let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+            if cmd.contains(needle) {
+                out.push(pid);
+            }
+        }
+    }
+    out
+}
