@@ -24,6 +24,8 @@ command -v musl-gcc >/dev/null || apt_pkgs+=(musl-tools)   # zstd's C code, stat
 command -v pigz >/dev/null || apt_pkgs+=(pigz)             # benchmark reference
 command -v zstd >/dev/null || apt_pkgs+=(zstd)             # tests read zstd dumps with GNU tar
 command -v tar >/dev/null || apt_pkgs+=(tar)
+command -v node >/dev/null || apt_pkgs+=(nodejs npm)        # npm MCP servers
+python3 -c 'import venv, ensurepip' 2>/dev/null || apt_pkgs+=(python3-venv)  # PyPI MCP servers
 if [ ${#apt_pkgs[@]} -gt 0 ]; then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${apt_pkgs[@]}"
@@ -38,6 +40,10 @@ python3 -c 'import grpc, grpc_reflection, grpc_health' 2>/dev/null \
   || python3 -m pip install -q --break-system-packages -r tests/clients/requirements.txt
 
 command -v cargo-fuzz >/dev/null || cargo install --locked cargo-fuzz
+
+# The real MCP servers the tests run (pinned; skipped when installed).
+export SANDBOX_AGENT_SERVERS_DIR=${SANDBOX_AGENT_SERVERS_DIR:-/opt/sandbox-agent/servers}
+$SUDO packaging/install-servers.sh --prefix "$SANDBOX_AGENT_SERVERS_DIR" filesystem git localmemory
 
 step "cargo fmt --check"
 cargo fmt --check

@@ -21,7 +21,12 @@ if [[ "${1:-}" == "--prefix" ]]; then
     shift 2
 fi
 
-# name | kind | package==version | extra pip flags
+# name | kind | package==version | extra pip requirements and flags
+#
+# MCP1 pins the MCP SDK to 1.x for servers that import its 1.x API
+# (mcp.server.fastmcp) without an upper bound; mcp 2.x removed that module.
+MCP1='mcp>=1.10,<2'
+
 SERVERS=(
     "filesystem|npm|@modelcontextprotocol/server-filesystem@2026.8.31"
     "localmemory|npm|@modelcontextprotocol/server-memory@2026.8.31"
@@ -29,17 +34,17 @@ SERVERS=(
     "code-runner|npm|mcp-server-code-runner@0.1.8"
     "playwright|npm|@playwright/mcp@0.0.83"
     "git|pip|mcp-server-git==2026.10.19"
-    "terminal|pip|cli-mcp-server==0.2.5"
+    "terminal|pip|cli-mcp-server==0.2.5|$MCP1"
     "arxiv|pip|arxiv-mcp-server==0.8.2"
     "excel|pip|excel-mcp-server==2.2.2"
     "word|pip|office-word-mcp-server==1.1.11"
-    "powerpoint|pip|office-powerpoint-mcp-server==2.0.7"
-    "code-executor|pip|mcp-python-interpreter==1.2.3"
+    "powerpoint|pip|office-powerpoint-mcp-server==2.0.7|$MCP1"
+    "code-executor|pip|mcp-python-interpreter==1.2.3|$MCP1"
     "google_cloud|pip|google-cloud-mcp==1.0.0"
     "canvas|pip|canvas-mcp==1.16.0"
     # These two declare Python >= 3.12; Debian 12 has 3.11, on which they
     # run unchanged, so the check is skipped.
-    "pdf-tools|pip|pdf-tools-mcp==0.1.4|--ignore-requires-python"
+    "pdf-tools|pip|pdf-tools-mcp==0.1.4|$MCP1 --ignore-requires-python"
     "poste_email_toolathlon|pip|emails-mcp==0.1.9|--ignore-requires-python"
 )
 
@@ -79,7 +84,7 @@ for line in "${SERVERS[@]}"; do
     pip)
         venv=$PREFIX/py/$name
         stamp=$venv/.installed
-        if [[ -f $stamp && "$(cat "$stamp")" == "$pkg" ]]; then
+        if [[ -f $stamp && "$(cat "$stamp")" == "$pkg $flags" ]]; then
             echo "install-servers: $name ($pkg) already installed"
             continue
         fi
@@ -87,8 +92,8 @@ for line in "${SERVERS[@]}"; do
         rm -rf "$venv"
         python3 -m venv "$venv"
         # shellcheck disable=SC2086
-        "$venv/bin/pip" install --quiet --disable-pip-version-check $flags "$pkg"
-        echo "$pkg" >"$stamp"
+        "$venv/bin/pip" install --quiet --disable-pip-version-check "$pkg" $flags
+        echo "$pkg $flags" >"$stamp"
         ;;
     esac
 done

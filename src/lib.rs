@@ -12,8 +12,8 @@ pub mod auth;
 pub mod client;
 pub mod lifecycle;
 pub mod proto;
-pub mod transport;
 pub mod supervisor;
+pub mod transport;
 pub mod workspace;
 
 pub use client::{Client, ConnectError, ConnectOptions, connect};

@@ -1,5 +1,5 @@
 //! The control plane through the library client and independent gRPC
-//! clients: reflection, standard health, and honest UNIMPLEMENTED answers.
+//! clients: reflection, standard health, and honest answers without servers.
 
 mod common;
 
@@ -41,12 +41,12 @@ async fn library_client_reads_info_and_health() {
 }
 
 #[tokio::test]
-async fn unbuilt_methods_answer_unimplemented_naming_the_feature() {
+async fn without_a_manifest_lifecycle_rpcs_answer_honestly() {
+    // No --manifest and no /etc/sandbox-agent/servers.toml: no servers.
     let agent = Agent::start(&[]);
     let c = sandbox_agent::connect(&agent.unix_uri())
         .await
         .expect("connect");
-
     let e = c
         .agent()
         .acquire(proto::AcquireRequest {
@@ -56,32 +56,28 @@ async fn unbuilt_methods_answer_unimplemented_naming_the_feature() {
         })
         .await
         .unwrap_err();
-    assert_eq!(e.code(), Code::Unimplemented);
-    assert!(
-        e.message().contains("Agent.Acquire") && e.message().contains("lifecycle"),
-        "{}",
-        e.message()
-    );
-    let e = c
+    assert_eq!(e.code(), Code::InvalidArgument);
+    assert!(e.message().contains("no servers"), "{}", e.message());
+    let r = c
         .agent()
         .release(proto::ReleaseRequest::default())
         .await
-        .unwrap_err();
-    assert_eq!(e.code(), Code::Unimplemented);
+        .expect("Release of an idle sandbox")
+        .into_inner();
+    assert_eq!(r.status, proto::SandboxStatus::Idle as i32);
     let e = c
         .agent()
         .reset(proto::ResetRequest::default())
         .await
         .unwrap_err();
-    assert_eq!(e.code(), Code::Unimplemented);
-
-    let e = c
+    assert_eq!(e.code(), Code::FailedPrecondition);
+    let list = c
         .servers()
         .list(proto::ListServersRequest {})
         .await
-        .unwrap_err();
-    assert_eq!(e.code(), Code::Unimplemented);
-    assert!(e.message().contains("supervision"), "{}", e.message());
+        .expect("List")
+        .into_inner();
+    assert!(list.servers.is_empty());
     let e = c
         .servers()
         .logs(proto::LogsRequest {
@@ -90,7 +86,7 @@ async fn unbuilt_methods_answer_unimplemented_naming_the_feature() {
         })
         .await
         .unwrap_err();
-    assert_eq!(e.code(), Code::Unimplemented);
+    assert_eq!(e.code(), Code::NotFound);
 }
 
 #[tokio::test]

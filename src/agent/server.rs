@@ -15,10 +15,10 @@ use tracing::{Instrument, error, info, warn};
 use super::config::Settings;
 use super::{info as sysinfo, rpc};
 use crate::auth::{AuthLayer, AuthPolicy};
-use crate::proto;
-use crate::transport::{Endpoint, ListenError, Listener};
 use crate::lifecycle::Lifecycle;
+use crate::proto;
 use crate::supervisor::{State, Supervisor};
+use crate::transport::{Endpoint, ListenError, Listener};
 use crate::workspace::Workspace;
 
 /// Health service name of a server: `mcp/<name>`, SERVING while ready.
@@ -152,7 +152,12 @@ async fn serve_inner(
         settings.lifecycle.clone(),
     );
     publish_server_health(&supervisor, &health).await;
-    let routes = routes(&settings, health_service, bound.workspace.clone(), lifecycle.clone())?;
+    let routes = routes(
+        &settings,
+        health_service,
+        bound.workspace.clone(),
+        lifecycle.clone(),
+    )?;
 
     let mut servers = JoinSet::new();
     let mut accept_tasks = Vec::new();

@@ -67,7 +67,9 @@ impl LifecycleConfig {
             );
         }
         if self.ready_deadline_ms == 0 || self.workspace_wait_ms == 0 {
-            return Err("lifecycle.ready_deadline_ms and workspace_wait_ms must be greater than 0".into());
+            return Err(
+                "lifecycle.ready_deadline_ms and workspace_wait_ms must be greater than 0".into(),
+            );
         }
         Ok(())
     }
@@ -250,11 +252,10 @@ impl Lifecycle {
             };
         };
         let failed = c.broken.is_some()
-            || c.lease.servers.iter().any(|n| {
-                self.sup
-                    .status(n)
-                    .is_ok_and(|s| s.state == State::Failed)
-            });
+            || c.lease
+                .servers
+                .iter()
+                .any(|n| self.sup.status(n).is_ok_and(|s| s.state == State::Failed));
         View {
             status: if failed {
                 SandboxStatus::Error
@@ -269,12 +270,19 @@ impl Lifecycle {
     /// The launch spec a server runs with now: the lease's if it belongs to
     /// it, else the manifest default (no benchmark, no credentials).
     pub fn spec_for(&self, name: &str) -> Result<LaunchSpec, LcError> {
-        if let Some(c) = self.current.lock().unwrap_or_else(|p| p.into_inner()).as_ref()
+        if let Some(c) = self
+            .current
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
             && let Some(s) = c.specs.iter().find(|s| s.name == name)
         {
             return Ok(s.clone());
         }
-        let def = self.manifest.get(name).ok_or_else(|| self.unknown(&[name]))?;
+        let def = self
+            .manifest
+            .get(name)
+            .ok_or_else(|| self.unknown(&[name]))?;
         def.launch(None, &Credentials::default(), &|k| std::env::var(k).ok())
             .map_err(|e| LcError::Precondition(e.0))
     }
@@ -291,7 +299,12 @@ impl Lifecycle {
 
     pub async fn acquire(&self, p: AcquireParams) -> Result<(Lease, SandboxStatus), LcError> {
         let _op = self.op.lock().await;
-        if let Some(c) = self.current.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+        if let Some(c) = self
+            .current
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+        {
             return Err(LcError::Precondition(format!(
                 "the sandbox is already leased (lease {}, acquired at {} ms); Release it before acquiring again",
                 c.lease.id, c.lease.acquired_at_ms
@@ -337,7 +350,9 @@ impl Lifecycle {
                 if !(self.cfg.min_ttl_seconds..=self.cfg.max_ttl_seconds).contains(&s) {
                     return Err(LcError::Invalid(format!(
                         "ttl_seconds must be between {} and {} (or absent for the default of {}, or 0 for none); got {s}",
-                        self.cfg.min_ttl_seconds, self.cfg.max_ttl_seconds, self.cfg.default_ttl_seconds
+                        self.cfg.min_ttl_seconds,
+                        self.cfg.max_ttl_seconds,
+                        self.cfg.default_ttl_seconds
                     )));
                 }
                 s
@@ -351,7 +366,10 @@ impl Lifecycle {
         }
         let mut specs = Vec::new();
         for name in &names {
-            let def = self.manifest.get(name).ok_or_else(|| self.unknown(&[name]))?;
+            let def = self
+                .manifest
+                .get(name)
+                .ok_or_else(|| self.unknown(&[name]))?;
             let creds = p.credentials.get(name).cloned().unwrap_or_default();
             let spec = def
                 .launch(p.benchmark, &creds, &|k| std::env::var(k).ok())
@@ -392,7 +410,11 @@ impl Lifecycle {
         };
         let ttl = CancellationToken::new();
         if ttl_seconds > 0 {
-            self.arm_ttl(lease.id.clone(), Duration::from_secs(ttl_seconds.into()), ttl.clone());
+            self.arm_ttl(
+                lease.id.clone(),
+                Duration::from_secs(ttl_seconds.into()),
+                ttl.clone(),
+            );
         }
         *self.current.lock().unwrap_or_else(|p| p.into_inner()) = Some(Current {
             lease: lease.clone(),
@@ -436,12 +458,20 @@ impl Lifecycle {
             .as_ref()
             .map(|c| c.lease.id.clone());
         let Some(cur_id) = cur_id else {
-            let last = self.last_release.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            let last = self
+                .last_release
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone();
             return match last {
                 _ if lease_id.is_empty() => Ok("the sandbox is already idle".into()),
                 Some(r) if r.lease_id == lease_id => Ok(format!(
                     "lease {lease_id} was already released{}",
-                    if r.is_ttl { " when its TTL expired" } else { "" }
+                    if r.is_ttl {
+                        " when its TTL expired"
+                    } else {
+                        ""
+                    }
                 )),
                 _ => Err(LcError::NotFound(format!(
                     "no lease {lease_id:?}: the sandbox is idle"
@@ -462,7 +492,12 @@ impl Lifecycle {
         }
         .instrument(span.clone())
         .await?;
-        if let Some(c) = self.current.lock().unwrap_or_else(|p| p.into_inner()).take() {
+        if let Some(c) = self
+            .current
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        {
             c.ttl.cancel();
         }
         for n in &all {
@@ -511,7 +546,12 @@ impl Lifecycle {
         }
         .instrument(span)
         .await;
-        if let Some(c) = self.current.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
+        if let Some(c) = self
+            .current
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_mut()
+        {
             c.broken = r.as_ref().err().map(|e| e.to_string());
         }
         r?;
@@ -646,7 +686,10 @@ impl Lifecycle {
             Err(_) => Err(format!(
                 "server {name} was not ready within {} ms (state {:?}, {}){}",
                 deadline.as_millis(),
-                self.sup.status(name).map(|s| s.state).unwrap_or(State::Stopped),
+                self.sup
+                    .status(name)
+                    .map(|s| s.state)
+                    .unwrap_or(State::Stopped),
                 self.sup.status(name).map(|s| s.message).unwrap_or_default(),
                 tail()
             )),
@@ -675,8 +718,12 @@ impl Lifecycle {
             .start(spec)
             .await
             .map_err(|e| LcError::NotFound(e.to_string()))?;
-        self.wait_ready(name, wait).await.map_err(LcError::NotReady)?;
-        self.sup.status(name).map_err(|e| LcError::NotFound(e.to_string()))
+        self.wait_ready(name, wait)
+            .await
+            .map_err(LcError::NotReady)?;
+        self.sup
+            .status(name)
+            .map_err(|e| LcError::NotFound(e.to_string()))
     }
 
     /// Servers.Stop.

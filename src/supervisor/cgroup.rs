@@ -28,6 +28,8 @@ pub struct Cgroup {
     dir: PathBuf,
 }
 
+// f_type's integer type differs between libc targets (glibc, musl).
+#[allow(clippy::unnecessary_cast)]
 fn is_cgroup2(p: &Path) -> bool {
     rustix::fs::statfs(p).is_ok_and(|s| s.f_type as i64 == CGROUP2_SUPER_MAGIC)
 }

@@ -418,9 +418,7 @@ fn valid_name(name: &str) -> bool {
 fn valid_env_name(name: &str) -> bool {
     !name.is_empty()
         && !name.as_bytes()[0].is_ascii_digit()
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_')
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
 }
 
 fn abs_path(p: &str, f: &str) -> Result<PathBuf, FieldError> {
@@ -840,9 +838,10 @@ mod tests {
 
     #[test]
     fn errors_name_entry_and_field() {
-        let e = parse("[servers.a]\ncommand = \"x\"\n[servers.a.restart]\npolicy = \"sometimes\"\n")
-            .expect_err("bad policy")
-            .to_string();
+        let e =
+            parse("[servers.a]\ncommand = \"x\"\n[servers.a.restart]\npolicy = \"sometimes\"\n")
+                .expect_err("bad policy")
+                .to_string();
         assert!(e.contains("m.toml") && e.contains("policy"), "{e}");
         let e = parse("[servers.a]\ncommand = \"x\"\ntransport = \"http\"\n")
             .expect_err("http without port")
@@ -851,12 +850,17 @@ mod tests {
         let e = parse("[servers.a]\ncommand = \"${nope}/x\"\n")
             .expect_err("unknown var")
             .to_string();
-        assert!(e.contains("servers.a.command") && e.contains("${nope}"), "{e}");
+        assert!(
+            e.contains("servers.a.command") && e.contains("${nope}"),
+            "{e}"
+        );
         let e = parse("[servers.a]\ncommand = \"x\"\nstate_paths = [\"/ws/x\"]\n")
             .expect_err("state path inside ws")
             .to_string();
         assert!(e.contains("servers.a.state_paths"), "{e}");
-        let e = parse("[servers.A]\ncommand = \"x\"\n").expect_err("bad name").to_string();
+        let e = parse("[servers.A]\ncommand = \"x\"\n")
+            .expect_err("bad name")
+            .to_string();
         assert!(e.contains("servers.A.name"), "{e}");
     }
 
@@ -883,7 +887,10 @@ env = { A = "2" }
             .launch(None, &Credentials::default(), &none)
             .expect_err("token missing")
             .to_string();
-        assert!(e.contains("TOKEN (an API token)") && e.contains("api_token"), "{e}");
+        assert!(
+            e.contains("TOKEN (an API token)") && e.contains("api_token"),
+            "{e}"
+        );
         let creds = Credentials {
             auth: [("api_token".to_owned(), "t".to_owned())].into(),
             env: BTreeMap::new(),

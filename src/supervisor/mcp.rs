@@ -92,12 +92,7 @@ impl StdioConn {
         Ok(conn)
     }
 
-    async fn read_loop(
-        &self,
-        mut r: BufReader<pipe::Receiver>,
-        log: Arc<LogBuf>,
-        max: usize,
-    ) {
+    async fn read_loop(&self, mut r: BufReader<pipe::Receiver>, log: Arc<LogBuf>, max: usize) {
         let mut line = Vec::new();
         loop {
             line.clear();
@@ -149,9 +144,7 @@ impl StdioConn {
     async fn dispatch(&self, msg: Value) {
         let is_response = msg.get("method").is_none()
             && (msg.get("result").is_some() || msg.get("error").is_some());
-        if is_response
-            && let Some(id) = msg.get("id").and_then(Value::as_u64)
-        {
+        if is_response && let Some(id) = msg.get("id").and_then(Value::as_u64) {
             let waiter = self
                 .pending
                 .lock()
@@ -255,7 +248,10 @@ impl StdioConn {
                     .to_owned(),
             });
         }
-        Ok(msg.get_mut("result").map(Value::take).unwrap_or(Value::Null))
+        Ok(msg
+            .get_mut("result")
+            .map(Value::take)
+            .unwrap_or(Value::Null))
     }
 
     pub async fn notify(&self, method: &str, params: Value) -> Result<(), McpError> {
@@ -276,7 +272,11 @@ impl StdioConn {
             "clientInfo": {"name": "sandbox-agent", "version": crate::VERSION},
         });
         let result = self.call("initialize", params, timeout).await?;
-        if result.get("protocolVersion").and_then(Value::as_str).is_none() {
+        if result
+            .get("protocolVersion")
+            .and_then(Value::as_str)
+            .is_none()
+        {
             return Err(McpError::Protocol(
                 "initialize".into(),
                 "the result has no protocolVersion".into(),

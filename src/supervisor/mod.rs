@@ -263,7 +263,11 @@ impl Supervisor {
             return Ok(server.status.borrow().clone());
         }
         if let Some(memory) = spec.limits.memory_bytes
-            && !self.shared.cgroups.as_ref().is_some_and(|c| c.memory_limits())
+            && !self
+                .shared
+                .cgroups
+                .as_ref()
+                .is_some_and(|c| c.memory_limits())
         {
             warn!(server = %spec.name, memory, "memory limit not enforced: no cgroup v2 memory controller available");
         }
@@ -276,9 +280,17 @@ impl Supervisor {
         let s2 = server.clone();
         let task = tokio::spawn(async move {
             use futures_util::FutureExt;
-            if std::panic::AssertUnwindSafe(fut).catch_unwind().await.is_err() {
+            if std::panic::AssertUnwindSafe(fut)
+                .catch_unwind()
+                .await
+                .is_err()
+            {
                 // Never leave a waiter looking at a state nobody updates.
-                set_state(&s2, State::Failed, "internal error: the supervisor task panicked".into());
+                set_state(
+                    &s2,
+                    State::Failed,
+                    "internal error: the supervisor task panicked".into(),
+                );
             }
         });
         *run = Some(Running { stop, task });
@@ -426,18 +438,26 @@ enum Outcome {
 }
 
 /// Keeps one server running until `stop` is cancelled or it gives up.
-async fn runner(server: Arc<Server>, shared: Arc<Shared>, spec: LaunchSpec, stop: CancellationToken) {
+async fn runner(
+    server: Arc<Server>,
+    shared: Arc<Shared>,
+    spec: LaunchSpec,
+    stop: CancellationToken,
+) {
     let mut recent: VecDeque<Instant> = VecDeque::new();
     let mut backoff = spec.restart.initial_backoff;
     loop {
         set_state(&server, State::Starting, String::new());
-        let cg = shared.cgroups.as_ref().and_then(|root| match root.create(&server.name) {
-            Ok(cg) => Some(Arc::new(cg)),
-            Err(e) => {
-                warn!(error = %e, "cannot create the server's cgroup; using its session only");
-                None
-            }
-        });
+        let cg = shared
+            .cgroups
+            .as_ref()
+            .and_then(|root| match root.create(&server.name) {
+                Ok(cg) => Some(Arc::new(cg)),
+                Err(e) => {
+                    warn!(error = %e, "cannot create the server's cgroup; using its session only");
+                    None
+                }
+            });
         if let (Some(cg), Some(mem)) = (&cg, spec.limits.memory_bytes)
             && shared.cgroups.as_ref().is_some_and(|r| r.memory_limits())
             && let Err(e) = cg.set_memory_max(mem)
@@ -457,7 +477,11 @@ async fn runner(server: Arc<Server>, shared: Arc<Shared>, spec: LaunchSpec, stop
                     spec.cwd.display()
                 );
                 warn!("{msg}");
-                server.log.push(Stream::Stderr, format!("sandbox-agent: {msg}").as_bytes(), false);
+                server.log.push(
+                    Stream::Stderr,
+                    format!("sandbox-agent: {msg}").as_bytes(),
+                    false,
+                );
                 set_state(&server, State::Failed, msg);
                 return;
             }
@@ -511,11 +535,15 @@ async fn runner(server: Arc<Server>, shared: Arc<Shared>, spec: LaunchSpec, stop
                     let deadline = Instant::now() + spec.ready_timeout;
                     loop {
                         let left = deadline.saturating_duration_since(Instant::now());
-                        let last = probe::http_ready(*port, path, left.min(Duration::from_secs(2))).await;
+                        let last =
+                            probe::http_ready(*port, path, left.min(Duration::from_secs(2))).await;
                         match last {
                             Ok(()) => break Ok(()),
                             Err(e) if Instant::now() >= deadline => {
-                                break Err(format!("not ready within {:?}: {e}", spec.ready_timeout));
+                                break Err(format!(
+                                    "not ready within {:?}: {e}",
+                                    spec.ready_timeout
+                                ));
                             }
                             Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
                         }
@@ -658,7 +686,8 @@ async fn kill_tree(
         let deadline = Instant::now() + grace;
         while Instant::now() < deadline {
             if exit.is_none()
-                && let Ok(Ok(e)) = tokio::time::timeout(Duration::from_millis(20), &mut *exit_rx).await
+                && let Ok(Ok(e)) =
+                    tokio::time::timeout(Duration::from_millis(20), &mut *exit_rx).await
             {
                 exit = Some(e);
             }
@@ -682,7 +711,8 @@ async fn kill_tree(
         }
         spawn::signal_all(pid, &members, Signal::SIGKILL);
         if exit.is_none() {
-            if let Ok(Ok(e)) = tokio::time::timeout(Duration::from_millis(50), &mut *exit_rx).await {
+            if let Ok(Ok(e)) = tokio::time::timeout(Duration::from_millis(50), &mut *exit_rx).await
+            {
                 exit = Some(e);
             }
         } else {

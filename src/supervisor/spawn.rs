@@ -64,8 +64,7 @@ impl Reaper {
             waiters: Mutex::new(HashMap::new()),
             orphans: 0.into(),
         });
-        let mut sigchld =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::child())?;
+        let mut sigchld = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::child())?;
         let r = reaper.clone();
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_secs(1));
@@ -238,14 +237,12 @@ impl Spawner {
 /// container rarely grants.
 fn rlimits(l: &ResourceLimits) -> Vec<(rustix::process::Resource, u64)> {
     use rustix::process::Resource;
-    let clamp = |r: Resource, v: u64| {
-        match rustix::process::getrlimit(r).maximum {
-            Some(hard) if v > hard => {
-                tracing::debug!(resource = ?r, requested = v, hard, "rlimit lowered to the agent's hard limit");
-                (r, hard)
-            }
-            _ => (r, v),
+    let clamp = |r: Resource, v: u64| match rustix::process::getrlimit(r).maximum {
+        Some(hard) if v > hard => {
+            tracing::debug!(resource = ?r, requested = v, hard, "rlimit lowered to the agent's hard limit");
+            (r, hard)
         }
+        _ => (r, v),
     };
     [
         (Resource::Nofile, l.nofile),
@@ -275,13 +272,14 @@ pub fn members(pid: i32, cgroup: Option<&super::cgroup::Cgroup>) -> Vec<i32> {
     let procs = sys.processes();
     let mut out: Vec<i32> = Vec::new();
     for (p, proc_) in procs {
-        if proc_.status() == ProcessStatus::Zombie {
+        // sysinfo lists threads as processes too; count processes only.
+        if proc_.status() == ProcessStatus::Zombie || proc_.thread_kind().is_some() {
             continue;
         }
         let raw = p.as_u32() as i32;
         let in_session = proc_.session_id().is_some_and(|s| s.as_u32() as i32 == pid);
-        let in_group = nix::unistd::getpgid(Some(Pid::from_raw(raw)))
-            .is_ok_and(|g| g.as_raw() == pid);
+        let in_group =
+            nix::unistd::getpgid(Some(Pid::from_raw(raw))).is_ok_and(|g| g.as_raw() == pid);
         let mut descendant = false;
         let mut cur = proc_.parent();
         let mut hops = 0;

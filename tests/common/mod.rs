@@ -1,6 +1,7 @@
 //! Test harness: starts the real `sandbox-agent` and `sandboxctl` binaries.
 #![allow(dead_code)]
 
+pub mod mcp;
 pub mod ws;
 
 use std::io::{BufRead, BufReader};

@@ -162,7 +162,11 @@ impl proto::servers_server::Servers for ServersService {
         req: Request<proto::LogsRequest>,
     ) -> Result<Response<Self::LogsStream>, Status> {
         let r = req.into_inner();
-        let log = self.lc.supervisor().logs(&r.name).map_err(|e| Status::not_found(e.to_string()))?;
+        let log = self
+            .lc
+            .supervisor()
+            .logs(&r.name)
+            .map_err(|e| Status::not_found(e.to_string()))?;
         let only = match proto::LogStream::try_from(r.stream) {
             Ok(proto::LogStream::All) => None,
             Ok(proto::LogStream::Stdout) => Some(LogStream::Stdout),

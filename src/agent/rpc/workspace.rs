@@ -267,4 +267,3 @@ fn unreachable_forward() -> Result<Result<InitStats, WsError>, tokio::task::Join
         "the upload stream ended unexpectedly".into(),
     )))
 }
-

@@ -61,8 +61,12 @@ fn new_lease_id() -> String {
     )
 }
 
-pub async fn acquire(client: &Client, a: AcquireArgs<'_>, json_out: bool) -> anyhow::Result<ExitCode> {
-    if a.all == !a.servers.is_empty() {
+pub async fn acquire(
+    client: &Client,
+    a: AcquireArgs<'_>,
+    json_out: bool,
+) -> anyhow::Result<ExitCode> {
+    if a.all != a.servers.is_empty() {
         bail!("give --servers a,b,… or --all (one of the two)");
     }
     let mut auth: HashMap<String, prost_types::Struct> = HashMap::new();
@@ -117,7 +121,12 @@ pub async fn acquire(client: &Client, a: AcquireArgs<'_>, json_out: bool) -> any
     Ok(ExitCode::SUCCESS)
 }
 
-pub async fn release(client: &Client, lease_id: Option<&str>, is_ttl: bool, json_out: bool) -> anyhow::Result<ExitCode> {
+pub async fn release(
+    client: &Client,
+    lease_id: Option<&str>,
+    is_ttl: bool,
+    json_out: bool,
+) -> anyhow::Result<ExitCode> {
     let r = client
         .agent()
         .release(proto::ReleaseRequest {
@@ -128,14 +137,21 @@ pub async fn release(client: &Client, lease_id: Option<&str>, is_ttl: bool, json
         .map_err(|s| rpc_error("Agent.Release", s))?
         .into_inner();
     if json_out {
-        println!("{}", json!({"ok": true, "status": status_str(r.status), "message": r.message}));
+        println!(
+            "{}",
+            json!({"ok": true, "status": status_str(r.status), "message": r.message})
+        );
     } else {
         println!("{}", r.message);
     }
     Ok(ExitCode::SUCCESS)
 }
 
-pub async fn reset(client: &Client, lease_id: Option<&str>, json_out: bool) -> anyhow::Result<ExitCode> {
+pub async fn reset(
+    client: &Client,
+    lease_id: Option<&str>,
+    json_out: bool,
+) -> anyhow::Result<ExitCode> {
     let r = client
         .agent()
         .reset(proto::ResetRequest {
@@ -177,9 +193,9 @@ pub async fn status(client: &Client, json_out: bool) -> anyhow::Result<ExitCode>
         .map_err(|s| rpc_error("Servers.List", s))?
         .into_inner()
         .servers;
-    let last = info.last_release.as_ref().map(|r| {
-        json!({"lease_id": r.lease_id, "is_ttl": r.is_ttl, "released_at_ms": r.released_at_ms})
-    });
+    let last = info.last_release.as_ref().map(
+        |r| json!({"lease_id": r.lease_id, "is_ttl": r.is_ttl, "released_at_ms": r.released_at_ms}),
+    );
     if json_out {
         println!(
             "{}",
@@ -197,10 +213,16 @@ pub async fn status(client: &Client, json_out: bool) -> anyhow::Result<ExitCode>
     match &info.lease {
         Some(l) => {
             println!("lease      {}", l.lease_id);
-            println!("benchmark  {}", benchmark_name(l.benchmark).as_str().unwrap_or("-"));
+            println!(
+                "benchmark  {}",
+                benchmark_name(l.benchmark).as_str().unwrap_or("-")
+            );
             println!("servers    {}", l.server_names.join(", "));
             if l.expires_at_ms > 0 {
-                let left = l.expires_at_ms.saturating_sub(sandbox_agent::supervisor::now_ms()) / 1000;
+                let left = l
+                    .expires_at_ms
+                    .saturating_sub(sandbox_agent::supervisor::now_ms())
+                    / 1000;
                 println!("expires in {left} s (ttl {} s)", l.ttl_seconds);
             } else {
                 println!("expires    never");
@@ -227,7 +249,11 @@ pub enum ServerVerb<'a> {
     Restart(&'a str),
 }
 
-pub async fn servers(client: &Client, verb: ServerVerb<'_>, json_out: bool) -> anyhow::Result<ExitCode> {
+pub async fn servers(
+    client: &Client,
+    verb: ServerVerb<'_>,
+    json_out: bool,
+) -> anyhow::Result<ExitCode> {
     let mut c = client.servers();
     let one = match verb {
         ServerVerb::List => {
@@ -301,7 +327,11 @@ pub async fn logs(
         .map_err(|s| rpc_error("Servers.Logs", s))?
         .into_inner();
     let mut out = std::io::stdout().lock();
-    while let Some(line) = s.message().await.map_err(|s| rpc_error("Servers.Logs", s))? {
+    while let Some(line) = s
+        .message()
+        .await
+        .map_err(|s| rpc_error("Servers.Logs", s))?
+    {
         if json_out {
             writeln!(
                 out,
@@ -391,8 +421,8 @@ fn server_json(s: &proto::ServerStatus) -> Value {
 
 fn print_servers(list: &[proto::ServerStatus]) {
     println!(
-        "{:<24} {:<9} {:>7} {:>8} {:>10} {:>9}  {}",
-        "NAME", "STATE", "PID", "RESTARTS", "RSS", "CPU", "DETAIL"
+        "{:<24} {:<9} {:>7} {:>8} {:>10} {:>9}  DETAIL",
+        "NAME", "STATE", "PID", "RESTARTS", "RSS", "CPU"
     );
     for s in list {
         let mut detail = s.message.clone();
@@ -405,9 +435,17 @@ fn print_servers(list: &[proto::ServerStatus]) {
             "{:<24} {:<9} {:>7} {:>8} {:>10} {:>8}s  {}",
             format!("{}{}", s.name, if s.in_lease { "*" } else { "" }),
             state_str(s.state),
-            if s.pid == 0 { "-".into() } else { s.pid.to_string() },
+            if s.pid == 0 {
+                "-".into()
+            } else {
+                s.pid.to_string()
+            },
             s.restarts,
-            if s.rss_bytes == 0 { "-".into() } else { bytes(s.rss_bytes) },
+            if s.rss_bytes == 0 {
+                "-".into()
+            } else {
+                bytes(s.rss_bytes)
+            },
             format!("{:.1}", s.cpu_time_ms as f64 / 1000.0),
             detail
         );

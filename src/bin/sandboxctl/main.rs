@@ -322,7 +322,9 @@ async fn run(args: Args) -> anyhow::Result<ExitCode> {
             let v = match verb {
                 None | Some(ServersVerb::List) => lease::ServerVerb::List,
                 Some(ServersVerb::Start { name }) => lease::ServerVerb::Start(name),
-                Some(ServersVerb::Stop { name, grace_ms }) => lease::ServerVerb::Stop(name, *grace_ms),
+                Some(ServersVerb::Stop { name, grace_ms }) => {
+                    lease::ServerVerb::Stop(name, *grace_ms)
+                }
                 Some(ServersVerb::Restart { name }) => lease::ServerVerb::Restart(name),
             };
             lease::servers(&client, v, args.json).await
