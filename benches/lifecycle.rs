@@ -4,10 +4,11 @@
 //! Prints (never asserts) medians over RUNS cycles of:
 //! - Acquire of filesystem + git + localmemory until all are ready;
 //! - Release until the sandbox is idle again (servers stopped, workspace
-//!   and state cleared);
-//! and, as the reference from the same run, the same three servers started
-//! directly by this process and taken through the MCP initialize handshake
-//! over stdio, in parallel (what Acquire cannot beat), then killed.
+//!   and state cleared).
+//!
+//! The reference from the same run: the same three servers started directly
+//! by this process and taken through the MCP initialize handshake over
+//! stdio, in parallel (what Acquire cannot beat), then killed.
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
