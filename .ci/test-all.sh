@@ -43,7 +43,7 @@ command -v cargo-fuzz >/dev/null || cargo install --locked cargo-fuzz
 
 # The real MCP servers the tests run (pinned; skipped when installed).
 export SANDBOX_AGENT_SERVERS_DIR=${SANDBOX_AGENT_SERVERS_DIR:-/opt/sandbox-agent/servers}
-$SUDO packaging/install-servers.sh --prefix "$SANDBOX_AGENT_SERVERS_DIR" filesystem git localmemory
+$SUDO packaging/install-servers.sh --prefix "$SANDBOX_AGENT_SERVERS_DIR" filesystem git localmemory excel
 
 step "cargo fmt --check"
 cargo fmt --check

@@ -597,3 +597,190 @@ fn sandboxctl_lease_verbs() {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
     assert_eq!(v["status"], "idle");
 }
+
+#[tokio::test]
+async fn http_servers_are_probed_on_their_port() {
+    // excel-mcp-server speaks streamable HTTP itself.
+    let port = free_port();
+    let extra = format!(
+        r#"
+[servers.excel-http]
+command = "${{install_dir}}/py/excel/bin/excel-mcp-server"
+args = ["streamable-http", "--host", "127.0.0.1", "--port", "{port}", "--allow-dir", "${{workspace}}", "--allow-unauthenticated"]
+transport = "http"
+http = {{ port = {port}, path = "/mcp" }}
+
+[servers.mute-http]
+command = "sleep"
+args = ["100"]
+transport = "http"
+http = {{ port = {mute}, path = "/mcp" }}
+ready_timeout_ms = 1000
+restart = {{ policy = "never" }}
+"#,
+        mute = free_port()
+    );
+    let agent = agent_with(&extra, "");
+    let c = client(&agent).await;
+    let r = c
+        .agent()
+        .acquire(acquire_req("h", &["excel-http"]))
+        .await
+        .unwrap_or_else(|e| panic!("Acquire: {e}\n{}", agent.stderr.all()))
+        .into_inner();
+    assert_eq!(r.servers[0].state, READY);
+    assert_eq!(r.servers[0].transport, proto::ServerTransport::Http as i32);
+    assert_eq!(health(&c, "mcp/excel-http").await, SERVING);
+    // The port really is the server's: it answers HTTP.
+    assert!(std::net::TcpStream::connect(("127.0.0.1", port)).is_ok());
+    c.agent()
+        .release(proto::ReleaseRequest::default())
+        .await
+        .expect("Release");
+    assert!(
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_err(),
+        "server still listening"
+    );
+
+    // A process that never opens its port fails readiness with a reason.
+    let e = c
+        .agent()
+        .acquire(acquire_req("m", &["mute-http"]))
+        .await
+        .expect_err("never ready");
+    assert_eq!(e.code(), Code::Unavailable);
+    assert!(
+        e.message().contains("mute-http") && e.message().contains("connect"),
+        "{}",
+        e.message()
+    );
+    assert!(descendants(agent.child.id()).is_empty());
+}
+
+#[tokio::test]
+async fn servers_run_as_the_manifest_user() {
+    if !nix::unistd::geteuid().is_root() {
+        panic!("this test needs root (the test command runs as root)");
+    }
+    let extra = format!(
+        r#"
+[servers.as-nobody]
+command = "node"
+args = ["{js}"]
+user = "nobody"
+cwd = "/"
+env = {{ MEMORY_FILE_PATH = "/tmp/sandbox-agent-test-nobody-{pid}.jsonl" }}
+"#,
+        js = memory_js(),
+        pid = std::process::id()
+    );
+    let agent = agent_with(&extra, "");
+    let c = client(&agent).await;
+    let s = c
+        .servers()
+        .start(proto::ServerRequest {
+            name: "as-nobody".into(),
+        })
+        .await
+        .unwrap_or_else(|e| panic!("Start: {e}\n{}", agent.stderr.all()))
+        .into_inner();
+    let status = std::fs::read_to_string(format!("/proc/{}/status", s.pid)).expect("status");
+    let uid = status
+        .lines()
+        .find(|l| l.starts_with("Uid:"))
+        .expect("Uid line");
+    let nobody = nix::unistd::User::from_name("nobody")
+        .expect("passwd")
+        .expect("nobody exists")
+        .uid
+        .as_raw();
+    assert!(
+        uid.split_whitespace()
+            .skip(1)
+            .all(|u| u == nobody.to_string()),
+        "{uid}"
+    );
+}
+
+#[tokio::test]
+async fn seeds_go_into_state_paths_and_logs_follow() {
+    let seed_dir = tempfile::tempdir().expect("seed");
+    let tgz = seed_dir.path().join("memory-seed.tar.gz");
+    let mut t = common::ws::Tar::new();
+    t.file("graph.json", b"{\"seeded\":true}\n");
+    std::fs::write(&tgz, common::ws::gzip(&t.end())).expect("write seed");
+    let extra = format!(
+        r#"
+[servers.seeded-state]
+command = "sh"
+args = ["-c", "i=0; while true; do echo tick $i >&2; i=$((i+1)); sleep 0.1; done & exec node {js}"]
+state_paths = ["/var/lib/sandbox-agent/seeded"]
+env = {{ MEMORY_FILE_PATH = "/var/lib/sandbox-agent/seeded/memory.jsonl" }}
+[servers.seeded-state.benchmarks.Toolathlon]
+seed = [{{ from = "{tgz}", to = "/var/lib/sandbox-agent/seeded/init" }}]
+"#,
+        js = memory_js(),
+        tgz = tgz.display()
+    );
+    let agent = agent_with(&extra, "");
+    let c = client(&agent).await;
+    let mut req = acquire_req("s", &["seeded-state"]);
+    req.benchmark = proto::Benchmark::Toolathlon as i32;
+    c.agent()
+        .acquire(req)
+        .await
+        .unwrap_or_else(|e| panic!("Acquire: {e}\n{}", agent.stderr.all()));
+    let seeded = state_dir(&agent).join("seeded");
+    assert_eq!(
+        std::fs::read_to_string(seeded.join("init/graph.json")).expect("seeded"),
+        "{\"seeded\":true}\n"
+    );
+
+    // Follow: new stderr lines arrive as they are written.
+    let mut s = c
+        .servers()
+        .logs(proto::LogsRequest {
+            name: "seeded-state".into(),
+            tail: 1,
+            follow: true,
+            ..Default::default()
+        })
+        .await
+        .expect("Logs")
+        .into_inner();
+    let mut ticks: Vec<u64> = Vec::new();
+    let mut last_seq = 0;
+    while ticks.len() < 5 {
+        let l = tokio::time::timeout(Duration::from_secs(5), s.message())
+            .await
+            .expect("a line within 5 s")
+            .expect("stream")
+            .expect("line");
+        assert!(l.seq > last_seq || last_seq == 0, "sequence goes forward");
+        last_seq = l.seq;
+        // The memory server's banner may come in between.
+        if let Some(n) = l.line.strip_prefix(b"tick ") {
+            ticks.push(String::from_utf8_lossy(n).parse().expect("tick number"));
+        }
+    }
+    assert!(ticks.windows(2).all(|w| w[1] == w[0] + 1), "{ticks:?}");
+    drop(s);
+
+    c.agent()
+        .release(proto::ReleaseRequest::default())
+        .await
+        .expect("Release");
+    assert!(seeded.is_dir(), "state dirs stay, emptied");
+    assert_eq!(std::fs::read_dir(&seeded).expect("state").count(), 0);
+    // A new lease sees none of the previous lease's output.
+    let mut s = c
+        .servers()
+        .logs(proto::LogsRequest {
+            name: "seeded-state".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("Logs")
+        .into_inner();
+    assert!(s.message().await.expect("end").is_none());
+}

@@ -41,6 +41,7 @@ pub fn agent_with(extra: &str, config: &str) -> Agent {
     let state = dir.path().join("state");
     std::fs::create_dir_all(&state).expect("state dir");
     let manifest = dir.path().join("servers.toml");
+    let extra = extra.replace("/var/lib/sandbox-agent", &state.display().to_string());
     std::fs::write(&manifest, format!("{}\n{extra}", shipped_manifest(&state))).expect("manifest");
     let cfg = dir.path().join("agent.toml");
     std::fs::write(&cfg, config).expect("config");
@@ -120,4 +121,12 @@ pub fn pgrep(needle: &str) -> Vec<u32> {
         }
     }
     out
+}
+
+/// A loopback TCP port that was free a moment ago.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
 }
