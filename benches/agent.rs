@@ -129,6 +129,8 @@ async fn start_agent(dir: &Path, sock: &Path) -> (Running, Duration) {
     let t = Instant::now();
     let child = Running(
         Command::new(AGENT)
+            .arg("--mcp-listen")
+            .arg(format!("unix://{}.mcp", sock.display()))
             .arg("--listen")
             .arg(format!("unix://{}", sock.display()))
             .arg("--workspace")

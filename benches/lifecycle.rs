@@ -44,6 +44,8 @@ fn main() {
     let ws = dir.path().join("ws");
     let sock = dir.path().join("agent.sock");
     let mut agent = Command::new(AGENT)
+        .arg("--mcp-listen")
+        .arg(format!("unix://{}.mcp", sock.display()))
         .arg("--listen")
         .arg(format!("unix://{}", sock.display()))
         .arg("--workspace")

@@ -70,6 +70,8 @@ async fn start(dir: &Path) -> (Running, sandbox_agent::Client) {
     let sock = dir.join("a.sock");
     let log = dir.join("agent.log");
     let child = Command::new(AGENT)
+        .arg("--mcp-listen")
+        .arg(format!("unix://{}.mcp", sock.display()))
         .arg("--listen")
         .arg(format!("unix://{}", sock.display()))
         .arg("--workspace")

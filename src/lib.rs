@@ -10,6 +10,7 @@
 pub mod agent;
 pub mod auth;
 pub mod client;
+pub mod gateway;
 pub mod lifecycle;
 pub mod proto;
 pub mod supervisor;

@@ -11,6 +11,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::auth::{Token, TokenError};
+use crate::gateway::GatewayConfig;
 use crate::lifecycle::LifecycleConfig;
 use crate::supervisor::SupervisorConfig;
 use crate::supervisor::manifest::{DEFAULT_MANIFEST_PATH, Manifest, ManifestError};
@@ -21,6 +22,8 @@ use crate::workspace::ArchiveLimits;
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/sandbox-agent/agent.toml";
 /// Environment variable holding the token itself (an alternative to a file).
 pub const TOKEN_ENV: &str = "SANDBOX_AGENT_TOKEN";
+/// Default MCP data-plane listener.
+pub const DEFAULT_MCP_LISTEN: &str = "vsock://any:1025";
 
 /// The config file. Unknown keys are errors, so typos do not pass silently.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -31,6 +34,9 @@ pub struct Config {
     pub name: Option<String>,
     /// Control-plane listeners (see `transport` for the URI forms).
     pub listen: Vec<String>,
+    /// MCP data-plane listeners (streamable HTTP at /<server>/mcp); same
+    /// URI forms and token rules as `listen`. Empty disables the data plane.
+    pub mcp_listen: Vec<String>,
     /// The workspace directory served by the Workspace service.
     pub workspace: PathBuf,
     /// `text` or `json`.
@@ -44,6 +50,7 @@ pub struct Config {
     pub manifest: Option<PathBuf>,
     pub supervisor: SupervisorConfig,
     pub lifecycle: LifecycleConfig,
+    pub gateway: GatewayConfig,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
@@ -105,6 +112,7 @@ impl Default for Config {
         Config {
             name: None,
             listen: vec![DEFAULT_AGENT_LISTEN.to_owned()],
+            mcp_listen: vec![DEFAULT_MCP_LISTEN.to_owned()],
             workspace: PathBuf::from("/workspace"),
             log_format: LogFormat::Text,
             auth: AuthConfig::default(),
@@ -113,6 +121,7 @@ impl Default for Config {
             manifest: None,
             supervisor: SupervisorConfig::default(),
             lifecycle: LifecycleConfig::default(),
+            gateway: GatewayConfig::default(),
         }
     }
 }
@@ -167,6 +176,7 @@ pub enum ConfigError {
 #[derive(Debug, Default, Clone)]
 pub struct Overrides {
     pub listen: Vec<String>,
+    pub mcp_listen: Vec<String>,
     pub workspace: Option<PathBuf>,
     pub token_file: Option<PathBuf>,
     /// The token itself, from `SANDBOX_AGENT_TOKEN`. A token file given by
@@ -191,6 +201,8 @@ pub enum TokenSource {
 pub struct Settings {
     pub name: String,
     pub listen: Vec<Endpoint>,
+    pub mcp_listen: Vec<Endpoint>,
+    pub gateway: GatewayConfig,
     pub workspace: PathBuf,
     pub log_format: LogFormat,
     pub token: Option<Token>,
@@ -233,6 +245,9 @@ impl Config {
     pub fn apply(&mut self, o: &Overrides) {
         if !o.listen.is_empty() {
             self.listen = o.listen.clone();
+        }
+        if !o.mcp_listen.is_empty() {
+            self.mcp_listen = o.mcp_listen.clone();
         }
         if let Some(w) = &o.workspace {
             self.workspace = w.clone();
@@ -280,25 +295,9 @@ impl Config {
         if self.listen.is_empty() {
             return Err(ConfigError::NoListener);
         }
-        let mut listen: Vec<Endpoint> = Vec::new();
-        for uri in &self.listen {
-            let ep: Endpoint = uri.parse().map_err(ConfigError::Uri)?;
-            if matches!(ep, Endpoint::HybridVsock { .. }) {
-                return Err(ConfigError::ClientOnly(uri.clone()));
-            }
-            if listen.contains(&ep) {
-                return Err(ConfigError::Duplicate(ep.to_string()));
-            }
-            if let Endpoint::Tcp { .. } = ep {
-                if token.is_none() {
-                    return Err(ConfigError::TcpNeedsToken(ep.to_string()));
-                }
-                if !ep.is_loopback_tcp() && !self.auth.allow_remote_tcp {
-                    return Err(ConfigError::RemoteTcp(ep.to_string()));
-                }
-            }
-            listen.push(ep);
-        }
+        let mut seen: Vec<Endpoint> = Vec::new();
+        let listen = self.endpoints(&self.listen, token.is_some(), &mut seen)?;
+        let mcp_listen = self.endpoints(&self.mcp_listen, token.is_some(), &mut seen)?;
         if self.auth.require_on_local && token.is_none() {
             return Err(ConfigError::LocalNeedsToken);
         }
@@ -330,6 +329,7 @@ impl Config {
             self.workspace = cwd.join(&self.workspace);
         }
         self.supervisor.validate().map_err(ConfigError::Section)?;
+        self.gateway.validate().map_err(ConfigError::Section)?;
         self.lifecycle.validate().map_err(ConfigError::Section)?;
         let manifest = match &self.manifest {
             Some(p) => Manifest::load(p, &self.workspace)?,
@@ -348,6 +348,8 @@ impl Config {
         Ok(Settings {
             name,
             listen,
+            mcp_listen,
+            gateway: self.gateway.clone(),
             workspace: self.workspace.clone(),
             log_format: self.log_format,
             token,
@@ -360,6 +362,39 @@ impl Config {
             lifecycle: self.lifecycle.clone(),
             effective: self,
         })
+    }
+}
+
+impl Config {
+    /// Parses and checks one listener list; `seen` catches duplicates
+    /// across the control and data planes.
+    fn endpoints(
+        &self,
+        uris: &[String],
+        have_token: bool,
+        seen: &mut Vec<Endpoint>,
+    ) -> Result<Vec<Endpoint>, ConfigError> {
+        let mut out = Vec::new();
+        for uri in uris {
+            let ep: Endpoint = uri.parse().map_err(ConfigError::Uri)?;
+            if matches!(ep, Endpoint::HybridVsock { .. }) {
+                return Err(ConfigError::ClientOnly(uri.clone()));
+            }
+            if seen.contains(&ep) {
+                return Err(ConfigError::Duplicate(ep.to_string()));
+            }
+            if let Endpoint::Tcp { .. } = ep {
+                if !have_token {
+                    return Err(ConfigError::TcpNeedsToken(ep.to_string()));
+                }
+                if !ep.is_loopback_tcp() && !self.auth.allow_remote_tcp {
+                    return Err(ConfigError::RemoteTcp(ep.to_string()));
+                }
+            }
+            seen.push(ep.clone());
+            out.push(ep);
+        }
+        Ok(out)
     }
 }
 

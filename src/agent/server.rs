@@ -80,6 +80,7 @@ pub enum ServeError {
 /// Listeners bound and ready to serve.
 pub struct Bound {
     listeners: Vec<Listener>,
+    mcp_listeners: Vec<Listener>,
     workspace: Arc<Workspace>,
 }
 
@@ -88,6 +89,7 @@ impl Bound {
     pub fn endpoints(&self) -> Vec<Endpoint> {
         self.listeners
             .iter()
+            .chain(&self.mcp_listeners)
             .map(|l| l.local_endpoint().clone())
             .collect()
     }
@@ -110,8 +112,10 @@ pub async fn bind(settings: &Settings) -> Result<Bound, ServeError> {
     for ep in &settings.listen {
         listeners.push(Listener::bind(ep).await?);
     }
+    let mcp_listeners = crate::gateway::bind(&settings.mcp_listen).await?;
     Ok(Bound {
         listeners,
+        mcp_listeners,
         workspace: Arc::new(workspace),
     })
 }
@@ -190,6 +194,20 @@ async fn serve_inner(
                 }
             }
             .in_current_span(),
+        );
+    }
+    let gateway = crate::gateway::Gateway::new(lifecycle.clone(), settings.gateway.clone());
+    for listener in bound.mcp_listeners {
+        let policy = AuthPolicy {
+            token: settings.token.clone(),
+            required: matches!(listener.local_endpoint(), Endpoint::Tcp { .. })
+                || settings.require_token_on_local,
+        };
+        servers.spawn(
+            gateway
+                .clone()
+                .serve(listener, policy, shutdown.clone())
+                .in_current_span(),
         );
     }
     info!(version = crate::VERSION, workspace = %settings.workspace.display(), "serving");

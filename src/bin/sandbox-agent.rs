@@ -30,6 +30,16 @@ struct Args {
     )]
     listen: Vec<String>,
 
+    /// Serve the MCP data plane (streamable HTTP at /<server>/mcp) on this
+    /// endpoint (repeatable; same forms as --listen). Default: vsock://any:1025.
+    #[arg(
+        long = "mcp-listen",
+        value_name = "URI",
+        env = "SANDBOX_AGENT_MCP_LISTEN",
+        value_delimiter = ','
+    )]
+    mcp_listen: Vec<String>,
+
     /// The workspace directory. Default: /workspace.
     #[arg(long, value_name = "DIR", env = "SANDBOX_AGENT_WORKSPACE")]
     workspace: Option<PathBuf>,
@@ -65,7 +75,8 @@ struct Args {
     manifest: Option<PathBuf>,
 
     /// Local development defaults: listen on unix://./sandbox-agent.sock and
-    /// tcp://127.0.0.1:7070, workspace ./workspace, token in
+    /// tcp://127.0.0.1:7070, the MCP data plane on
+    /// unix://./sandbox-agent-mcp.sock and tcp://127.0.0.1:7071, workspace ./workspace, token in
     /// ./sandbox-agent.token (created if missing). Explicit settings win.
     #[arg(long)]
     dev: bool,
@@ -74,6 +85,8 @@ struct Args {
 /// Files `--dev` uses, relative to the current directory.
 const DEV_SOCKET: &str = "unix://sandbox-agent.sock";
 const DEV_TCP: &str = "tcp://127.0.0.1:7070";
+const DEV_MCP_SOCKET: &str = "unix://sandbox-agent-mcp.sock";
+const DEV_MCP_TCP: &str = "tcp://127.0.0.1:7071";
 const DEV_WORKSPACE: &str = "workspace";
 const DEV_TOKEN_FILE: &str = "sandbox-agent.token";
 
@@ -93,6 +106,7 @@ fn run(args: Args) -> anyhow::Result<()> {
     let env_token = std::env::var(TOKEN_ENV).ok();
     let mut overrides = Overrides {
         listen: args.listen.clone(),
+        mcp_listen: args.mcp_listen.clone(),
         workspace: args.workspace.clone(),
         token_file: args.token_file.clone(),
         token: env_token.clone(),
@@ -104,6 +118,9 @@ fn run(args: Args) -> anyhow::Result<()> {
     if args.dev {
         if overrides.listen.is_empty() {
             overrides.listen = vec![DEV_SOCKET.into(), DEV_TCP.into()];
+        }
+        if overrides.mcp_listen.is_empty() {
+            overrides.mcp_listen = vec![DEV_MCP_SOCKET.into(), DEV_MCP_TCP.into()];
         }
         if overrides.workspace.is_none() {
             overrides.workspace = Some(DEV_WORKSPACE.into());

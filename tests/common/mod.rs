@@ -60,6 +60,11 @@ impl Agent {
     pub fn start_in(dir: tempfile::TempDir, extra: &[&str], env: &[(&str, &str)]) -> Agent {
         let socket = dir.path().join("agent.sock");
         let mut cmd = Command::new(AGENT);
+        if !extra.contains(&"--mcp-listen") {
+            // Not the default vsock://any:1025: tests run agents in parallel.
+            cmd.arg("--mcp-listen")
+                .arg(format!("unix://{}", dir.path().join("mcp.sock").display()));
+        }
         cmd.arg("--listen")
             .arg(format!("unix://{}", socket.display()))
             .arg("--workspace")
@@ -96,6 +101,11 @@ impl Agent {
             );
         }
         agent
+    }
+
+    /// The MCP data plane's unix socket (unless a test chose its own).
+    pub fn mcp_socket(&self) -> PathBuf {
+        self.dir.path().join("mcp.sock")
     }
 
     pub fn unix_uri(&self) -> String {
