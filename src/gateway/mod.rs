@@ -246,7 +246,7 @@ impl Gateway {
         let leased = view
             .lease
             .as_ref()
-            .is_some_and(|l| l.servers.iter().any(|s| *s == name));
+            .is_some_and(|l| l.servers.contains(&name));
         if !leased {
             let detail = match &view.lease {
                 None => "the sandbox has no lease; Acquire it first".to_owned(),
