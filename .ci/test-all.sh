@@ -24,6 +24,8 @@ command -v musl-gcc >/dev/null || apt_pkgs+=(musl-tools)   # zstd's C code, stat
 command -v pigz >/dev/null || apt_pkgs+=(pigz)             # benchmark reference
 command -v zstd >/dev/null || apt_pkgs+=(zstd)             # tests read zstd dumps with GNU tar
 command -v tar >/dev/null || apt_pkgs+=(tar)
+command -v curl >/dev/null || apt_pkgs+=(curl)            # raw HTTP checks of the MCP data plane
+command -v git >/dev/null || apt_pkgs+=(git)              # the git MCP server
 command -v node >/dev/null || apt_pkgs+=(nodejs npm)        # npm MCP servers
 python3 -c 'import venv, ensurepip' 2>/dev/null || apt_pkgs+=(python3-venv)  # PyPI MCP servers
 if [ ${#apt_pkgs[@]} -gt 0 ]; then
@@ -35,7 +37,7 @@ rustup target list --installed | grep -qx x86_64-unknown-linux-musl \
 for c in rustfmt clippy; do
   rustup component list --installed | grep -q "^$c" || rustup component add "$c"
 done
-python3 -c 'import grpc, grpc_reflection, grpc_health' 2>/dev/null \
+python3 -c 'import grpc, grpc_reflection, grpc_health, mcp' 2>/dev/null \
   || python3 -m pip install -q -r tests/clients/requirements.txt \
   || python3 -m pip install -q --break-system-packages -r tests/clients/requirements.txt
 

@@ -1,0 +1,226 @@
+//! The MCP data plane, driven by the official Python MCP SDK client
+//! (streamable HTTP) against real servers (filesystem, memory, git) behind
+//! the real agent, and by curl for raw HTTP checks.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use common::mcp::*;
+use common::*;
+use sandbox_agent::proto;
+
+const CLIENT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/clients/mcp_client.py");
+const SLOW: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/clients/slow_server.py");
+
+fn python() -> String {
+    let out = Command::new("python3")
+        .args(["-c", "import sys; print(sys.executable)"])
+        .output()
+        .expect("python3");
+    text(&out.stdout).trim().to_owned()
+}
+
+/// Runs the SDK client over the agent's data-plane unix socket.
+fn sdk(agent: &Agent, args: &[&str]) -> serde_json::Value {
+    let sock = agent.mcp_socket().display().to_string();
+    let mut a = vec![CLIENT, "--uds", &sock];
+    a.extend_from_slice(args);
+    let out = Command::new("python3").args(&a).output().expect("python3");
+    parse(&out, agent)
+}
+
+fn parse(out: &Output, agent: &Agent) -> serde_json::Value {
+    assert!(
+        out.status.success(),
+        "client failed: {}\nagent:\n{}",
+        text(&out.stderr),
+        agent.stderr.all()
+    );
+    serde_json::from_slice(&out.stdout).expect("client JSON")
+}
+
+async fn acquire(agent: &Agent, names: &[&str]) {
+    let c = sandbox_agent::connect(&agent.unix_uri()).await.expect("connect");
+    c.agent()
+        .acquire(proto::AcquireRequest {
+            lease_id: "gw".into(),
+            server_names: names.iter().map(|s| s.to_string()).collect(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_or_else(|e| panic!("Acquire: {e}\n{}", agent.stderr.all()));
+}
+
+fn curl(args: &[&str]) -> (u16, String) {
+    let out = Command::new("curl")
+        .args(["-s", "-o", "-", "-w", "\n%{http_code}"])
+        .args(args)
+        .output()
+        .expect("curl");
+    let body = text(&out.stdout);
+    let (body, code) = body.rsplit_once('\n').expect("status line");
+    (code.parse().expect("status"), body.to_owned())
+}
+
+fn write_files(ws: &Path) {
+    for i in 0..50 {
+        std::fs::write(ws.join(format!("f{i}.txt")), format!("content {i}\n")).expect("write");
+    }
+}
+
+#[tokio::test]
+async fn sdk_client_lists_and_calls_real_servers() {
+    let agent = agent_with("", "");
+    acquire(&agent, &["filesystem", "git", "localmemory"]).await;
+    let ws = agent.dir.path().join("ws");
+    write_files(&ws);
+    let v = sdk(&agent, &["filesystem", "tools"]);
+    let tools: Vec<&str> = v["tools"].as_array().expect("tools").iter().filter_map(|t| t.as_str()).collect();
+    assert!(tools.contains(&"read_text_file") && tools.contains(&"write_file"), "{tools:?}");
+    let v = sdk(&agent, &["filesystem", "call", "write_file", r#"{"path": "new.txt", "content": "via MCP"}"#]);
+    assert_eq!(v["is_error"], false, "{v}");
+    assert_eq!(std::fs::read_to_string(ws.join("new.txt")).expect("written"), "via MCP");
+
+    let repo = ws.join("repo");
+    std::fs::create_dir(&repo).expect("repo dir");
+    let git = Command::new("git").args(["init", "-q"]).current_dir(&repo).status().expect("git");
+    assert!(git.success());
+    std::fs::write(repo.join("hello.txt"), "hi").expect("write");
+    let args = format!(r#"{{"repo_path": "{}"}}"#, repo.display());
+    let v = sdk(&agent, &["git", "call", "git_status", &args]);
+    assert_eq!(v["is_error"], false, "{v}");
+    assert!(v["text"].as_str().expect("text").contains("hello.txt"), "{v}");
+
+    let v = sdk(&agent, &["localmemory", "tools"]);
+    assert!(v["tools"].as_array().expect("tools").iter().any(|t| t == "create_entities"), "{v}");
+}
+
+#[tokio::test]
+async fn concurrent_sessions_never_mix_up_answers() {
+    let agent = agent_with("", "");
+    acquire(&agent, &["filesystem"]).await;
+    write_files(&agent.dir.path().join("ws"));
+    let v = sdk(&agent, &["filesystem", "concurrent", "10", "20"]);
+    assert_eq!(v["calls"], 200);
+    assert_eq!(v["mismatches"], serde_json::json!([]), "{v}");
+}
+
+#[tokio::test]
+async fn memory_survives_two_hundred_one_call_sessions() {
+    let agent = agent_with("", "");
+    acquire(&agent, &["localmemory"]).await;
+    let v = sdk(&agent, &["localmemory", "memory-sessions", "200"]);
+    assert_eq!(v["entities"], 200, "{v}");
+}
+
+#[tokio::test]
+async fn a_killed_server_fails_the_call_then_comes_back() {
+    let extra = format!(
+        "[servers.slow]\ncommand = \"{}\"\nargs = [\"{SLOW}\"]\n",
+        python()
+    );
+    let agent = agent_with(&extra, "");
+    acquire(&agent, &["slow"]).await;
+    let sock = agent.mcp_socket().display().to_string();
+    let mut call = Command::new("python3")
+        .args([CLIENT, "--uds", &sock, "slow", "call", "sleep", r#"{"seconds": 60}"#])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("client");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let c = sandbox_agent::connect(&agent.unix_uri()).await.expect("connect");
+    let list = c.servers().list(proto::ListServersRequest {}).await.expect("List").into_inner();
+    let pid = list.servers.iter().find(|s| s.name == "slow").expect("slow").pid;
+    signal(pid, nix::sys::signal::Signal::SIGKILL);
+    let killed = Instant::now();
+    let status = loop {
+        if let Some(st) = call.try_wait().expect("wait") {
+            break st;
+        }
+        assert!(killed.elapsed() < Duration::from_secs(10), "the client hangs after its server died");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let out = call.wait_with_output().expect("output");
+    let said = format!("{}{}", text(&out.stdout), text(&out.stderr));
+    assert!(
+        !status.success() || said.contains("\"is_error\": true"),
+        "the call must fail: {said}"
+    );
+    assert!(said.contains("exited"), "{said}");
+    // The supervisor restarts it; the next call works.
+    let v = sdk(&agent, &["slow", "call", "sleep", r#"{"seconds": 0.1}"#]);
+    assert_eq!(v["text"], "slept 0.1", "{v}");
+}
+
+#[tokio::test]
+async fn routes_and_tokens() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let token = write_token(dir.path());
+    let manifest = dir.path().join("servers.toml");
+    std::fs::write(&manifest, shipped_manifest(&dir.path().join("state"))).expect("manifest");
+    let tcp = format!("tcp://127.0.0.1:{}", free_port());
+    let sock = format!("unix://{}", dir.path().join("mcp.sock").display());
+    let agent = Agent::start_in(
+        dir,
+        &[
+            "--manifest",
+            &manifest.display().to_string(),
+            "--token-file",
+            &token.display().to_string(),
+            "--mcp-listen",
+            &sock,
+            "--mcp-listen",
+            &tcp,
+        ],
+        &[],
+    );
+    acquire(&agent, &["filesystem"]).await;
+    let uds = agent.mcp_socket().display().to_string();
+    let init = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"curl","version":"1"}}}"#;
+    let post = |url: &str, extra: &[&str]| {
+        let mut a = vec![
+            "--unix-socket", &uds, "-X", "POST", "-H", "content-type: application/json",
+            "-H", "accept: application/json, text/event-stream", "-d", init, url,
+        ];
+        a.extend_from_slice(extra);
+        curl(&a)
+    };
+    let (code, body) = post("http://localhost/filesystem/mcp/?local_sandbox_id=x", &[]);
+    assert_eq!(code, 200, "{body}");
+    assert!(body.contains("\"protocolVersion\":\"2025-06-18\""), "{body}");
+    let (code, body) = post("http://localhost/git/mcp", &[]);
+    assert_eq!(code, 404, "not in the lease: {body}");
+    assert!(body.contains("filesystem"), "{body}");
+    let (code, _) = post("http://localhost/nope/mcp", &[]);
+    assert_eq!(code, 404);
+    let (code, _) = post("http://localhost/elsewhere", &[]);
+    assert_eq!(code, 404);
+
+    // TCP needs the token.
+    let url = format!("http://{}/filesystem/mcp", tcp.trim_start_matches("tcp://"));
+    let (code, _) = curl(&["-X", "POST", "-H", "content-type: application/json", "-d", init, &url]);
+    assert_eq!(code, 401);
+    let secret = std::fs::read_to_string(&token).expect("token");
+    let auth = format!("authorization: Bearer {}", secret.trim());
+    let (code, body) = curl(&["-X", "POST", "-H", "content-type: application/json", "-H", &auth, "-d", init, &url]);
+    assert_eq!(code, 200, "{body}");
+    // And the SDK client works over TCP with it.
+    let out = Command::new("python3")
+        .args([
+            CLIENT,
+            "--base",
+            &format!("http://{}", tcp.trim_start_matches("tcp://")),
+            "--token",
+            secret.trim(),
+            "filesystem",
+            "tools",
+        ])
+        .output()
+        .expect("client");
+    let v = parse(&out, &agent);
+    assert!(v["tools"].as_array().is_some_and(|t| !t.is_empty()));
+}
