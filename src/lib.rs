@@ -12,6 +12,7 @@ pub mod auth;
 pub mod client;
 pub mod gateway;
 pub mod lifecycle;
+pub mod mcp_client;
 pub mod proto;
 pub mod supervisor;
 pub mod transport;

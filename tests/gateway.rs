@@ -43,7 +43,9 @@ fn parse(out: &Output, agent: &Agent) -> serde_json::Value {
 }
 
 async fn acquire(agent: &Agent, names: &[&str]) {
-    let c = sandbox_agent::connect(&agent.unix_uri()).await.expect("connect");
+    let c = sandbox_agent::connect(&agent.unix_uri())
+        .await
+        .expect("connect");
     c.agent()
         .acquire(proto::AcquireRequest {
             lease_id: "gw".into(),
@@ -78,24 +80,57 @@ async fn sdk_client_lists_and_calls_real_servers() {
     let ws = agent.dir.path().join("ws");
     write_files(&ws);
     let v = sdk(&agent, &["filesystem", "tools"]);
-    let tools: Vec<&str> = v["tools"].as_array().expect("tools").iter().filter_map(|t| t.as_str()).collect();
-    assert!(tools.contains(&"read_text_file") && tools.contains(&"write_file"), "{tools:?}");
-    let v = sdk(&agent, &["filesystem", "call", "write_file", r#"{"path": "new.txt", "content": "via MCP"}"#]);
+    let tools: Vec<&str> = v["tools"]
+        .as_array()
+        .expect("tools")
+        .iter()
+        .filter_map(|t| t.as_str())
+        .collect();
+    assert!(
+        tools.contains(&"read_text_file") && tools.contains(&"write_file"),
+        "{tools:?}"
+    );
+    let v = sdk(
+        &agent,
+        &[
+            "filesystem",
+            "call",
+            "write_file",
+            r#"{"path": "new.txt", "content": "via MCP"}"#,
+        ],
+    );
     assert_eq!(v["is_error"], false, "{v}");
-    assert_eq!(std::fs::read_to_string(ws.join("new.txt")).expect("written"), "via MCP");
+    assert_eq!(
+        std::fs::read_to_string(ws.join("new.txt")).expect("written"),
+        "via MCP"
+    );
 
     let repo = ws.join("repo");
     std::fs::create_dir(&repo).expect("repo dir");
-    let git = Command::new("git").args(["init", "-q"]).current_dir(&repo).status().expect("git");
+    let git = Command::new("git")
+        .args(["init", "-q"])
+        .current_dir(&repo)
+        .status()
+        .expect("git");
     assert!(git.success());
     std::fs::write(repo.join("hello.txt"), "hi").expect("write");
     let args = format!(r#"{{"repo_path": "{}"}}"#, repo.display());
     let v = sdk(&agent, &["git", "call", "git_status", &args]);
     assert_eq!(v["is_error"], false, "{v}");
-    assert!(v["text"].as_str().expect("text").contains("hello.txt"), "{v}");
+    assert!(
+        v["text"].as_str().expect("text").contains("hello.txt"),
+        "{v}"
+    );
 
     let v = sdk(&agent, &["localmemory", "tools"]);
-    assert!(v["tools"].as_array().expect("tools").iter().any(|t| t == "create_entities"), "{v}");
+    assert!(
+        v["tools"]
+            .as_array()
+            .expect("tools")
+            .iter()
+            .any(|t| t == "create_entities"),
+        "{v}"
+    );
 }
 
 #[tokio::test]
@@ -126,22 +161,45 @@ async fn a_killed_server_fails_the_call_then_comes_back() {
     acquire(&agent, &["slow"]).await;
     let sock = agent.mcp_socket().display().to_string();
     let mut call = Command::new("python3")
-        .args([CLIENT, "--uds", &sock, "slow", "call", "sleep", r#"{"seconds": 60}"#])
+        .args([
+            CLIENT,
+            "--uds",
+            &sock,
+            "slow",
+            "call",
+            "sleep",
+            r#"{"seconds": 60}"#,
+        ])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("client");
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    let c = sandbox_agent::connect(&agent.unix_uri()).await.expect("connect");
-    let list = c.servers().list(proto::ListServersRequest {}).await.expect("List").into_inner();
-    let pid = list.servers.iter().find(|s| s.name == "slow").expect("slow").pid;
+    let c = sandbox_agent::connect(&agent.unix_uri())
+        .await
+        .expect("connect");
+    let list = c
+        .servers()
+        .list(proto::ListServersRequest {})
+        .await
+        .expect("List")
+        .into_inner();
+    let pid = list
+        .servers
+        .iter()
+        .find(|s| s.name == "slow")
+        .expect("slow")
+        .pid;
     signal(pid, nix::sys::signal::Signal::SIGKILL);
     let killed = Instant::now();
     let status = loop {
         if let Some(st) = call.try_wait().expect("wait") {
             break st;
         }
-        assert!(killed.elapsed() < Duration::from_secs(10), "the client hangs after its server died");
+        assert!(
+            killed.elapsed() < Duration::from_secs(10),
+            "the client hangs after its server died"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
     let out = call.wait_with_output().expect("output");
@@ -183,15 +241,27 @@ async fn routes_and_tokens() {
     let init = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"curl","version":"1"}}}"#;
     let post = |url: &str, extra: &[&str]| {
         let mut a = vec![
-            "--unix-socket", &uds, "-X", "POST", "-H", "content-type: application/json",
-            "-H", "accept: application/json, text/event-stream", "-d", init, url,
+            "--unix-socket",
+            &uds,
+            "-X",
+            "POST",
+            "-H",
+            "content-type: application/json",
+            "-H",
+            "accept: application/json, text/event-stream",
+            "-d",
+            init,
+            url,
         ];
         a.extend_from_slice(extra);
         curl(&a)
     };
     let (code, body) = post("http://localhost/filesystem/mcp/?local_sandbox_id=x", &[]);
     assert_eq!(code, 200, "{body}");
-    assert!(body.contains("\"protocolVersion\":\"2025-06-18\""), "{body}");
+    assert!(
+        body.contains("\"protocolVersion\":\"2025-06-18\""),
+        "{body}"
+    );
     let (code, body) = post("http://localhost/git/mcp", &[]);
     assert_eq!(code, 404, "not in the lease: {body}");
     assert!(body.contains("filesystem"), "{body}");
@@ -202,11 +272,29 @@ async fn routes_and_tokens() {
 
     // TCP needs the token.
     let url = format!("http://{}/filesystem/mcp", tcp.trim_start_matches("tcp://"));
-    let (code, _) = curl(&["-X", "POST", "-H", "content-type: application/json", "-d", init, &url]);
+    let (code, _) = curl(&[
+        "-X",
+        "POST",
+        "-H",
+        "content-type: application/json",
+        "-d",
+        init,
+        &url,
+    ]);
     assert_eq!(code, 401);
     let secret = std::fs::read_to_string(&token).expect("token");
     let auth = format!("authorization: Bearer {}", secret.trim());
-    let (code, body) = curl(&["-X", "POST", "-H", "content-type: application/json", "-H", &auth, "-d", init, &url]);
+    let (code, body) = curl(&[
+        "-X",
+        "POST",
+        "-H",
+        "content-type: application/json",
+        "-H",
+        &auth,
+        "-d",
+        init,
+        &url,
+    ]);
     assert_eq!(code, 200, "{body}");
     // And the SDK client works over TCP with it.
     let out = Command::new("python3")
@@ -223,4 +311,41 @@ async fn routes_and_tokens() {
         .expect("client");
     let v = parse(&out, &agent);
     assert!(v["tools"].as_array().is_some_and(|t| !t.is_empty()));
+}
+
+#[test]
+fn sandboxctl_mcp_tools_and_call() {
+    let agent = agent_with("", "");
+    let uri = agent.unix_uri();
+    let out = ctl(&["--agent", &uri, "acquire", "--servers", "filesystem"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    std::fs::write(agent.dir.path().join("ws/hello.txt"), "hello, sandbox\n").expect("write");
+    let mcp = format!("unix://{}", agent.mcp_socket().display());
+    let out = ctl(&["--agent", &uri, "--mcp", &mcp, "mcp", "filesystem", "tools"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("read_text_file"),
+        "{}",
+        text(&out.stdout)
+    );
+    let out = ctl(&[
+        "--agent",
+        &uri,
+        "--mcp",
+        &mcp,
+        "mcp",
+        "filesystem",
+        "call",
+        "read_text_file",
+        "--args",
+        r#"{"path": "hello.txt"}"#,
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout).trim(), "hello, sandbox");
+    let out = ctl(&["--agent", &uri, "--mcp", &mcp, "mcp", "git", "tools"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("404"), "{}", text(&out.stderr));
+    let out = ctl(&["--agent", &uri, "mcp", "filesystem", "tools"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("--mcp"), "{}", text(&out.stderr));
 }

@@ -26,6 +26,11 @@ struct Args {
     #[arg(long, global = true, value_name = "URI", env = "SANDBOX_AGENT")]
     agent: Option<String>,
 
+    /// The agent's MCP data plane (for `mcp`). Default: port 1025 of the
+    /// --agent vsock/hvsock endpoint; required for unix:// and tcp:// agents.
+    #[arg(long, global = true, value_name = "URI", env = "SANDBOX_AGENT_MCP")]
+    mcp: Option<String>,
+
     /// Bearer token (required by tcp:// listeners).
     #[arg(
         long,
@@ -150,6 +155,13 @@ enum Verb {
         #[command(subcommand)]
         verb: Option<ServersVerb>,
     },
+    /// Talk MCP to one server of the lease through the agent's data plane.
+    Mcp {
+        /// Server name, e.g. filesystem.
+        name: String,
+        #[command(subcommand)]
+        verb: McpVerb,
+    },
     /// A server's captured output (stderr; stdout for http servers).
     Logs {
         name: String,
@@ -162,6 +174,19 @@ enum Verb {
         /// stdout, stderr or all.
         #[arg(long)]
         stream: Option<String>,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum McpVerb {
+    /// List the server's tools.
+    Tools,
+    /// Call one tool and print its result.
+    Call {
+        tool: String,
+        /// Tool arguments as a JSON object.
+        #[arg(long, default_value = "{}")]
+        args: String,
     },
 }
 
@@ -246,6 +271,9 @@ pub(crate) fn rpc_error(method: &str, s: tonic::Status) -> anyhow::Error {
 }
 
 async fn run(args: Args) -> anyhow::Result<ExitCode> {
+    if let Verb::Mcp { name, verb } = &args.verb {
+        return mcp(&args, name, verb).await;
+    }
     let client = connect(&args).await?;
     match &args.verb {
         Verb::Health { service } => health(&client, service, args.json).await,
@@ -329,12 +357,89 @@ async fn run(args: Args) -> anyhow::Result<ExitCode> {
             };
             lease::servers(&client, v, args.json).await
         }
+        Verb::Mcp { .. } => unreachable_mcp(),
         Verb::Logs {
             name,
             follow,
             tail,
             stream,
         } => lease::logs(&client, name, *follow, *tail, stream.as_deref(), args.json).await,
+    }
+}
+
+/// `mcp` is dispatched before the control-plane connection is made.
+fn unreachable_mcp() -> anyhow::Result<ExitCode> {
+    anyhow::bail!("internal error: the mcp verb reached the control-plane dispatcher")
+}
+
+/// The data-plane endpoint: --mcp, or port 1025 of a vsock/hvsock --agent.
+fn mcp_endpoint(args: &Args) -> anyhow::Result<sandbox_agent::Endpoint> {
+    use sandbox_agent::Endpoint;
+    if let Some(m) = &args.mcp {
+        return Ok(m.parse()?);
+    }
+    let agent: Endpoint = args
+        .agent
+        .as_deref()
+        .context("no data plane given: pass --mcp URI (or --agent with a vsock:// or hvsock:// endpoint)")?
+        .parse()?;
+    match agent {
+        Endpoint::Vsock { cid, .. } => Ok(Endpoint::Vsock { cid, port: 1025 }),
+        Endpoint::HybridVsock { path, .. } => Ok(Endpoint::HybridVsock { path, port: 1025 }),
+        other => {
+            anyhow::bail!("--agent {other} says nothing about the MCP data plane; pass --mcp URI")
+        }
+    }
+}
+
+async fn mcp(args: &Args, name: &str, verb: &McpVerb) -> anyhow::Result<ExitCode> {
+    let ep = mcp_endpoint(args)?;
+    let token = match (&args.token, &args.token_file) {
+        (Some(t), _) => Some(Token::new(t, "--token")?),
+        (None, Some(p)) => Some(Token::from_file(p)?),
+        (None, None) => None,
+    };
+    let timeout = Duration::from_secs_f64(args.timeout.max(0.001));
+    let mut c = sandbox_agent::mcp_client::McpHttpClient::connect(&ep, name, token, timeout)
+        .await
+        .with_context(|| format!("MCP session with {name} at {ep}"))?;
+    match verb {
+        McpVerb::Tools => {
+            let r = c.call("tools/list", json!({})).await?;
+            if args.json {
+                println!("{}", json!({"ok": true, "tools": r["tools"]}));
+            } else {
+                for t in r["tools"].as_array().into_iter().flatten() {
+                    let desc = t["description"].as_str().unwrap_or("");
+                    let first = desc.lines().next().unwrap_or("");
+                    println!("{:<28} {first}", t["name"].as_str().unwrap_or("?"));
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        McpVerb::Call { tool, args: a } => {
+            let arguments: serde_json::Value =
+                serde_json::from_str(a).with_context(|| format!("--args {a:?} is not JSON"))?;
+            let r = c
+                .call("tools/call", json!({"name": tool, "arguments": arguments}))
+                .await?;
+            let is_error = r["isError"].as_bool().unwrap_or(false);
+            if args.json {
+                println!("{}", json!({"ok": !is_error, "result": r}));
+            } else {
+                for item in r["content"].as_array().into_iter().flatten() {
+                    match item["text"].as_str() {
+                        Some(t) => println!("{t}"),
+                        None => println!("{item}"),
+                    }
+                }
+            }
+            Ok(if is_error {
+                ExitCode::FAILURE
+            } else {
+                ExitCode::SUCCESS
+            })
+        }
     }
 }
 

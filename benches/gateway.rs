@@ -1,0 +1,191 @@
+//! MCP gateway benchmark: tools/call through the agent's data plane
+//! (streamable HTTP over a unix socket) against calling the same server
+//! directly over its stdio, in the same run.
+//!
+//! Both sides use this crate's minimal JSON-RPC clients (`McpHttpClient`
+//! over HTTP, `StdioConn` over the child's pipes), so the difference is the
+//! gateway hop. The server is the real filesystem server reading a small
+//! file (`read_text_file`). Prints medians and p99 of sequential calls, and
+//! calls/s with 1, 10 and 50 concurrent sessions (each its own connection).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use sandbox_agent::mcp_client::McpHttpClient;
+use sandbox_agent::proto;
+use sandbox_agent::supervisor::logbuf::LogBuf;
+use sandbox_agent::supervisor::mcp::StdioConn;
+use serde_json::json;
+
+const AGENT: &str = env!("CARGO_BIN_EXE_sandbox-agent");
+const CALLS: usize = 2000;
+const THROUGHPUT_SECS: u64 = 3;
+
+fn servers_dir() -> String {
+    std::env::var("SANDBOX_AGENT_SERVERS_DIR")
+        .unwrap_or_else(|_| "/opt/sandbox-agent/servers".into())
+}
+
+fn main() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ws = dir.path().join("ws");
+    std::fs::create_dir_all(&ws).expect("ws");
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/packaging/servers.toml"
+    ))
+    .expect("manifest")
+    .replace(
+        "install_dir = \"/opt/sandbox-agent/servers\"",
+        &format!("install_dir = \"{}\"", servers_dir()),
+    )
+    .replace(
+        "/var/lib/sandbox-agent",
+        &dir.path().join("state").display().to_string(),
+    );
+    let mpath = dir.path().join("servers.toml");
+    std::fs::write(&mpath, &text).expect("manifest");
+    let sock = dir.path().join("agent.sock");
+    let mcp_sock = dir.path().join("mcp.sock");
+    let mut agent = std::process::Command::new(AGENT)
+        .arg("--listen")
+        .arg(format!("unix://{}", sock.display()))
+        .arg("--mcp-listen")
+        .arg(format!("unix://{}", mcp_sock.display()))
+        .arg("--workspace")
+        .arg(&ws)
+        .arg("--manifest")
+        .arg(&mpath)
+        .env("RUST_LOG", "warn")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("agent");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let uri = format!("unix://{}", sock.display());
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let client = loop {
+            match sandbox_agent::connect(&uri).await {
+                Ok(c) => break c,
+                Err(e) if Instant::now() > deadline => panic!("agent: {e}"),
+                Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+            }
+        };
+        client
+            .agent()
+            .acquire(proto::AcquireRequest {
+                lease_id: "bench".into(),
+                server_names: vec!["filesystem".into()],
+                ..Default::default()
+            })
+            .await
+            .expect("Acquire");
+        std::fs::write(ws.join("small.txt"), "hello from the workspace\n").expect("file");
+        let params = json!({"name": "read_text_file", "arguments": {"path": "small.txt"}});
+
+        // Direct: the same server, spawned here, over its stdio.
+        let m = sandbox_agent::supervisor::manifest::Manifest::parse(&text, &mpath, &ws).expect("manifest");
+        let spec = m
+            .get("filesystem")
+            .expect("filesystem")
+            .launch(None, &Default::default(), &|k| std::env::var(k).ok())
+            .expect("spec");
+        let mut child = std::process::Command::new(&spec.command)
+            .args(&spec.args)
+            .env_clear()
+            .envs(&spec.env)
+            .current_dir(&spec.cwd)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("server");
+        let stdin: std::os::fd::OwnedFd = child.stdin.take().expect("stdin").into();
+        let stdout: std::os::fd::OwnedFd = child.stdout.take().expect("stdout").into();
+        let direct = StdioConn::start(stdin, stdout, Arc::new(LogBuf::new(1 << 16, 4096)), 16 << 20).expect("conn");
+        direct.handshake(Duration::from_secs(30)).await.expect("handshake");
+
+        let ep: sandbox_agent::Endpoint = format!("unix://{}", mcp_sock.display()).parse().expect("uri");
+        let mut gw = McpHttpClient::connect(&ep, "filesystem", None, Duration::from_secs(5)).await.expect("gateway");
+
+        // Warm up both paths.
+        for _ in 0..200 {
+            direct.call("tools/call", params.clone(), Duration::from_secs(10)).await.expect("direct");
+            gw.call("tools/call", params.clone()).await.expect("gateway");
+        }
+        let (mut d, mut g) = (Vec::new(), Vec::new());
+        for _ in 0..CALLS {
+            let t = Instant::now();
+            direct.call("tools/call", params.clone(), Duration::from_secs(10)).await.expect("direct");
+            d.push(us(t.elapsed()));
+            let t = Instant::now();
+            gw.call("tools/call", params.clone()).await.expect("gateway");
+            g.push(us(t.elapsed()));
+        }
+        let (d50, d99, g50, g99) = (pct(&mut d, 0.5), pct(&mut d, 0.99), pct(&mut g, 0.5), pct(&mut g, 0.99));
+        println!("# MCP gateway benchmark (filesystem read_text_file, {CALLS} sequential calls; medians)");
+        println!("| measure | through the gateway | direct stdio | added | ratio |");
+        println!("|---|---|---|---|---|");
+        println!("| tools/call p50 | {g50:.0} µs | {d50:.0} µs | {:.0} µs | {:.2}× |", g50 - d50, g50 / d50);
+        println!("| tools/call p99 | {g99:.0} µs | {d99:.0} µs | {:.0} µs | {:.2}× |", g99 - d99, g99 / d99);
+
+        println!();
+        println!("| concurrent sessions | gateway calls/s | direct stdio calls/s (same concurrency on one pipe) |");
+        println!("|---|---|---|");
+        for sessions in [1usize, 10, 50] {
+            let count = Arc::new(AtomicU64::new(0));
+            let stop = Instant::now() + Duration::from_secs(THROUGHPUT_SECS);
+            let mut tasks = Vec::new();
+            for _ in 0..sessions {
+                let mut c = McpHttpClient::connect(&ep, "filesystem", None, Duration::from_secs(5)).await.expect("session");
+                let (count, params) = (count.clone(), params.clone());
+                tasks.push(tokio::spawn(async move {
+                    while Instant::now() < stop {
+                        c.call("tools/call", params.clone()).await.expect("call");
+                        count.fetch_add(1, Ordering::Relaxed);
+                    }
+                }));
+            }
+            for t in tasks {
+                t.await.expect("task");
+            }
+            let gw_rate = count.load(Ordering::Relaxed) as f64 / THROUGHPUT_SECS as f64;
+            let count = Arc::new(AtomicU64::new(0));
+            let stop = Instant::now() + Duration::from_secs(THROUGHPUT_SECS);
+            let mut tasks = Vec::new();
+            for _ in 0..sessions {
+                let (count, params, conn) = (count.clone(), params.clone(), direct.clone());
+                tasks.push(tokio::spawn(async move {
+                    while Instant::now() < stop {
+                        conn.call("tools/call", params.clone(), Duration::from_secs(10)).await.expect("call");
+                        count.fetch_add(1, Ordering::Relaxed);
+                    }
+                }));
+            }
+            for t in tasks {
+                t.await.expect("task");
+            }
+            let d_rate = count.load(Ordering::Relaxed) as f64 / THROUGHPUT_SECS as f64;
+            println!("| {sessions} | {gw_rate:.0} | {d_rate:.0} |");
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+    });
+    let _ = agent.kill();
+    let _ = agent.wait();
+}
+
+fn us(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}
+
+fn pct(v: &mut [f64], p: f64) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[((v.len() - 1) as f64 * p).round() as usize]
+}

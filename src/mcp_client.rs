@@ -1,0 +1,159 @@
+//! A small host-side MCP client for the agent's data plane: JSON-RPC over
+//! streamable HTTP on any of the agent's transports. `sandboxctl mcp` and
+//! the gateway benchmark use it; applications normally use an MCP SDK.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::client::conn::http1::SendRequest;
+use hyper_util::rt::TokioIo;
+use serde_json::{Value, json};
+
+use crate::auth::Token;
+use crate::transport::{Endpoint, HvsockOptions, dial};
+
+#[derive(Debug, thiserror::Error)]
+pub enum McpClientError {
+    #[error("{0}")]
+    Connect(String),
+    #[error("HTTP {status}: {body}")]
+    Http { status: u16, body: String },
+    #[error("the server answered {method} with error {code}: {message}")]
+    Rpc {
+        method: String,
+        code: i64,
+        message: String,
+    },
+    #[error("{0}")]
+    Protocol(String),
+}
+
+/// One MCP session with one server of the data plane.
+pub struct McpHttpClient {
+    send: SendRequest<Full<Bytes>>,
+    path: String,
+    token: Option<Token>,
+    session: Option<String>,
+    next_id: u64,
+    /// The server's initialize result.
+    pub server_info: Value,
+}
+
+impl McpHttpClient {
+    /// Connects to `endpoint` and initializes a session with `server`.
+    pub async fn connect(
+        endpoint: &Endpoint,
+        server: &str,
+        token: Option<Token>,
+        timeout: Duration,
+    ) -> Result<McpHttpClient, McpClientError> {
+        let io = dial(endpoint, timeout, &HvsockOptions::default())
+            .await
+            .map_err(|e| McpClientError::Connect(e.to_string()))?;
+        let (send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io))
+            .await
+            .map_err(|e| McpClientError::Connect(format!("HTTP handshake with {endpoint}: {e}")))?;
+        tokio::spawn(conn);
+        let mut c = McpHttpClient {
+            send,
+            path: format!("/{server}/mcp"),
+            token,
+            session: None,
+            next_id: 1,
+            server_info: Value::Null,
+        };
+        c.server_info = c
+            .call(
+                "initialize",
+                json!({
+                    "protocolVersion": "2025-06-18",
+                    "capabilities": {},
+                    "clientInfo": {"name": "sandboxctl", "version": crate::VERSION},
+                }),
+            )
+            .await?;
+        c.notify("notifications/initialized").await?;
+        Ok(c)
+    }
+
+    async fn post(&mut self, msg: &Value) -> Result<(http::StatusCode, Bytes), McpClientError> {
+        let mut req = http::Request::post(&self.path)
+            .header(http::header::HOST, "localhost")
+            .header(http::header::CONTENT_TYPE, "application/json")
+            .header(http::header::ACCEPT, "application/json, text/event-stream");
+        if let Some(s) = &self.session {
+            req = req.header("mcp-session-id", s);
+        }
+        if let Some(t) = &self.token {
+            req = req.header(
+                http::header::AUTHORIZATION,
+                format!("Bearer {}", t.expose()),
+            );
+        }
+        let req = req
+            .body(Full::new(Bytes::from(msg.to_string())))
+            .map_err(|e| McpClientError::Protocol(e.to_string()))?;
+        self.send
+            .ready()
+            .await
+            .map_err(|e| McpClientError::Connect(format!("connection to the data plane: {e}")))?;
+        let resp = self.send.send_request(req).await.map_err(|e| {
+            McpClientError::Connect(format!(
+                "POST {}: {}",
+                self.path,
+                crate::client::error_chain(&e)
+            ))
+        })?;
+        let status = resp.status();
+        if let Some(s) = resp
+            .headers()
+            .get("mcp-session-id")
+            .and_then(|v| v.to_str().ok())
+        {
+            self.session = Some(s.to_owned());
+        }
+        let body = resp
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| McpClientError::Connect(format!("reading the answer: {e}")))?
+            .to_bytes();
+        if !status.is_success() {
+            return Err(McpClientError::Http {
+                status: status.as_u16(),
+                body: String::from_utf8_lossy(&body).into_owned(),
+            });
+        }
+        Ok((status, body))
+    }
+
+    /// Sends a request and returns its `result`.
+    pub async fn call(&mut self, method: &str, params: Value) -> Result<Value, McpClientError> {
+        let id = self.next_id;
+        self.next_id += 1;
+        let msg = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+        let (_, body) = self.post(&msg).await?;
+        // The agent's gateway answers JSON when the client accepts it.
+        let answer: Value = serde_json::from_slice(&body).map_err(|e| {
+            McpClientError::Protocol(format!("the answer to {method} is not JSON: {e}"))
+        })?;
+        if let Some(e) = answer.get("error") {
+            return Err(McpClientError::Rpc {
+                method: method.to_owned(),
+                code: e.get("code").and_then(Value::as_i64).unwrap_or(0),
+                message: e
+                    .get("message")
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_owned(),
+            });
+        }
+        Ok(answer.get("result").cloned().unwrap_or(Value::Null))
+    }
+
+    pub async fn notify(&mut self, method: &str) -> Result<(), McpClientError> {
+        let msg = json!({"jsonrpc": "2.0", "method": method});
+        self.post(&msg).await.map(|_| ())
+    }
+}
