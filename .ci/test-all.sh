@@ -43,6 +43,10 @@ python3 -c 'import grpc, grpc_reflection, grpc_health, mcp' 2>/dev/null \
 
 command -v cargo-fuzz >/dev/null || cargo install --locked cargo-fuzz
 
+# The official TypeScript MCP SDK client (pinned in its package-lock.json).
+[ -d tests/clients/node/node_modules/@modelcontextprotocol/sdk ] \
+  || (cd tests/clients/node && npm ci --no-audit --no-fund --loglevel=error)
+
 # The real MCP servers the tests run (pinned; skipped when installed).
 export SANDBOX_AGENT_SERVERS_DIR=${SANDBOX_AGENT_SERVERS_DIR:-/opt/sandbox-agent/servers}
 $SUDO packaging/install-servers.sh --prefix "$SANDBOX_AGENT_SERVERS_DIR" filesystem git localmemory excel

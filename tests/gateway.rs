@@ -13,6 +13,10 @@ use common::*;
 use sandbox_agent::proto;
 
 const CLIENT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/clients/mcp_client.py");
+const TS_CLIENT: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/tests/clients/node/mcp_client.mjs"
+);
 const SLOW: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/clients/slow_server.py");
 
 fn python() -> String {
@@ -348,4 +352,139 @@ fn sandboxctl_mcp_tools_and_call() {
     let out = ctl(&["--agent", &uri, "mcp", "filesystem", "tools"]);
     assert_eq!(out.status.code(), Some(1));
     assert!(text(&out.stderr).contains("--mcp"), "{}", text(&out.stderr));
+}
+
+/// An agent whose data plane also listens on loopback TCP (token required);
+/// returns it with the base URL and the token.
+fn agent_with_tcp() -> (Agent, String, String) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let token = write_token(dir.path());
+    let state = dir.path().join("state");
+    let manifest = dir.path().join("servers.toml");
+    std::fs::write(&manifest, shipped_manifest(&state)).expect("manifest");
+    let tcp = format!("tcp://127.0.0.1:{}", free_port());
+    let sock = format!("unix://{}", dir.path().join("mcp.sock").display());
+    let agent = Agent::start_in(
+        dir,
+        &[
+            "--manifest",
+            &manifest.display().to_string(),
+            "--token-file",
+            &token.display().to_string(),
+            "--mcp-listen",
+            &sock,
+            "--mcp-listen",
+            &tcp,
+        ],
+        &[],
+    );
+    let secret = std::fs::read_to_string(&token)
+        .expect("token")
+        .trim()
+        .to_owned();
+    (
+        agent,
+        format!("http://{}", tcp.trim_start_matches("tcp://")),
+        secret,
+    )
+}
+
+fn ts(base: &str, token: &str, args: &[&str], agent: &Agent) -> serde_json::Value {
+    let out = Command::new("node")
+        .arg(TS_CLIENT)
+        .args([base, token])
+        .args(args)
+        .output()
+        .expect("node");
+    parse(&out, agent)
+}
+
+#[tokio::test]
+async fn typescript_sdk_client_lists_calls_and_runs_concurrently() {
+    let (agent, base, token) = agent_with_tcp();
+    acquire(&agent, &["filesystem", "localmemory"]).await;
+    write_files(&agent.dir.path().join("ws"));
+    let v = ts(&base, &token, &["filesystem", "tools"], &agent);
+    assert!(
+        v["tools"]
+            .as_array()
+            .expect("tools")
+            .iter()
+            .any(|t| t == "read_text_file"),
+        "{v}"
+    );
+    let v = ts(
+        &base,
+        &token,
+        &[
+            "filesystem",
+            "call",
+            "read_text_file",
+            r#"{"path": "f7.txt"}"#,
+        ],
+        &agent,
+    );
+    assert_eq!(v["text"], "content 7\n", "{v}");
+    let v = ts(
+        &base,
+        &token,
+        &["filesystem", "concurrent", "10", "20"],
+        &agent,
+    );
+    assert_eq!(v["calls"], 200);
+    assert_eq!(v["mismatches"], serde_json::json!([]), "{v}");
+    let v = ts(
+        &base,
+        &token,
+        &[
+            "localmemory",
+            "call",
+            "create_entities",
+            r#"{"entities": [{"name": "ts", "entityType": "t", "observations": []}]}"#,
+        ],
+        &agent,
+    );
+    assert_eq!(v["is_error"], false, "{v}");
+    // The Python client sees what the TypeScript client made: one child.
+    let v = sdk(&agent, &["localmemory", "call", "read_graph", "{}"]);
+    assert!(v["text"].as_str().expect("text").contains("\"ts\""), "{v}");
+    // A wrong token is refused.
+    let out = Command::new("node")
+        .arg(TS_CLIENT)
+        .args([
+            base.as_str(),
+            "wrong-token-0123456789",
+            "filesystem",
+            "tools",
+        ])
+        .output()
+        .expect("node");
+    assert!(!out.status.success());
+}
+
+#[tokio::test]
+async fn http_servers_are_reverse_proxied() {
+    let port = free_port();
+    let extra = format!(
+        r#"
+[servers.excel-http]
+command = "${{install_dir}}/py/excel/bin/excel-mcp-server"
+args = ["streamable-http", "--host", "127.0.0.1", "--port", "{port}", "--allow-dir", "${{workspace}}", "--allow-unauthenticated"]
+transport = "http"
+http = {{ port = {port}, path = "/mcp" }}
+"#
+    );
+    let agent = agent_with(&extra, "");
+    acquire(&agent, &["excel-http"]).await;
+    // The official client, through the agent, to a server with its own
+    // streamable-HTTP transport (its answers are SSE streams).
+    let v = sdk(&agent, &["excel-http", "tools"]);
+    let tools = v["tools"].as_array().expect("tools");
+    assert!(tools.len() > 5, "{v}");
+    let name = tools
+        .iter()
+        .filter_map(|t| t.as_str())
+        .find(|t| t.contains("workbook"))
+        .unwrap_or_else(|| panic!("a workbook tool: {v}"));
+    assert!(!name.is_empty());
 }

@@ -119,10 +119,33 @@ pub struct Gateway {
     sessions: Sessions,
 }
 
-type Body = Full<Bytes>;
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+/// Response bodies: whole JSON documents, or a proxied server's stream.
+type Body = http_body_util::combinators::UnsyncBoxBody<Bytes, BoxError>;
+
+fn full(b: impl Into<Bytes>) -> Body {
+    Full::new(b.into())
+        .map_err(|never| match never {})
+        .boxed_unsync()
+}
+
+/// Request headers not forwarded to an HTTP server: hop-by-hop ones, and
+/// the agent's own token.
+const NOT_FORWARDED: &[&str] = &[
+    "connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "host",
+    "authorization",
+];
 
 fn json_response(status: StatusCode, v: &Value) -> Response<Body> {
-    let mut r = Response::new(Full::new(Bytes::from(v.to_string())));
+    let mut r = Response::new(full(v.to_string()));
     *r.status_mut() = status;
     r.headers_mut().insert(
         header::CONTENT_TYPE,
@@ -302,11 +325,8 @@ impl Gateway {
         lease: &str,
     ) -> Response<Body> {
         let transport = self.lc.manifest().get(name).map(|d| d.transport.clone());
-        if let Some(Transport::Http { .. }) = transport {
-            return http_error(
-                StatusCode::NOT_IMPLEMENTED,
-                format!("server {name} speaks HTTP itself; proxying HTTP servers is not built yet"),
-            );
+        if let Some(Transport::Http { port, path }) = transport {
+            return self.proxy(req, name, port, &path).await;
         }
         if let Some(v) = req.headers().get(VERSION_HEADER) {
             let v = v.to_str().unwrap_or("");
@@ -328,9 +348,7 @@ impl Gateway {
         match *req.method() {
             Method::POST => self.post(req, name, lease, session).await,
             Method::DELETE => match session {
-                Some(id) if self.sessions.remove(&id, name) => {
-                    Response::new(Full::new(Bytes::new()))
-                }
+                Some(id) if self.sessions.remove(&id, name) => Response::new(full(Bytes::new())),
                 Some(_) => http_error(StatusCode::NOT_FOUND, "no such session"),
                 None => http_error(
                     StatusCode::BAD_REQUEST,
@@ -355,28 +373,82 @@ impl Gateway {
         }
     }
 
-    /// The ready connection of a server, waiting (bounded) while it restarts.
-    async fn conn(&self, name: &str) -> Result<Arc<StdioConn>, String> {
-        if let Some(c) = self.lc.supervisor().conn(name) {
-            return Ok(c);
+    /// Reverse-proxies a request to a server that speaks streamable HTTP
+    /// itself. Bodies stream both ways, so SSE answers pass through as they
+    /// are written; the request body is limited like any other.
+    async fn proxy(
+        &self,
+        req: http::Request<Incoming>,
+        name: &str,
+        port: u16,
+        path: &str,
+    ) -> Response<Body> {
+        if let Err(e) = self.conn_ready(name).await {
+            return http_error(StatusCode::SERVICE_UNAVAILABLE, e);
         }
+        let (parts, body) = req.into_parts();
+        let mut up = http::Request::builder()
+            .method(parts.method.clone())
+            .uri(path)
+            .header(header::HOST, format!("127.0.0.1:{port}"));
+        for (k, v) in &parts.headers {
+            if !NOT_FORWARDED.contains(&k.as_str()) {
+                up = up.header(k, v);
+            }
+        }
+        let body = Limited::new(body, self.cfg.max_body_bytes);
+        let up = match up.body(body) {
+            Ok(r) => r,
+            Err(e) => {
+                return http_error(
+                    StatusCode::BAD_REQUEST,
+                    format!("cannot forward the request: {e}"),
+                );
+            }
+        };
+        let unreachable = |e: String| {
+            http_error(
+                StatusCode::BAD_GATEWAY,
+                format!("server {name} is not answering on 127.0.0.1:{port}: {e}"),
+            )
+        };
+        let tcp = match tokio::net::TcpStream::connect(("127.0.0.1", port)).await {
+            Ok(t) => t,
+            Err(e) => return unreachable(e.to_string()),
+        };
+        let (mut send, conn) =
+            match hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tcp)).await {
+                Ok(x) => x,
+                Err(e) => return unreachable(e.to_string()),
+            };
+        tokio::spawn(conn);
+        let resp = match send.send_request(up).await {
+            Ok(r) => r,
+            Err(e) => return unreachable(e.to_string()),
+        };
+        let (parts, body) = resp.into_parts();
+        let mut r = Response::from_parts(parts, body.map_err(BoxError::from).boxed_unsync());
+        for h in ["connection", "keep-alive", "transfer-encoding"] {
+            r.headers_mut().remove(h);
+        }
+        r
+    }
+
+    /// Waits (bounded) until a server is ready (restarts included).
+    async fn conn_ready(&self, name: &str) -> Result<(), String> {
         let mut rx = self
             .lc
             .supervisor()
             .watch(name)
             .map_err(|e| e.to_string())?;
         let wait = Duration::from_millis(self.cfg.ready_wait_ms);
-        let r = tokio::time::timeout(
+        match tokio::time::timeout(
             wait,
             rx.wait_for(|s| matches!(s.state, State::Ready | State::Failed | State::Stopped)),
         )
-        .await;
-        match r {
-            Ok(Ok(s)) if s.state == State::Ready => self
-                .lc
-                .supervisor()
-                .conn(name)
-                .ok_or_else(|| format!("server {name} is not ready")),
+        .await
+        {
+            Ok(Ok(s)) if s.state == State::Ready => Ok(()),
             Ok(Ok(s)) => Err(format!("server {name} is {:?}: {}", s.state, s.message)),
             Ok(Err(_)) => Err(format!("server {name} is gone")),
             Err(_) => Err(format!(
@@ -384,6 +456,18 @@ impl Gateway {
                 wait.as_millis()
             )),
         }
+    }
+
+    /// The ready connection of a server, waiting (bounded) while it restarts.
+    async fn conn(&self, name: &str) -> Result<Arc<StdioConn>, String> {
+        if let Some(c) = self.lc.supervisor().conn(name) {
+            return Ok(c);
+        }
+        self.conn_ready(name).await?;
+        self.lc
+            .supervisor()
+            .conn(name)
+            .ok_or_else(|| format!("server {name} is not ready"))
     }
 
     async fn post(
@@ -501,7 +585,7 @@ impl Gateway {
         session: Option<String>,
     ) -> Response<Body> {
         let mut r = if answers.is_empty() {
-            let mut r = Response::new(Full::new(Bytes::new()));
+            let mut r = Response::new(full(Bytes::new()));
             *r.status_mut() = StatusCode::ACCEPTED;
             r
         } else {
@@ -513,9 +597,7 @@ impl Gateway {
             if accept.contains("application/json") || !accept.contains("text/event-stream") {
                 json_response(StatusCode::OK, &body)
             } else {
-                let mut r = Response::new(Full::new(Bytes::from(format!(
-                    "event: message\ndata: {body}\n\n"
-                ))));
+                let mut r = Response::new(full(format!("event: message\ndata: {body}\n\n")));
                 r.headers_mut().insert(
                     header::CONTENT_TYPE,
                     HeaderValue::from_static("text/event-stream"),
