@@ -488,3 +488,46 @@ http = {{ port = {port}, path = "/mcp" }}
         .unwrap_or_else(|| panic!("a workbook tool: {v}"));
     assert!(!name.is_empty());
 }
+
+#[tokio::test]
+async fn mcp_proxy_exposes_the_data_plane_on_the_host() {
+    let agent = agent_with("", "");
+    acquire(&agent, &["filesystem"]).await;
+    write_files(&agent.dir.path().join("ws"));
+    let port = free_port();
+    let mcp = format!("unix://{}", agent.mcp_socket().display());
+    let listen = format!("tcp://127.0.0.1:{port}");
+    let mut proxy = Command::new(CTL)
+        .args(["--mcp", &mcp, "mcp-proxy", "--listen", &listen])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("proxy");
+    let lines = common::capture(proxy.stderr.take().expect("stderr"));
+    lines
+        .wait_for(Duration::from_secs(10), |l| l.contains("available at"))
+        .unwrap_or_else(|| panic!("proxy did not start: {}", lines.all()));
+    let out = Command::new("python3")
+        .args([
+            CLIENT,
+            "--base",
+            &format!("http://127.0.0.1:{port}"),
+            "filesystem",
+            "call",
+            "read_text_file",
+            r#"{"path": "f3.txt"}"#,
+        ])
+        .output()
+        .expect("client");
+    let v = parse(&out, &agent);
+    assert_eq!(v["text"], "content 3\n", "{v}");
+    let _ = proxy.kill();
+    let _ = proxy.wait();
+    // Only loopback.
+    let out = ctl(&["--mcp", &mcp, "mcp-proxy", "--listen", "tcp://0.0.0.0:1"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("loopback"),
+        "{}",
+        text(&out.stderr)
+    );
+}

@@ -156,7 +156,7 @@ pub fn signal(pid: u32, sig: nix::sys::signal::Signal) {
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), sig).unwrap();
 }
 
-fn capture(stream: impl std::io::Read + Send + 'static) -> Lines {
+pub fn capture(stream: impl std::io::Read + Send + 'static) -> Lines {
     let lines = Lines::default();
     let shared = lines.clone();
     std::thread::spawn(move || {

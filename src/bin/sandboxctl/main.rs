@@ -162,6 +162,14 @@ enum Verb {
         #[command(subcommand)]
         verb: McpVerb,
     },
+    /// Expose the agent's MCP data plane on this host (e.g. a VM's, over
+    /// vsock) for local MCP clients: every connection to --listen is
+    /// forwarded to the data plane. Runs until interrupted.
+    McpProxy {
+        /// Where to listen: tcp://127.0.0.1:PORT (loopback only) or unix:///path.
+        #[arg(long, value_name = "URI")]
+        listen: String,
+    },
     /// A server's captured output (stderr; stdout for http servers).
     Logs {
         name: String,
@@ -271,8 +279,10 @@ pub(crate) fn rpc_error(method: &str, s: tonic::Status) -> anyhow::Error {
 }
 
 async fn run(args: Args) -> anyhow::Result<ExitCode> {
-    if let Verb::Mcp { name, verb } = &args.verb {
-        return mcp(&args, name, verb).await;
+    match &args.verb {
+        Verb::Mcp { name, verb } => return mcp(&args, name, verb).await,
+        Verb::McpProxy { listen } => return mcp_proxy(&args, listen).await,
+        _ => {}
     }
     let client = connect(&args).await?;
     match &args.verb {
@@ -357,7 +367,7 @@ async fn run(args: Args) -> anyhow::Result<ExitCode> {
             };
             lease::servers(&client, v, args.json).await
         }
-        Verb::Mcp { .. } => unreachable_mcp(),
+        Verb::Mcp { .. } | Verb::McpProxy { .. } => unreachable_mcp(),
         Verb::Logs {
             name,
             follow,
@@ -390,6 +400,59 @@ fn mcp_endpoint(args: &Args) -> anyhow::Result<sandbox_agent::Endpoint> {
             anyhow::bail!("--agent {other} says nothing about the MCP data plane; pass --mcp URI")
         }
     }
+}
+
+/// Forwards every connection on `listen` to the agent's data plane, byte
+/// for byte (HTTP/1.1 or h2 alike). Clients send the agent's token
+/// themselves when its data plane requires one.
+async fn mcp_proxy(args: &Args, listen: &str) -> anyhow::Result<ExitCode> {
+    use sandbox_agent::Endpoint;
+    use sandbox_agent::transport::{HvsockOptions, Listener, dial};
+    let target = mcp_endpoint(args)?;
+    let ep: Endpoint = listen.parse()?;
+    match &ep {
+        Endpoint::Tcp { .. } if ep.is_loopback_tcp() => {}
+        Endpoint::Unix { .. } => {}
+        other => {
+            anyhow::bail!("--listen {other}: the proxy listens on loopback tcp:// or unix:// only")
+        }
+    }
+    let listener = Listener::bind(&ep).await?;
+    eprintln!(
+        "sandboxctl: MCP data plane {target} available at {} (endpoints /<server>/mcp)",
+        listener.local_endpoint()
+    );
+    let (mut incoming, _accept) = listener.incoming(256);
+    let timeout = Duration::from_secs_f64(args.timeout.max(0.001));
+    let hv = HvsockOptions {
+        retry_deadline: timeout,
+        ..HvsockOptions::default()
+    };
+    use tokio_stream::StreamExt;
+    loop {
+        let conn = tokio::select! {
+            c = incoming.next() => match c {
+                Some(Ok(c)) => c,
+                Some(Err(e)) => {
+                    eprintln!("sandboxctl: accept failed: {e}");
+                    continue;
+                }
+                None => break,
+            },
+            _ = tokio::signal::ctrl_c() => break,
+        };
+        let (target, hv) = (target.clone(), hv.clone());
+        tokio::spawn(async move {
+            let mut conn = conn;
+            match dial(&target, timeout, &hv).await {
+                Ok(mut up) => {
+                    let _ = tokio::io::copy_bidirectional(&mut conn, &mut up).await;
+                }
+                Err(e) => eprintln!("sandboxctl: cannot reach the data plane {target}: {e}"),
+            }
+        });
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 async fn mcp(args: &Args, name: &str, verb: &McpVerb) -> anyhow::Result<ExitCode> {
