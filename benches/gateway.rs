@@ -18,32 +18,17 @@ use sandbox_agent::supervisor::logbuf::LogBuf;
 use sandbox_agent::supervisor::mcp::StdioConn;
 use serde_json::json;
 
+mod common;
+
 const AGENT: &str = env!("CARGO_BIN_EXE_sandbox-agent");
 const CALLS: usize = 2000;
 const THROUGHPUT_SECS: u64 = 3;
-
-fn servers_dir() -> String {
-    std::env::var("SANDBOX_AGENT_SERVERS_DIR")
-        .unwrap_or_else(|_| "/opt/sandbox-agent/servers".into())
-}
 
 fn main() {
     let dir = tempfile::tempdir().expect("tempdir");
     let ws = dir.path().join("ws");
     std::fs::create_dir_all(&ws).expect("ws");
-    let text = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/packaging/servers.toml"
-    ))
-    .expect("manifest")
-    .replace(
-        "install_dir = \"/opt/sandbox-agent/servers\"",
-        &format!("install_dir = \"{}\"", servers_dir()),
-    )
-    .replace(
-        "/var/lib/sandbox-agent",
-        &dir.path().join("state").display().to_string(),
-    );
+    let text = common::shipped_manifest(&dir.path().join("state"));
     let mpath = dir.path().join("servers.toml");
     std::fs::write(&mpath, &text).expect("manifest");
     let sock = dir.path().join("agent.sock");

@@ -16,29 +16,17 @@ use std::time::{Duration, Instant};
 
 use sandbox_agent::proto;
 
+mod common;
+
 const AGENT: &str = env!("CARGO_BIN_EXE_sandbox-agent");
 const RUNS: usize = 15;
 const SERVERS: [&str; 3] = ["filesystem", "git", "localmemory"];
-
-fn servers_dir() -> String {
-    std::env::var("SANDBOX_AGENT_SERVERS_DIR")
-        .unwrap_or_else(|_| "/opt/sandbox-agent/servers".into())
-}
 
 fn main() {
     let dir = tempfile::tempdir().expect("tempdir");
     let state = dir.path().join("state");
     std::fs::create_dir_all(&state).expect("state");
-    let manifest = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/packaging/servers.toml"
-    ))
-    .expect("manifest")
-    .replace(
-        "install_dir = \"/opt/sandbox-agent/servers\"",
-        &format!("install_dir = \"{}\"", servers_dir()),
-    )
-    .replace("/var/lib/sandbox-agent", &state.display().to_string());
+    let manifest = common::shipped_manifest(&state);
     let mpath = dir.path().join("servers.toml");
     std::fs::write(&mpath, &manifest).expect("write manifest");
     let ws = dir.path().join("ws");

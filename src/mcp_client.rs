@@ -138,15 +138,11 @@ impl McpHttpClient {
         let answer: Value = serde_json::from_slice(&body).map_err(|e| {
             McpClientError::Protocol(format!("the answer to {method} is not JSON: {e}"))
         })?;
-        if let Some(e) = answer.get("error") {
+        if let Some((code, message)) = crate::supervisor::mcp::rpc_error_of(&answer) {
             return Err(McpClientError::Rpc {
                 method: method.to_owned(),
-                code: e.get("code").and_then(Value::as_i64).unwrap_or(0),
-                message: e
-                    .get("message")
-                    .and_then(Value::as_str)
-                    .unwrap_or("")
-                    .to_owned(),
+                code,
+                message,
             });
         }
         Ok(answer.get("result").cloned().unwrap_or(Value::Null))

@@ -220,26 +220,7 @@ async fn a_killed_server_fails_the_call_then_comes_back() {
 
 #[tokio::test]
 async fn routes_and_tokens() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let token = write_token(dir.path());
-    let manifest = dir.path().join("servers.toml");
-    std::fs::write(&manifest, shipped_manifest(&dir.path().join("state"))).expect("manifest");
-    let tcp = format!("tcp://127.0.0.1:{}", free_port());
-    let sock = format!("unix://{}", dir.path().join("mcp.sock").display());
-    let agent = Agent::start_in(
-        dir,
-        &[
-            "--manifest",
-            &manifest.display().to_string(),
-            "--token-file",
-            &token.display().to_string(),
-            "--mcp-listen",
-            &sock,
-            "--mcp-listen",
-            &tcp,
-        ],
-        &[],
-    );
+    let (agent, base, secret) = agent_with_tcp();
     acquire(&agent, &["filesystem"]).await;
     let uds = agent.mcp_socket().display().to_string();
     let init = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"curl","version":"1"}}}"#;
@@ -275,7 +256,7 @@ async fn routes_and_tokens() {
     assert_eq!(code, 404);
 
     // TCP needs the token.
-    let url = format!("http://{}/filesystem/mcp", tcp.trim_start_matches("tcp://"));
+    let url = format!("{base}/filesystem/mcp");
     let (code, _) = curl(&[
         "-X",
         "POST",
@@ -286,8 +267,7 @@ async fn routes_and_tokens() {
         &url,
     ]);
     assert_eq!(code, 401);
-    let secret = std::fs::read_to_string(&token).expect("token");
-    let auth = format!("authorization: Bearer {}", secret.trim());
+    let auth = format!("authorization: Bearer {secret}");
     let (code, body) = curl(&[
         "-X",
         "POST",
@@ -305,9 +285,9 @@ async fn routes_and_tokens() {
         .args([
             CLIENT,
             "--base",
-            &format!("http://{}", tcp.trim_start_matches("tcp://")),
+            &base,
             "--token",
-            secret.trim(),
+            &secret,
             "filesystem",
             "tools",
         ])

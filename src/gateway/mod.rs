@@ -436,22 +436,17 @@ impl Gateway {
 
     /// Waits (bounded) until a server is ready (restarts included).
     async fn conn_ready(&self, name: &str) -> Result<(), String> {
-        let mut rx = self
+        let wait = Duration::from_millis(self.cfg.ready_wait_ms);
+        let settled = self
             .lc
             .supervisor()
-            .watch(name)
+            .wait_settled(name, wait)
+            .await
             .map_err(|e| e.to_string())?;
-        let wait = Duration::from_millis(self.cfg.ready_wait_ms);
-        match tokio::time::timeout(
-            wait,
-            rx.wait_for(|s| matches!(s.state, State::Ready | State::Failed | State::Stopped)),
-        )
-        .await
-        {
-            Ok(Ok(s)) if s.state == State::Ready => Ok(()),
-            Ok(Ok(s)) => Err(format!("server {name} is {:?}: {}", s.state, s.message)),
-            Ok(Err(_)) => Err(format!("server {name} is gone")),
-            Err(_) => Err(format!(
+        match settled {
+            Some(s) if s.state == State::Ready => Ok(()),
+            Some(s) => Err(format!("server {name} is {:?}: {}", s.state, s.message)),
+            None => Err(format!(
                 "server {name} was not ready within {} ms",
                 wait.as_millis()
             )),

@@ -657,12 +657,11 @@ impl Lifecycle {
     }
 
     async fn wait_ready(&self, name: &str, deadline: Duration) -> Result<(), String> {
-        let mut rx = self.sup.watch(name).map_err(|e| e.to_string())?;
-        let r = tokio::time::timeout(
-            deadline,
-            rx.wait_for(|s| matches!(s.state, State::Ready | State::Failed | State::Stopped)),
-        )
-        .await;
+        let settled = self
+            .sup
+            .wait_settled(name, deadline)
+            .await
+            .map_err(|e| e.to_string())?;
         let tail = || {
             let t = self.sup.stderr_tail(name);
             if t.is_empty() {
@@ -671,9 +670,9 @@ impl Lifecycle {
                 format!("; stderr tail:\n{t}")
             }
         };
-        match r {
-            Ok(Ok(s)) if s.state == State::Ready => Ok(()),
-            Ok(Ok(s)) => Err(format!(
+        match settled {
+            Some(s) if s.state == State::Ready => Ok(()),
+            Some(s) => Err(format!(
                 "server {name} did not become ready: {}{}",
                 if s.message.is_empty() {
                     "it exited".to_owned()
@@ -682,17 +681,16 @@ impl Lifecycle {
                 },
                 tail()
             )),
-            Ok(Err(_)) => Err(format!("server {name}: the supervisor went away")),
-            Err(_) => Err(format!(
-                "server {name} was not ready within {} ms (state {:?}, {}){}",
-                deadline.as_millis(),
-                self.sup
-                    .status(name)
-                    .map(|s| s.state)
-                    .unwrap_or(State::Stopped),
-                self.sup.status(name).map(|s| s.message).unwrap_or_default(),
-                tail()
-            )),
+            None => {
+                let now = self.sup.status(name).map_err(|e| e.to_string())?;
+                Err(format!(
+                    "server {name} was not ready within {} ms (state {:?}, {}){}",
+                    deadline.as_millis(),
+                    now.state,
+                    now.message,
+                    tail()
+                ))
+            }
         }
     }
 

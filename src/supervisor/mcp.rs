@@ -42,6 +42,18 @@ pub enum McpError {
     Protocol(String, String),
 }
 
+/// The code and message of a JSON-RPC error answer, if it is one.
+pub fn rpc_error_of(msg: &Value) -> Option<(i64, String)> {
+    let e = msg.get("error")?;
+    Some((
+        e.get("code").and_then(Value::as_i64).unwrap_or(0),
+        e.get("message")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_owned(),
+    ))
+}
+
 pub struct StdioConn {
     out: mpsc::Sender<Bytes>,
     pending: Mutex<HashMap<u64, oneshot::Sender<Value>>>,
@@ -237,15 +249,11 @@ impl StdioConn {
         timeout: Duration,
     ) -> Result<Value, McpError> {
         let mut msg = self.request(method, params, timeout).await?;
-        if let Some(e) = msg.get("error") {
+        if let Some((code, message)) = rpc_error_of(&msg) {
             return Err(McpError::Rpc {
                 method: method.to_owned(),
-                code: e.get("code").and_then(Value::as_i64).unwrap_or(0),
-                message: e
-                    .get("message")
-                    .and_then(Value::as_str)
-                    .unwrap_or("")
-                    .to_owned(),
+                code,
+                message,
             });
         }
         Ok(msg

@@ -225,6 +225,24 @@ impl Supervisor {
         Ok(self.server(name)?.status.subscribe())
     }
 
+    /// Waits until a server settles (ready, failed or stopped) and returns
+    /// that status; `None` when `deadline` passes first.
+    pub async fn wait_settled(
+        &self,
+        name: &str,
+        deadline: Duration,
+    ) -> Result<Option<Status>, SupError> {
+        let mut rx = self.watch(name)?;
+        let settled =
+            rx.wait_for(|s| matches!(s.state, State::Ready | State::Failed | State::Stopped));
+        match tokio::time::timeout(deadline, settled).await {
+            Ok(Ok(s)) => Ok(Some(s.clone())),
+            // The sender lives as long as the supervisor.
+            Ok(Err(_)) => Ok(Some(self.status(name)?)),
+            Err(_) => Ok(None),
+        }
+    }
+
     pub fn logs(&self, name: &str) -> Result<Arc<LogBuf>, SupError> {
         Ok(self.server(name)?.log.clone())
     }

@@ -103,13 +103,7 @@ pub async fn acquire(
     if json_out {
         println!(
             "{}",
-            json!({
-                "ok": true,
-                "status": status_str(r.status),
-                "lease": r.lease.as_ref().map(lease_json),
-                "servers": r.servers.iter().map(server_json).collect::<Vec<_>>(),
-                "message": r.message,
-            })
+            outcome_json(r.status, r.lease.as_ref(), &r.servers, &r.message)
         );
     } else {
         if let Some(l) = &r.lease {
@@ -163,13 +157,7 @@ pub async fn reset(
     if json_out {
         println!(
             "{}",
-            json!({
-                "ok": true,
-                "status": status_str(r.status),
-                "lease": r.lease.as_ref().map(lease_json),
-                "servers": r.servers.iter().map(server_json).collect::<Vec<_>>(),
-                "message": r.message,
-            })
+            outcome_json(r.status, r.lease.as_ref(), &r.servers, &r.message)
         );
     } else {
         println!("{}", r.message);
@@ -382,6 +370,22 @@ fn exit_str(e: &proto::ExitStatus) -> String {
         Some(proto::exit_status::How::Signal(s)) => format!("signal {s}"),
         None => "-".into(),
     }
+}
+
+/// What Acquire and Reset answer, as JSON.
+fn outcome_json(
+    status: i32,
+    lease: Option<&proto::Lease>,
+    servers: &[proto::ServerStatus],
+    message: &str,
+) -> Value {
+    json!({
+        "ok": true,
+        "status": status_str(status),
+        "lease": lease.map(lease_json),
+        "servers": servers.iter().map(server_json).collect::<Vec<_>>(),
+        "message": message,
+    })
 }
 
 fn lease_json(l: &proto::Lease) -> Value {
