@@ -603,32 +603,28 @@ async fn runner(
                     .take()
                     .unwrap_or(spec.stop_grace);
                 let exit = kill_tree(pid, cg.as_deref(), grace, None, &mut exit_rx).await;
-                finish_process(&server, cg.as_deref(), exit);
+                finish_process(&server, exit, State::Stopped, String::new(), false);
+                if let Some(cg) = &cg {
+                    cg.remove();
+                }
                 info!(pid, %exit, "server stopped");
-                set_state(&server, State::Stopped, String::new());
                 return;
             }
             Outcome::Exited(exit) => exit,
         };
-        // The main process is gone; whatever it left running goes too.
-        let _ = kill_tree(pid, cg.as_deref(), Duration::ZERO, Some(exit), &mut exit_rx).await;
-        finish_process(&server, cg.as_deref(), exit);
         let why = match &not_ready {
             Some(m) => format!("not ready: {m}"),
             None => format!("exited: {exit}"),
         };
         warn!(pid, "{why}");
+        // Decide first, so the exit and the next state are published in one
+        // update: nobody may see a Ready server whose process is gone.
         let clean = exit == Exit::Code(0) && not_ready.is_none();
         let restart = match spec.restart.policy {
             RestartPolicy::Always => true,
             RestartPolicy::OnFailure => !clean,
             RestartPolicy::Never => false,
         };
-        if !restart {
-            let state = if clean { State::Stopped } else { State::Failed };
-            set_state(&server, state, why);
-            return;
-        }
         let now = Instant::now();
         if started.elapsed() > spec.restart.window {
             backoff = spec.restart.initial_backoff;
@@ -639,23 +635,34 @@ async fn runner(
         {
             recent.pop_front();
         }
-        if recent.len() as u32 >= spec.restart.max_restarts {
+        let (state, message, counted) = if !restart {
+            (
+                if clean { State::Stopped } else { State::Failed },
+                why,
+                false,
+            )
+        } else if recent.len() as u32 >= spec.restart.max_restarts {
             let msg = format!(
                 "crash loop: {} restarts within {} s; last: {why}",
                 recent.len(),
                 spec.restart.window.as_secs_f64()
             );
             warn!("{msg}; giving up");
-            set_state(&server, State::Failed, msg);
+            (State::Failed, msg, false)
+        } else {
+            recent.push_back(now);
+            let msg = format!("{why}; restarting in {} ms", backoff.as_millis());
+            (State::Backoff, msg, true)
+        };
+        finish_process(&server, exit, state, message, counted);
+        // The main process is gone; whatever it left running goes too.
+        let _ = kill_tree(pid, cg.as_deref(), Duration::ZERO, Some(exit), &mut exit_rx).await;
+        if let Some(cg) = &cg {
+            cg.remove();
+        }
+        if state != State::Backoff {
             return;
         }
-        recent.push_back(now);
-        server.status.send_modify(|s| s.restarts += 1);
-        set_state(
-            &server,
-            State::Backoff,
-            format!("{why}; restarting in {} ms", backoff.as_millis()),
-        );
         tokio::select! {
             _ = tokio::time::sleep(backoff) => {}
             _ = stop.cancelled() => {
@@ -667,15 +674,23 @@ async fn runner(
     }
 }
 
-fn finish_process(server: &Server, cg: Option<&cgroup::Cgroup>, exit: Exit) {
+/// Publishes the end of a process and the server's next state in one
+/// update (`restarted`: count it as a restart).
+fn finish_process(server: &Server, exit: Exit, state: State, message: String, restarted: bool) {
     *server.proc_.lock().unwrap_or_else(|p| p.into_inner()) = None;
-    if let Some(cg) = cg {
-        cg.remove();
-    }
     server.status.send_modify(|s| {
+        let now = now_ms();
         s.pid = None;
-        s.last_exit = Some((exit, now_ms()));
-        s.updated_at_ms = now_ms();
+        s.last_exit = Some((exit, now));
+        if restarted {
+            s.restarts += 1;
+        }
+        if s.state != state {
+            s.state_since_ms = now;
+        }
+        s.state = state;
+        s.message = message;
+        s.updated_at_ms = now;
     });
 }
 
