@@ -11,6 +11,10 @@ use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
 
 use crate::auth::Token;
+
+/// Largest answer the client reads (a tool result with embedded files can
+/// be large, but not unbounded).
+const MAX_ANSWER_BYTES: usize = 256 << 20;
 use crate::transport::{Endpoint, HvsockOptions, dial};
 
 #[derive(Debug, thiserror::Error)]
@@ -113,12 +117,35 @@ impl McpHttpClient {
         {
             self.session = Some(s.to_owned());
         }
-        let body = resp
-            .into_body()
-            .collect()
-            .await
-            .map_err(|e| McpClientError::Connect(format!("reading the answer: {e}")))?
-            .to_bytes();
+        let sse = resp
+            .headers()
+            .get(http::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("text/event-stream"));
+        let body = http_body_util::Limited::new(resp.into_body(), MAX_ANSWER_BYTES);
+        let body = if sse {
+            // An SSE answer: the server's messages for the request, then
+            // the answer. Keep the last JSON-RPC answer.
+            use futures_util::StreamExt;
+            let mut events = sse_stream::SseStream::new(body.map_err(std::io::Error::other));
+            let mut answer = Bytes::new();
+            while let Some(ev) = events.next().await {
+                let ev =
+                    ev.map_err(|e| McpClientError::Connect(format!("reading the answer: {e}")))?;
+                if let Some(data) = ev.data
+                    && let Ok(v) = serde_json::from_str::<Value>(&data)
+                    && v.get("method").is_none()
+                {
+                    answer = Bytes::from(data);
+                }
+            }
+            answer
+        } else {
+            body.collect()
+                .await
+                .map_err(|e| McpClientError::Connect(format!("reading the answer: {e}")))?
+                .to_bytes()
+        };
         if !status.is_success() {
             return Err(McpClientError::Http {
                 status: status.as_u16(),
@@ -134,7 +161,6 @@ impl McpHttpClient {
         self.next_id += 1;
         let msg = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
         let (_, body) = self.post(&msg).await?;
-        // The agent's gateway answers JSON when the client accepts it.
         let answer: Value = serde_json::from_slice(&body).map_err(|e| {
             McpClientError::Protocol(format!("the answer to {method} is not JSON: {e}"))
         })?;

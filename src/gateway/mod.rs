@@ -14,15 +14,20 @@
 //!
 //! [`StdioConn`]: crate::supervisor::mcp::StdioConn
 
+mod proxy;
+mod router;
 mod session;
+mod sse;
+mod stdio;
 
+use std::collections::HashMap;
 use std::convert::Infallible;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{HeaderMap, HeaderValue, Method, Response, StatusCode, header};
-use http_body_util::{BodyExt, Full, Limited};
+use http::{HeaderMap, HeaderValue, Response, StatusCode, header};
+use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -33,9 +38,11 @@ use crate::auth::AuthPolicy;
 use crate::lifecycle::Lifecycle;
 use crate::supervisor::State;
 use crate::supervisor::manifest::Transport;
-use crate::supervisor::mcp::{McpError, StdioConn};
+use crate::supervisor::mcp::StdioConn;
 use crate::transport::{Endpoint, Listener};
+use router::Route;
 use session::Sessions;
+pub use stdio::MODERN_VERSIONS;
 
 /// Protocol versions the gateway speaks with clients, newest first.
 pub const PROTOCOL_VERSIONS: &[&str] = &["2025-11-25", "2025-06-18", "2025-03-26"];
@@ -70,6 +77,12 @@ pub struct GatewayConfig {
     pub ready_wait_ms: u64,
     /// Open connections per data-plane listener.
     pub max_connections_per_listener: usize,
+    /// Messages queued for one client stream (a GET stream, or a POST
+    /// answered as SSE); beyond it messages for that stream are dropped
+    /// rather than stall the server's other clients.
+    pub stream_buffer_messages: usize,
+    /// Interval of keep-alive comments on idle SSE streams.
+    pub sse_keep_alive_ms: u64,
 }
 
 impl Default for GatewayConfig {
@@ -84,6 +97,8 @@ impl Default for GatewayConfig {
             request_timeout_ms: 600_000,
             ready_wait_ms: 30_000,
             max_connections_per_listener: 256,
+            stream_buffer_messages: 256,
+            sse_keep_alive_ms: 15_000,
         }
     }
 }
@@ -103,6 +118,8 @@ impl GatewayConfig {
                 "max_connections_per_listener",
                 self.max_connections_per_listener as u64,
             ),
+            ("stream_buffer_messages", self.stream_buffer_messages as u64),
+            ("sse_keep_alive_ms", self.sse_keep_alive_ms),
         ] {
             if v == 0 {
                 return Err(format!("gateway.{k} must be greater than 0"));
@@ -116,7 +133,9 @@ impl GatewayConfig {
 pub struct Gateway {
     lc: Arc<Lifecycle>,
     cfg: GatewayConfig,
-    sessions: Sessions,
+    sessions: Arc<Sessions>,
+    /// Server name → routing state of the current lease.
+    routes: Mutex<HashMap<String, Arc<Route>>>,
 }
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -180,7 +199,12 @@ impl Gateway {
             cfg.max_sessions_per_server,
             Duration::from_millis(cfg.session_idle_ms),
         );
-        Arc::new(Gateway { lc, cfg, sessions })
+        Arc::new(Gateway {
+            lc,
+            cfg,
+            sessions: Arc::new(sessions),
+            routes: Mutex::new(HashMap::new()),
+        })
     }
 
     /// Serves `listener` until `shutdown`; each connection speaks HTTP/1.1
@@ -244,7 +268,11 @@ impl Gateway {
         let _ = tokio::time::timeout(Duration::from_secs(1), accept_task).await;
     }
 
-    async fn handle(&self, req: http::Request<Incoming>, policy: &AuthPolicy) -> Response<Body> {
+    async fn handle(
+        self: &Arc<Self>,
+        req: http::Request<Incoming>,
+        policy: &AuthPolicy,
+    ) -> Response<Body> {
         let path = req.uri().path().to_owned();
         if let Err(s) = policy.check(
             &path,
@@ -319,119 +347,78 @@ impl Gateway {
     }
 
     async fn handle_server(
-        &self,
+        self: &Arc<Self>,
         req: http::Request<Incoming>,
         name: &str,
         lease: &str,
     ) -> Response<Body> {
         let transport = self.lc.manifest().get(name).map(|d| d.transport.clone());
-        if let Some(Transport::Http { port, path }) = transport {
-            return self.proxy(req, name, port, &path).await;
-        }
-        if let Some(v) = req.headers().get(VERSION_HEADER) {
-            let v = v.to_str().unwrap_or("");
-            if !PROTOCOL_VERSIONS.contains(&v) {
-                return http_error(
-                    StatusCode::BAD_REQUEST,
-                    format!(
-                        "unsupported MCP-Protocol-Version {v:?}; this gateway speaks {}",
-                        PROTOCOL_VERSIONS.join(", ")
-                    ),
-                );
-            }
-        }
-        let session = req
-            .headers()
-            .get(SESSION_HEADER)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned);
-        match *req.method() {
-            Method::POST => self.post(req, name, lease, session).await,
-            Method::DELETE => match session {
-                Some(id) if self.sessions.remove(&id, name) => Response::new(full(Bytes::new())),
-                Some(_) => http_error(StatusCode::NOT_FOUND, "no such session"),
-                None => http_error(
-                    StatusCode::BAD_REQUEST,
-                    "DELETE needs an Mcp-Session-Id header",
-                ),
-            },
-            Method::GET => {
-                let mut r = http_error(
-                    StatusCode::METHOD_NOT_ALLOWED,
-                    "server-to-client SSE streams (GET) are not built yet; POST requests get their answers directly",
-                );
-                r.headers_mut()
-                    .insert(header::ALLOW, HeaderValue::from_static("POST, DELETE"));
-                r
-            }
-            _ => {
-                let mut r = http_error(StatusCode::METHOD_NOT_ALLOWED, "use POST, GET or DELETE");
-                r.headers_mut()
-                    .insert(header::ALLOW, HeaderValue::from_static("POST, DELETE"));
-                r
-            }
+        match transport {
+            Some(Transport::Http { port, path }) => self.proxy(req, name, port, &path).await,
+            _ => self.stdio(req, name, lease).await,
         }
     }
 
-    /// Reverse-proxies a request to a server that speaks streamable HTTP
-    /// itself. Bodies stream both ways, so SSE answers pass through as they
-    /// are written; the request body is limited like any other.
-    async fn proxy(
-        &self,
-        req: http::Request<Incoming>,
-        name: &str,
-        port: u16,
-        path: &str,
-    ) -> Response<Body> {
-        if let Err(e) = self.conn_ready(name).await {
-            return http_error(StatusCode::SERVICE_UNAVAILABLE, e);
+    /// Whether `name` is a server of lease `lease`, which is current.
+    fn leased(&self, name: &str, lease: &str) -> bool {
+        self.lc
+            .view()
+            .lease
+            .is_some_and(|l| l.id == lease && l.servers.iter().any(|s| s == name))
+    }
+
+    /// The routing state of a server in this lease; made (with the task
+    /// that reads the child's messages) on first use.
+    fn route(self: &Arc<Self>, name: &str, lease: &str) -> Arc<Route> {
+        let mut routes = self.routes.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(r) = routes.get(name)
+            && r.lease == lease
+            && !r.ended.is_cancelled()
+        {
+            return r.clone();
         }
-        let (parts, body) = req.into_parts();
-        let mut up = http::Request::builder()
-            .method(parts.method.clone())
-            .uri(path)
-            .header(header::HOST, format!("127.0.0.1:{port}"));
-        for (k, v) in &parts.headers {
-            if !NOT_FORWARDED.contains(&k.as_str()) {
-                up = up.header(k, v);
-            }
+        if let Some(old) = routes.remove(name) {
+            old.retire();
         }
-        let body = Limited::new(body, self.cfg.max_body_bytes);
-        let up = match up.body(body) {
-            Ok(r) => r,
-            Err(e) => {
-                return http_error(
-                    StatusCode::BAD_REQUEST,
-                    format!("cannot forward the request: {e}"),
-                );
-            }
-        };
-        let unreachable = |e: String| {
-            http_error(
-                StatusCode::BAD_GATEWAY,
-                format!("server {name} is not answering on 127.0.0.1:{port}: {e}"),
-            )
-        };
-        let tcp = match tokio::net::TcpStream::connect(("127.0.0.1", port)).await {
-            Ok(t) => t,
-            Err(e) => return unreachable(e.to_string()),
-        };
-        let (mut send, conn) =
-            match hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tcp)).await {
-                Ok(x) => x,
-                Err(e) => return unreachable(e.to_string()),
-            };
-        tokio::spawn(conn);
-        let resp = match send.send_request(up).await {
-            Ok(r) => r,
-            Err(e) => return unreachable(e.to_string()),
-        };
-        let (parts, body) = resp.into_parts();
-        let mut r = Response::from_parts(parts, body.map_err(BoxError::from).boxed_unsync());
-        for h in ["connection", "keep-alive", "transfer-encoding"] {
-            r.headers_mut().remove(h);
-        }
+        let r = Arc::new(Route::new(
+            name,
+            lease,
+            self.sessions.clone(),
+            self.cfg.stream_buffer_messages,
+            Duration::from_millis(self.cfg.request_timeout_ms),
+        ));
+        routes.insert(name.to_owned(), r.clone());
+        let span = tracing::debug_span!("mcp-route", server = %name, lease = %lease);
+        tokio::spawn(self.clone().drive(r.clone()).instrument(span));
         r
+    }
+
+    /// Follows a server's child across restarts, routing its messages,
+    /// until the server leaves the lease.
+    async fn drive(self: Arc<Self>, route: Arc<Route>) {
+        while !route.ended.is_cancelled() && self.leased(&route.name, &route.lease) {
+            match self.conn(&route.name).await {
+                Ok(conn) => {
+                    route.attach(&conn);
+                    router::pump(&route, &conn).await;
+                }
+                Err(e) => {
+                    debug!(error = %e, "no connection to route");
+                    tokio::select! {
+                        _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                        _ = route.ended.cancelled() => {}
+                    }
+                }
+            }
+        }
+        route.retire();
+        let mut routes = self.routes.lock().unwrap_or_else(|p| p.into_inner());
+        if routes
+            .get(&route.name)
+            .is_some_and(|r| Arc::ptr_eq(r, &route))
+        {
+            routes.remove(&route.name);
+        }
     }
 
     /// Waits (bounded) until a server is ready (restarts included).
@@ -464,223 +451,6 @@ impl Gateway {
             .conn(name)
             .ok_or_else(|| format!("server {name} is not ready"))
     }
-
-    async fn post(
-        &self,
-        req: http::Request<Incoming>,
-        name: &str,
-        lease: &str,
-        session: Option<String>,
-    ) -> Response<Body> {
-        let accept = req
-            .headers()
-            .get(header::ACCEPT)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("")
-            .to_owned();
-        let body = match Limited::new(req.into_body(), self.cfg.max_body_bytes)
-            .collect()
-            .await
-        {
-            Ok(b) => b.to_bytes(),
-            Err(e) => {
-                let status = if e
-                    .downcast_ref::<http_body_util::LengthLimitError>()
-                    .is_some()
-                {
-                    StatusCode::PAYLOAD_TOO_LARGE
-                } else {
-                    StatusCode::BAD_REQUEST
-                };
-                return http_error(
-                    status,
-                    format!(
-                        "reading the body: {e} (limit gateway.max_body_bytes = {})",
-                        self.cfg.max_body_bytes
-                    ),
-                );
-            }
-        };
-        let parsed: Value = match serde_json::from_slice(&body) {
-            Ok(v) => v,
-            Err(e) => {
-                return json_response(
-                    StatusCode::BAD_REQUEST,
-                    &rpc_error(&Value::Null, -32700, format!("parse error: {e}")),
-                );
-            }
-        };
-        let (messages, batch) = match parsed {
-            Value::Array(a) if !a.is_empty() => (a, true),
-            Value::Object(_) => (vec![parsed], false),
-            _ => {
-                return json_response(
-                    StatusCode::BAD_REQUEST,
-                    &rpc_error(&Value::Null, -32600, "expected a JSON-RPC message object"),
-                );
-            }
-        };
-        let is_init = messages
-            .iter()
-            .any(|m| m.get("method").and_then(Value::as_str) == Some("initialize"));
-        let mut new_session = None;
-        if !is_init {
-            match &session {
-                Some(id) if self.sessions.touch(id, name, lease) => {}
-                Some(_) if self.cfg.strict_sessions => {
-                    return http_error(
-                        StatusCode::NOT_FOUND,
-                        "unknown or expired Mcp-Session-Id; initialize a new session",
-                    );
-                }
-                Some(id) => self.sessions.insert(id, name, lease),
-                None => {}
-            }
-        }
-        let conn = match self.conn(name).await {
-            Ok(c) => c,
-            Err(e) => {
-                let answers: Vec<Value> = messages
-                    .iter()
-                    .filter_map(|m| {
-                        m.get("id")
-                            .filter(|_| m.get("method").is_some())
-                            .map(|id| rpc_error(id, -32603, &e))
-                    })
-                    .collect();
-                return self.reply(answers, batch, &accept, None);
-            }
-        };
-        let timeout = Duration::from_millis(self.cfg.request_timeout_ms);
-        let mut answers = Vec::new();
-        let calls = messages.into_iter().map(|m| {
-            let conn = conn.clone();
-            async move { forward(&conn, m, timeout).await }
-        });
-        for r in futures_util::future::join_all(calls).await {
-            match r {
-                Forwarded::Answer(a) => answers.push(a),
-                Forwarded::Initialized(a) => {
-                    let id = session::new_id();
-                    self.sessions.insert(&id, name, lease);
-                    new_session = Some(id);
-                    answers.push(a);
-                }
-                Forwarded::Nothing => {}
-            }
-        }
-        self.reply(answers, batch, &accept, new_session)
-    }
-
-    fn reply(
-        &self,
-        answers: Vec<Value>,
-        batch: bool,
-        accept: &str,
-        session: Option<String>,
-    ) -> Response<Body> {
-        let mut r = if answers.is_empty() {
-            let mut r = Response::new(full(Bytes::new()));
-            *r.status_mut() = StatusCode::ACCEPTED;
-            r
-        } else {
-            let body = if batch {
-                Value::Array(answers)
-            } else {
-                answers.into_iter().next().unwrap_or(Value::Null)
-            };
-            if accept.contains("application/json") || !accept.contains("text/event-stream") {
-                json_response(StatusCode::OK, &body)
-            } else {
-                let mut r = Response::new(full(format!("event: message\ndata: {body}\n\n")));
-                r.headers_mut().insert(
-                    header::CONTENT_TYPE,
-                    HeaderValue::from_static("text/event-stream"),
-                );
-                r.headers_mut()
-                    .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-                r
-            }
-        };
-        if let Some(id) = session
-            && let Ok(v) = HeaderValue::from_str(&id)
-        {
-            r.headers_mut().insert(SESSION_HEADER, v);
-        }
-        r
-    }
-}
-
-enum Forwarded {
-    Answer(Value),
-    /// An initialize answer: a new session starts.
-    Initialized(Value),
-    Nothing,
-}
-
-/// Sends one client message to the child and returns what goes back.
-async fn forward(conn: &StdioConn, msg: Value, timeout: Duration) -> Forwarded {
-    let id = msg.get("id").cloned();
-    let method = msg.get("method").and_then(Value::as_str).map(str::to_owned);
-    match (method, id) {
-        // A request.
-        (Some(method), Some(id)) => {
-            if method == "initialize" {
-                return initialize(conn, &msg, &id);
-            }
-            let params = msg.get("params").cloned().unwrap_or(json!({}));
-            match conn.request(&method, params, timeout).await {
-                Ok(mut answer) => {
-                    answer["id"] = id;
-                    Forwarded::Answer(answer)
-                }
-                Err(McpError::Closed) => Forwarded::Answer(rpc_error(
-                    &id,
-                    -32603,
-                    "the MCP server exited while handling this request; it is being restarted, retry shortly",
-                )),
-                Err(e) => Forwarded::Answer(rpc_error(&id, -32603, e.to_string())),
-            }
-        }
-        // A notification. The child's own handshake already sent
-        // `initialized`; cancellations name client ids the child never saw.
-        (Some(method), None) => {
-            if method != "notifications/initialized" && method != "notifications/cancelled" {
-                let params = msg.get("params").cloned().unwrap_or(json!({}));
-                if let Err(e) = conn.notify(&method, params).await {
-                    debug!(error = %e, method, "notification not delivered");
-                }
-            }
-            Forwarded::Nothing
-        }
-        // A response to a server-initiated request: the connection answers
-        // those itself while no client stream is open, so nothing waits.
-        (None, _) => Forwarded::Nothing,
-    }
-}
-
-/// Answers `initialize` from the child's single handshake: its capabilities
-/// and server info, with the protocol version negotiated for this client.
-fn initialize(conn: &StdioConn, msg: &Value, id: &Value) -> Forwarded {
-    let Some(result) = conn.init_result() else {
-        return Forwarded::Answer(rpc_error(
-            id,
-            -32603,
-            "the MCP server has not finished initializing",
-        ));
-    };
-    let requested = msg
-        .pointer("/params/protocolVersion")
-        .and_then(Value::as_str)
-        .unwrap_or("");
-    let version = if PROTOCOL_VERSIONS.contains(&requested) {
-        requested
-    } else {
-        PROTOCOL_VERSIONS[0]
-    };
-    let mut result = result.clone();
-    result["protocolVersion"] = json!(version);
-    Forwarded::Initialized(json!({"jsonrpc": "2.0", "id": id, "result": result}))
 }
 
 /// Binds the data-plane listeners.

@@ -206,6 +206,32 @@ impl StdioConn {
         }
     }
 
+    /// Writes one message as it is (an answer to a server request, or a
+    /// notification the caller built).
+    pub async fn send_message(&self, msg: &Value) -> Result<(), McpError> {
+        if self.send_raw(msg).await {
+            Ok(())
+        } else {
+            Err(McpError::Closed)
+        }
+    }
+
+    /// Like [`StdioConn::send_message`] without waiting: for drop paths.
+    /// Returns false when the message could not be queued.
+    pub fn try_send_message(&self, msg: &Value) -> bool {
+        match serde_json::to_vec(msg) {
+            Ok(v) => self.out.try_send(Bytes::from(v)).is_ok(),
+            Err(_) => false,
+        }
+    }
+
+    /// Reserves the id of a request to send with
+    /// [`StdioConn::request_with_id`], so the caller can refer to it (for a
+    /// cancellation, or as a progress token) before the answer comes.
+    pub fn alloc_id(&self) -> u64 {
+        self.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+
     /// Sends a request and waits for its response message (which may carry
     /// a JSON-RPC error; see [`StdioConn::call`]).
     pub async fn request(
@@ -214,7 +240,18 @@ impl StdioConn {
         params: Value,
         timeout: Duration,
     ) -> Result<Value, McpError> {
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        self.request_with_id(self.alloc_id(), method, params, timeout)
+            .await
+    }
+
+    /// [`StdioConn::request`] under an id from [`StdioConn::alloc_id`].
+    pub async fn request_with_id(
+        &self,
+        id: u64,
+        method: &str,
+        params: Value,
+        timeout: Duration,
+    ) -> Result<Value, McpError> {
         let (tx, rx) = oneshot::channel();
         self.pending
             .lock()
