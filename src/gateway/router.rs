@@ -290,7 +290,7 @@ impl Route {
     /// A message from the child that is not an answer to one of our
     /// requests. Returns an answer to send back to the child when one of
     /// its requests cannot be routed.
-    pub fn from_child(&self, msg: &Value) -> Option<Value> {
+    pub fn on_child_message(&self, msg: &Value) -> Option<Value> {
         let method = msg.get("method").and_then(Value::as_str)?;
         let id = msg.get("id");
         let mut st = self.state();
@@ -458,7 +458,7 @@ pub async fn pump(route: &Route, conn: &StdioConn) {
         tokio::select! {
             m = rx.recv() => match m {
                 Ok(m) => {
-                    if let Some(answer) = route.from_child(&m)
+                    if let Some(answer) = route.on_child_message(&m)
                         && conn.send_message(&answer).await.is_err()
                     {
                         return;

@@ -382,18 +382,17 @@ impl Gateway {
 
     /// Accepts a request for a session: known, or created under the
     /// client's id unless `strict_sessions`.
-    fn admit(&self, id: &str, name: &str, lease: &str) -> Result<(), Response<Body>> {
+    /// Returns false (answer 404) for an unknown session under
+    /// `strict_sessions`.
+    fn admit(&self, id: &str, name: &str, lease: &str) -> bool {
         if self.sessions.touch(id, name, lease) {
-            return Ok(());
+            return true;
         }
         if self.cfg.strict_sessions {
-            return Err(http_error(
-                StatusCode::NOT_FOUND,
-                "unknown or expired Mcp-Session-Id; initialize a new session",
-            ));
+            return false;
         }
         self.sessions.insert(id, name, lease, Value::Null);
-        Ok(())
+        true
     }
 
     /// GET: the session's server-to-client stream, where the child's
@@ -418,8 +417,8 @@ impl Gateway {
                 "GET needs the Mcp-Session-Id issued at initialize",
             );
         };
-        if let Err(r) = self.admit(&session, name, lease) {
-            return r;
+        if !self.admit(&session, name, lease) {
+            return unknown_session();
         }
         let route = self.route(name, lease);
         let rx = route.open_stream(&session);
@@ -522,9 +521,9 @@ impl Gateway {
         let is_init = messages.iter().any(|m| method_of(m) == Some("initialize"));
         if !is_init
             && let Some(id) = &session
-            && let Err(r) = self.admit(id, name, lease)
+            && !self.admit(id, name, lease)
         {
-            return r;
+            return unknown_session();
         }
         let conn = match self.conn(name).await {
             Ok(c) => c,
@@ -758,6 +757,13 @@ impl Gateway {
         }
         r
     }
+}
+
+fn unknown_session() -> Response<Body> {
+    http_error(
+        StatusCode::NOT_FOUND,
+        "unknown or expired Mcp-Session-Id; initialize a new session",
+    )
 }
 
 fn accepted() -> Response<Body> {
