@@ -124,22 +124,7 @@ impl McpHttpClient {
             .is_some_and(|v| v.starts_with("text/event-stream"));
         let body = http_body_util::Limited::new(resp.into_body(), MAX_ANSWER_BYTES);
         let body = if sse {
-            // An SSE answer: the server's messages for the request, then
-            // the answer. Keep the last JSON-RPC answer.
-            use futures_util::StreamExt;
-            let mut events = sse_stream::SseStream::new(body.map_err(std::io::Error::other));
-            let mut answer = Bytes::new();
-            while let Some(ev) = events.next().await {
-                let ev =
-                    ev.map_err(|e| McpClientError::Connect(format!("reading the answer: {e}")))?;
-                if let Some(data) = ev.data
-                    && let Ok(v) = serde_json::from_str::<Value>(&data)
-                    && v.get("method").is_none()
-                {
-                    answer = Bytes::from(data);
-                }
-            }
-            answer
+            read_sse_answer(body).await?
         } else {
             body.collect()
                 .await
@@ -178,4 +163,30 @@ impl McpHttpClient {
         let msg = json!({"jsonrpc": "2.0", "method": method});
         self.post(&msg).await.map(|_| ())
     }
+}
+
+/// An SSE answer: the server's messages for the request, then the answer.
+/// Returns the last JSON-RPC answer in it.
+async fn read_sse_answer(
+    body: http_body_util::Limited<hyper::body::Incoming>,
+) -> Result<Bytes, McpClientError> {
+    use futures_util::StreamExt;
+    fn io(e: Box<dyn std::error::Error + Send + Sync>) -> std::io::Error {
+        std::io::Error::other(e)
+    }
+    let mut events = sse_stream::SseStream::new(BodyExt::map_err(body, io));
+    let mut answer = Bytes::new();
+    while let Some(ev) = events.next().await {
+        let ev = match ev {
+            Ok(ev) => ev,
+            Err(e) => return Err(McpClientError::Connect(format!("reading the answer: {e}"))),
+        };
+        if let Some(data) = ev.data
+            && let Ok(v) = serde_json::from_str::<Value>(&data)
+            && v.get("method").is_none()
+        {
+            answer = Bytes::from(data);
+        }
+    }
+    Ok(answer)
 }
