@@ -47,6 +47,14 @@ command -v cargo-fuzz >/dev/null || cargo install --locked cargo-fuzz
 [ -d tests/clients/node/node_modules/@modelcontextprotocol/sdk ] \
   || (cd tests/clients/node && npm ci --no-audit --no-fund --loglevel=error)
 
+# The official Python MCP SDK 2.x client (the session-less 2026-07-28
+# revision), in its own venv: it cannot share one with the 1.x client.
+export SANDBOX_AGENT_MCP2_PYTHON=${SANDBOX_AGENT_MCP2_PYTHON:-/opt/sandbox-agent/clients/mcp2/bin/python}
+"$SANDBOX_AGENT_MCP2_PYTHON" -c 'import mcp.client.client' 2>/dev/null || {
+  $SUDO python3 -m venv "$(dirname "$(dirname "$SANDBOX_AGENT_MCP2_PYTHON")")"
+  $SUDO "$SANDBOX_AGENT_MCP2_PYTHON" -m pip install -q -r tests/clients/mcp2/requirements.txt
+}
+
 # The real MCP servers the tests run (pinned; skipped when installed).
 export SANDBOX_AGENT_SERVERS_DIR=${SANDBOX_AGENT_SERVERS_DIR:-/opt/sandbox-agent/servers}
 $SUDO packaging/install-servers.sh --prefix "$SANDBOX_AGENT_SERVERS_DIR" filesystem git localmemory excel

@@ -17,7 +17,10 @@ const TS_CLIENT: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/tests/clients/node/mcp_client.mjs"
 );
-const SLOW: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/clients/slow_server.py");
+const SLOW: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/tests/clients/features_server.py"
+);
 
 fn python() -> String {
     let out = Command::new("python3")
@@ -510,4 +513,171 @@ async fn mcp_proxy_exposes_the_data_plane_on_the_host() {
         "{}",
         text(&out.stderr)
     );
+}
+
+/// The Python SDK 2.x client, in its own venv (it cannot share one with
+/// the 1.x client): `SANDBOX_AGENT_MCP2_PYTHON`, installed by the README's
+/// test command.
+fn sdk2(agent: &Agent, args: &[&str]) -> serde_json::Value {
+    let py = std::env::var("SANDBOX_AGENT_MCP2_PYTHON")
+        .unwrap_or_else(|_| "/opt/sandbox-agent/clients/mcp2/bin/python".into());
+    assert!(
+        Path::new(&py).exists(),
+        "{py} is missing: run .ci/test-all.sh (it installs tests/clients/mcp2/requirements.txt) or set SANDBOX_AGENT_MCP2_PYTHON"
+    );
+    let sock = agent.mcp_socket().display().to_string();
+    let mut a = vec![MCP2_CLIENT, "--uds", &sock];
+    a.extend_from_slice(args);
+    let out = Command::new(&py).args(&a).output().expect("python");
+    parse(&out, agent)
+}
+
+const MCP2_CLIENT: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/tests/clients/mcp2/mcp2_client.py"
+);
+
+fn features_agent() -> Agent {
+    let extra = format!(
+        "[servers.features]\ncommand = \"{}\"\nargs = [\"{SLOW}\"]\n",
+        python()
+    );
+    agent_with(&extra, "")
+}
+
+#[tokio::test]
+async fn server_features_reach_the_session_that_asked() {
+    let agent = features_agent();
+    acquire(&agent, &["features"]).await;
+    // Every session's first call has the same request id, so the same
+    // progress token: each must still see only its own progress.
+    let v = sdk(&agent, &["features", "progress", "4", "5"]);
+    for s in v["sessions"].as_array().expect("sessions") {
+        assert_eq!(s["text"], "counted 5", "{v}");
+        assert_eq!(
+            s["progress"],
+            serde_json::json!([1.0, 2.0, 3.0, 4.0, 5.0]),
+            "{v}"
+        );
+    }
+    // roots/list goes to the session whose call is running.
+    let v = sdk(&agent, &["features", "roots"]);
+    assert_eq!(v["a"], "file:///a", "{v}");
+    assert_eq!(v["b"], "file:///b", "{v}");
+    // With no client able to answer, the server gets an error at once.
+    assert_eq!(v["none"]["is_error"], true, "{v}");
+    assert!(
+        v["none"]["text"]
+            .as_str()
+            .is_some_and(|t| t.contains("roots")),
+        "{v}"
+    );
+    // list_changed is broadcast to the sessions' GET streams.
+    let v = sdk(&agent, &["features", "list-changed"]);
+    assert_eq!(v["received"], true, "{v}");
+}
+
+#[tokio::test]
+async fn python_sdk_2_speaks_the_session_less_revision() {
+    let agent = features_agent();
+    acquire(&agent, &["filesystem", "localmemory", "features"]).await;
+    write_files(&agent.dir.path().join("ws"));
+    let v = sdk2(&agent, &["filesystem", "tools"]);
+    assert_eq!(v["version"], "2026-07-28", "{v}");
+    assert!(
+        v["tools"]
+            .as_array()
+            .is_some_and(|t| t.iter().any(|n| n == "read_text_file")),
+        "{v}"
+    );
+    assert!(v["server"].is_string(), "serverInfo is stamped: {v}");
+    let v = sdk2(&agent, &["filesystem", "concurrent", "60"]);
+    assert_eq!(v["mismatches"], serde_json::json!([]), "{v}");
+    let v = sdk2(
+        &agent,
+        &[
+            "localmemory",
+            "call",
+            "create_entities",
+            r#"{"entities":[{"name":"e2","entityType":"t","observations":["x"]}]}"#,
+        ],
+    );
+    assert_eq!(v["is_error"], false, "{v}");
+    let v = sdk2(&agent, &["localmemory", "call", "read_graph", "{}"]);
+    assert!(v["text"].as_str().is_some_and(|t| t.contains("e2")), "{v}");
+    // Progress arrives on the request's own SSE answer.
+    let v = sdk2(&agent, &["features", "progress", "3"]);
+    assert_eq!(v["text"], "counted 3", "{v}");
+    assert_eq!(v["progress"], serde_json::json!([1.0, 2.0, 3.0]), "{v}");
+}
+
+#[tokio::test]
+async fn session_less_requests_are_checked_against_their_headers() {
+    let agent = agent_with("", "");
+    acquire(&agent, &["localmemory"]).await;
+    let uds = agent.mcp_socket().display().to_string();
+    let url = "http://localhost/localmemory/mcp";
+    let call = r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"read_graph","arguments":{},"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}}}}"#;
+    let post = |body: &str, headers: &[&str]| {
+        let mut a = vec![
+            "--unix-socket",
+            &uds,
+            "-X",
+            "POST",
+            "-H",
+            "content-type: application/json",
+            "-H",
+            "accept: application/json, text/event-stream",
+        ];
+        for h in headers {
+            a.extend_from_slice(&["-H", h]);
+        }
+        a.extend_from_slice(&["-d", body, url]);
+        curl(&a)
+    };
+    let v = "mcp-protocol-version: 2026-07-28";
+    let (code, body) = post(call, &[v, "mcp-method: tools/call", "mcp-name: read_graph"]);
+    assert_eq!(code, 200, "{body}");
+    let answer: serde_json::Value = serde_json::from_str(&body).expect("JSON answer");
+    assert_eq!(answer["id"], 7);
+    assert_eq!(answer["result"]["resultType"], "complete", "{body}");
+    // No session is issued.
+    let (code, body) = post(call, &[v, "mcp-method: tools/call", "mcp-name: other"]);
+    assert_eq!(code, 400, "{body}");
+    assert!(
+        body.contains("-32020") && body.contains("Mcp-Name"),
+        "{body}"
+    );
+    let (code, body) = post(call, &[v, "mcp-method: tools/list", "mcp-name: read_graph"]);
+    assert_eq!(code, 400, "{body}");
+    let no_meta = r#"{"jsonrpc":"2.0","id":1,"method":"tools/list","params":{}}"#;
+    let (code, body) = post(no_meta, &[v, "mcp-method: tools/list"]);
+    assert_eq!(code, 400, "{body}");
+    assert!(body.contains("-32602"), "{body}");
+    let batch = format!("[{call}]");
+    let (code, _) = post(&batch, &[v, "mcp-method: tools/call"]);
+    assert_eq!(code, 400, "no batches");
+    let (code, body) = post(call, &["mcp-protocol-version: 2099-01-01"]);
+    assert_eq!(code, 400, "{body}");
+    assert!(
+        body.contains("-32022") && body.contains("2026-07-28"),
+        "{body}"
+    );
+    let unknown = r#"{"jsonrpc":"2.0","id":2,"method":"nope/nothing","params":{"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}}}}"#;
+    let (code, body) = post(unknown, &[v, "mcp-method: nope/nothing"]);
+    assert_eq!(code, 404, "method not found maps to 404: {body}");
+    let note = r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#;
+    let (code, _) = post(note, &[v]);
+    assert_eq!(code, 202);
+    let (code, _) = curl(&["--unix-socket", &uds, "-H", v, url]);
+    assert_eq!(code, 405, "no GET stream in 2026-07-28");
+    let discover = r#"{"jsonrpc":"2.0","id":3,"method":"server/discover","params":{"_meta":{"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}}}}"#;
+    let (code, body) = post(discover, &[v, "mcp-method: server/discover"]);
+    assert_eq!(code, 200, "{body}");
+    let d: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+    assert_eq!(
+        d["result"]["supportedVersions"],
+        serde_json::json!(["2026-07-28"])
+    );
+    assert!(d["result"]["capabilities"]["tools"].is_object(), "{body}");
 }

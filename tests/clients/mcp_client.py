@@ -10,6 +10,12 @@ Scenarios print one JSON object on stdout:
                               calls of files f<i>.txt (filesystem); reports mismatches
   memory-sessions N           N create_entities calls, each on a new session, then
                               read_graph on another: the entity count
+  progress SESSIONS N         SESSIONS sessions call `count` N concurrently (features
+                              server); the progress values each one received
+  roots                       sessions with different roots call `roots` in turn, then
+                              a session without the capability: what each got
+  list-changed                one session calls `change`; whether another session's
+                              GET stream delivered tools/list_changed
 """
 import argparse
 import asyncio
@@ -36,18 +42,19 @@ class Client:
         self.url = f"{a.base}/{a.server}/mcp/?local_sandbox_id=test"
         self.make = factory(a.uds, a.token)
 
-    def session(self):
-        return _Session(self)
+    def session(self, **kw):
+        return _Session(self, kw)
 
 
 class _Session:
-    def __init__(self, c):
+    def __init__(self, c, kw):
         self.c = c
+        self.kw = kw
 
     async def __aenter__(self):
         self.http = streamablehttp_client(self.c.url, httpx_client_factory=self.c.make)
         r, w, _ = await self.http.__aenter__()
-        self.s = ClientSession(r, w)
+        self.s = ClientSession(r, w, **self.kw)
         await self.s.__aenter__()
         await self.s.initialize()
         return self.s
@@ -106,6 +113,57 @@ async def main():
             r = await s.call_tool("read_graph", {})
             graph = json.loads(text(r))
             out = {"entities": len(graph.get("entities", []))}
+    elif a.scenario == "progress":
+        sessions, n = int(a.args[0]), int(a.args[1])
+
+        async def one_session(k):
+            got = []
+
+            async def on_progress(progress, total, message):
+                got.append(progress)
+
+            async with c.session() as s:
+                r = await s.call_tool("count", {"n": n}, progress_callback=on_progress)
+                return {"text": text(r), "progress": got}
+
+        out = {"sessions": await asyncio.gather(*(one_session(k) for k in range(sessions)))}
+    elif a.scenario == "roots":
+        from mcp import types
+        from pydantic import FileUrl
+
+        def roots_of(uri):
+            async def cb(ctx):
+                return types.ListRootsResult(roots=[types.Root(uri=FileUrl(uri))])
+            return cb
+
+        out = {}
+        for name in ["a", "b"]:
+            async with c.session(list_roots_callback=roots_of(f"file:///{name}")) as s:
+                r = await s.call_tool("roots", {})
+                out[name] = text(r)
+        async with c.session() as s:
+            r = await asyncio.wait_for(s.call_tool("roots", {}), 20)
+            out["none"] = {"is_error": bool(r.isError), "text": text(r)}
+    elif a.scenario == "list-changed":
+        from mcp import types
+        got = asyncio.Event()
+
+        async def on_message(m):
+            if isinstance(m, types.ServerNotification) and isinstance(
+                    m.root, types.ToolListChangedNotification):
+                got.set()
+
+        async with c.session(message_handler=on_message):
+            async with c.session() as s:
+                # The listener's GET stream opens in the background.
+                for _ in range(40):
+                    await s.call_tool("change", {})
+                    try:
+                        await asyncio.wait_for(got.wait(), 0.25)
+                        break
+                    except asyncio.TimeoutError:
+                        pass
+        out = {"received": got.is_set()}
     else:
         raise SystemExit(f"unknown scenario {a.scenario}")
     print(json.dumps(out))

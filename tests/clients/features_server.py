@@ -1,0 +1,48 @@
+"""A small stdio MCP server built on the official Python SDK that uses the
+protocol's server-to-client features, so gateway tests can check where they
+are routed:
+
+- `sleep`: takes as long as asked (the test kills the server mid-call);
+- `count`: reports progress n times before answering;
+- `roots`: asks the client for its roots (`roots/list`) and returns them;
+- `change`: sends `notifications/tools/list_changed`.
+"""
+import asyncio
+
+from mcp.server.fastmcp import Context, FastMCP
+
+app = FastMCP("features")
+
+
+@app.tool()
+async def sleep(seconds: float) -> str:
+    """Sleeps, then says so."""
+    await asyncio.sleep(seconds)
+    return f"slept {seconds}"
+
+
+@app.tool()
+async def count(n: int, ctx: Context) -> str:
+    """Reports progress 1..n, then answers."""
+    for i in range(1, n + 1):
+        await ctx.report_progress(i, n)
+        await asyncio.sleep(0.02)
+    return f"counted {n}"
+
+
+@app.tool()
+async def roots(ctx: Context) -> str:
+    """The calling client's roots, comma-separated."""
+    r = await ctx.session.list_roots()
+    return ",".join(str(x.uri) for x in r.roots)
+
+
+@app.tool()
+async def change(ctx: Context) -> str:
+    """Announces that the tool list changed."""
+    await ctx.session.send_tool_list_changed()
+    return "sent"
+
+
+if __name__ == "__main__":
+    app.run("stdio")
