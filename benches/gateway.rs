@@ -113,12 +113,21 @@ fn main() {
             gw.call("tools/call", params.clone()).await.expect("gateway");
             g.push(us(t.elapsed()));
         }
+        // The HTTP hop alone: a request the gateway answers itself.
+        let mut h = Vec::new();
+        for _ in 0..CALLS {
+            let t = Instant::now();
+            gw.call("server/discover", json!({})).await.expect("discover");
+            h.push(us(t.elapsed()));
+        }
+        let h50 = pct(&mut h, 0.5);
         let (d50, d99, g50, g99) = (pct(&mut d, 0.5), pct(&mut d, 0.99), pct(&mut g, 0.5), pct(&mut g, 0.99));
         println!("# MCP gateway benchmark (filesystem read_text_file, {CALLS} sequential calls; medians)");
         println!("| measure | through the gateway | direct stdio | added | ratio |");
         println!("|---|---|---|---|---|");
         println!("| tools/call p50 | {g50:.0} µs | {d50:.0} µs | {:.0} µs | {:.2}× |", g50 - d50, g50 / d50);
         println!("| tools/call p99 | {g99:.0} µs | {d99:.0} µs | {:.0} µs | {:.2}× |", g99 - d99, g99 / d99);
+        println!("| HTTP hop alone p50 (server/discover, answered by the gateway) | {h50:.0} µs | | | |");
 
         println!();
         println!("| concurrent sessions | gateway calls/s | direct stdio calls/s (same concurrency on one pipe) |");

@@ -84,9 +84,14 @@ impl StdioConn {
         });
         let closed = conn.closed.clone();
         tokio::spawn(async move {
+            // One write per message, newline included: a reader woken by
+            // half a line only goes back to sleep.
+            let mut buf = Vec::new();
             while let Some(line) = out_rx.recv().await {
-                if writer.write_all(&line).await.is_err() || writer.write_all(b"\n").await.is_err()
-                {
+                buf.clear();
+                buf.extend_from_slice(&line);
+                buf.push(b'\n');
+                if writer.write_all(&buf).await.is_err() {
                     break;
                 }
             }
