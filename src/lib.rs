@@ -11,6 +11,7 @@ pub mod agent;
 pub mod auth;
 pub mod client;
 pub mod gateway;
+pub mod init;
 pub mod lifecycle;
 pub mod mcp_client;
 pub mod proto;

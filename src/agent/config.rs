@@ -51,6 +51,8 @@ pub struct Config {
     pub supervisor: SupervisorConfig,
     pub lifecycle: LifecycleConfig,
     pub gateway: GatewayConfig,
+    /// Duties as the VM's init; used only when the agent is PID 1.
+    pub init: crate::init::InitConfig,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
@@ -122,6 +124,7 @@ impl Default for Config {
             supervisor: SupervisorConfig::default(),
             lifecycle: LifecycleConfig::default(),
             gateway: GatewayConfig::default(),
+            init: crate::init::InitConfig::default(),
         }
     }
 }

@@ -161,6 +161,7 @@ async fn serve_inner(
         health_service,
         bound.workspace.clone(),
         lifecycle.clone(),
+        shutdown.clone(),
     )?;
 
     let mut servers = JoinSet::new();
@@ -255,6 +256,7 @@ fn routes(
     >,
     workspace: Arc<Workspace>,
     lifecycle: Arc<Lifecycle>,
+    shutdown: CancellationToken,
 ) -> Result<Routes, ServeError> {
     let max = settings.limits.max_message_bytes;
     let reflection = || {
@@ -275,9 +277,13 @@ fn routes(
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
         .add_service(
-            proto::agent_server::AgentServer::new(rpc::AgentService::new(info, lifecycle.clone()))
-                .max_decoding_message_size(max)
-                .max_encoding_message_size(max),
+            proto::agent_server::AgentServer::new(rpc::AgentService::new(
+                info,
+                lifecycle.clone(),
+                shutdown,
+            ))
+            .max_decoding_message_size(max)
+            .max_encoding_message_size(max),
         )
         .add_service(
             proto::workspace_server::WorkspaceServer::new(rpc::WorkspaceService::new(workspace))

@@ -1,5 +1,10 @@
 //! `sandbox-agent`: the guest agent. Serves the control plane (gRPC) on the
-//! configured listeners until SIGTERM or SIGINT.
+//! configured listeners until SIGTERM, SIGINT or `Agent.Shutdown`.
+//!
+//! As PID 1 (the VM's init) it first mounts, names and prepares the machine
+//! (`sandbox_agent::init`), and every way out (a stop, a fatal error, a
+//! panic) ends in a sync and power-off instead of an exit, which would
+//! panic the kernel.
 
 use std::io::{IsTerminal, Write};
 use std::os::unix::fs::OpenOptionsExt;
@@ -91,18 +96,41 @@ const DEV_WORKSPACE: &str = "workspace";
 const DEV_TOKEN_FILE: &str = "sandbox-agent.token";
 
 fn main() -> ExitCode {
-    let args = Args::parse();
-    match run(args) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("sandbox-agent: {e:#}");
-            ExitCode::FAILURE
-        }
+    let pid1 = sandbox_agent::init::is_pid1();
+    if !pid1 {
+        return match run(Args::parse(), false) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("sandbox-agent: {e:#}");
+                ExitCode::FAILURE
+            }
+        };
     }
+    // As init: the kernel passes its unknown command-line words as
+    // arguments; they must not stop the machine from coming up.
+    let args = Args::try_parse().unwrap_or_else(|e| {
+        eprintln!("sandbox-agent: ignoring the command line as init: {e}");
+        Args::parse_from(["sandbox-agent"])
+    });
+    match std::panic::catch_unwind(|| run(args, true)) {
+        Ok(Ok(())) => eprintln!("sandbox-agent: stopped; powering off"),
+        Ok(Err(e)) => eprintln!("sandbox-agent: {e:#}; powering off"),
+        Err(_) => eprintln!("sandbox-agent: panicked; powering off"),
+    }
+    sandbox_agent::init::power_off()
 }
 
-fn run(args: Args) -> anyhow::Result<()> {
-    let mut config = Config::load(args.config.as_deref())?;
+fn run(args: Args, pid1: bool) -> anyhow::Result<()> {
+    let loaded = Config::load(args.config.as_deref());
+    let boot = if pid1 {
+        // Even with a bad config, init mounts /dev first, so the error
+        // reaches the console.
+        let default = sandbox_agent::init::InitConfig::default();
+        sandbox_agent::init::boot(loaded.as_ref().map_or(&default, |c| &c.init))
+    } else {
+        Vec::new()
+    };
+    let mut config = loaded?;
     let env_token = std::env::var(TOKEN_ENV).ok();
     let mut overrides = Overrides {
         listen: args.listen.clone(),
@@ -138,7 +166,17 @@ fn run(args: Args) -> anyhow::Result<()> {
         print!("{}", settings.render());
         return Ok(());
     }
-    init_logging(settings.log_format);
+    // A VM's serial console is not a terminal worth colouring.
+    init_logging(
+        settings.log_format,
+        !pid1 && std::io::stderr().is_terminal(),
+    );
+    for step in boot {
+        match step.result {
+            Ok(()) => tracing::info!(what = %step.what, "init"),
+            Err(e) => tracing::warn!(what = %step.what, error = %e, "init step failed"),
+        }
+    }
 
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -199,12 +237,12 @@ fn ensure_token_file(path: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn init_logging(format: LogFormat) {
+fn init_logging(format: LogFormat, ansi: bool) {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_ansi(std::io::stderr().is_terminal())
+        .with_ansi(ansi)
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Text => builder.init(),

@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
 use super::lc_status;
@@ -15,11 +16,17 @@ use crate::supervisor::manifest::{Benchmark, Credentials};
 pub struct AgentService {
     info: Arc<info::Collector>,
     lc: Arc<Lifecycle>,
+    /// The agent's stop signal (the one SIGTERM cancels).
+    shutdown: CancellationToken,
 }
 
 impl AgentService {
-    pub fn new(info: Arc<info::Collector>, lc: Arc<Lifecycle>) -> AgentService {
-        AgentService { info, lc }
+    pub fn new(
+        info: Arc<info::Collector>,
+        lc: Arc<Lifecycle>,
+        shutdown: CancellationToken,
+    ) -> AgentService {
+        AgentService { info, lc, shutdown }
     }
 
     fn servers(&self, names: &[String]) -> Vec<proto::ServerStatus> {
@@ -228,5 +235,21 @@ impl proto::agent_server::Agent for AgentService {
             servers: self.servers(&l.servers),
             lease: Some(lease(&l)),
         }))
+    }
+
+    async fn shutdown(
+        &self,
+        req: Request<proto::ShutdownRequest>,
+    ) -> Result<Response<proto::ShutdownResponse>, Status> {
+        let reason = req.into_inner().reason;
+        let power_off = crate::init::is_pid1();
+        tracing::info!(%reason, power_off, "Shutdown requested");
+        // Answer first: the stop begins once this response is on its way.
+        let stop = self.shutdown.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            stop.cancel();
+        });
+        Ok(Response::new(proto::ShutdownResponse { power_off }))
     }
 }

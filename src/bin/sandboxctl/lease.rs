@@ -141,6 +141,31 @@ pub async fn release(
     Ok(ExitCode::SUCCESS)
 }
 
+pub async fn shutdown(client: &Client, reason: &str, json_out: bool) -> anyhow::Result<ExitCode> {
+    let r = client
+        .agent()
+        .shutdown(proto::ShutdownRequest {
+            reason: reason.to_owned(),
+        })
+        .await
+        .map_err(|s| rpc_error("Agent.Shutdown", s))?
+        .into_inner();
+    let message = if r.power_off {
+        "the agent is stopping; the VM powers off"
+    } else {
+        "the agent is stopping"
+    };
+    if json_out {
+        println!(
+            "{}",
+            json!({"ok": true, "power_off": r.power_off, "message": message})
+        );
+    } else {
+        println!("{message}");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 pub async fn reset(
     client: &Client,
     lease_id: Option<&str>,

@@ -148,6 +148,13 @@ enum Verb {
         #[arg(long)]
         lease_id: Option<String>,
     },
+    /// Stop the agent (Agent.Shutdown): servers stopped, calls drained; as
+    /// the VM's init it then powers the VM off.
+    Shutdown {
+        /// Why, for the agent's log.
+        #[arg(long, default_value = "sandboxctl shutdown")]
+        reason: String,
+    },
     /// Sandbox status, lease and servers.
     Status,
     /// List, start, stop or restart MCP servers.
@@ -355,6 +362,7 @@ async fn run(args: Args) -> anyhow::Result<ExitCode> {
             lease::release(&client, lease_id.as_deref(), *is_ttl, args.json).await
         }
         Verb::Reset { lease_id } => lease::reset(&client, lease_id.as_deref(), args.json).await,
+        Verb::Shutdown { reason } => lease::shutdown(&client, reason, args.json).await,
         Verb::Status => lease::status(&client, args.json).await,
         Verb::Servers { verb } => {
             let v = match verb {

@@ -1,0 +1,224 @@
+//! The agent's duties when it is PID 1, the VM's init.
+//!
+//! At boot ([`boot`]): give itself a console, mount the kernel filesystems
+//! that are missing (`/proc`, `/sys`, `/dev`, `/dev/pts`, `/run`, `/tmp`, and
+//! the cgroup v2 hierarchy), set the hostname and load the configured kernel
+//! modules, so a generic distro kernel with a bare initramfs works.
+//! Zombies are reaped by the supervisor's reaper, which owns `waitpid(-1)`
+//! whether or not the agent is PID 1.
+//!
+//! At the end ([`power_off`]): sync and power the machine off. PID 1 must
+//! never exit (the kernel panics when it does), so every way out of the
+//! agent as init goes through here, and it never returns.
+//!
+//! Each step that fails is reported and skipped: a VM that boots with a
+//! warning can still be reached and debugged; one that panics cannot.
+
+use std::ffi::CString;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+/// `[init]` in agent.toml: used only when the agent runs as PID 1.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct InitConfig {
+    /// Hostname to set at boot; empty keeps the kernel's.
+    pub hostname: String,
+    /// Kernel modules to load at boot, in order: paths to `.ko` files, or
+    /// names looked up under `/lib/modules/<release>/`. A module that is
+    /// already loaded or built in is fine.
+    pub modules: Vec<String>,
+}
+
+impl Default for InitConfig {
+    fn default() -> Self {
+        InitConfig {
+            hostname: "sandbox".into(),
+            modules: Vec::new(),
+        }
+    }
+}
+
+/// Whether this process is the machine's init.
+pub fn is_pid1() -> bool {
+    std::process::id() == 1
+}
+
+/// One boot step's outcome, for the log (logging may not be set up yet
+/// when the steps run).
+#[derive(Debug)]
+pub struct Step {
+    pub what: String,
+    pub result: Result<(), String>,
+}
+
+fn step(what: impl Into<String>, result: Result<(), String>) -> Step {
+    Step {
+        what: what.into(),
+        result,
+    }
+}
+
+/// Mounts, console, hostname and modules. Returns what was done.
+pub fn boot(cfg: &InitConfig) -> Vec<Step> {
+    use nix::mount::MsFlags;
+    let nosuid = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
+    let mounts: [(&str, &str, &str, MsFlags, Option<&str>); 7] = [
+        ("proc", "/proc", "proc", nosuid, None),
+        ("sysfs", "/sys", "sysfs", nosuid, None),
+        (
+            "devtmpfs",
+            "/dev",
+            "devtmpfs",
+            MsFlags::MS_NOSUID,
+            Some("mode=0755"),
+        ),
+        (
+            "devpts",
+            "/dev/pts",
+            "devpts",
+            MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
+            Some("mode=0620,ptmxmode=0666"),
+        ),
+        (
+            "tmpfs",
+            "/run",
+            "tmpfs",
+            MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+            Some("mode=0755"),
+        ),
+        (
+            "tmpfs",
+            "/tmp",
+            "tmpfs",
+            MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+            Some("mode=1777"),
+        ),
+        ("cgroup2", "/sys/fs/cgroup", "cgroup2", nosuid, None),
+    ];
+    let mut steps = Vec::new();
+    for (source, target, fstype, flags, data) in mounts {
+        let target = Path::new(target);
+        if is_mountpoint(target) {
+            continue;
+        }
+        let r = std::fs::create_dir_all(target)
+            .map_err(|e| format!("creating {}: {e}", target.display()))
+            .and_then(|()| {
+                nix::mount::mount(Some(source), target, Some(fstype), flags, data)
+                    .map_err(|e| e.to_string())
+            });
+        steps.push(step(format!("mount {fstype} on {}", target.display()), r));
+        if target == Path::new("/dev") {
+            steps.push(step("console on fds 0-2", console()));
+        }
+    }
+    if !cfg.hostname.is_empty() {
+        steps.push(step(
+            format!("hostname {}", cfg.hostname),
+            nix::unistd::sethostname(&cfg.hostname).map_err(|e| e.to_string()),
+        ));
+    }
+    for m in &cfg.modules {
+        steps.push(step(format!("load module {m}"), load_module(m)));
+    }
+    steps
+}
+
+/// A directory is a mount point when it is on another device than its
+/// parent (all the file systems mounted here are).
+fn is_mountpoint(p: &Path) -> bool {
+    let (Ok(me), Ok(parent)) = (std::fs::metadata(p), std::fs::metadata(p.join(".."))) else {
+        return false;
+    };
+    me.dev() != parent.dev()
+}
+
+/// Points fds 0-2 at /dev/console where they are not open (the kernel
+/// gives init none when its initramfs has no /dev/console).
+fn console() -> Result<(), String> {
+    use nix::fcntl::{FcntlArg, OFlag, fcntl, open};
+    use nix::sys::stat::Mode;
+    let closed: Vec<i32> = (0..3)
+        .filter(|fd| {
+            // SAFETY: fds 0-2 are only probed here; nothing else owns them yet.
+            let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(*fd) };
+            fcntl(fd, FcntlArg::F_GETFD).is_err()
+        })
+        .collect();
+    if closed.is_empty() {
+        return Ok(());
+    }
+    let console = open(
+        "/dev/console",
+        OFlag::O_RDWR | OFlag::O_NOCTTY | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| format!("opening /dev/console: {e}"))?;
+    for fd in closed {
+        // SAFETY: dup2 onto a closed standard fd, which nothing owns.
+        if unsafe { nix::libc::dup2(console.as_raw_fd(), fd) } < 0 {
+            return Err(format!(
+                "dup2 onto fd {fd}: {}",
+                std::io::Error::last_os_error()
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Loads one module with `finit_module`; already loaded is success.
+fn load_module(m: &str) -> Result<(), String> {
+    let path = if m.contains('/') {
+        PathBuf::from(m)
+    } else {
+        find_module(m)?
+    };
+    let file = std::fs::File::open(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let params = CString::default();
+    match nix::kmod::finit_module(&file, &params, nix::kmod::ModuleInitFlags::empty()) {
+        Ok(()) | Err(nix::errno::Errno::EEXIST) => Ok(()),
+        Err(e) => Err(format!("{}: {e}", path.display())),
+    }
+}
+
+/// `/lib/modules/<release>/**/<name>.ko` (`-` and `_` are the same in
+/// module names).
+fn find_module(name: &str) -> Result<PathBuf, String> {
+    let release = nix::sys::utsname::uname()
+        .map_err(|e| format!("uname: {e}"))?
+        .release()
+        .to_string_lossy()
+        .into_owned();
+    let root = Path::new("/lib/modules").join(&release);
+    let want = format!("{}.ko", name.replace('-', "_"));
+    let mut stack = vec![root.clone()];
+    while let Some(dir) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let p = e.path();
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                stack.push(p);
+            } else if e.file_name().to_string_lossy().replace('-', "_") == want {
+                return Ok(p);
+            }
+        }
+    }
+    Err(format!("no {want} under {}", root.display()))
+}
+
+/// Syncs and powers the machine off. Never returns: if the kernel refuses,
+/// it keeps waiting rather than let PID 1 exit.
+pub fn power_off() -> ! {
+    nix::unistd::sync();
+    let e = nix::sys::reboot::reboot(nix::sys::reboot::RebootMode::RB_POWER_OFF);
+    eprintln!("sandbox-agent: power-off failed: {e:?}; halting here");
+    loop {
+        std::thread::park();
+    }
+}
