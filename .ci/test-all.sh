@@ -28,8 +28,15 @@ command -v curl >/dev/null || apt_pkgs+=(curl)            # raw HTTP checks of t
 command -v git >/dev/null || apt_pkgs+=(git)              # the git MCP server
 command -v node >/dev/null || apt_pkgs+=(nodejs npm)        # npm MCP servers
 python3 -c 'import venv, ensurepip' 2>/dev/null || apt_pkgs+=(python3-venv)  # PyPI MCP servers
-if [ ${#apt_pkgs[@]} -gt 0 ]; then
+command -v qemu-system-x86_64 >/dev/null || apt_pkgs+=(qemu-system-x86)  # the VM test
+dpkg -s busybox-static >/dev/null 2>&1 || apt_pkgs+=(busybox-static)   # the VM image
+command -v pgrep >/dev/null || apt_pkgs+=(procps)
+# The VM image takes Debian's kernel package (apt-get download): the
+# package lists must know linux-image-amd64.
+if [ ${#apt_pkgs[@]} -gt 0 ] || ! apt-cache show linux-image-amd64 >/dev/null 2>&1; then
   $SUDO apt-get update -qq
+fi
+if [ ${#apt_pkgs[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${apt_pkgs[@]}"
 fi
 rustup target list --installed | grep -qx x86_64-unknown-linux-musl \
@@ -42,6 +49,8 @@ python3 -c 'import grpc, grpc_reflection, grpc_health, mcp' 2>/dev/null \
   || python3 -m pip install -q --break-system-packages -r tests/clients/requirements.txt
 
 command -v cargo-fuzz >/dev/null || cargo install --locked cargo-fuzz
+# The host side of the test VM's virtio-vsock device.
+command -v vhost-device-vsock >/dev/null || cargo install --locked vhost-device-vsock
 
 # The official TypeScript MCP SDK client (pinned in its package-lock.json).
 [ -d tests/clients/node/node_modules/@modelcontextprotocol/sdk ] \

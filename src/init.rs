@@ -222,3 +222,25 @@ pub fn power_off() -> ! {
         std::thread::park();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mount_points_are_told_from_plain_directories() {
+        assert!(is_mountpoint(Path::new("/proc")));
+        let dir = std::env::temp_dir().join(format!("init-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        assert!(!is_mountpoint(&dir));
+        std::fs::remove_dir(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_missing_module_is_reported_not_fatal() {
+        let e = load_module("/nonexistent/nothing.ko").unwrap_err();
+        assert!(e.contains("/nonexistent/nothing.ko"), "{e}");
+        let e = load_module("no_such_module_anywhere").unwrap_err();
+        assert!(e.contains("no_such_module_anywhere.ko"), "{e}");
+    }
+}

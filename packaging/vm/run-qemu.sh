@@ -38,15 +38,44 @@ vhost=$(command -v vhost-device-vsock || true)
 [ -n "$vhost" ] || { [ -x "$HOME/.cargo/bin/vhost-device-vsock" ] && vhost=$HOME/.cargo/bin/vhost-device-vsock; } \
   || die "vhost-device-vsock not found (cargo install vhost-device-vsock)"
 
+work=$(mktemp -d)
+vhost_pid="" qemu_pid="" probe_pid=""
+# QEMU and vhost-device-vsock never outlive this script: they run in the
+# background so a TERM/INT is handled at once, and the EXIT trap stops both.
+cleanup() {
+  for p in $probe_pid $qemu_pid $vhost_pid; do
+    kill "$p" 2>/dev/null || true
+  done
+  for p in $probe_pid $qemu_pid $vhost_pid; do
+    wait "$p" 2>/dev/null || true
+  done
+  rm -f "$uds" "${uds}_"* 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+trap 'exit 1' INT TERM HUP
+
 # KVM only when a guest really runs under it: some nested setups open
 # /dev/kvm and create VMs, then never get a kernel past its first
-# instructions. The probe boots the kernel itself until it prints its banner.
+# instructions. The probe boots the kernel itself until it prints its banner
+# (in the background, like everything here, so a TERM is handled at once).
 kvm_boots() {
   [ -w /dev/kvm ] || return 1
-  timeout 20 "$qemu" -machine q35,accel=kvm -cpu host -m 256M -kernel "$kernel" \
+  local log=$work/probe.log
+  "$qemu" -machine q35,accel=kvm -cpu host -m 256M -kernel "$kernel" \
     -append "console=ttyS0 earlyprintk=serial,ttyS0,115200 panic=-1" \
-    -nodefaults -no-user-config -display none -serial stdio -monitor none -no-reboot \
-    </dev/null 2>/dev/null | grep -a -m1 -q "Linux version"
+    -nodefaults -no-user-config -display none -serial "file:$log" -monitor none -no-reboot \
+    </dev/null >/dev/null 2>&1 &
+  probe_pid=$!
+  for _ in $(seq 100); do
+    grep -aqs "Linux version" "$log" && break
+    kill -0 "$probe_pid" 2>/dev/null || break
+    sleep 0.1
+  done
+  kill "$probe_pid" 2>/dev/null || true
+  wait "$probe_pid" 2>/dev/null || true
+  probe_pid=""
+  grep -aqs "Linux version" "$log"
 }
 accel=${SANDBOX_AGENT_ACCEL:-}
 if [ -z "$accel" ]; then
@@ -55,23 +84,6 @@ fi
 case "$accel" in kvm|tcg) ;; *) die "SANDBOX_AGENT_ACCEL must be kvm or tcg" ;; esac
 cpu=max
 [ "$accel" = kvm ] && cpu=host
-
-work=$(mktemp -d)
-vhost_pid="" qemu_pid=""
-# QEMU and vhost-device-vsock never outlive this script: they run in the
-# background so a TERM/INT is handled at once, and the EXIT trap stops both.
-cleanup() {
-  for p in $qemu_pid $vhost_pid; do
-    kill "$p" 2>/dev/null || true
-  done
-  for p in $qemu_pid $vhost_pid; do
-    wait "$p" 2>/dev/null || true
-  done
-  rm -f "$uds" "${uds}_"* 2>/dev/null || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
-trap 'exit 1' INT TERM HUP
 
 rm -f "$uds"
 ctl=$work/vhost.sock
