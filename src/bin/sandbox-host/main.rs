@@ -1,0 +1,237 @@
+//! `sandbox-host`: the reference host. Serves Klavis's Local Sandbox REST
+//! API over a pool of sandbox agents, and their MCP endpoints.
+//!
+//! Modules: `api` (the REST endpoints and the TTL reaper), `mcp_proxy`
+//! (MCP URLs → the agent's data plane), `pool` (the process backend and its
+//! warm pool), `store` (SQLite state), `signed` (transfer URLs).
+
+mod api;
+mod mcp_proxy;
+mod pool;
+mod signed;
+mod store;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::Context;
+use axum::Router;
+use axum::routing::{get, post, put};
+use clap::Parser;
+
+/// Reference host: the Klavis Local Sandbox REST API over a pool of
+/// sandbox-agent processes.
+#[derive(Parser, Debug)]
+#[command(name = "sandbox-host", version)]
+struct Args {
+    /// Address to serve the REST API and the MCP URLs on.
+    #[arg(long, default_value = "127.0.0.1:8080", value_name = "HOST:PORT")]
+    listen: String,
+    /// State: the SQLite database, agents' directories, uploads.
+    #[arg(long, value_name = "DIR")]
+    data_dir: PathBuf,
+    /// An API key (repeatable). Each key is its own owner.
+    #[arg(long = "api-key", value_name = "KEY", env = "SANDBOX_HOST_API_KEY")]
+    api_keys: Vec<String>,
+    /// File with one API key per line, optionally followed by its owner
+    /// (`key owner`); keys with the same owner share sandboxes.
+    #[arg(long, value_name = "FILE")]
+    api_key_file: Option<PathBuf>,
+    /// Where sandboxes run: `process` (local agents), or `qemu`.
+    #[arg(long, default_value = "process")]
+    backend: String,
+    /// Idle sandboxes kept warm.
+    #[arg(long, default_value_t = 2)]
+    pool_size: usize,
+    /// Base of the URLs handed out (MCP and transfer URLs). Default:
+    /// http://<listen>.
+    #[arg(long, value_name = "URL")]
+    public_url: Option<String>,
+    /// The agent binary. Default: sandbox-agent next to this binary.
+    #[arg(long, value_name = "FILE")]
+    agent_bin: Option<PathBuf>,
+    /// The MCP server manifest the agents run.
+    #[arg(long, value_name = "FILE")]
+    manifest: Option<PathBuf>,
+    /// Multiplies every TTL (0.05 makes 60 s last 3 s; for tests).
+    #[arg(long, default_value_t = 1.0)]
+    time_scale: f64,
+    /// Largest archive a PUT may upload, in bytes.
+    #[arg(long, default_value_t = 8 << 30)]
+    max_upload_bytes: u64,
+}
+
+fn keys(args: &Args) -> anyhow::Result<HashMap<String, String>> {
+    let mut keys = HashMap::new();
+    for k in &args.api_keys {
+        keys.insert(k.clone(), owner_of_key(k));
+    }
+    if let Some(f) = &args.api_key_file {
+        let text =
+            std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?;
+        for line in text
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        {
+            let mut it = line.split_whitespace();
+            let key = it.next().unwrap_or_default().to_owned();
+            let owner = it.next().map_or_else(|| owner_of_key(&key), str::to_owned);
+            keys.insert(key, owner);
+        }
+    }
+    for k in keys.keys() {
+        anyhow::ensure!(k.len() >= 16, "API keys must be at least 16 characters");
+    }
+    Ok(keys)
+}
+
+/// A key without a named owner is its own owner (named by a digest, so the
+/// key itself is never stored).
+fn owner_of_key(key: &str) -> String {
+    use sha2::Digest;
+    let d = sha2::Sha256::digest(key.as_bytes());
+    format!("key-{}", &sandbox_agent::workspace::stream::hex(&d)[..16])
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    anyhow::ensure!(
+        args.backend == "process",
+        "backend {:?} is not available: this build serves `process` only (the qemu backend is not built yet)",
+        args.backend
+    );
+    anyhow::ensure!(args.time_scale > 0.0, "--time-scale must be positive");
+    let mut keys = keys(&args)?;
+    let mut generated = None;
+    if keys.is_empty() {
+        let k = sandbox_agent::auth::Token::generate().context("generating an API key")?;
+        keys.insert(k.expose().to_owned(), owner_of_key(k.expose()));
+        generated = Some(k.expose().to_owned());
+    }
+    std::fs::create_dir_all(&args.data_dir)
+        .with_context(|| format!("creating {}", args.data_dir.display()))?;
+    let uploads = args.data_dir.join("uploads");
+    std::fs::create_dir_all(&uploads)?;
+    let agent_bin = match &args.agent_bin {
+        Some(p) => p.clone(),
+        None => std::env::current_exe()?
+            .parent()
+            .map(|d| d.join("sandbox-agent"))
+            .context("locating sandbox-agent")?,
+    };
+    let store = store::Store::open(&args.data_dir.join("host.db"))?;
+    let signing_key = signing_key(&args.data_dir)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async move {
+        let pool = pool::Pool::new(pool::PoolConfig {
+            agent_bin,
+            manifest: args.manifest.clone(),
+            dir: pool::slots_dir(&args.data_dir),
+            size: args.pool_size,
+        })?;
+        // Sandboxes from before a restart keep their agents; those whose
+        // agent is gone are marked error.
+        let live = store.list(None)?;
+        let in_use: Vec<String> = live.iter().map(|s| s.slot.clone()).collect();
+        let gone = pool.recover(&in_use).await;
+        for s in live.iter().filter(|s| gone.contains(&s.slot)) {
+            store.set_status(&s.id, "error", &api::timestamp())?;
+        }
+        let listener = tokio::net::TcpListener::bind(&args.listen)
+            .await
+            .with_context(|| format!("listening on {}", args.listen))?;
+        let addr = listener.local_addr()?;
+        let public_url = args
+            .public_url
+            .clone()
+            .unwrap_or_else(|| format!("http://{addr}"))
+            .trim_end_matches('/')
+            .to_owned();
+        let host = Arc::new(api::Host {
+            store,
+            pool: pool.clone(),
+            signer: signed::Signer::new(signing_key),
+            keys,
+            public_url: public_url.clone(),
+            uploads,
+            time_scale: args.time_scale,
+            max_upload_bytes: args.max_upload_bytes,
+        });
+        tokio::spawn(pool.clone().keep_warm());
+        tokio::spawn(api::reap(host.clone()));
+        let app = Router::new()
+            .route("/local-sandbox", post(api::acquire).get(api::list))
+            .route("/local-sandbox/{id}", get(api::get).delete(api::release))
+            .route("/local-sandbox/{id}/reset", post(api::reset))
+            .route("/local-sandbox/{id}/upload-url", post(api::upload_url))
+            .route("/local-sandbox/{id}/initialize", post(api::initialize))
+            .route("/local-sandbox/{id}/dump", get(api::dump_url))
+            .route("/transfer/upload/{id}", put(api::upload))
+            .route("/transfer/dump/{id}", get(api::download))
+            .route("/openapi.json", get(openapi))
+            .fallback(mcp_proxy::proxy)
+            .with_state(host);
+        println!("sandbox-host: base URL {public_url}");
+        if let Some(k) = generated {
+            println!("sandbox-host: API key {k}");
+        }
+        use std::io::Write;
+        let _ = std::io::stdout().flush();
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async {
+                use tokio::signal::unix::{SignalKind, signal};
+                match signal(SignalKind::terminate()) {
+                    Ok(mut term) => tokio::select! {
+                        _ = term.recv() => {}
+                        _ = tokio::signal::ctrl_c() => {}
+                    },
+                    Err(_) => {
+                        let _ = tokio::signal::ctrl_c().await;
+                    }
+                }
+            })
+            .await?;
+        pool.stop_idle();
+        anyhow::Ok(())
+    })
+}
+
+/// The key that signs transfer URLs: random, kept in the data dir so URLs
+/// stay valid across a restart.
+fn signing_key(dir: &std::path::Path) -> anyhow::Result<Vec<u8>> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = dir.join("signing.key");
+    if let Ok(k) = std::fs::read(&path) {
+        return Ok(k);
+    }
+    let mut k = vec![0u8; 32];
+    getrandom::fill(&mut k).map_err(|e| anyhow::anyhow!("random: {e}"))?;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path)?;
+    std::io::Write::write_all(&mut f, &k)?;
+    Ok(k)
+}
+
+/// The OpenAPI document of what this host serves.
+async fn openapi() -> axum::Json<serde_json::Value> {
+    axum::Json(include_openapi())
+}
+
+fn include_openapi() -> serde_json::Value {
+    let text = include_str!("openapi.json");
+    serde_json::from_str(text).unwrap_or_else(|e| serde_json::json!({"error": e.to_string()}))
+}

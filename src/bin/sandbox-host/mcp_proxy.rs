@@ -1,0 +1,122 @@
+//! `{public_url}/{server}/mcp/?local_sandbox_id={id}`: the MCP endpoints of
+//! a sandbox, reverse-proxied to its agent's data plane with bodies
+//! streamed both ways (SSE answers pass through as they are written). The
+//! API key is checked, and only the owner's sandbox is reachable.
+
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::{Request, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use http_body_util::BodyExt;
+use hyper_util::rt::TokioIo;
+
+use crate::api::Shared;
+
+/// Request headers that are not forwarded: hop-by-hop ones, and the API
+/// key (the agent's own data plane has its own rules).
+const NOT_FORWARDED: &[&str] = &[
+    "connection",
+    "keep-alive",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "authorization",
+];
+
+fn detail(status: StatusCode, msg: impl Into<String>) -> Response {
+    (
+        status,
+        axum::Json(serde_json::json!({"detail": msg.into()})),
+    )
+        .into_response()
+}
+
+/// `/<server>/mcp` or `/<server>/mcp/` → server.
+fn server_of(path: &str) -> Option<&str> {
+    let rest = path.strip_prefix('/')?;
+    let rest = rest.strip_suffix('/').unwrap_or(rest);
+    let name = rest.strip_suffix("/mcp")?;
+    (!name.is_empty() && !name.contains('/')).then_some(name)
+}
+
+/// The router's fallback: MCP endpoints, else 404.
+pub async fn proxy(State(h): State<Shared>, req: Request<Body>) -> Response {
+    let Some(server) = server_of(req.uri().path()).map(str::to_owned) else {
+        return detail(StatusCode::NOT_FOUND, "Not Found");
+    };
+    let id = req
+        .uri()
+        .query()
+        .and_then(|q| url_param(q, "local_sandbox_id"));
+    let Some(id) = id else {
+        return detail(
+            StatusCode::BAD_REQUEST,
+            "the MCP URL needs ?local_sandbox_id=<id> (use mcp_server_url from the acquire answer)",
+        );
+    };
+    let s = match crate::api::sandbox_of(&h, req.headers(), &id) {
+        Ok(s) => s,
+        Err(e) => return e.into_response(),
+    };
+    if !s.servers.iter().any(|sv| sv.name == server) {
+        return detail(
+            StatusCode::NOT_FOUND,
+            format!("sandbox {id} has no server {server}"),
+        );
+    }
+    let Some(slot) = h.pool.leased_slot(&s.slot) else {
+        return detail(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the sandbox's agent is gone",
+        );
+    };
+    let (parts, body) = req.into_parts();
+    let mut up = Request::builder()
+        .method(parts.method.clone())
+        .uri(format!("/{server}/mcp"))
+        .header(header::HOST, "localhost");
+    for (k, v) in &parts.headers {
+        if !NOT_FORWARDED.contains(&k.as_str()) && k != header::HOST {
+            up = up.header(k, v);
+        }
+    }
+    let up = match up.body(body) {
+        Ok(r) => r,
+        Err(e) => return detail(StatusCode::BAD_REQUEST, e.to_string()),
+    };
+    let sock = match tokio::net::UnixStream::connect(slot.mcp_socket()).await {
+        Ok(s) => s,
+        Err(e) => {
+            return detail(
+                StatusCode::BAD_GATEWAY,
+                format!("the sandbox's MCP data plane: {e}"),
+            );
+        }
+    };
+    let (mut send, conn) = match hyper::client::conn::http1::handshake(TokioIo::new(sock)).await {
+        Ok(x) => x,
+        Err(e) => return detail(StatusCode::BAD_GATEWAY, e.to_string()),
+    };
+    tokio::spawn(conn);
+    match send.send_request(up).await {
+        Ok(resp) => {
+            let (parts, body) = resp.into_parts();
+            let mut r = Response::from_parts(parts, Body::new(body.map_err(axum::Error::new)));
+            for h in ["connection", "keep-alive", "transfer-encoding"] {
+                r.headers_mut().remove(h);
+            }
+            r
+        }
+        Err(e) => detail(StatusCode::BAD_GATEWAY, e.to_string()),
+    }
+}
+
+fn url_param(query: &str, key: &str) -> Option<String> {
+    serde_urlencoded::from_str::<Vec<(String, String)>>(query)
+        .ok()?
+        .into_iter()
+        .find(|(k, _)| k == key)
+        .map(|(_, v)| v)
+}

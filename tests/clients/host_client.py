@@ -1,0 +1,103 @@
+"""Drives sandbox-host's REST API the way Klavis's Local Sandbox notebook
+does, with httpx, plus the official MCP client on an mcp_server_url.
+
+    host_client.py BASE API_KEY SCENARIO [ARGS]
+
+Scenarios print one JSON object on stdout:
+  notebook          acquire filesystem+git+terminal, upload a 3-file tar.gz through
+                    the signed URL, initialize, dump, list the archive, release
+  mcp               acquire filesystem, list and call its tools through mcp_server_url
+  cycles N          N concurrent acquire/initialize/dump/release cycles
+"""
+import asyncio
+import io
+import json
+import sys
+import tarfile
+
+import httpx
+
+
+def archive():
+    files = {
+        "hello.txt": "Hello from Klavis Local Sandbox!",
+        "notes.md": "# Notes\n- item 1\n- item 2",
+        "config.json": '{"app": "demo", "version": "1.0"}',
+    }
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for name, content in files.items():
+            data = content.encode()
+            info = tarfile.TarInfo(name=name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+async def cycle(base, headers, servers):
+    out = {}
+    async with httpx.AsyncClient(timeout=120.0) as client:
+        resp = await client.post(f"{base}/local-sandbox", headers=headers, json={"server_names": servers})
+        out["acquire_status"] = resp.status_code
+        data = resp.json()
+        out["acquire"] = data
+        sid = data["local_sandbox_id"]
+        resp = await client.post(f"{base}/local-sandbox/{sid}/upload-url", headers=headers)
+        upload = resp.json()
+        out["upload_url"] = upload
+        resp = await client.put(upload["upload_url"], headers={"Content-Type": "application/gzip"},
+                                content=archive())
+        out["upload_status"] = resp.status_code
+        resp = await client.post(f"{base}/local-sandbox/{sid}/initialize", headers=headers)
+        out["initialize"] = resp.json()
+        resp = await client.get(f"{base}/local-sandbox/{sid}/dump", headers=headers)
+        dump = resp.json()
+        out["dump_url"] = dump
+        resp = await client.get(dump["download_url"])
+        with tarfile.open(fileobj=io.BytesIO(resp.content), mode="r:gz") as tar:
+            out["members"] = [[m.name, m.size] for m in tar.getmembers()]
+        resp = await client.delete(f"{base}/local-sandbox/{sid}", headers=headers)
+        out["release"] = resp.json()
+    return out
+
+
+async def mcp(base, headers):
+    from mcp import ClientSession
+    from mcp.client.streamable_http import streamablehttp_client
+    async with httpx.AsyncClient(timeout=60.0) as client:
+        resp = await client.post(f"{base}/local-sandbox", headers=headers,
+                                 json={"server_names": ["filesystem"]})
+        data = resp.json()
+    url = data["servers"][0]["mcp_server_url"]
+    async with streamablehttp_client(url, headers=headers) as (r, w, _):
+        async with ClientSession(r, w) as s:
+            await s.initialize()
+            tools = sorted(t.name for t in (await s.list_tools()).tools)
+            await s.call_tool("write_file", {"path": "via-host.txt", "content": "through the host"})
+            got = await s.call_tool("read_text_file", {"path": "via-host.txt"})
+            text = "".join(c.text for c in got.content if c.type == "text")
+    async with httpx.AsyncClient(timeout=60.0) as client:
+        await client.delete(f"{base}/local-sandbox/{data['local_sandbox_id']}", headers=headers)
+    return {"tools": tools, "text": text, "url": url}
+
+
+async def main():
+    base, key, scenario = sys.argv[1], sys.argv[2], sys.argv[3]
+    headers = {"Authorization": f"Bearer {key}"}
+    if scenario == "notebook":
+        out = await cycle(base, headers, ["filesystem", "git", "terminal"])
+    elif scenario == "mcp":
+        out = await mcp(base, headers)
+    elif scenario == "cycles":
+        n = int(sys.argv[4])
+        results = await asyncio.gather(*(cycle(base, headers, ["filesystem"]) for _ in range(n)),
+                                       return_exceptions=True)
+        out = {"ok": sum(1 for r in results if isinstance(r, dict) and len(r["members"]) == 4),
+               "errors": [repr(r) for r in results if not isinstance(r, dict)]}
+    else:
+        raise SystemExit(f"unknown scenario {scenario}")
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
