@@ -30,7 +30,12 @@ impl Host {
     fn start(dir: &Path, extra: &[&str]) -> Host {
         let manifest = dir.join("servers.toml");
         if !manifest.exists() {
-            std::fs::write(&manifest, shipped_manifest(&dir.join("state"))).expect("manifest");
+            // The state root stays as shipped: the host gives each agent its own.
+            std::fs::write(
+                &manifest,
+                shipped_manifest(Path::new("/var/lib/sandbox-agent")),
+            )
+            .expect("manifest");
         }
         let keys = dir.join("keys");
         std::fs::write(&keys, format!("{KEY_A} alice\n{KEY_B} bob\n")).expect("keys");
