@@ -66,7 +66,7 @@ export SANDBOX_AGENT_MCP2_PYTHON=${SANDBOX_AGENT_MCP2_PYTHON:-/opt/sandbox-agent
 
 # The real MCP servers the tests run (pinned; skipped when installed).
 export SANDBOX_AGENT_SERVERS_DIR=${SANDBOX_AGENT_SERVERS_DIR:-/opt/sandbox-agent/servers}
-$SUDO packaging/install-servers.sh --prefix "$SANDBOX_AGENT_SERVERS_DIR" filesystem git localmemory excel
+$SUDO packaging/install-servers.sh --prefix "$SANDBOX_AGENT_SERVERS_DIR" filesystem git terminal localmemory excel
 
 step "cargo fmt --check"
 cargo fmt --check

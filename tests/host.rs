@@ -5,147 +5,12 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::mcp::shipped_manifest;
-use serde_json::{Value, json};
-
-const HOST: &str = env!("CARGO_BIN_EXE_sandbox-host");
-const AGENT: &str = env!("CARGO_BIN_EXE_sandbox-agent");
-const CLIENT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/clients/host_client.py");
-const KEY_A: &str = "key-a-0123456789abcdef";
-const KEY_B: &str = "key-b-0123456789abcdef";
-
-struct Host {
-    child: Option<Child>,
-    base: String,
-    data: PathBuf,
-    _dir: Option<tempfile::TempDir>,
-}
-
-impl Host {
-    fn start(dir: &Path, extra: &[&str]) -> Host {
-        let manifest = dir.join("servers.toml");
-        if !manifest.exists() {
-            // The state root stays as shipped: the host gives each agent its own.
-            std::fs::write(
-                &manifest,
-                shipped_manifest(Path::new("/var/lib/sandbox-agent")),
-            )
-            .expect("manifest");
-        }
-        let keys = dir.join("keys");
-        std::fs::write(&keys, format!("{KEY_A} alice\n{KEY_B} bob\n")).expect("keys");
-        let data = dir.join("data");
-        let mut child = Command::new(HOST)
-            .args(["--listen", "127.0.0.1:0", "--pool-size", "1"])
-            .arg("--data-dir")
-            .arg(&data)
-            .arg("--api-key-file")
-            .arg(&keys)
-            .arg("--agent-bin")
-            .arg(AGENT)
-            .arg("--manifest")
-            .arg(&manifest)
-            .args(extra)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("sandbox-host");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().expect("stdout"))
-            .read_line(&mut line)
-            .expect("base URL line");
-        let base = line
-            .trim()
-            .strip_prefix("sandbox-host: base URL ")
-            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-            .to_owned();
-        Host {
-            child: Some(child),
-            base,
-            data,
-            _dir: None,
-        }
-    }
-
-    fn stop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(c.id() as i32),
-                nix::sys::signal::Signal::SIGTERM,
-            );
-            let _ = c.wait();
-        }
-    }
-
-    /// Pids of the agents this host started (alive or not).
-    fn agents(&self) -> Vec<i32> {
-        let Ok(rd) = std::fs::read_dir(self.data.join("slots")) else {
-            return Vec::new();
-        };
-        rd.flatten()
-            .filter_map(|e| std::fs::read_to_string(e.path().join("agent.pid")).ok())
-            .filter_map(|p| p.trim().parse().ok())
-            .collect()
-    }
-}
-
-impl Drop for Host {
-    fn drop(&mut self) {
-        self.stop();
-        // Agents outlive the host on purpose (restarts); not the test.
-        for pid in self.agents() {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid),
-                nix::sys::signal::Signal::SIGKILL,
-            );
-        }
-    }
-}
-
-fn alive(pid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .is_ok_and(|s| !s.rsplit_once(") ").is_some_and(|(_, r)| r.starts_with('Z')))
-}
-
-fn py(host: &Host, key: &str, args: &[&str]) -> Value {
-    let out = Command::new("python3")
-        .arg(CLIENT)
-        .arg(&host.base)
-        .arg(key)
-        .args(args)
-        .output()
-        .expect("python3");
-    assert!(
-        out.status.success(),
-        "host_client.py {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("client JSON")
-}
-
-/// One HTTP request with curl: (status, body).
-fn http(method: &str, url: &str, key: Option<&str>, body: Option<&str>) -> (u16, Value) {
-    let mut c = Command::new("curl");
-    c.args(["-s", "-o", "-", "-w", "\n%{http_code}", "-X", method, url]);
-    if let Some(k) = key {
-        c.args(["-H", &format!("authorization: Bearer {k}")]);
-    }
-    if let Some(b) = body {
-        c.args(["-H", "content-type: application/json", "-d", b]);
-    }
-    let out = c.output().expect("curl");
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    let (body, code) = text.rsplit_once('\n').expect("status");
-    (
-        code.parse().expect("code"),
-        serde_json::from_str(body).unwrap_or(Value::String(body.to_owned())),
-    )
-}
+use common::host::{Host, KEY_A, KEY_B, alive, http, py};
+use serde_json::json;
 
 #[test]
 fn the_notebook_flow_runs_unchanged() {
@@ -455,4 +320,172 @@ fn concurrent_cycles_leave_nothing_behind() {
         None,
     );
     assert_eq!(list["total_count"], 0, "{list}");
+}
+
+/// The idle slots' directories.
+fn slot_dirs(host: &Host) -> Vec<PathBuf> {
+    std::fs::read_dir(host.data.join("slots"))
+        .map(|d| d.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default()
+}
+
+/// The lease an agent holds, and the pid of each server it runs.
+async fn agent_state(slot: &Path) -> Option<(String, Vec<(String, u32)>)> {
+    let c = sandbox_agent::connect(&format!("unix://{}", slot.join("agent.sock").display()))
+        .await
+        .ok()?;
+    let info = c
+        .agent()
+        .get_info(sandbox_agent::proto::GetInfoRequest {})
+        .await
+        .ok()?
+        .into_inner();
+    let lease = info.lease?.lease_id;
+    let servers = c
+        .servers()
+        .list(sandbox_agent::proto::ListServersRequest {})
+        .await
+        .ok()?
+        .into_inner()
+        .servers
+        .into_iter()
+        .filter(|s| s.in_lease && s.pid != 0)
+        .map(|s| (s.name, s.pid))
+        .collect();
+    Some((lease, servers))
+}
+
+/// Waits until exactly one slot exists and its agent holds a lease with
+/// `server` running; returns (slot dir, lease id, server pid).
+fn wait_warm(host: &Host, server: &str, not: &[PathBuf]) -> (PathBuf, String, u32) {
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        for dir in slot_dirs(host).into_iter().filter(|d| !not.contains(d)) {
+            if let Some((lease, servers)) = rt.block_on(agent_state(&dir))
+                && let Some((_, pid)) = servers.iter().find(|(n, _)| n == server)
+            {
+                return (dir, lease, *pid);
+            }
+        }
+        assert!(Instant::now() < deadline, "no warm lease of {server}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn warm_leases_serve_matching_acquires_and_give_way_to_others() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let host = Host::start(dir.path(), &["--warm-servers", "filesystem"]);
+    let b = host.base.clone();
+
+    // The idle sandbox already runs filesystem under a lease of its own.
+    let (slot, lease, pid) = wait_warm(&host, "filesystem", &[]);
+    let (code, a) = http(
+        "POST",
+        &format!("{b}/local-sandbox"),
+        Some(KEY_A),
+        Some(r#"{"server_names": ["filesystem"]}"#),
+    );
+    assert_eq!(code, 201, "{a}");
+    // That lease became the sandbox, and its server was not restarted.
+    assert_eq!(a["local_sandbox_id"], lease.as_str(), "{a}");
+    assert_eq!(a["servers"][0]["server_name"], "filesystem", "{a}");
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let (_, servers) = rt.block_on(agent_state(&slot)).expect("agent state");
+    assert_eq!(servers, [("filesystem".to_owned(), pid)]);
+    let init = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"curl","version":"1"}}}"#;
+    let (code, v) = http(
+        "POST",
+        &format!("{b}/filesystem/mcp/?local_sandbox_id={lease}"),
+        Some(KEY_A),
+        Some(init),
+    );
+    assert_eq!(code, 200, "{v}");
+    assert!(v["result"]["serverInfo"].is_object(), "{v}");
+
+    // Another request on a warm slot: its warm lease ends first, and the
+    // sandbox runs only what was asked for.
+    let (slot2, lease2, _) = wait_warm(&host, "filesystem", std::slice::from_ref(&slot));
+    let (code, a) = http(
+        "POST",
+        &format!("{b}/local-sandbox"),
+        Some(KEY_A),
+        Some(r#"{"server_names": ["localmemory"], "benchmark": null}"#),
+    );
+    assert_eq!(code, 201, "{a}");
+    let id2 = a["local_sandbox_id"].as_str().expect("id").to_owned();
+    assert_ne!(id2, lease2, "a new lease, not the warm one");
+    let (held, servers) = rt.block_on(agent_state(&slot2)).expect("agent state");
+    assert_eq!(held, id2);
+    assert_eq!(
+        servers.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(),
+        ["localmemory"]
+    );
+    for id in [&lease, &id2] {
+        let (code, _) = http(
+            "DELETE",
+            &format!("{b}/local-sandbox/{id}"),
+            Some(KEY_A),
+            None,
+        );
+        assert_eq!(code, 200);
+    }
+    let (_, list) = http("GET", &format!("{b}/local-sandbox"), Some(KEY_A), None);
+    assert_eq!(list["total_count"], 0, "{list}");
+}
+
+#[test]
+fn bad_query_parameters_are_422() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let host = Host::start(dir.path(), &[]);
+    let b = &host.base;
+    let (code, a) = http(
+        "POST",
+        &format!("{b}/local-sandbox"),
+        Some(KEY_A),
+        Some(r#"{"server_names": ["filesystem"]}"#),
+    );
+    assert_eq!(code, 201, "{a}");
+    let id = a["local_sandbox_id"].as_str().expect("id");
+    for (m, path, loc) in [
+        (
+            "POST",
+            format!("/local-sandbox/{id}/upload-url?region=eu"),
+            "region",
+        ),
+        (
+            "POST",
+            format!("/local-sandbox/{id}/initialize?region=mars"),
+            "region",
+        ),
+        (
+            "GET",
+            format!("/local-sandbox/{id}/dump?region=EU"),
+            "region",
+        ),
+        (
+            "DELETE",
+            format!("/local-sandbox/{id}?is_ttl=maybe"),
+            "is_ttl",
+        ),
+    ] {
+        let (code, v) = http(m, &format!("{b}{path}"), Some(KEY_A), None);
+        assert_eq!(code, 422, "{m} {path}: {v}");
+        assert_eq!(v["detail"][0]["loc"], json!(["query", loc]), "{v}");
+    }
+    let (code, v) = http(
+        "POST",
+        &format!("{b}/local-sandbox/{id}/upload-url?region=asia"),
+        Some(KEY_A),
+        None,
+    );
+    assert_eq!(code, 200, "{v}");
+    let (code, _) = http(
+        "DELETE",
+        &format!("{b}/local-sandbox/{id}?is_ttl=true"),
+        Some(KEY_A),
+        None,
+    );
+    assert_eq!(code, 200);
 }

@@ -96,17 +96,8 @@ fn initramfs(dir: &Path) -> (PathBuf, String) {
         let kernel = p.with_extension("").with_extension("vmlinuz");
         return (p, kernel_release(&kernel));
     }
-    let out = dir.join("initramfs.cpio.gz");
-    let r = Command::new(format!("{ROOT}/packaging/vm/build-initramfs.sh"))
-        .arg(&out)
-        .output()
-        .expect("build-initramfs.sh");
-    assert!(
-        r.status.success(),
-        "build-initramfs.sh failed:\n{}",
-        String::from_utf8_lossy(&r.stderr)
-    );
-    (out.clone(), kernel_release(&dir.join("initramfs.vmlinuz")))
+    let out = common::vm::build_initramfs(dir, "initramfs", &[]);
+    (out, kernel_release(&dir.join("initramfs.vmlinuz")))
 }
 
 /// The release string a bzImage carries (at the offset its header names).

@@ -12,24 +12,28 @@
 # (SANDBOX_AGENT_ACCEL=kvm|tcg forces one). The serial console goes to
 # stderr.
 #
+# With --probe-accel it boots nothing: it prints the accelerator it would
+# use (kvm or tcg) and exits 0, so a caller starting many VMs probes once.
+#
 # Exit status: 0 when the guest powered off cleanly; 1 on a guest kernel
 # panic (pvpanic), or when QEMU or vhost-device-vsock fails; 2 on bad usage.
 set -euo pipefail
 
 die() { echo "run-qemu: $*" >&2; exit 2; }
-initramfs="" uds="" kernel="" memory=512
+initramfs="" uds="" kernel="" memory=512 probe_only=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --initramfs) initramfs=${2:-}; shift 2 ;;
     --vsock-uds) uds=${2:-}; shift 2 ;;
     --kernel) kernel=${2:-}; shift 2 ;;
     --memory) memory=${2:-}; shift 2 ;;
-    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    --probe-accel) probe_only=1; shift ;;
+    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
     *) die "unknown argument $1 (see --help)" ;;
   esac
 done
 [ -f "$initramfs" ] || die "--initramfs FILE is required and must exist"
-[ -n "$uds" ] || die "--vsock-uds PATH is required"
+[ -n "$uds" ] || [ "$probe_only" = 1 ] || die "--vsock-uds PATH is required"
 [ -n "$kernel" ] || kernel=${initramfs%.cpio.gz}.vmlinuz
 [ -f "$kernel" ] || die "no kernel at $kernel (give --kernel FILE; build-initramfs.sh puts one next to the initramfs)"
 [[ "$memory" =~ ^[0-9]+$ ]] && [ "$memory" -ge 128 ] || die "--memory must be a number of MiB, at least 128"
@@ -49,7 +53,7 @@ cleanup() {
   for p in $probe_pid $qemu_pid $vhost_pid; do
     wait "$p" 2>/dev/null || true
   done
-  rm -f "$uds" "${uds}_"* 2>/dev/null || true
+  if [ -n "$uds" ]; then rm -f "$uds" "${uds}_"* 2>/dev/null || true; fi
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -82,6 +86,10 @@ if [ -z "$accel" ]; then
   if kvm_boots; then accel=kvm; else accel=tcg; fi
 fi
 case "$accel" in kvm|tcg) ;; *) die "SANDBOX_AGENT_ACCEL must be kvm or tcg" ;; esac
+if [ "$probe_only" = 1 ]; then
+  echo "$accel"
+  exit 0
+fi
 cpu=max
 [ "$accel" = kvm ] && cpu=host
 

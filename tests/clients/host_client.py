@@ -4,8 +4,9 @@ does, with httpx, plus the official MCP client on an mcp_server_url.
     host_client.py BASE API_KEY SCENARIO [ARGS]
 
 Scenarios print one JSON object on stdout:
-  notebook          acquire filesystem+git+terminal, upload a 3-file tar.gz through
-                    the signed URL, initialize, dump, list the archive, release
+  notebook [NAMES]  acquire filesystem+git+terminal (or NAMES, comma-separated), upload
+                    a 3-file tar.gz through the signed URL, initialize, dump, list the
+                    archive, release
   mcp               acquire filesystem, list and call its tools through mcp_server_url
   cycles N          N concurrent acquire/initialize/dump/release cycles
 """
@@ -36,7 +37,7 @@ def archive():
 
 async def cycle(base, headers, servers):
     out = {}
-    async with httpx.AsyncClient(timeout=120.0) as client:
+    async with httpx.AsyncClient(timeout=300.0) as client:
         resp = await client.post(f"{base}/local-sandbox", headers=headers, json={"server_names": servers})
         out["acquire_status"] = resp.status_code
         data = resp.json()
@@ -64,12 +65,12 @@ async def cycle(base, headers, servers):
 async def mcp(base, headers):
     from mcp import ClientSession
     from mcp.client.streamable_http import streamablehttp_client
-    async with httpx.AsyncClient(timeout=60.0) as client:
+    async with httpx.AsyncClient(timeout=300.0) as client:
         resp = await client.post(f"{base}/local-sandbox", headers=headers,
                                  json={"server_names": ["filesystem"]})
         data = resp.json()
     url = data["servers"][0]["mcp_server_url"]
-    async with streamablehttp_client(url, headers=headers) as (r, w, _):
+    async with streamablehttp_client(url, headers=headers, timeout=120, sse_read_timeout=300) as (r, w, _):
         async with ClientSession(r, w) as s:
             await s.initialize()
             tools = sorted(t.name for t in (await s.list_tools()).tools)
@@ -85,7 +86,8 @@ async def main():
     base, key, scenario = sys.argv[1], sys.argv[2], sys.argv[3]
     headers = {"Authorization": f"Bearer {key}"}
     if scenario == "notebook":
-        out = await cycle(base, headers, ["filesystem", "git", "terminal"])
+        servers = sys.argv[4].split(",") if len(sys.argv) > 4 else ["filesystem", "git", "terminal"]
+        out = await cycle(base, headers, servers)
     elif scenario == "mcp":
         out = await mcp(base, headers)
     elif scenario == "cycles":

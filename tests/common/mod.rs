@@ -1,7 +1,9 @@
 //! Test harness: starts the real `sandbox-agent` and `sandboxctl` binaries.
 #![allow(dead_code)]
 
+pub mod host;
 pub mod mcp;
+pub mod vm;
 pub mod ws;
 
 use std::io::{BufRead, BufReader};

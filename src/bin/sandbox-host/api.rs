@@ -357,36 +357,70 @@ pub async fn acquire(
 ) -> ApiResult {
     let who = owner(&h, &headers)?;
     let req = parse_acquire(&body)?;
-    let slot = h.pool.take().await.map_err(|e| {
+    // A warm lease serves only a plain Acquire of exactly its servers.
+    let plain = req.benchmark.is_none() && req.email.is_empty();
+    let matches_warm = plain
+        && h.pool
+            .warm_profile()
+            .is_some_and(|p| p.matches(req.servers.as_deref()));
+    let taken = h.pool.take(matches_warm).await.map_err(|e| {
         detail(
             StatusCode::SERVICE_UNAVAILABLE,
             format!("no sandbox available: {e:#}"),
         )
     })?;
-    let id = uuid::Uuid::new_v4().to_string();
-    let result = async {
-        let c = slot
-            .client()
+    let slot = taken.slot;
+    let warm_hit = matches_warm && taken.warm.is_some();
+    let result = match taken.warm {
+        Some(w) if matches_warm => Ok((w.lease_id, w.servers)),
+        other => {
+            async {
+                let c = slot
+                    .client()
+                    .await
+                    .map_err(|e| detail(StatusCode::SERVICE_UNAVAILABLE, format!("{e:#}")))?;
+                if let Some(w) = other {
+                    // A warm lease of other servers: ended first.
+                    c.agent()
+                        .release(proto::ReleaseRequest {
+                            lease_id: w.lease_id,
+                            is_ttl: false,
+                        })
+                        .await
+                        .map_err(|s| agent_error("releasing the warm lease", s))?;
+                }
+                let id = uuid::Uuid::new_v4().to_string();
+                let r = c
+                    .agent()
+                    .acquire(proto::AcquireRequest {
+                        lease_id: id.clone(),
+                        server_names: req.servers.clone().unwrap_or_default(),
+                        all_servers: req.servers.is_none(),
+                        benchmark: benchmark_proto(&req.benchmark),
+                        // The host's reaper owns the TTL (it survives host
+                        // restarts in the database).
+                        ttl_seconds: Some(0),
+                        test_account_email: req.email.clone(),
+                        ..Default::default()
+                    })
+                    .await
+                    .map_err(|s| {
+                        // A name of the API that this sandbox's manifest
+                        // (or VM image) does not carry is the request's
+                        // fault, not a missing resource.
+                        if s.code() == tonic::Code::NotFound {
+                            detail(StatusCode::BAD_REQUEST, format!("acquire: {}", s.message()))
+                        } else {
+                            agent_error("acquire", s)
+                        }
+                    })?
+                    .into_inner();
+                Ok((id, r.servers.into_iter().map(|s| s.name).collect()))
+            }
             .await
-            .map_err(|e| detail(StatusCode::SERVICE_UNAVAILABLE, format!("{e:#}")))?;
-        c.agent()
-            .acquire(proto::AcquireRequest {
-                lease_id: id.clone(),
-                server_names: req.servers.clone().unwrap_or_default(),
-                all_servers: req.servers.is_none(),
-                benchmark: benchmark_proto(&req.benchmark),
-                // The host's reaper owns the TTL (it survives host
-                // restarts in the database).
-                ttl_seconds: Some(0),
-                test_account_email: req.email.clone(),
-                ..Default::default()
-            })
-            .await
-            .map(|r| r.into_inner())
-            .map_err(|s| agent_error("acquire", s))
-    }
-    .await;
-    let acquired = match result {
+        }
+    };
+    let (id, mut servers): (String, Vec<String>) = match result {
         Ok(a) => a,
         Err(e) => {
             // The agent stayed idle: it goes back to the pool.
@@ -396,6 +430,10 @@ pub async fn acquire(
             return Err(e);
         }
     };
+    // In the order asked for (a warm lease lists its profile's order).
+    if let Some(asked) = &req.servers {
+        servers.sort_by_key(|n| asked.iter().position(|a| a == n).unwrap_or(usize::MAX));
+    }
     let now = timestamp();
     let row = SandboxRow {
         id: id.clone(),
@@ -403,11 +441,10 @@ pub async fn acquire(
         slot: slot.id.clone(),
         status: "occupied".into(),
         benchmark: req.benchmark.clone(),
-        servers: acquired
-            .servers
-            .iter()
-            .map(|s| ServerRow {
-                name: s.name.clone(),
+        servers: servers
+            .into_iter()
+            .map(|name| ServerRow {
+                name,
                 id: uuid::Uuid::new_v4().to_string(),
             })
             .collect(),
@@ -418,7 +455,7 @@ pub async fn acquire(
             .map(|t| now_ms() + (f64::from(t) * 1000.0 * h.time_scale) as i64),
     };
     h.store.insert(&row).map_err(internal)?;
-    info!(sandbox = %id, slot = %slot.id, servers = row.servers.len(), "acquired");
+    info!(sandbox = %id, slot = %slot.id, servers = row.servers.len(), warm = warm_hit, "acquired");
     let mut body = info(&h, &row);
     if let Some(o) = body.as_object_mut() {
         o.remove("created_at");
@@ -449,10 +486,45 @@ pub async fn get(State(h): State<Shared>, headers: HeaderMap, Path(id): Path<Str
     Ok(Json(info(&h, &s)).into_response())
 }
 
-#[derive(Deserialize)]
-pub struct ReleaseQuery {
-    #[serde(default)]
-    is_ttl: bool,
+/// A query parameter FastAPI would check: the 422 its validation gives.
+fn query_error(name: &str, msg: &str, kind: &str, input: &str) -> ApiError {
+    invalid(vec![verr(
+        &[json!("query"), json!(name)],
+        msg,
+        kind,
+        &json!(input),
+    )])
+}
+
+/// `?is_ttl=`, parsed as pydantic parses a boolean.
+fn is_ttl(q: &HashMap<String, String>) -> Result<bool, ApiError> {
+    let Some(v) = q.get("is_ttl") else {
+        return Ok(false);
+    };
+    match v.to_ascii_lowercase().as_str() {
+        "1" | "true" | "t" | "yes" | "y" | "on" => Ok(true),
+        "0" | "false" | "f" | "no" | "n" | "off" => Ok(false),
+        _ => Err(query_error(
+            "is_ttl",
+            "Input should be a valid boolean, unable to interpret input",
+            "bool_parsing",
+            v,
+        )),
+    }
+}
+
+/// `?region=` of the transfer endpoints (Klavis's `GCSRegion`): accepted
+/// and checked; this host stores archives itself, so it changes nothing.
+fn check_region(q: &HashMap<String, String>) -> Result<(), ApiError> {
+    match q.get("region").map(String::as_str) {
+        None | Some("us") | Some("asia") => Ok(()),
+        Some(v) => Err(query_error(
+            "region",
+            "Input should be 'us' or 'asia'",
+            "enum",
+            v,
+        )),
+    }
 }
 
 /// Ends a sandbox: marked released now, the agent released in the
@@ -497,10 +569,12 @@ pub async fn release(
     State(h): State<Shared>,
     headers: HeaderMap,
     Path(id): Path<String>,
-    Query(q): Query<ReleaseQuery>,
+    Query(q): Query<HashMap<String, String>>,
 ) -> ApiResult {
+    owner(&h, &headers)?;
+    let is_ttl = is_ttl(&q)?;
     let s = sandbox_of(&h, &headers, &id)?;
-    release_in_background(&h, &s, q.is_ttl);
+    release_in_background(&h, &s, is_ttl);
     Ok(Json(json!({"message": format!(
         "Local sandbox release started for {id}: it will be released asynchronously in background."
     )}))
@@ -561,7 +635,10 @@ pub async fn upload_url(
     State(h): State<Shared>,
     headers: HeaderMap,
     Path(id): Path<String>,
+    Query(q): Query<HashMap<String, String>>,
 ) -> ApiResult {
+    owner(&h, &headers)?;
+    check_region(&q)?;
     sandbox_of(&h, &headers, &id)?;
     Ok(Json(
         json!({"upload_url": signed_url(&h, "upload", &id), "expires_in_minutes": URL_MINUTES}),
@@ -574,7 +651,10 @@ pub async fn dump_url(
     State(h): State<Shared>,
     headers: HeaderMap,
     Path(id): Path<String>,
+    Query(q): Query<HashMap<String, String>>,
 ) -> ApiResult {
+    owner(&h, &headers)?;
+    check_region(&q)?;
     sandbox_of(&h, &headers, &id)?;
     Ok(Json(
         json!({"download_url": signed_url(&h, "dump", &id), "expires_in_minutes": URL_MINUTES}),
@@ -670,7 +750,10 @@ pub async fn initialize(
     State(h): State<Shared>,
     headers: HeaderMap,
     Path(id): Path<String>,
+    Query(q): Query<HashMap<String, String>>,
 ) -> ApiResult {
+    owner(&h, &headers)?;
+    check_region(&q)?;
     let s = sandbox_of(&h, &headers, &id)?;
     let path = h.uploads.join(format!("{id}.tar.gz"));
     let file = tokio::fs::File::open(&path).await.map_err(|_| {

@@ -2,8 +2,9 @@
 //! API over a pool of sandbox agents, and their MCP endpoints.
 //!
 //! Modules: `api` (the REST endpoints and the TTL reaper), `mcp_proxy`
-//! (MCP URLs → the agent's data plane), `pool` (the process backend and its
-//! warm pool), `store` (SQLite state), `signed` (transfer URLs).
+//! (MCP URLs → the agent's data plane), `pool` (the process and qemu
+//! backends and the warm pool), `store` (SQLite state), `signed` (transfer
+//! URLs).
 
 mod api;
 mod mcp_proxy;
@@ -21,7 +22,7 @@ use axum::routing::{get, post, put};
 use clap::Parser;
 
 /// Reference host: the Klavis Local Sandbox REST API over a pool of
-/// sandbox-agent processes.
+/// sandbox agents (local processes or QEMU VMs).
 #[derive(Parser, Debug)]
 #[command(name = "sandbox-host", version)]
 struct Args {
@@ -38,12 +39,29 @@ struct Args {
     /// (`key owner`); keys with the same owner share sandboxes.
     #[arg(long, value_name = "FILE")]
     api_key_file: Option<PathBuf>,
-    /// Where sandboxes run: `process` (local agents), or `qemu`.
-    #[arg(long, default_value = "process")]
-    backend: String,
-    /// Idle sandboxes kept warm.
+    /// Where sandboxes run: `process` (a local sandbox-agent each), or
+    /// `qemu` (a VM each, booted from --vm-image).
+    #[arg(long, value_enum, default_value = "process")]
+    backend: BackendKind,
+    /// Idle sandboxes kept ready.
     #[arg(long, default_value_t = 2)]
     pool_size: usize,
+    /// Servers that idle sandboxes start in advance (`ALL`, or names
+    /// separated by commas); an Acquire of exactly these, without benchmark,
+    /// email or auth data, then starts nothing. Empty: none.
+    #[arg(long, default_value = "", value_name = "NAMES")]
+    warm_servers: String,
+    /// qemu backend: the initramfs from packaging/vm/build-initramfs.sh
+    /// (its .vmlinuz beside it).
+    #[arg(long, value_name = "FILE")]
+    vm_image: Option<PathBuf>,
+    /// qemu backend: guest memory of each VM, in MiB.
+    #[arg(long, default_value_t = 1024, value_name = "MIB")]
+    vm_memory: u32,
+    /// qemu backend: packaging/vm/run-qemu.sh. Default: the one in the
+    /// source tree this binary was built from.
+    #[arg(long, value_name = "FILE")]
+    vm_runner: Option<PathBuf>,
     /// Base of the URLs handed out (MCP and transfer URLs). Default:
     /// http://<listen>.
     #[arg(long, value_name = "URL")]
@@ -60,6 +78,70 @@ struct Args {
     /// Largest archive a PUT may upload, in bytes.
     #[arg(long, default_value_t = 8 << 30)]
     max_upload_bytes: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum BackendKind {
+    Process,
+    Qemu,
+}
+
+/// The backend the arguments describe, checked before anything starts.
+fn backend(args: &Args) -> anyhow::Result<pool::Backend> {
+    match args.backend {
+        BackendKind::Process => {
+            let agent_bin = match &args.agent_bin {
+                Some(p) => p.clone(),
+                None => std::env::current_exe()?
+                    .parent()
+                    .map(|d| d.join("sandbox-agent"))
+                    .context("locating sandbox-agent")?,
+            };
+            anyhow::ensure!(
+                agent_bin.is_file(),
+                "no agent binary at {} (give --agent-bin)",
+                agent_bin.display()
+            );
+            Ok(pool::Backend::Process {
+                agent_bin,
+                manifest: args.manifest.clone(),
+            })
+        }
+        BackendKind::Qemu => {
+            let image = args.vm_image.clone().context(
+                "--backend qemu needs --vm-image (build one with packaging/vm/build-initramfs.sh)",
+            )?;
+            anyhow::ensure!(image.is_file(), "no VM image at {}", image.display());
+            anyhow::ensure!(
+                args.manifest.is_none(),
+                "--manifest is for the process backend: a VM runs the manifest baked into its image"
+            );
+            anyhow::ensure!(
+                args.vm_memory >= 256,
+                "--vm-memory must be at least 256 MiB"
+            );
+            let run_script = match &args.vm_runner {
+                Some(p) => p.clone(),
+                None => PathBuf::from(concat!(
+                    env!("CARGO_MANIFEST_DIR"),
+                    "/packaging/vm/run-qemu.sh"
+                )),
+            };
+            anyhow::ensure!(
+                run_script.is_file(),
+                "no run-qemu.sh at {} (give --vm-runner)",
+                run_script.display()
+            );
+            let accel = pool::probe_accel(&run_script, &image)?;
+            tracing::info!(%accel, "VMs will run with {accel}");
+            Ok(pool::Backend::Qemu {
+                run_script,
+                image,
+                memory_mib: args.vm_memory,
+                accel,
+            })
+        }
+    }
 }
 
 fn keys(args: &Args) -> anyhow::Result<HashMap<String, String>> {
@@ -104,11 +186,6 @@ fn main() -> anyhow::Result<()> {
         )
         .with_writer(std::io::stderr)
         .init();
-    anyhow::ensure!(
-        args.backend == "process",
-        "backend {:?} is not available: this build serves `process` only (the qemu backend is not built yet)",
-        args.backend
-    );
     anyhow::ensure!(args.time_scale > 0.0, "--time-scale must be positive");
     let mut keys = keys(&args)?;
     let mut generated = None;
@@ -121,13 +198,18 @@ fn main() -> anyhow::Result<()> {
         .with_context(|| format!("creating {}", args.data_dir.display()))?;
     let uploads = args.data_dir.join("uploads");
     std::fs::create_dir_all(&uploads)?;
-    let agent_bin = match &args.agent_bin {
-        Some(p) => p.clone(),
-        None => std::env::current_exe()?
-            .parent()
-            .map(|d| d.join("sandbox-agent"))
-            .context("locating sandbox-agent")?,
-    };
+    let backend = backend(&args)?;
+    let warm = pool::WarmProfile::parse(&args.warm_servers);
+    if let Some(pool::WarmProfile::Servers(names)) = &warm
+        && let Some(bad) = names
+            .iter()
+            .find(|n| !api::SERVER_NAMES.contains(&n.as_str()))
+    {
+        anyhow::bail!(
+            "--warm-servers: {bad:?} is not a Local Sandbox server name ({})",
+            api::SERVER_NAMES.join(", ")
+        );
+    }
     let store = store::Store::open(&args.data_dir.join("host.db"))?;
     let signing_key = signing_key(&args.data_dir)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -135,10 +217,10 @@ fn main() -> anyhow::Result<()> {
         .build()?;
     runtime.block_on(async move {
         let pool = pool::Pool::new(pool::PoolConfig {
-            agent_bin,
-            manifest: args.manifest.clone(),
+            backend,
             dir: pool::slots_dir(&args.data_dir),
             size: args.pool_size,
+            warm,
         })?;
         // Sandboxes from before a restart keep their agents; those whose
         // agent is gone are marked error.

@@ -86,7 +86,13 @@ pub async fn proxy(State(h): State<Shared>, req: Request<Body>) -> Response {
         Ok(r) => r,
         Err(e) => return detail(StatusCode::BAD_REQUEST, e.to_string()),
     };
-    let sock = match tokio::net::UnixStream::connect(slot.mcp_socket()).await {
+    let sock = match sandbox_agent::transport::dial(
+        &slot.mcp_endpoint(),
+        std::time::Duration::from_secs(5),
+        &sandbox_agent::transport::HvsockOptions::default(),
+    )
+    .await
+    {
         Ok(s) => s,
         Err(e) => {
             return detail(

@@ -1,9 +1,21 @@
-//! The `process` backend: each sandbox is a local `sandbox-agent` process
-//! with its own directory (workspace, unix sockets, log), started in its own
-//! session so it outlives a host restart. A pool keeps `size` idle agents
-//! warm; a released agent goes back to the pool (its Release already
-//! cleared the workspace and stopped its servers) or is stopped when the
-//! pool is full. Agents that die are dropped and replaced.
+//! Where sandboxes run, and the warm pool.
+//!
+//! A *slot* is one sandbox agent with its own directory under
+//! `<data>/slots/<id>`. Two backends make slots:
+//! - `process`: a local `sandbox-agent` process (workspace, unix sockets and
+//!   log in the slot directory);
+//! - `qemu`: a VM booted from the image of `packaging/vm` by `run-qemu.sh`,
+//!   whose agent is reached over hybrid vsock (`vsock.sock` in the slot
+//!   directory; gRPC on port 1024, the MCP data plane on 1025).
+//!
+//! Either way the slot's main process runs in its own session, so it
+//! outlives a host restart (`recover` takes it back). The pool keeps `size`
+//! idle slots; with a warm profile, idle slots also hold a *warm lease*: the
+//! profile's servers already acquired, so an Acquire that asks for exactly
+//! those is answered without starting anything. A released slot goes back
+//! to the pool (its Release cleared the workspace and stopped its servers)
+//! or is stopped when the pool is full. Slots that die are dropped and
+//! replaced.
 
 use std::collections::HashMap;
 use std::os::unix::process::CommandExt;
@@ -13,32 +25,102 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use sandbox_agent::proto;
+use sandbox_agent::transport::Endpoint;
 use tokio::sync::Notify;
 use tracing::{info, warn};
 
 /// The state root of the shipped manifest (`packaging/servers.toml`).
 const STATE_ROOT: &str = "/var/lib/sandbox-agent";
+/// The VM image's agent ports (`packaging/vm/build-initramfs.sh`).
+const VM_AGENT_PORT: u32 = 1024;
+const VM_MCP_PORT: u32 = 1025;
+
+/// How slots are made.
+#[derive(Debug, Clone)]
+pub enum Backend {
+    Process {
+        agent_bin: PathBuf,
+        manifest: Option<PathBuf>,
+    },
+    Qemu {
+        /// `packaging/vm/run-qemu.sh`.
+        run_script: PathBuf,
+        /// An initramfs from `build-initramfs.sh` (its kernel beside it).
+        image: PathBuf,
+        memory_mib: u32,
+        /// `kvm` or `tcg`, decided once (see [`probe_accel`]).
+        accel: String,
+    },
+}
+
+impl Backend {
+    fn kind(&self) -> Kind {
+        match self {
+            Backend::Process { .. } => Kind::Process,
+            Backend::Qemu { .. } => Kind::Qemu,
+        }
+    }
+    /// How long a new slot may take to serve.
+    fn start_deadline(&self) -> Duration {
+        match self {
+            Backend::Process { .. } => Duration::from_secs(20),
+            // A VM under TCG boots in seconds, but slowly on a busy machine.
+            Backend::Qemu { .. } => Duration::from_secs(300),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Process,
+    Qemu,
+}
+
+impl Kind {
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Process => "process",
+            Kind::Qemu => "qemu",
+        }
+    }
+}
 
 #[derive(Debug, Clone)]
 pub struct Slot {
     pub id: String,
     pub dir: PathBuf,
+    /// The slot's main process: the agent, or run-qemu.sh. It leads its
+    /// own process group.
     pub pid: u32,
+    pub kind: Kind,
 }
 
 impl Slot {
     pub fn agent_uri(&self) -> String {
-        format!("unix://{}", self.dir.join("agent.sock").display())
+        match self.kind {
+            Kind::Process => format!("unix://{}", self.dir.join("agent.sock").display()),
+            Kind::Qemu => format!(
+                "hvsock://{}:{VM_AGENT_PORT}",
+                self.dir.join("vsock.sock").display()
+            ),
+        }
     }
-    pub fn mcp_socket(&self) -> PathBuf {
-        self.dir.join("mcp.sock")
+    /// The agent's MCP data plane.
+    pub fn mcp_endpoint(&self) -> Endpoint {
+        match self.kind {
+            Kind::Process => Endpoint::Unix(self.dir.join("mcp.sock")),
+            Kind::Qemu => Endpoint::HybridVsock {
+                path: self.dir.join("vsock.sock"),
+                port: VM_MCP_PORT,
+            },
+        }
     }
     pub async fn client(&self) -> anyhow::Result<sandbox_agent::Client> {
         sandbox_agent::connect(&self.agent_uri())
             .await
             .with_context(|| format!("agent of slot {}", self.id))
     }
-    /// Alive, and still our agent (not a reused pid).
+    /// Alive, and still our process (not a reused pid).
     pub fn alive(&self) -> bool {
         let Ok(stat) = std::fs::read_to_string(format!("/proc/{}/stat", self.pid)) else {
             return false;
@@ -52,16 +134,78 @@ impl Slot {
     }
 }
 
+/// The servers idle slots are pre-acquired with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WarmProfile {
+    All,
+    Servers(Vec<String>),
+}
+
+impl WarmProfile {
+    /// Parses `--warm-servers`: `ALL` or a comma-separated list.
+    pub fn parse(s: &str) -> Option<WarmProfile> {
+        let s = s.trim();
+        if s.is_empty() {
+            return None;
+        }
+        if s == "ALL" {
+            return Some(WarmProfile::All);
+        }
+        let mut names: Vec<String> = s
+            .split(',')
+            .map(|n| n.trim().to_owned())
+            .filter(|n| !n.is_empty())
+            .collect();
+        names.sort();
+        names.dedup();
+        Some(WarmProfile::Servers(names))
+    }
+
+    /// Does an Acquire of `servers` (None: ALL) without benchmark, email or
+    /// auth data match this profile?
+    pub fn matches(&self, servers: Option<&[String]>) -> bool {
+        match (self, servers) {
+            (WarmProfile::All, None) => true,
+            (WarmProfile::Servers(want), Some(asked)) => {
+                let mut asked = asked.to_vec();
+                asked.sort();
+                asked.dedup();
+                &asked == want
+            }
+            _ => false,
+        }
+    }
+}
+
+/// A lease an idle slot already holds: its id (the future sandbox id) and
+/// the servers it runs.
+#[derive(Debug, Clone)]
+pub struct WarmLease {
+    pub lease_id: String,
+    pub servers: Vec<String>,
+}
+
+/// What [`Pool::take`] hands out.
+pub struct Taken {
+    pub slot: Slot,
+    pub warm: Option<WarmLease>,
+}
+
+struct Idle {
+    slot: Slot,
+    warm: Option<WarmLease>,
+}
+
 pub struct PoolConfig {
-    pub agent_bin: PathBuf,
-    pub manifest: Option<PathBuf>,
+    pub backend: Backend,
     pub dir: PathBuf,
     pub size: usize,
+    pub warm: Option<WarmProfile>,
 }
 
 pub struct Pool {
     cfg: PoolConfig,
-    idle: Mutex<Vec<Slot>>,
+    idle: Mutex<Vec<Idle>>,
     leased: Mutex<HashMap<String, Slot>>,
     refill: Notify,
 }
@@ -78,16 +222,21 @@ impl Pool {
         }))
     }
 
-    fn idle(&self) -> std::sync::MutexGuard<'_, Vec<Slot>> {
+    fn idle(&self) -> std::sync::MutexGuard<'_, Vec<Idle>> {
         self.idle.lock().unwrap_or_else(|p| p.into_inner())
     }
     fn leased(&self) -> std::sync::MutexGuard<'_, HashMap<String, Slot>> {
         self.leased.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// After a host restart: agents still running are taken back (leased
-    /// when a live sandbox names them, idle otherwise); the rest removed.
-    /// Returns the slots that are gone.
+    pub fn warm_profile(&self) -> Option<&WarmProfile> {
+        self.cfg.warm.as_ref()
+    }
+
+    /// After a host restart: slots still running are taken back (leased
+    /// when a live sandbox names them, idle otherwise, after releasing any
+    /// lease they hold); the rest are removed. Returns the slots that are
+    /// gone.
     pub async fn recover(&self, in_use: &[String]) -> Vec<String> {
         let mut gone = Vec::new();
         let Ok(entries) = std::fs::read_dir(&self.cfg.dir) else {
@@ -96,6 +245,10 @@ impl Pool {
         for e in entries.flatten() {
             let id = e.file_name().to_string_lossy().into_owned();
             let dir = e.path();
+            let kind = match std::fs::read_to_string(dir.join("backend")).as_deref() {
+                Ok("qemu") => Kind::Qemu,
+                _ => Kind::Process,
+            };
             let pid = std::fs::read_to_string(dir.join("agent.pid"))
                 .ok()
                 .and_then(|p| p.trim().parse().ok());
@@ -103,22 +256,31 @@ impl Pool {
                 id: id.clone(),
                 dir: dir.clone(),
                 pid,
+                kind,
             });
             match slot {
                 Some(s) if s.alive() && in_use.contains(&id) => {
                     self.leased().insert(id, s);
                 }
-                Some(s) if s.alive() && self.idle().len() < self.cfg.size => {
-                    // An agent nobody leases may still hold a lease of a
-                    // sandbox released while the host was down.
+                Some(s)
+                    if s.alive()
+                        && s.kind == self.cfg.backend.kind()
+                        && self.idle().len() < self.cfg.size =>
+                {
+                    // An agent nobody leases may still hold a warm lease, or
+                    // the lease of a sandbox released while the host was
+                    // down.
                     if let Ok(c) = s.client().await {
                         let _ = c.agent().release(proto::ReleaseRequest::default()).await;
                     }
-                    self.idle().push(s);
+                    self.idle().push(Idle {
+                        slot: s,
+                        warm: None,
+                    });
                 }
                 other => {
                     if let Some(s) = other {
-                        stop(&s);
+                        let _ = tokio::task::spawn_blocking(move || stop(&s)).await;
                     }
                     let _ = std::fs::remove_dir_all(&dir);
                     gone.push(id);
@@ -128,46 +290,66 @@ impl Pool {
         gone
     }
 
-    /// A warm agent, or a new one when none is idle.
-    pub async fn take(self: &Arc<Self>) -> anyhow::Result<Slot> {
-        let warm = loop {
-            let s = self.idle().pop();
-            match s {
-                Some(s) if s.alive() => break Some(s),
-                Some(s) => {
-                    let _ = std::fs::remove_dir_all(&s.dir);
+    /// An idle slot, or a new one when none is. `matches_warm` says whether
+    /// the Acquire asks for exactly the warm profile: then a slot holding a
+    /// warm lease is preferred (and handed out with it); otherwise a bare
+    /// slot is, and a warm lease handed out with a non-matching request is
+    /// for the caller to release first.
+    pub async fn take(self: &Arc<Self>, matches_warm: bool) -> anyhow::Result<Taken> {
+        let picked = {
+            let mut idle = self.idle();
+            idle.retain(|i| {
+                let ok = i.slot.alive();
+                if !ok {
+                    let _ = std::fs::remove_dir_all(&i.slot.dir);
                 }
-                None => break None,
-            }
+                ok
+            });
+            let pos = idle
+                .iter()
+                .position(|i| i.warm.is_some() == matches_warm)
+                .or(if idle.is_empty() { None } else { Some(0) });
+            pos.map(|p| idle.remove(p))
         };
         self.refill.notify_one();
-        let slot = match warm {
-            Some(s) => s,
-            None => self.spawn().await?,
+        let taken = match picked {
+            Some(i) => Taken {
+                slot: i.slot,
+                warm: i.warm,
+            },
+            None => Taken {
+                slot: self.spawn().await?,
+                warm: None,
+            },
         };
-        self.leased().insert(slot.id.clone(), slot.clone());
-        Ok(slot)
+        self.leased()
+            .insert(taken.slot.id.clone(), taken.slot.clone());
+        Ok(taken)
     }
 
     pub fn leased_slot(&self, id: &str) -> Option<Slot> {
         self.leased().get(id).cloned()
     }
 
-    /// A released agent: back to the pool, or stopped when it is full.
+    /// A released slot: back to the pool, or stopped when it is full.
+    /// Blocking (it may wait for a process to stop).
     pub fn give_back(&self, slot_id: &str) {
         let Some(slot) = self.leased().remove(slot_id) else {
             return;
         };
         let mut idle = self.idle();
         if slot.alive() && idle.len() < self.cfg.size {
-            idle.push(slot);
+            idle.push(Idle { slot, warm: None });
+            drop(idle);
+            self.refill.notify_one();
         } else {
             drop(idle);
             discard(&slot);
         }
     }
 
-    /// An agent that cannot be trusted any more (died, failed to release).
+    /// A slot that cannot be trusted any more (died, failed to release).
+    /// Blocking.
     pub fn drop_slot(&self, slot_id: &str) {
         if let Some(slot) = self.leased().remove(slot_id) {
             discard(&slot);
@@ -184,65 +366,94 @@ impl Pool {
             .collect()
     }
 
-    /// Keeps `size` idle agents warm.
+    /// Keeps `size` idle slots, each holding a warm lease when a profile is
+    /// set.
     pub async fn keep_warm(self: Arc<Self>) {
         loop {
-            self.idle().retain(|s| {
-                let ok = s.alive();
-                if !ok {
-                    let _ = std::fs::remove_dir_all(&s.dir);
-                }
-                ok
-            });
-            while self.idle().len() < self.cfg.size {
+            let short = self.idle().len() < self.cfg.size;
+            if short {
                 match self.spawn().await {
-                    Ok(s) => self.idle().push(s),
+                    Ok(slot) => self.idle().push(Idle { slot, warm: None }),
                     Err(e) => {
-                        warn!(error = %format!("{e:#}"), "cannot start a pool agent");
+                        warn!(error = %format!("{e:#}"), "cannot start a pool sandbox");
                         tokio::time::sleep(Duration::from_secs(2)).await;
-                        break;
                     }
+                }
+                continue;
+            }
+            if let Some(profile) = self.cfg.warm.clone() {
+                let bare = {
+                    let mut idle = self.idle();
+                    let pos = idle.iter().position(|i| i.warm.is_none());
+                    pos.map(|p| idle.remove(p))
+                };
+                if let Some(mut i) = bare {
+                    match pre_acquire(&i.slot, &profile).await {
+                        Ok(w) => {
+                            info!(slot = %i.slot.id, lease = %w.lease_id, "warm lease ready");
+                            i.warm = Some(w);
+                            self.idle().push(i);
+                        }
+                        Err(e) => {
+                            warn!(slot = %i.slot.id, error = %format!("{e:#}"), "cannot pre-acquire the warm servers; the slot stays bare");
+                            self.idle().push(i);
+                            tokio::time::sleep(Duration::from_secs(5)).await;
+                        }
+                    }
+                    continue;
                 }
             }
             tokio::select! {
                 _ = self.refill.notified() => {}
-                _ = tokio::time::sleep(Duration::from_secs(2)) => {}
+                _ = tokio::time::sleep(Duration::from_secs(2)) => {
+                    self.idle().retain(|i| {
+                        let ok = i.slot.alive();
+                        if !ok {
+                            let _ = std::fs::remove_dir_all(&i.slot.dir);
+                        }
+                        ok
+                    });
+                }
             }
         }
     }
 
-    /// Starts an agent in a new slot and waits until it serves.
+    /// Starts a slot and waits until its agent serves.
     async fn spawn(&self) -> anyhow::Result<Slot> {
         let id = uuid::Uuid::new_v4().simple().to_string();
         let dir = self.cfg.dir.join(&id);
-        std::fs::create_dir_all(dir.join("ws"))
-            .with_context(|| format!("creating {}", dir.display()))?;
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        let kind = self.cfg.backend.kind();
+        std::fs::write(dir.join("backend"), kind.name())?;
         let log = std::fs::File::create(dir.join("agent.log"))?;
-        let mut cmd = std::process::Command::new(&self.cfg.agent_bin);
-        cmd.arg("--listen")
-            .arg(format!("unix://{}", dir.join("agent.sock").display()))
-            .arg("--mcp-listen")
-            .arg(format!("unix://{}", dir.join("mcp.sock").display()))
-            .arg("--workspace")
-            .arg(dir.join("ws"))
-            .arg("--name")
-            .arg(&id)
-            .env("SANDBOX_AGENT_CONFIG", "/dev/null")
-            .stdin(std::process::Stdio::null())
+        let mut cmd = match &self.cfg.backend {
+            Backend::Process {
+                agent_bin,
+                manifest,
+            } => process_command(&dir, &id, agent_bin, manifest.as_deref())?,
+            Backend::Qemu {
+                run_script,
+                image,
+                memory_mib,
+                accel,
+            } => {
+                let mut c = std::process::Command::new(run_script);
+                c.arg("--initramfs")
+                    .arg(image)
+                    .arg("--vsock-uds")
+                    .arg(dir.join("vsock.sock"))
+                    .arg("--memory")
+                    .arg(memory_mib.to_string())
+                    .env("SANDBOX_AGENT_ACCEL", accel);
+                c
+            }
+        };
+        cmd.stdin(std::process::Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log);
-        if let Some(m) = &self.cfg.manifest {
-            // Agents on one machine must not share server state: each gets
-            // the manifest with the state root moved into its slot.
-            let text =
-                std::fs::read_to_string(m).with_context(|| format!("reading {}", m.display()))?;
-            let own = text.replace(STATE_ROOT, &dir.join("state").display().to_string());
-            let path = dir.join("servers.toml");
-            std::fs::write(&path, own)?;
-            cmd.arg("--manifest").arg(path);
-        }
-        // Its own session: a host restart (or its terminal closing) does
-        // not take the agent down.
+        // Its own session (and process group): a host restart (or its
+        // terminal closing) does not take the slot down, and a stop reaches
+        // every process of it.
         // SAFETY: setsid is async-signal-safe.
         unsafe {
             cmd.pre_exec(|| {
@@ -251,17 +462,15 @@ impl Pool {
                     .map_err(std::io::Error::from)
             });
         }
-        let mut child = cmd
-            .spawn()
-            .with_context(|| format!("starting {}", self.cfg.agent_bin.display()))?;
+        let mut child = cmd.spawn().with_context(|| format!("starting {cmd:?}"))?;
         let pid = child.id();
         std::fs::write(dir.join("agent.pid"), pid.to_string())?;
         // Reap it when it exits (while this host runs).
         std::thread::spawn(move || {
             let _ = child.wait();
         });
-        let slot = Slot { id, dir, pid };
-        let deadline = Instant::now() + Duration::from_secs(20);
+        let slot = Slot { id, dir, pid, kind };
+        let deadline = Instant::now() + self.cfg.backend.start_deadline();
         loop {
             if let Ok(c) = slot.client().await
                 && let Ok(r) = c
@@ -274,37 +483,115 @@ impl Pool {
             }
             if !slot.alive() || Instant::now() > deadline {
                 let log = std::fs::read_to_string(slot.dir.join("agent.log")).unwrap_or_default();
-                discard(&slot);
-                anyhow::bail!("the agent did not start serving: {}", log.trim());
+                let s = slot.clone();
+                let _ = tokio::task::spawn_blocking(move || discard(&s)).await;
+                anyhow::bail!(
+                    "the {} sandbox did not start serving: {}",
+                    kind.name(),
+                    tail(&log, 2000)
+                );
             }
-            tokio::time::sleep(Duration::from_millis(25)).await;
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        info!(slot = %slot.id, pid, "agent started");
+        info!(slot = %slot.id, pid, backend = kind.name(), "sandbox started");
         Ok(slot)
     }
 
-    /// Stops every idle agent (leased ones keep running for a restart).
+    /// Stops every idle slot (leased ones keep running for a restart).
     pub fn stop_idle(&self) {
-        for s in self.idle().drain(..) {
-            discard(&s);
+        let idle: Vec<Idle> = self.idle().drain(..).collect();
+        for i in idle {
+            discard(&i.slot);
         }
     }
 }
 
-/// SIGTERM (the agent stops its servers), SIGKILL after a grace.
+/// The command line of a local agent in slot `dir`.
+fn process_command(
+    dir: &Path,
+    id: &str,
+    agent_bin: &Path,
+    manifest: Option<&Path>,
+) -> anyhow::Result<std::process::Command> {
+    std::fs::create_dir_all(dir.join("ws"))?;
+    let mut cmd = std::process::Command::new(agent_bin);
+    cmd.arg("--listen")
+        .arg(format!("unix://{}", dir.join("agent.sock").display()))
+        .arg("--mcp-listen")
+        .arg(format!("unix://{}", dir.join("mcp.sock").display()))
+        .arg("--workspace")
+        .arg(dir.join("ws"))
+        .arg("--name")
+        .arg(id)
+        .env("SANDBOX_AGENT_CONFIG", "/dev/null");
+    if let Some(m) = manifest {
+        // Agents on one machine must not share server state: each gets the
+        // manifest with the state root moved into its slot.
+        let text =
+            std::fs::read_to_string(m).with_context(|| format!("reading {}", m.display()))?;
+        let own = text.replace(STATE_ROOT, &dir.join("state").display().to_string());
+        let path = dir.join("servers.toml");
+        std::fs::write(&path, own)?;
+        cmd.arg("--manifest").arg(path);
+    }
+    Ok(cmd)
+}
+
+/// Acquires the warm profile's servers on an idle slot, under the id its
+/// sandbox will have.
+async fn pre_acquire(slot: &Slot, profile: &WarmProfile) -> anyhow::Result<WarmLease> {
+    let lease_id = uuid::Uuid::new_v4().to_string();
+    let (names, all) = match profile {
+        WarmProfile::All => (Vec::new(), true),
+        WarmProfile::Servers(n) => (n.clone(), false),
+    };
+    let r = slot
+        .client()
+        .await?
+        .agent()
+        .acquire(proto::AcquireRequest {
+            lease_id: lease_id.clone(),
+            server_names: names,
+            all_servers: all,
+            // The host's reaper owns TTLs.
+            ttl_seconds: Some(0),
+            ..Default::default()
+        })
+        .await
+        .map_err(|s| anyhow::anyhow!("{}", s.message()))?
+        .into_inner();
+    Ok(WarmLease {
+        lease_id,
+        servers: r.servers.into_iter().map(|s| s.name).collect(),
+    })
+}
+
+/// The last `max` bytes of a log, on a character boundary.
+fn tail(s: &str, max: usize) -> &str {
+    let s = s.trim();
+    let mut start = s.len().saturating_sub(max);
+    while !s.is_char_boundary(start) {
+        start += 1;
+    }
+    &s[start..]
+}
+
+/// SIGTERM to the slot's process (the agent stops its servers; run-qemu.sh
+/// stops QEMU and vhost-device-vsock), SIGKILL to its whole process group
+/// after a grace.
 fn stop(slot: &Slot) {
-    use nix::sys::signal::{Signal, kill};
+    use nix::sys::signal::{Signal, kill, killpg};
     let pid = nix::unistd::Pid::from_raw(slot.pid as i32);
     if !slot.alive() {
         return;
     }
     let _ = kill(pid, Signal::SIGTERM);
-    let deadline = Instant::now() + Duration::from_secs(5);
+    let deadline = Instant::now() + Duration::from_secs(10);
     while slot.alive() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(20));
     }
     if slot.alive() {
-        let _ = kill(pid, Signal::SIGKILL);
+        let _ = killpg(pid, Signal::SIGKILL);
     }
 }
 
@@ -313,7 +600,28 @@ fn discard(slot: &Slot) {
     let _ = std::fs::remove_dir_all(&slot.dir);
 }
 
-/// Where a slot's directory is, for the data dir layout.
+/// Where the slots' directories are, in the data dir.
 pub fn slots_dir(data: &Path) -> PathBuf {
     data.join("slots")
+}
+
+/// Which accelerator the VMs get: `kvm` when a guest kernel really boots
+/// under it, else `tcg` (run-qemu.sh's probe, run once for the whole pool
+/// instead of once per VM).
+pub fn probe_accel(run_script: &Path, image: &Path) -> anyhow::Result<String> {
+    let out = std::process::Command::new(run_script)
+        .arg("--probe-accel")
+        .arg("--initramfs")
+        .arg(image)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .with_context(|| format!("running {}", run_script.display()))?;
+    let accel = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    anyhow::ensure!(
+        out.status.success() && (accel == "kvm" || accel == "tcg"),
+        "{} --probe-accel failed: {}",
+        run_script.display(),
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
+    Ok(accel)
 }

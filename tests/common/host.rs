@@ -1,0 +1,152 @@
+//! `sandbox-host` as the tests start it: a host on a loopback port with two
+//! owners' API keys, and small HTTP helpers (curl, the httpx client).
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use serde_json::Value;
+
+use super::AGENT;
+use super::mcp::shipped_manifest;
+
+pub const HOST: &str = env!("CARGO_BIN_EXE_sandbox-host");
+pub const CLIENT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/clients/host_client.py");
+pub const KEY_A: &str = "key-a-0123456789abcdef";
+pub const KEY_B: &str = "key-b-0123456789abcdef";
+
+pub struct Host {
+    child: Option<Child>,
+    pub base: String,
+    pub data: PathBuf,
+}
+
+impl Host {
+    /// A host with the process backend running the shipped manifest.
+    pub fn start(dir: &Path, extra: &[&str]) -> Host {
+        let manifest = dir.join("servers.toml");
+        if !manifest.exists() {
+            // The state root stays as shipped: the host gives each agent its own.
+            std::fs::write(
+                &manifest,
+                shipped_manifest(Path::new("/var/lib/sandbox-agent")),
+            )
+            .expect("manifest");
+        }
+        let mut args: Vec<String> = vec![
+            "--agent-bin".into(),
+            AGENT.into(),
+            "--manifest".into(),
+            manifest.display().to_string(),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        Host::start_with(dir, &args)
+    }
+
+    /// A host with one idle sandbox, the test's API keys, and `args`.
+    pub fn start_with(dir: &Path, args: &[String]) -> Host {
+        let keys = dir.join("keys");
+        std::fs::write(&keys, format!("{KEY_A} alice\n{KEY_B} bob\n")).expect("keys");
+        let data = dir.join("data");
+        let mut child = Command::new(HOST)
+            .args(["--listen", "127.0.0.1:0", "--pool-size", "1"])
+            .arg("--data-dir")
+            .arg(&data)
+            .arg("--api-key-file")
+            .arg(&keys)
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("sandbox-host");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().expect("stdout"))
+            .read_line(&mut line)
+            .expect("base URL line");
+        let base = line
+            .trim()
+            .strip_prefix("sandbox-host: base URL ")
+            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+            .to_owned();
+        Host {
+            child: Some(child),
+            base,
+            data,
+        }
+    }
+
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(c.id() as i32),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+            let _ = c.wait();
+        }
+    }
+
+    /// Pids of the slots' main processes this host started (agents, or
+    /// run-qemu.sh), alive or not; each leads its own process group.
+    pub fn agents(&self) -> Vec<i32> {
+        let Ok(rd) = std::fs::read_dir(self.data.join("slots")) else {
+            return Vec::new();
+        };
+        rd.flatten()
+            .filter_map(|e| std::fs::read_to_string(e.path().join("agent.pid")).ok())
+            .filter_map(|p| p.trim().parse().ok())
+            .collect()
+    }
+}
+
+impl Drop for Host {
+    fn drop(&mut self) {
+        self.stop();
+        // Sandboxes outlive the host on purpose (restarts); not the test.
+        for pid in self.agents() {
+            let _ = nix::sys::signal::killpg(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+}
+
+pub fn alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .is_ok_and(|s| !s.rsplit_once(") ").is_some_and(|(_, r)| r.starts_with('Z')))
+}
+
+pub fn py(host: &Host, key: &str, args: &[&str]) -> Value {
+    let out = Command::new("python3")
+        .arg(CLIENT)
+        .arg(&host.base)
+        .arg(key)
+        .args(args)
+        .output()
+        .expect("python3");
+    assert!(
+        out.status.success(),
+        "host_client.py {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("client JSON")
+}
+
+/// One HTTP request with curl: (status, body).
+pub fn http(method: &str, url: &str, key: Option<&str>, body: Option<&str>) -> (u16, Value) {
+    let mut c = Command::new("curl");
+    c.args(["-s", "-o", "-", "-w", "\n%{http_code}", "-X", method, url]);
+    if let Some(k) = key {
+        c.args(["-H", &format!("authorization: Bearer {k}")]);
+    }
+    if let Some(b) = body {
+        c.args(["-H", "content-type: application/json", "-d", b]);
+    }
+    let out = c.output().expect("curl");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, code) = text.rsplit_once('\n').expect("status");
+    (
+        code.parse().expect("code"),
+        serde_json::from_str(body).unwrap_or(Value::String(body.to_owned())),
+    )
+}

@@ -1,0 +1,167 @@
+//! `sandbox-host --backend qemu`: every sandbox is a VM booted from the
+//! image of `packaging/vm` (built here with the npm filesystem and memory
+//! servers), its agent reached over real virtio-vsock through
+//! vhost-device-vsock. The Klavis notebook's flow with httpx, the official
+//! MCP client through mcp_server_url, ALL, a server the image lacks, and
+//! nothing left running after the host stops.
+//!
+//! Needs what `tests/vm.rs` needs, plus the npm servers under
+//! `SANDBOX_AGENT_SERVERS_DIR`; the README's test command installs them.
+//! `SANDBOX_AGENT_VM_NODE_INITRAMFS` names a prebuilt image to skip the
+//! build.
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::host::{Host, KEY_A, KEY_B, http, py};
+use serde_json::json;
+
+fn processes_mentioning(s: &str) -> String {
+    let out = Command::new("pgrep")
+        .args(["-a", "-f", s])
+        .output()
+        .expect("pgrep");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn the_qemu_backend_serves_the_api_from_vms() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let image = match std::env::var("SANDBOX_AGENT_VM_NODE_INITRAMFS") {
+        Ok(p) => PathBuf::from(p),
+        Err(_) => common::vm::build_initramfs(
+            dir.path(),
+            "node",
+            &["--node-servers", &common::mcp::servers_dir()],
+        ),
+    };
+    let args: Vec<String> = vec![
+        "--backend".into(),
+        "qemu".into(),
+        "--vm-image".into(),
+        image.display().to_string(),
+        "--vm-memory".into(),
+        "1024".into(),
+    ];
+    let mut host = Host::start_with(dir.path(), &args);
+    let b = host.base.clone();
+
+    // The notebook's steps, in a VM.
+    let v = py(&host, KEY_A, &["notebook", "filesystem"]);
+    assert_eq!(v["acquire_status"], 201, "{v}");
+    let id = v["acquire"]["local_sandbox_id"].as_str().expect("id");
+    assert_eq!(v["acquire"]["servers"][0]["server_name"], "filesystem");
+    assert_eq!(v["upload_status"], 200, "{v}");
+    assert_eq!(v["initialize"]["status"], "occupied", "{v}");
+    assert_eq!(
+        v["members"],
+        json!([
+            [".", 0],
+            ["./config.json", 33],
+            ["./hello.txt", 32],
+            ["./notes.md", 25]
+        ])
+    );
+    assert_eq!(
+        v["release"]["message"],
+        format!(
+            "Local sandbox release started for {id}: it will be released asynchronously in background."
+        )
+    );
+
+    // The official MCP client, through the host, into the VM.
+    let v = py(&host, KEY_A, &["mcp"]);
+    assert!(
+        v["tools"]
+            .as_array()
+            .is_some_and(|t| t.iter().any(|n| n == "read_text_file")),
+        "{v}"
+    );
+    assert_eq!(v["text"], "through the host", "{v}");
+
+    // ALL is every server of the image.
+    let (code, a) = http(
+        "POST",
+        &format!("{b}/local-sandbox"),
+        Some(KEY_A),
+        Some(r#"{"server_names": "ALL", "ttl_seconds": 600}"#),
+    );
+    assert_eq!(code, 201, "{a}");
+    let all = a["local_sandbox_id"].as_str().expect("id").to_owned();
+    let mut names: Vec<&str> = a["servers"]
+        .as_array()
+        .expect("servers")
+        .iter()
+        .filter_map(|s| s["server_name"].as_str())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["filesystem", "localmemory", "notes"], "{a}");
+    let init = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"curl","version":"1"}}}"#;
+    let (code, v) = http(
+        "POST",
+        &format!("{b}/localmemory/mcp/?local_sandbox_id={all}"),
+        Some(KEY_A),
+        Some(init),
+    );
+    assert_eq!(code, 200, "{v}");
+    assert!(v["result"]["serverInfo"].is_object(), "{v}");
+    let (code, _) = http(
+        "GET",
+        &format!("{b}/local-sandbox/{all}"),
+        Some(KEY_B),
+        None,
+    );
+    assert_eq!(code, 404, "another owner's VM");
+
+    // A Klavis server this image does not carry: a clear 400, and the VM
+    // stays usable.
+    let (code, v) = http(
+        "POST",
+        &format!("{b}/local-sandbox"),
+        Some(KEY_A),
+        Some(r#"{"server_names": ["git"]}"#),
+    );
+    assert_eq!(code, 400, "{v}");
+    assert!(
+        v["detail"].as_str().is_some_and(|d| d.contains("git")),
+        "{v}"
+    );
+
+    let (code, _) = http(
+        "DELETE",
+        &format!("{b}/local-sandbox/{all}"),
+        Some(KEY_A),
+        None,
+    );
+    assert_eq!(code, 200);
+    // Releases end in the background; then one idle VM is left (the pool).
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let live = host
+            .agents()
+            .into_iter()
+            .filter(|p| common::host::alive(*p))
+            .count();
+        if live <= 1 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{live} VMs still running");
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    // Stopping the host stops its idle VM: no QEMU, vhost-device-vsock or
+    // run-qemu.sh of this host is left.
+    host.stop();
+    let data = host.data.display().to_string();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let left = processes_mentioning(&data);
+        if left.is_empty() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "left running:\n{left}");
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
