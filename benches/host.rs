@@ -1,8 +1,13 @@
-//! sandbox-host benchmark: Acquire latency with a warm pool and with a
-//! cold one (an agent started per Acquire), and the Klavis notebook's whole
-//! cycle (acquire filesystem+git+terminal, upload-url, PUT a 3-file tar.gz,
-//! initialize, dump, download, release), over HTTP on loopback against
-//! the real host, agents and MCP servers. Prints medians.
+//! sandbox-host benchmark (process backend), over HTTP on loopback against
+//! the real host, agents and MCP servers; prints medians:
+//! - Acquire of the notebook's servers (filesystem+git+terminal) with a pool
+//!   of warm leases (`--warm-servers`: the servers already running), with a
+//!   pool of bare agents (the Acquire starts the servers), and cold (no
+//!   pool: an agent started per Acquire);
+//! - the reference: the same Acquire + Release straight to an agent over
+//!   gRPC, without the host, as a ratio;
+//! - the Klavis notebook's whole cycle (acquire, upload-url, PUT a 3-file
+//!   tar.gz, initialize, dump, download, release) with each pool.
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -45,7 +50,10 @@ impl Drop for Host {
     }
 }
 
-fn start(dir: &Path, pool: usize) -> Host {
+const NOTEBOOK: &str = r#"{"server_names": ["filesystem", "git", "terminal"]}"#;
+const SERVERS: [&str; 3] = ["filesystem", "git", "terminal"];
+
+fn start(dir: &Path, name: &str, pool: usize, warm: &str) -> Host {
     use std::io::BufRead;
     let manifest = dir.join("servers.toml");
     std::fs::write(
@@ -53,10 +61,11 @@ fn start(dir: &Path, pool: usize) -> Host {
         common::shipped_manifest(Path::new("/var/lib/sandbox-agent")),
     )
     .expect("manifest");
-    let data = dir.join(format!("data-{pool}"));
+    let data = dir.join(format!("data-{name}"));
     let mut child = Command::new(HOST)
         .args(["--listen", "127.0.0.1:0", "--api-key", KEY])
         .args(["--pool-size", &pool.to_string()])
+        .args(["--warm-servers", warm])
         .arg("--data-dir")
         .arg(&data)
         .arg("--agent-bin")
@@ -154,12 +163,7 @@ async fn acquire_rounds(h: &Host, settle: Duration) -> f64 {
     for _ in 0..ROUNDS {
         tokio::time::sleep(settle).await;
         let start = Instant::now();
-        let a = api(
-            "POST",
-            &format!("{}/local-sandbox", h.base),
-            r#"{"server_names": ["filesystem"]}"#,
-        )
-        .await;
+        let a = api("POST", &format!("{}/local-sandbox", h.base), NOTEBOOK).await;
         t.push(start.elapsed().as_secs_f64() * 1000.0);
         let id = a["local_sandbox_id"].as_str().expect("id");
         api("DELETE", &format!("{}/local-sandbox/{id}", h.base), "").await;
@@ -167,49 +171,138 @@ async fn acquire_rounds(h: &Host, settle: Duration) -> f64 {
     median(&mut t)
 }
 
+/// The notebook's steps, timed whole.
+async fn cycle_rounds(h: &Host, settle: Duration) -> f64 {
+    let mut cycle = Vec::new();
+    let tgz = archive();
+    for _ in 0..ROUNDS {
+        tokio::time::sleep(settle).await;
+        let start = Instant::now();
+        let a = api("POST", &format!("{}/local-sandbox", h.base), NOTEBOOK).await;
+        let id = a["local_sandbox_id"].as_str().expect("id").to_owned();
+        let u = api(
+            "POST",
+            &format!("{}/local-sandbox/{id}/upload-url", h.base),
+            "",
+        )
+        .await;
+        let (s, _) = call(
+            "PUT",
+            u["upload_url"].as_str().expect("url"),
+            false,
+            tgz.clone(),
+            false,
+        )
+        .await;
+        assert_eq!(s, 200);
+        api(
+            "POST",
+            &format!("{}/local-sandbox/{id}/initialize", h.base),
+            "",
+        )
+        .await;
+        let d = api("GET", &format!("{}/local-sandbox/{id}/dump", h.base), "").await;
+        let (s, body) = call(
+            "GET",
+            d["download_url"].as_str().expect("url"),
+            false,
+            Bytes::new(),
+            false,
+        )
+        .await;
+        assert!(s == 200 && !body.is_empty());
+        api("DELETE", &format!("{}/local-sandbox/{id}", h.base), "").await;
+        cycle.push(start.elapsed().as_secs_f64() * 1000.0);
+    }
+    median(&mut cycle)
+}
+
+/// The reference: Acquire + Release of the same servers straight to an
+/// agent over gRPC (no REST, no pool); the Acquire's median.
+async fn direct_rounds(dir: &Path) -> f64 {
+    let state = dir.join("direct-state");
+    std::fs::create_dir_all(&state).expect("state");
+    let manifest = dir.join("direct.toml");
+    std::fs::write(&manifest, common::shipped_manifest(&state)).expect("manifest");
+    let sock = dir.join("direct.sock");
+    let mut agent = Command::new(AGENT)
+        .arg("--listen")
+        .arg(format!("unix://{}", sock.display()))
+        .arg("--workspace")
+        .arg(dir.join("direct-ws"))
+        .arg("--manifest")
+        .arg(&manifest)
+        .env("SANDBOX_AGENT_CONFIG", "/dev/null")
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("agent");
+    let uri = format!("unix://{}", sock.display());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let client = loop {
+        match sandbox_agent::connect(&uri).await {
+            Ok(c) => break c,
+            Err(e) if Instant::now() > deadline => panic!("agent never came up: {e}"),
+            Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+        }
+    };
+    let mut t = Vec::new();
+    for i in 0..ROUNDS {
+        let start = Instant::now();
+        client
+            .agent()
+            .acquire(sandbox_agent::proto::AcquireRequest {
+                lease_id: format!("direct-{i}"),
+                server_names: SERVERS.iter().map(|s| s.to_string()).collect(),
+                ..Default::default()
+            })
+            .await
+            .expect("Acquire");
+        t.push(start.elapsed().as_secs_f64() * 1000.0);
+        client
+            .agent()
+            .release(sandbox_agent::proto::ReleaseRequest::default())
+            .await
+            .expect("Release");
+    }
+    let _ = agent.kill();
+    let _ = agent.wait();
+    median(&mut t)
+}
+
 fn main() {
     let dir = tempfile::tempdir().expect("tempdir");
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     rt.block_on(async {
-        let warm = start(dir.path(), 3);
-        // Let the pool fill, and refill between rounds.
-        tokio::time::sleep(Duration::from_secs(3)).await;
-        let warm_ms = acquire_rounds(&warm, Duration::from_millis(1500)).await;
-
-        let mut cycle = Vec::new();
-        let tgz = archive();
-        for _ in 0..ROUNDS {
-            tokio::time::sleep(Duration::from_millis(1500)).await;
-            let start = Instant::now();
-            let a = api(
-                "POST",
-                &format!("{}/local-sandbox", warm.base),
-                r#"{"server_names": ["filesystem", "git", "terminal"]}"#,
-            )
-            .await;
-            let id = a["local_sandbox_id"].as_str().expect("id").to_owned();
-            let u = api("POST", &format!("{}/local-sandbox/{id}/upload-url", warm.base), "").await;
-            let (s, _) = call("PUT", u["upload_url"].as_str().expect("url"), false, tgz.clone(), false).await;
-            assert_eq!(s, 200);
-            api("POST", &format!("{}/local-sandbox/{id}/initialize", warm.base), "").await;
-            let d = api("GET", &format!("{}/local-sandbox/{id}/dump", warm.base), "").await;
-            let (s, body) = call("GET", d["download_url"].as_str().expect("url"), false, Bytes::new(), false).await;
-            assert!(s == 200 && !body.is_empty());
-            api("DELETE", &format!("{}/local-sandbox/{id}", warm.base), "").await;
-            cycle.push(start.elapsed().as_secs_f64() * 1000.0);
-        }
-        let cycle_ms = median(&mut cycle);
+        // Settle times let the pool refill between rounds (a warm lease is
+        // an agent start plus the servers' start).
+        let warm = start(dir.path(), "warm", 3, "filesystem,git,terminal");
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let warm_ms = acquire_rounds(&warm, Duration::from_millis(2500)).await;
+        let warm_cycle = cycle_rounds(&warm, Duration::from_millis(2500)).await;
         drop(warm);
 
-        let cold = start(dir.path(), 0);
+        let bare = start(dir.path(), "bare", 3, "");
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let bare_ms = acquire_rounds(&bare, Duration::from_millis(1500)).await;
+        let bare_cycle = cycle_rounds(&bare, Duration::from_millis(1500)).await;
+        drop(bare);
+
+        let cold = start(dir.path(), "cold", 0, "");
         let cold_ms = acquire_rounds(&cold, Duration::from_millis(300)).await;
         drop(cold);
 
-        println!("# sandbox-host benchmark (process backend, {ROUNDS} rounds, medians)");
-        println!("| measure | median |");
-        println!("|---|---|");
-        println!("| Acquire filesystem, warm pool (agent already running) | {warm_ms:.0} ms |");
-        println!("| Acquire filesystem, cold (agent started by the Acquire) | {cold_ms:.0} ms |");
-        println!("| notebook cycle: acquire filesystem+git+terminal → upload → initialize → dump → download → release | {cycle_ms:.0} ms |");
+        let direct_ms = direct_rounds(dir.path()).await;
+
+        println!("# sandbox-host benchmark (process backend, {ROUNDS} rounds, medians; servers filesystem+git+terminal)");
+        println!("| measure | median | vs direct agent Acquire |");
+        println!("|---|---|---|");
+        println!("| Acquire, pool of warm leases (servers already running) | {warm_ms:.1} ms | {:.2}x |", warm_ms / direct_ms);
+        println!("| Acquire, pool of bare agents (the Acquire starts the servers) | {bare_ms:.0} ms | {:.2}x |", bare_ms / direct_ms);
+        println!("| Acquire, cold (no pool: agent started by the Acquire) | {cold_ms:.0} ms | {:.2}x |", cold_ms / direct_ms);
+        println!("| reference: Acquire straight to a running agent over gRPC | {direct_ms:.0} ms | 1.00x |");
+        println!("| notebook cycle (acquire → upload → initialize → dump → download → release), warm leases | {warm_cycle:.0} ms | |");
+        println!("| notebook cycle, bare agents | {bare_cycle:.0} ms | |");
     });
 }

@@ -207,6 +207,8 @@ pub struct Pool {
     cfg: PoolConfig,
     idle: Mutex<Vec<Idle>>,
     leased: Mutex<HashMap<String, Slot>>,
+    /// Slots still starting (stopped with the idle ones at shutdown).
+    starting: Mutex<HashMap<String, Slot>>,
     refill: Notify,
 }
 
@@ -218,6 +220,7 @@ impl Pool {
             cfg,
             idle: Mutex::new(Vec::new()),
             leased: Mutex::new(HashMap::new()),
+            starting: Mutex::new(HashMap::new()),
             refill: Notify::new(),
         }))
     }
@@ -373,7 +376,22 @@ impl Pool {
             let short = self.idle().len() < self.cfg.size;
             if short {
                 match self.spawn().await {
-                    Ok(slot) => self.idle().push(Idle { slot, warm: None }),
+                    Ok(slot) => {
+                        // A slot given back while this one started may have
+                        // filled the pool already.
+                        let surplus = {
+                            let mut idle = self.idle();
+                            if idle.len() < self.cfg.size {
+                                idle.push(Idle { slot, warm: None });
+                                None
+                            } else {
+                                Some(slot)
+                            }
+                        };
+                        if let Some(slot) = surplus {
+                            let _ = tokio::task::spawn_blocking(move || discard(&slot)).await;
+                        }
+                    }
                     Err(e) => {
                         warn!(error = %format!("{e:#}"), "cannot start a pool sandbox");
                         tokio::time::sleep(Duration::from_secs(2)).await;
@@ -470,6 +488,22 @@ impl Pool {
             let _ = child.wait();
         });
         let slot = Slot { id, dir, pid, kind };
+        self.starting().insert(slot.id.clone(), slot.clone());
+        let ready = self.wait_serving(&slot).await;
+        self.starting().remove(&slot.id);
+        ready?;
+        info!(slot = %slot.id, pid, backend = kind.name(), "sandbox started");
+        Ok(slot)
+    }
+
+    fn starting(&self) -> std::sync::MutexGuard<'_, HashMap<String, Slot>> {
+        self.starting.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Waits until a new slot's agent reports SERVING; discards it when it
+    /// dies or the backend's deadline passes.
+    async fn wait_serving(&self, slot: &Slot) -> anyhow::Result<()> {
+        let kind = slot.kind;
         let deadline = Instant::now() + self.cfg.backend.start_deadline();
         loop {
             if let Ok(c) = slot.client().await
@@ -493,15 +527,16 @@ impl Pool {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        info!(slot = %slot.id, pid, backend = kind.name(), "sandbox started");
-        Ok(slot)
+        Ok(())
     }
 
-    /// Stops every idle slot (leased ones keep running for a restart).
+    /// Stops every idle or starting slot (leased ones keep running for a
+    /// restart).
     pub fn stop_idle(&self) {
-        let idle: Vec<Idle> = self.idle().drain(..).collect();
-        for i in idle {
-            discard(&i.slot);
+        let idle: Vec<Slot> = self.idle().drain(..).map(|i| i.slot).collect();
+        let starting: Vec<Slot> = self.starting().drain().map(|(_, s)| s).collect();
+        for s in idle.iter().chain(&starting) {
+            discard(s);
         }
     }
 }
