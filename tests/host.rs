@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::host::{Host, KEY_A, KEY_B, alive, http, py};
+use common::host::{Host, KEY_A, KEY_B, acquire, alive, assert_notebook_outcome, http, py};
 use serde_json::json;
 
 #[test]
@@ -32,25 +32,8 @@ fn the_notebook_flow_runs_unchanged() {
         a["servers"][0]["mcp_server_url"],
         format!("{}/filesystem/mcp/?local_sandbox_id={id}", host.base)
     );
-    assert_eq!(v["upload_status"], 200);
     assert_eq!(v["upload_url"]["expires_in_minutes"], 30);
-    assert_eq!(v["initialize"]["sandbox_id"], id);
-    assert_eq!(v["initialize"]["status"], "occupied");
-    assert_eq!(
-        v["members"],
-        json!([
-            [".", 0],
-            ["./config.json", 33],
-            ["./hello.txt", 32],
-            ["./notes.md", 25]
-        ])
-    );
-    assert_eq!(
-        v["release"]["message"],
-        format!(
-            "Local sandbox release started for {id}: it will be released asynchronously in background."
-        )
-    );
+    assert_notebook_outcome(&v);
     let (code, _) = http(
         "GET",
         &format!("{}/local-sandbox/{id}", host.base),
@@ -79,13 +62,7 @@ fn owners_validation_and_signed_urls() {
     let dir = tempfile::tempdir().expect("tempdir");
     let host = Host::start(dir.path(), &[]);
     let b = &host.base;
-    let (code, a) = http(
-        "POST",
-        &format!("{b}/local-sandbox"),
-        Some(KEY_A),
-        Some(r#"{"server_names": ["filesystem"]}"#),
-    );
-    assert_eq!(code, 201, "{a}");
+    let a = acquire(&host, KEY_A, r#"{"server_names": ["filesystem"]}"#);
     let id = a["local_sandbox_id"].as_str().expect("id").to_owned();
 
     // Another owner sees nothing and can touch nothing: 404, not 403.
@@ -218,14 +195,11 @@ fn owners_validation_and_signed_urls() {
 fn a_restart_keeps_the_leases_and_the_reaper_releases_on_ttl() {
     let dir = tempfile::tempdir().expect("tempdir");
     let mut host = Host::start(dir.path(), &["--time-scale", "0.05"]);
-    let b = host.base.clone();
-    let (code, a) = http(
-        "POST",
-        &format!("{b}/local-sandbox"),
-        Some(KEY_A),
-        Some(r#"{"server_names": ["localmemory"], "ttl_seconds": null}"#),
+    let a = acquire(
+        &host,
+        KEY_A,
+        r#"{"server_names": ["localmemory"], "ttl_seconds": null}"#,
     );
-    assert_eq!(code, 201, "{a}");
     let keep = a["local_sandbox_id"].as_str().expect("id").to_owned();
     host.stop();
     let host2 = Host::start(dir.path(), &["--time-scale", "0.05"]);
@@ -250,13 +224,11 @@ fn a_restart_keeps_the_leases_and_the_reaper_releases_on_ttl() {
     assert!(v["result"]["serverInfo"].is_object(), "{v}");
 
     // 60 s at a 0.05 time scale: released by the reaper within seconds.
-    let (code, a) = http(
-        "POST",
-        &format!("{b}/local-sandbox"),
-        Some(KEY_A),
-        Some(r#"{"server_names": ["filesystem"], "ttl_seconds": 60}"#),
+    let a = acquire(
+        &host2,
+        KEY_A,
+        r#"{"server_names": ["filesystem"], "ttl_seconds": 60}"#,
     );
-    assert_eq!(code, 201, "{a}");
     let ttl = a["local_sandbox_id"].as_str().expect("id").to_owned();
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
@@ -381,13 +353,7 @@ fn warm_leases_serve_matching_acquires_and_give_way_to_others() {
 
     // The idle sandbox already runs filesystem under a lease of its own.
     let (slot, lease, pid) = wait_warm(&host, "filesystem", &[]);
-    let (code, a) = http(
-        "POST",
-        &format!("{b}/local-sandbox"),
-        Some(KEY_A),
-        Some(r#"{"server_names": ["filesystem"]}"#),
-    );
-    assert_eq!(code, 201, "{a}");
+    let a = acquire(&host, KEY_A, r#"{"server_names": ["filesystem"]}"#);
     // That lease became the sandbox, and its server was not restarted.
     assert_eq!(a["local_sandbox_id"], lease.as_str(), "{a}");
     assert_eq!(a["servers"][0]["server_name"], "filesystem", "{a}");
@@ -407,13 +373,11 @@ fn warm_leases_serve_matching_acquires_and_give_way_to_others() {
     // Another request on a warm slot: its warm lease ends first, and the
     // sandbox runs only what was asked for.
     let (slot2, lease2, _) = wait_warm(&host, "filesystem", std::slice::from_ref(&slot));
-    let (code, a) = http(
-        "POST",
-        &format!("{b}/local-sandbox"),
-        Some(KEY_A),
-        Some(r#"{"server_names": ["localmemory"], "benchmark": null}"#),
+    let a = acquire(
+        &host,
+        KEY_A,
+        r#"{"server_names": ["localmemory"], "benchmark": null}"#,
     );
-    assert_eq!(code, 201, "{a}");
     let id2 = a["local_sandbox_id"].as_str().expect("id").to_owned();
     assert_ne!(id2, lease2, "a new lease, not the warm one");
     let (held, servers) = rt.block_on(agent_state(&slot2)).expect("agent state");
@@ -440,13 +404,7 @@ fn bad_query_parameters_are_422() {
     let dir = tempfile::tempdir().expect("tempdir");
     let host = Host::start(dir.path(), &[]);
     let b = &host.base;
-    let (code, a) = http(
-        "POST",
-        &format!("{b}/local-sandbox"),
-        Some(KEY_A),
-        Some(r#"{"server_names": ["filesystem"]}"#),
-    );
-    assert_eq!(code, 201, "{a}");
+    let a = acquire(&host, KEY_A, r#"{"server_names": ["filesystem"]}"#);
     let id = a["local_sandbox_id"].as_str().expect("id");
     for (m, path, loc) in [
         (

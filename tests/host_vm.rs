@@ -16,8 +16,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::host::{Host, KEY_A, KEY_B, http, py};
-use serde_json::json;
+use common::host::{Host, KEY_A, KEY_B, acquire, assert_notebook_outcome, http, py};
 
 fn processes_mentioning(s: &str) -> String {
     let out = Command::new("pgrep")
@@ -51,26 +50,8 @@ fn the_qemu_backend_serves_the_api_from_vms() {
 
     // The notebook's steps, in a VM.
     let v = py(&host, KEY_A, &["notebook", "filesystem"]);
-    assert_eq!(v["acquire_status"], 201, "{v}");
-    let id = v["acquire"]["local_sandbox_id"].as_str().expect("id");
+    assert_notebook_outcome(&v);
     assert_eq!(v["acquire"]["servers"][0]["server_name"], "filesystem");
-    assert_eq!(v["upload_status"], 200, "{v}");
-    assert_eq!(v["initialize"]["status"], "occupied", "{v}");
-    assert_eq!(
-        v["members"],
-        json!([
-            [".", 0],
-            ["./config.json", 33],
-            ["./hello.txt", 32],
-            ["./notes.md", 25]
-        ])
-    );
-    assert_eq!(
-        v["release"]["message"],
-        format!(
-            "Local sandbox release started for {id}: it will be released asynchronously in background."
-        )
-    );
 
     // The official MCP client, through the host, into the VM.
     let v = py(&host, KEY_A, &["mcp"]);
@@ -83,13 +64,11 @@ fn the_qemu_backend_serves_the_api_from_vms() {
     assert_eq!(v["text"], "through the host", "{v}");
 
     // ALL is every server of the image.
-    let (code, a) = http(
-        "POST",
-        &format!("{b}/local-sandbox"),
-        Some(KEY_A),
-        Some(r#"{"server_names": "ALL", "ttl_seconds": 600}"#),
+    let a = acquire(
+        &host,
+        KEY_A,
+        r#"{"server_names": "ALL", "ttl_seconds": 600}"#,
     );
-    assert_eq!(code, 201, "{a}");
     let all = a["local_sandbox_id"].as_str().expect("id").to_owned();
     let mut names: Vec<&str> = a["servers"]
         .as_array()

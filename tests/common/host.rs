@@ -150,3 +150,43 @@ pub fn http(method: &str, url: &str, key: Option<&str>, body: Option<&str>) -> (
         serde_json::from_str(body).unwrap_or(Value::String(body.to_owned())),
     )
 }
+
+/// Acquires with `body` as `key`'s owner; asserts 201 and returns the
+/// answer.
+pub fn acquire(host: &Host, key: &str, body: &str) -> Value {
+    let (code, a) = http(
+        "POST",
+        &format!("{}/local-sandbox", host.base),
+        Some(key),
+        Some(body),
+    );
+    assert_eq!(code, 201, "{body}: {a}");
+    a
+}
+
+/// What `host_client.py notebook` reports when the Klavis notebook's
+/// steps went as in the notebook: the dump lists exactly its three files
+/// with their sizes, and the release answers the notebook's message.
+pub fn assert_notebook_outcome(v: &Value) {
+    let id = v["acquire"]["local_sandbox_id"].as_str().expect("id");
+    assert_eq!(v["acquire_status"], 201, "{v}");
+    assert_eq!(v["upload_status"], 200, "{v}");
+    assert_eq!(v["initialize"]["sandbox_id"], id, "{v}");
+    assert_eq!(v["initialize"]["status"], "occupied", "{v}");
+    assert_eq!(
+        v["members"],
+        serde_json::json!([
+            [".", 0],
+            ["./config.json", 33],
+            ["./hello.txt", 32],
+            ["./notes.md", 25]
+        ]),
+        "{v}"
+    );
+    assert_eq!(
+        v["release"]["message"],
+        format!(
+            "Local sandbox release started for {id}: it will be released asynchronously in background."
+        )
+    );
+}
