@@ -9,7 +9,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::host::{Host, KEY_A, KEY_B, acquire, alive, assert_notebook_outcome, http, py};
+use common::host::{
+    Host, KEY_A, KEY_B, acquire, alive, assert_mcp_initializes, assert_notebook_outcome, http, py,
+};
 use serde_json::json;
 
 #[test]
@@ -213,15 +215,7 @@ fn a_restart_keeps_the_leases_and_the_reaper_releases_on_ttl() {
     assert_eq!(code, 200, "{v}");
     assert_eq!(v["status"], "occupied", "{v}");
     // Its agent (and memory server) survived the restart: MCP still works.
-    let init = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"curl","version":"1"}}}"#;
-    let (code, v) = http(
-        "POST",
-        &format!("{b}/localmemory/mcp/?local_sandbox_id={keep}"),
-        Some(KEY_A),
-        Some(init),
-    );
-    assert_eq!(code, 200, "{v}");
-    assert!(v["result"]["serverInfo"].is_object(), "{v}");
+    assert_mcp_initializes(&b, "localmemory", &keep);
 
     // 60 s at a 0.05 time scale: released by the reaper within seconds.
     let a = acquire(
@@ -360,15 +354,7 @@ fn warm_leases_serve_matching_acquires_and_give_way_to_others() {
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     let (_, servers) = rt.block_on(agent_state(&slot)).expect("agent state");
     assert_eq!(servers, [("filesystem".to_owned(), pid)]);
-    let init = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"curl","version":"1"}}}"#;
-    let (code, v) = http(
-        "POST",
-        &format!("{b}/filesystem/mcp/?local_sandbox_id={lease}"),
-        Some(KEY_A),
-        Some(init),
-    );
-    assert_eq!(code, 200, "{v}");
-    assert!(v["result"]["serverInfo"].is_object(), "{v}");
+    assert_mcp_initializes(&b, "filesystem", &lease);
 
     // Another request on a warm slot: its warm lease ends first, and the
     // sandbox runs only what was asked for.

@@ -16,7 +16,9 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::host::{Host, KEY_A, KEY_B, acquire, assert_notebook_outcome, http, py};
+use common::host::{
+    Host, KEY_A, KEY_B, acquire, assert_mcp_initializes, assert_notebook_outcome, http, py,
+};
 
 fn processes_mentioning(s: &str) -> String {
     let out = Command::new("pgrep")
@@ -78,15 +80,7 @@ fn the_qemu_backend_serves_the_api_from_vms() {
         .collect();
     names.sort();
     assert_eq!(names, ["filesystem", "localmemory", "notes"], "{a}");
-    let init = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"curl","version":"1"}}}"#;
-    let (code, v) = http(
-        "POST",
-        &format!("{b}/localmemory/mcp/?local_sandbox_id={all}"),
-        Some(KEY_A),
-        Some(init),
-    );
-    assert_eq!(code, 200, "{v}");
-    assert!(v["result"]["serverInfo"].is_object(), "{v}");
+    assert_mcp_initializes(&b, "localmemory", &all);
     let (code, _) = http(
         "GET",
         &format!("{b}/local-sandbox/{all}"),

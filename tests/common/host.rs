@@ -190,3 +190,17 @@ pub fn assert_notebook_outcome(v: &Value) {
         )
     );
 }
+
+/// A raw MCP `initialize` through the host's MCP URL of `server` in sandbox
+/// `id` is answered with the server's info.
+pub fn assert_mcp_initializes(base: &str, server: &str, id: &str) {
+    let init = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"curl","version":"1"}}}"#;
+    let (code, v) = http(
+        "POST",
+        &format!("{base}/{server}/mcp/?local_sandbox_id={id}"),
+        Some(KEY_A),
+        Some(init),
+    );
+    assert_eq!(code, 200, "{v}");
+    assert!(v["result"]["serverInfo"].is_object(), "{v}");
+}
