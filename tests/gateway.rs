@@ -167,21 +167,28 @@ async fn a_killed_server_fails_the_call_then_comes_back() {
     let agent = agent_with(&extra, "");
     acquire(&agent, &["slow"]).await;
     let sock = agent.mcp_socket().display().to_string();
+    // The server creates `started` once the call is in flight: killing it
+    // earlier would test a restart, not a call whose server dies under it.
+    let marks = tempfile::tempdir().expect("tempdir");
+    let started = marks.path().join("started");
+    let args = serde_json::json!({"seconds": 60, "started": started}).to_string();
     let mut call = Command::new("python3")
-        .args([
-            CLIENT,
-            "--uds",
-            &sock,
-            "slow",
-            "call",
-            "sleep",
-            r#"{"seconds": 60}"#,
-        ])
+        .args([CLIENT, "--uds", &sock, "slow", "call", "sleep", &args])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("client");
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let launched = Instant::now();
+    while !started.exists() {
+        if let Some(st) = call.try_wait().expect("wait") {
+            panic!("the client ended ({st}) before its call started");
+        }
+        assert!(
+            launched.elapsed() < Duration::from_secs(60),
+            "the sleep call never reached the server"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let c = sandbox_agent::connect(&agent.unix_uri())
         .await
         .expect("connect");

@@ -2,7 +2,9 @@
 protocol's server-to-client features, so gateway tests can check where they
 are routed:
 
-- `sleep`: takes as long as asked (the test kills the server mid-call);
+- `sleep`: takes as long as asked (the test kills the server mid-call); with
+  `started`, it first creates that file, so the test knows the call is in
+  flight before it kills anything;
 - `count`: reports progress n times before answering;
 - `roots`: asks the client for its roots (`roots/list`) and returns them;
 - `change`: sends `notifications/tools/list_changed`.
@@ -15,8 +17,11 @@ app = FastMCP("features")
 
 
 @app.tool()
-async def sleep(seconds: float) -> str:
-    """Sleeps, then says so."""
+async def sleep(seconds: float, started: str = "") -> str:
+    """Sleeps, then says so. Creates the file `started` first, if given."""
+    if started:
+        with open(started, "w") as f:
+            f.write("sleeping\n")
     await asyncio.sleep(seconds)
     return f"slept {seconds}"
 
