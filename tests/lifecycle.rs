@@ -380,7 +380,13 @@ ready_timeout_ms = 1000
         })
         .await
         .expect("Stop");
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // Stop reaps the last child; allow a loaded machine time to get there.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !(zombies_of(agent.child.id()).is_empty() && descendants(agent.child.id()).is_empty())
+        && Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     assert_eq!(zombies_of(agent.child.id()), Vec::<u32>::new());
     assert!(descendants(agent.child.id()).is_empty());
 }

@@ -834,11 +834,18 @@ async fn one_operation_at_a_time_and_the_agent_stays_responsive() {
     })
     .await
     .unwrap();
-    tokio::time::sleep(Duration::from_millis(200)).await;
-
-    let e = dump(&f.client, proto::DumpRequest::default())
-        .await
-        .unwrap_err();
+    // Once the agent has taken the upload (not after a guessed delay: a
+    // loaded machine may take longer), a Dump is refused.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let e = loop {
+        match dump(&f.client, proto::DumpRequest::default()).await {
+            Err(e) => break e,
+            Ok(_) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(20)).await
+            }
+            Ok(_) => panic!("Dump still runs beside an Initialize after 30 s"),
+        }
+    };
     assert_eq!(e.code(), Code::Aborted);
     assert!(
         e.message().contains("Initialize is running"),
