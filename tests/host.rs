@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use common::host::{
     Host, KEY_A, KEY_B, acquire, alive, assert_mcp_initializes, assert_notebook_outcome, http, py,
 };
+use common::mcp::shipped_manifest;
 use serde_json::json;
 
 #[test]
@@ -342,16 +343,43 @@ fn wait_warm(host: &Host, server: &str, not: &[PathBuf]) -> (PathBuf, String, u3
 #[test]
 fn warm_leases_serve_matching_acquires_and_give_way_to_others() {
     let dir = tempfile::tempdir().expect("tempdir");
+    // This host's sandboxes carry every Klavis server but playwright.
+    let shipped = shipped_manifest(Path::new("/var/lib/sandbox-agent"));
+    let cut = shipped
+        .find("[servers.playwright]")
+        .expect("playwright entry");
+    std::fs::write(dir.path().join("servers.toml"), &shipped[..cut]).expect("manifest");
     let host = Host::start(dir.path(), &["--warm-servers", "filesystem"]);
     let b = host.base.clone();
 
     // The idle sandbox already runs filesystem under a lease of its own.
     let (slot, lease, pid) = wait_warm(&host, "filesystem", &[]);
+
+    // A Klavis server these sandboxes lack: a 400 that names it, before any
+    // slot is taken, so the warm lease stays as it was.
+    let (code, v) = http(
+        "POST",
+        &format!("{b}/local-sandbox"),
+        Some(KEY_A),
+        Some(r#"{"server_names": ["filesystem", "playwright"]}"#),
+    );
+    assert_eq!(code, 400, "{v}");
+    let said = v["detail"].as_str().unwrap_or_default();
+    assert!(
+        said.contains("unknown server playwright") && said.contains("filesystem"),
+        "{v}"
+    );
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    assert_eq!(
+        rt.block_on(agent_state(&slot)),
+        Some((lease.clone(), vec![("filesystem".to_owned(), pid)])),
+        "the warm lease survives a refused Acquire"
+    );
+
     let a = acquire(&host, KEY_A, r#"{"server_names": ["filesystem"]}"#);
     // That lease became the sandbox, and its server was not restarted.
     assert_eq!(a["local_sandbox_id"], lease.as_str(), "{a}");
     assert_eq!(a["servers"][0]["server_name"], "filesystem", "{a}");
-    let rt = tokio::runtime::Runtime::new().expect("runtime");
     let (_, servers) = rt.block_on(agent_state(&slot)).expect("agent state");
     assert_eq!(servers, [("filesystem".to_owned(), pid)]);
     assert_mcp_initializes(&b, "filesystem", &lease);

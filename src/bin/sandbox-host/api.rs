@@ -357,6 +357,21 @@ pub async fn acquire(
 ) -> ApiResult {
     let who = owner(&h, &headers)?;
     let req = parse_acquire(&body)?;
+    if let Some((missing, known)) = req
+        .servers
+        .as_deref()
+        .and_then(|asked| h.pool.missing_servers(asked))
+    {
+        return Err(detail(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "acquire: unknown server{} {}; this host's sandboxes carry: {}",
+                if missing.len() > 1 { "s" } else { "" },
+                missing.join(", "),
+                known.join(", ")
+            ),
+        ));
+    }
     // A warm lease serves only a plain Acquire of exactly its servers.
     let plain = req.benchmark.is_none() && req.email.is_empty();
     let matches_warm = plain

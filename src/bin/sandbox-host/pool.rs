@@ -209,6 +209,9 @@ pub struct Pool {
     leased: Mutex<HashMap<String, Slot>>,
     /// Slots still starting (stopped with the idle ones at shutdown).
     starting: Mutex<HashMap<String, Slot>>,
+    /// The server names this backend's agents carry, learned from the
+    /// first slot that serves (every slot runs the same manifest or image).
+    catalog: Mutex<Option<Vec<String>>>,
     refill: Notify,
 }
 
@@ -221,6 +224,7 @@ impl Pool {
             idle: Mutex::new(Vec::new()),
             leased: Mutex::new(HashMap::new()),
             starting: Mutex::new(HashMap::new()),
+            catalog: Mutex::new(None),
             refill: Notify::new(),
         }))
     }
@@ -234,6 +238,42 @@ impl Pool {
 
     pub fn warm_profile(&self) -> Option<&WarmProfile> {
         self.cfg.warm.as_ref()
+    }
+
+    /// The asked names that the backend's agents do not carry, with the
+    /// names they do; `None` while no slot has served yet (the agent then
+    /// decides). Lets an Acquire of a missing server fail before it takes
+    /// a slot, ends a warm lease, or boots a VM.
+    pub fn missing_servers(&self, asked: &[String]) -> Option<(Vec<String>, Vec<String>)> {
+        let catalog = self.catalog.lock().unwrap_or_else(|p| p.into_inner());
+        let known = catalog.as_ref()?;
+        let missing: Vec<String> = asked
+            .iter()
+            .filter(|n| !known.contains(n))
+            .cloned()
+            .collect();
+        (!missing.is_empty()).then(|| (missing, known.clone()))
+    }
+
+    /// Records the server names of a slot that serves, once.
+    async fn learn_catalog(&self, slot: &Slot) {
+        if self
+            .catalog
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some()
+        {
+            return;
+        }
+        let listed = match slot.client().await {
+            Ok(c) => c.servers().list(proto::ListServersRequest {}).await,
+            Err(_) => return,
+        };
+        if let Ok(r) = listed {
+            let names: Vec<String> = r.into_inner().servers.into_iter().map(|s| s.name).collect();
+            info!(servers = %names.join(","), "the sandboxes carry these servers");
+            *self.catalog.lock().unwrap_or_else(|p| p.into_inner()) = Some(names);
+        }
     }
 
     /// After a host restart: slots still running are taken back (leased
@@ -493,6 +533,7 @@ impl Pool {
         self.starting().remove(&slot.id);
         ready?;
         info!(slot = %slot.id, pid, backend = kind.name(), "sandbox started");
+        self.learn_catalog(&slot).await;
         Ok(slot)
     }
 
