@@ -58,8 +58,9 @@ struct Args {
     /// qemu backend: guest memory of each VM, in MiB.
     #[arg(long, default_value_t = 1024, value_name = "MIB")]
     vm_memory: u32,
-    /// qemu backend: packaging/vm/run-qemu.sh. Default: the one in the
-    /// source tree this binary was built from.
+    /// qemu backend: packaging/vm/run-qemu.sh. Default: run-qemu.sh next
+    /// to this binary (as installed), else the one in the source tree this
+    /// binary was built from.
     #[arg(long, value_name = "FILE")]
     vm_runner: Option<PathBuf>,
     /// Base of the URLs handed out (MCP and transfer URLs). Default:
@@ -122,10 +123,16 @@ fn backend(args: &Args) -> anyhow::Result<pool::Backend> {
             );
             let run_script = match &args.vm_runner {
                 Some(p) => p.clone(),
-                None => PathBuf::from(concat!(
-                    env!("CARGO_MANIFEST_DIR"),
-                    "/packaging/vm/run-qemu.sh"
-                )),
+                None => std::env::current_exe()?
+                    .parent()
+                    .map(|d| d.join("run-qemu.sh"))
+                    .filter(|p| p.is_file())
+                    .unwrap_or_else(|| {
+                        PathBuf::from(concat!(
+                            env!("CARGO_MANIFEST_DIR"),
+                            "/packaging/vm/run-qemu.sh"
+                        ))
+                    }),
             };
             anyhow::ensure!(
                 run_script.is_file(),
