@@ -461,3 +461,57 @@ fn bad_query_parameters_are_422() {
     );
     assert_eq!(code, 200);
 }
+
+/// The slot dir whose agent holds `lease`, and that agent's pid.
+fn slot_of(host: &Host, lease: &str) -> (PathBuf, i32) {
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    for dir in slot_dirs(host) {
+        if rt
+            .block_on(agent_state(&dir))
+            .is_some_and(|(held, _)| held == lease)
+        {
+            let pid = std::fs::read_to_string(dir.join("agent.pid")).expect("agent.pid");
+            return (dir, pid.trim().parse().expect("pid"));
+        }
+    }
+    panic!("no slot holds {lease}");
+}
+
+#[test]
+fn on_release_replace_gives_each_tenant_a_fresh_sandbox() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let host = Host::start(dir.path(), &["--on-release", "replace"]);
+    let b = host.base.clone();
+    let a = acquire(&host, KEY_A, r#"{"server_names": ["localmemory"]}"#);
+    let first = a["local_sandbox_id"].as_str().expect("id").to_owned();
+    let (slot, pid) = slot_of(&host, &first);
+    let (code, _) = http(
+        "DELETE",
+        &format!("{b}/local-sandbox/{first}"),
+        Some(KEY_A),
+        None,
+    );
+    assert_eq!(code, 200);
+    // Its agent is stopped and its directory (workspace included) removed.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while alive(pid) || slot.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "the released sandbox was not stopped"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // The next tenant gets another agent, and MCP works there.
+    let a = acquire(&host, KEY_B, r#"{"server_names": ["localmemory"]}"#);
+    let second = a["local_sandbox_id"].as_str().expect("id").to_owned();
+    let (slot2, pid2) = slot_of(&host, &second);
+    assert_ne!(slot2, slot);
+    assert_ne!(pid2, pid);
+    let (code, v) = http(
+        "GET",
+        &format!("{b}/local-sandbox/{second}"),
+        Some(KEY_B),
+        None,
+    );
+    assert_eq!((code, v["status"].as_str()), (200, Some("occupied")), "{v}");
+}

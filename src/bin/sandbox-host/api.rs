@@ -23,7 +23,7 @@ use serde_json::{Value, json};
 use tokio::io::AsyncWriteExt;
 use tracing::{info, warn};
 
-use crate::pool::Pool;
+use crate::pool::{OnRelease, Pool};
 use crate::signed::{Invalid, Signer};
 use crate::store::{SandboxRow, ServerRow, Store};
 
@@ -551,6 +551,13 @@ pub fn release_in_background(h: &Shared, s: &SandboxRow, is_ttl: bool) {
     let _ = std::fs::remove_file(h.uploads.join(format!("{}.tar.gz", s.id)));
     let (h, id, slot_id) = (h.clone(), s.id.clone(), s.slot.clone());
     tokio::spawn(async move {
+        if h.pool.on_release() == OnRelease::Replace {
+            // Its agent or VM is stopped whole; nothing to release inside.
+            let pool = h.pool.clone();
+            let _ = tokio::task::spawn_blocking(move || pool.drop_slot(&slot_id)).await;
+            info!(sandbox = %id, is_ttl, "released; its sandbox is replaced");
+            return;
+        }
         let released = match h.pool.leased_slot(&slot_id) {
             Some(slot) => match slot.client().await {
                 Ok(c) => c

@@ -63,6 +63,11 @@ struct Args {
     /// binary was built from.
     #[arg(long, value_name = "FILE")]
     vm_runner: Option<PathBuf>,
+    /// What a released sandbox becomes: `recycle` (the agent clears it and
+    /// it returns to the pool) or `replace` (its agent or VM is stopped and
+    /// a fresh one started: no tenant can leave anything for the next).
+    #[arg(long, value_enum, default_value_t = pool::OnRelease::Recycle)]
+    on_release: pool::OnRelease,
     /// Base of the URLs handed out (MCP and transfer URLs). Default:
     /// http://<listen>.
     #[arg(long, value_name = "URL")]
@@ -228,6 +233,7 @@ fn main() -> anyhow::Result<()> {
             dir: pool::slots_dir(&args.data_dir),
             size: args.pool_size,
             warm,
+            on_release: args.on_release,
         })?;
         // Sandboxes from before a restart keep their agents; those whose
         // agent is gone are marked error.

@@ -201,6 +201,20 @@ pub struct PoolConfig {
     pub dir: PathBuf,
     pub size: usize,
     pub warm: Option<WarmProfile>,
+    /// What a released sandbox becomes.
+    pub on_release: OnRelease,
+}
+
+/// What happens to a sandbox once its tenant released it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum OnRelease {
+    /// The agent's Release (servers stopped, workspace and state paths
+    /// cleared) and back to the pool: fast.
+    Recycle,
+    /// Stopped (the whole VM or agent) and a fresh one started in its
+    /// place: nothing a tenant left outside the cleared paths (say in /tmp,
+    /// through the terminal server) can reach the next tenant.
+    Replace,
 }
 
 pub struct Pool {
@@ -238,6 +252,10 @@ impl Pool {
 
     pub fn warm_profile(&self) -> Option<&WarmProfile> {
         self.cfg.warm.as_ref()
+    }
+
+    pub fn on_release(&self) -> OnRelease {
+        self.cfg.on_release
     }
 
     /// The asked names that the backend's agents do not carry, with the
