@@ -12,7 +12,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$HOME/.cargo/bin:$PATH"
 
-step() { printf '\n==> %s\n' "$*"; }
+# Each step says when it starts (minutes:seconds since the start), so a run's
+# log shows where the time goes.
+step() { printf '\n==> [%d:%02d] %s\n' $((SECONDS / 60)) $((SECONDS % 60)) "$*"; }
 SUDO=""
 if [ "$(id -u)" != 0 ] && command -v sudo >/dev/null; then SUDO=sudo; fi
 
@@ -78,8 +80,10 @@ cargo clippy --locked --all-targets -- -D warnings
 step "cargo test"
 cargo test --locked
 
-step "static build (x86_64-unknown-linux-musl)"
-cargo build --locked --release --target x86_64-unknown-linux-musl
+step "static build (x86_64-unknown-linux-musl, the guest's binaries)"
+# As the VM image builds them (so the tests' image build is reused here).
+cargo build --locked --release --no-default-features --target x86_64-unknown-linux-musl \
+  --bin sandbox-agent --bin sandboxctl
 for bin in sandbox-agent sandboxctl; do
   f=target/x86_64-unknown-linux-musl/release/$bin
   if readelf -lW "$f" | grep -q INTERP || readelf -dW "$f" | grep -q NEEDED; then

@@ -61,8 +61,12 @@ modules=(
 
 echo "build-initramfs: static binaries" >&2
 target=x86_64-unknown-linux-musl
-(cd "$root" && cargo build --release --locked --quiet --target $target \
-  --bin sandbox-agent --example mcp_notes)
+# The agent on its own (no host crates, no example's dev-dependencies
+# unified into it): the same binary as the static build and build-rootfs.sh.
+(cd "$root" && cargo build --release --locked --quiet --no-default-features --target $target \
+  --bin sandbox-agent)
+(cd "$root" && cargo build --release --locked --quiet --no-default-features --target $target \
+  --example mcp_notes)
 agent=$root/target/$target/release/sandbox-agent
 notes=$root/target/$target/release/examples/mcp_notes
 
