@@ -65,8 +65,9 @@ target=x86_64-unknown-linux-musl
 # unified into it): the same binary as the static build and build-rootfs.sh.
 (cd "$root" && cargo build --release --locked --quiet --no-default-features --target $target \
   --bin sandbox-agent)
-(cd "$root" && cargo build --release --locked --quiet --no-default-features --target $target \
-  --example mcp_notes)
+# The example test server, with the default features: the dependencies then
+# build as `cargo bench` builds them, so the test command compiles them once.
+(cd "$root" && cargo build --release --locked --quiet --target $target --example mcp_notes)
 agent=$root/target/$target/release/sandbox-agent
 notes=$root/target/$target/release/examples/mcp_notes
 
