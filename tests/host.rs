@@ -10,7 +10,8 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::host::{
-    Host, KEY_A, KEY_B, acquire, alive, assert_mcp_initializes, assert_notebook_outcome, http, py,
+    Host, KEY_A, KEY_B, acquire, alive, assert_mcp_client_works, assert_mcp_initializes,
+    assert_notebook_outcome, http, py,
 };
 use common::mcp::shipped_manifest;
 use serde_json::json;
@@ -50,14 +51,7 @@ fn the_notebook_flow_runs_unchanged() {
 fn the_official_mcp_client_works_through_mcp_server_url() {
     let dir = tempfile::tempdir().expect("tempdir");
     let host = Host::start(dir.path(), &[]);
-    let v = py(&host, KEY_A, &["mcp"]);
-    assert!(
-        v["tools"]
-            .as_array()
-            .is_some_and(|t| t.iter().any(|n| n == "read_text_file")),
-        "{v}"
-    );
-    assert_eq!(v["text"], "through the host", "{v}");
+    assert_mcp_client_works(&host);
 }
 
 #[test]

@@ -17,7 +17,8 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::host::{
-    Host, KEY_A, KEY_B, acquire, assert_mcp_initializes, assert_notebook_outcome, http, py,
+    Host, KEY_A, KEY_B, acquire, assert_mcp_client_works, assert_mcp_initializes,
+    assert_notebook_outcome, http, py,
 };
 
 fn processes_mentioning(s: &str) -> String {
@@ -56,14 +57,7 @@ fn the_qemu_backend_serves_the_api_from_vms() {
     assert_eq!(v["acquire"]["servers"][0]["server_name"], "filesystem");
 
     // The official MCP client, through the host, into the VM.
-    let v = py(&host, KEY_A, &["mcp"]);
-    assert!(
-        v["tools"]
-            .as_array()
-            .is_some_and(|t| t.iter().any(|n| n == "read_text_file")),
-        "{v}"
-    );
-    assert_eq!(v["text"], "through the host", "{v}");
+    assert_mcp_client_works(&host);
 
     // ALL is every server of the image.
     let a = acquire(

@@ -204,3 +204,16 @@ pub fn assert_mcp_initializes(base: &str, server: &str, id: &str) {
     assert_eq!(code, 200, "{v}");
     assert!(v["result"]["serverInfo"].is_object(), "{v}");
 }
+
+/// The official Python MCP client, through the host's `mcp_server_url`,
+/// lists the filesystem server's tools and writes then reads a file.
+pub fn assert_mcp_client_works(host: &Host) {
+    let v = py(host, KEY_A, &["mcp"]);
+    assert!(
+        v["tools"]
+            .as_array()
+            .is_some_and(|t| t.iter().any(|n| n == "read_text_file")),
+        "{v}"
+    );
+    assert_eq!(v["text"], "through the host", "{v}");
+}
