@@ -177,6 +177,11 @@ async fn sigkill_mid_stream_leaves_the_old_workspace() {
         .unwrap();
     let old = snapshot(&ws, true);
     let (tx, rx) = tokio::sync::mpsc::channel(2);
+    let mut w = client.workspace();
+    let call = tokio::spawn(async move {
+        w.initialize(tokio_stream::wrappers::ReceiverStream::new(rx))
+            .await
+    });
     use proto::initialize_request::Msg;
     tx.send(proto::InitializeRequest {
         msg: Some(Msg::Header(proto::InitializeHeader::default())),
@@ -187,20 +192,26 @@ async fn sigkill_mid_stream_leaves_the_old_workspace() {
     for i in 0..300 {
         t.file(&format!("./n{i}"), &[b'x'; 4000]);
     }
-    tx.send(proto::InitializeRequest {
-        msg: Some(Msg::Chunk(t.buf.into())),
-    })
-    .await
-    .unwrap();
-    let mut w = client.workspace();
-    let call = tokio::spawn(async move {
-        w.initialize(tokio_stream::wrappers::ReceiverStream::new(rx))
-            .await
-    });
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Chunks within the agent's per-chunk limit, and no end-of-archive: the
+    // stream stays open while the agent extracts.
+    for chunk in t.buf.chunks(256 * 1024) {
+        tx.send(proto::InitializeRequest {
+            msg: Some(Msg::Chunk(chunk.to_vec().into())),
+        })
+        .await
+        .unwrap();
+    }
+    // Killed while extracting: its staging directory exists, and the call
+    // is still open.
+    wait_staging(&agent.dir.path().join(".ws.sandbox-agent")).await;
+    assert!(!call.is_finished(), "{:?}", call.await);
     let dir = agent.kill9();
     let _ = call.await;
     drop(tx);
+    let left = std::fs::read_dir(dir.path().join(".ws.sandbox-agent"))
+        .unwrap()
+        .count();
+    assert!(left > 0, "the killed agent left its staging directory");
     let restarted = Agent::start_in(dir, &[], &[]);
     assert_eq!(snapshot(&ws, true), old);
     let state = restarted.dir.path().join(".ws.sandbox-agent");

@@ -86,7 +86,15 @@ impl Fixture {
     }
 
     async fn assert_no_debris(&self) {
-        wait_empty(&self.agent.dir.path().join(".ws.sandbox-agent")).await;
+        wait_empty(&self.state_dir()).await;
+    }
+
+    async fn wait_staging(&self) {
+        wait_staging(&self.state_dir()).await;
+    }
+
+    fn state_dir(&self) -> PathBuf {
+        self.agent.dir.path().join(".ws.sandbox-agent")
     }
 }
 
@@ -487,7 +495,7 @@ async fn client_cancel_mid_stream_changes_nothing() {
         ws.initialize(tokio_stream::wrappers::ReceiverStream::new(rx))
             .await
     });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    f.wait_staging().await; // the agent is extracting
     call.abort(); // the client goes away mid-stream
     let _ = call.await;
     drop(tx);
@@ -834,18 +842,13 @@ async fn one_operation_at_a_time_and_the_agent_stays_responsive() {
     })
     .await
     .unwrap();
-    // Once the agent has taken the upload (not after a guessed delay: a
-    // loaded machine may take longer), a Dump is refused.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let e = loop {
-        match dump(&f.client, proto::DumpRequest::default()).await {
-            Err(e) => break e,
-            Ok(_) if Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(20)).await
-            }
-            Ok(_) => panic!("Dump still runs beside an Initialize after 30 s"),
-        }
-    };
+    // Once the agent has taken the upload (its staging directory exists;
+    // not after a guessed delay, nor by probing with a Dump that could win
+    // the lock first), a Dump is refused.
+    f.wait_staging().await;
+    let e = dump(&f.client, proto::DumpRequest::default())
+        .await
+        .expect_err("a Dump beside a running Initialize");
     assert_eq!(e.code(), Code::Aborted);
     assert!(
         e.message().contains("Initialize is running"),
@@ -876,7 +879,14 @@ async fn one_operation_at_a_time_and_the_agent_stays_responsive() {
             .check(proto::health::HealthCheckRequest::default())
             .await
             .expect("health during a transfer");
-        assert!(t0.elapsed() < Duration::from_secs(1));
+        // A blocked agent would not answer until the upload ends, and the
+        // upload waits for this loop: any bound catches that. 5 s leaves
+        // room for a loaded machine.
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "GetInfo and health took {:?} during a transfer",
+            t0.elapsed()
+        );
         tx.send(proto::InitializeRequest {
             msg: Some(Msg::Chunk(vec![0u8; 0].into())),
         })

@@ -231,3 +231,25 @@ pub async fn wait_empty(dir: &Path) {
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
 }
+
+/// Waits until the agent has a staging directory in its state dir `dir`:
+/// it has taken an Initialize (the workspace lock is held from before the
+/// stage is made until after it is committed or discarded).
+pub async fn wait_staging(dir: &Path) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let staged = std::fs::read_dir(dir).map(|d| {
+            d.filter_map(|e| e.ok())
+                .any(|e| e.file_name().to_string_lossy().starts_with("stage"))
+        });
+        if let Ok(true) = staged {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the agent has not started the Initialize in 30 s (no staging directory in {})",
+            dir.display()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
