@@ -3,9 +3,16 @@
 //! protoc comes from the `protoc-bin-vendored` crate unless `PROTOC` is set,
 //! so a fresh machine needs no system package.
 
-use std::path::PathBuf;
+//! Without the `agent` feature (the fuzz target's archive-only build) there
+//! is no gRPC code, and nothing to generate.
 
+#[cfg(not(feature = "agent"))]
+fn main() {}
+
+#[cfg(feature = "agent")]
 fn main() -> Result<(), Box<dyn std::error::Error>> {
+    use std::path::PathBuf;
+
     let protos = [
         "proto/sandbox/agent/v1/common.proto",
         "proto/sandbox/agent/v1/agent.proto",

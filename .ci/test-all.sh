@@ -82,7 +82,7 @@ cargo test --locked
 
 step "static build (x86_64-unknown-linux-musl, the guest's binaries)"
 # As the VM image builds them (so the tests' image build is reused here).
-cargo build --locked --release --no-default-features --target x86_64-unknown-linux-musl \
+cargo build --locked --release --no-default-features --features agent --target x86_64-unknown-linux-musl \
   --bin sandbox-agent --bin sandboxctl
 for bin in sandbox-agent sandboxctl; do
   f=target/x86_64-unknown-linux-musl/release/$bin

@@ -10,9 +10,8 @@ use std::os::fd::AsFd;
 use std::path::Path;
 
 use libfuzzer_sys::fuzz_target;
-use sandbox_agent::proto::Compression;
-use sandbox_agent::workspace::ArchiveLimits;
 use sandbox_agent::workspace::extract::{ExtractOptions, extract};
+use sandbox_agent::workspace::{ArchiveLimits, Compression};
 
 const JAIL: &str = "/tmp/sandbox-agent-fuzz-jail";
 const CANARY: &str = "/tmp/sandbox-agent-fuzz-canary";

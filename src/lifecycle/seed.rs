@@ -7,10 +7,11 @@ use std::sync::Arc;
 
 use tokio::sync::mpsc;
 
-use crate::proto::Compression;
 use crate::supervisor::manifest::Seed;
 use crate::workspace::stream::{ChannelReader, ChunkSink, Feed};
-use crate::workspace::{InitRequest, MAX_CHUNK_BYTES, Workspace, WsError, codec, pack};
+use crate::workspace::{
+    Compression, InitRequest, MAX_CHUNK_BYTES, Workspace, WsError, codec, pack,
+};
 
 /// Streams `from` (an archive file, or a directory packed on the fly) as
 /// tar bytes into a channel, on its own thread.

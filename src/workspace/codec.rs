@@ -11,7 +11,18 @@ use gzp::ZWriter;
 use gzp::deflate::Gzip;
 use gzp::par::compress::{ParCompress, ParCompressBuilder};
 
-use crate::proto::Compression;
+/// How an archive is compressed. The workspace's own type: the gRPC
+/// adapter maps the wire enum onto it, so this module needs no proto.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Compression {
+    /// Initialize: sniff gzip or zstd magic bytes, else plain tar. Dump: gzip.
+    #[default]
+    Auto,
+    Gzip,
+    Zstd,
+    /// Plain, uncompressed tar.
+    None,
+}
 
 /// zstd multithreaded job size (bytes of input per worker job).
 pub const ZSTD_JOB_BYTES: u32 = 1 << 20;

@@ -34,10 +34,10 @@ use rustix::fs::{AtFlags, Mode, OFlags, Timespec, Timestamps};
 use tar::EntryType;
 
 use super::codec;
+use super::codec::Compression;
 use super::confine::{self, remove_at};
 use super::error::{WsError, sys};
 use super::limits::ArchiveLimits;
-use crate::proto::Compression;
 
 /// How to extract.
 pub struct ExtractOptions<'a> {

@@ -9,7 +9,9 @@ use super::BoxStream;
 use crate::proto;
 use crate::workspace::codec::Encoder;
 use crate::workspace::stream::{ChannelReader, ChunkSink};
-use crate::workspace::{DumpRequest, InitRequest, InitStats, MAX_CHUNK_BYTES, Workspace, WsError};
+use crate::workspace::{
+    Compression, DumpRequest, InitRequest, InitStats, MAX_CHUNK_BYTES, Workspace, WsError,
+};
 
 /// `sandbox.agent.v1.Workspace`.
 pub struct WorkspaceService {
@@ -36,9 +38,16 @@ pub(super) fn ws_status(e: WsError) -> Status {
     }
 }
 
-fn compression(v: i32) -> Result<proto::Compression, Status> {
-    proto::Compression::try_from(v)
-        .map_err(|_| Status::invalid_argument(format!("unknown compression value {v}")))
+fn compression(v: i32) -> Result<Compression, Status> {
+    match proto::Compression::try_from(v) {
+        Ok(proto::Compression::Auto) => Ok(Compression::Auto),
+        Ok(proto::Compression::Gzip) => Ok(Compression::Gzip),
+        Ok(proto::Compression::Zstd) => Ok(Compression::Zstd),
+        Ok(proto::Compression::None) => Ok(Compression::None),
+        Err(_) => Err(Status::invalid_argument(format!(
+            "unknown compression value {v}"
+        ))),
+    }
 }
 
 #[tonic::async_trait]
@@ -165,7 +174,7 @@ impl proto::workspace_server::Workspace for WorkspaceService {
     ) -> Result<Response<Self::DumpStream>, Status> {
         let r = req.into_inner();
         let compression = match compression(r.compression)? {
-            proto::Compression::Auto => proto::Compression::Gzip,
+            Compression::Auto => Compression::Gzip,
             c => c,
         };
         let level = r.level;

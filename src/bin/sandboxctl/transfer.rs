@@ -11,10 +11,10 @@ use indicatif::{ProgressBar, ProgressStyle};
 use sandbox_agent::client::Client;
 use sandbox_agent::proto;
 use sandbox_agent::proto::initialize_request::Msg;
-use sandbox_agent::workspace::MAX_CHUNK_BYTES;
 use sandbox_agent::workspace::codec::Encoder;
 use sandbox_agent::workspace::pack::{PackOptions, pack};
 use sandbox_agent::workspace::stream::{ChunkSink, hex};
+use sandbox_agent::workspace::{Compression, MAX_CHUNK_BYTES};
 use serde_json::json;
 use sha2::{Digest, Sha256};
 use tokio::io::AsyncWriteExt;
@@ -84,7 +84,7 @@ pub async fn upload(
                 msg: Some(Msg::Chunk(b)),
             });
             let closed = sink.closed();
-            let enc = Encoder::new(sink, proto::Compression::Zstd, 3, 0)?;
+            let enc = Encoder::new(sink, Compression::Zstd, 3, 0)?;
             let opts = PackOptions {
                 cancelled: Some(&closed),
                 ..Default::default()

@@ -1,0 +1,276 @@
+//! The [`Workspace`] and its operations: Initialize (extract into a stage,
+//! then swap), Dump (pack) and Clear, one at a time.
+
+use std::io::Write;
+use std::os::fd::AsFd;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use super::{ArchiveLimits, Compression, WsError};
+use super::{confine, error, extract, limits, pack, stream, txn};
+
+/// Result of an Initialize.
+#[derive(Debug, Clone, Default)]
+pub struct InitStats {
+    pub extract: extract::ExtractStats,
+    pub archive_bytes: u64,
+    pub archive_sha256: String,
+    pub duration: Duration,
+    /// Part of `duration` spent making the new contents durable (syncfs).
+    pub sync: Duration,
+}
+
+/// What to Initialize.
+#[derive(Debug, Clone, Default)]
+pub struct InitRequest {
+    pub compression: Compression,
+    pub merge: bool,
+    /// Lowercase hex, or empty.
+    pub expected_sha256: String,
+    /// 0 when unknown.
+    pub size_hint: u64,
+}
+
+/// What to Dump.
+#[derive(Debug, Clone, Default)]
+pub struct DumpRequest {
+    pub exclude: Vec<String>,
+    pub sub_path: String,
+}
+
+pub struct Workspace {
+    txn: txn::Txn,
+    limits: ArchiveLimits,
+    owner: Option<(u32, u32)>,
+    busy: Mutex<Option<(&'static str, Instant)>>,
+}
+
+/// Holds the workspace for one operation; released on drop.
+pub struct OpGuard {
+    ws: Arc<Workspace>,
+}
+
+impl Drop for OpGuard {
+    fn drop(&mut self) {
+        *self.ws.busy.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+}
+
+impl Workspace {
+    /// Opens the workspace at `path`, finishing or discarding whatever an
+    /// interrupted operation left behind.
+    pub fn open(path: &Path, limits: ArchiveLimits) -> Result<Workspace, WsError> {
+        limits.validate().map_err(WsError::Invalid)?;
+        let txn = txn::Txn::open(path)?;
+        if let Some(what) = txn.recover()? {
+            tracing::warn!(workspace = %path.display(), "{what}");
+        }
+        let owner = match &limits.owner {
+            Some(o) => Some(limits::parse_owner(o).map_err(WsError::Invalid)?),
+            None => {
+                let st = rustix::fs::fstat(txn.root())
+                    .map_err(|e| WsError::io("stat workspace", error::sys(e)))?;
+                Some((st.st_uid, st.st_gid))
+            }
+        };
+        // chown is only needed (and only allowed) when the owner differs
+        // from who we are.
+        let me = (
+            rustix::process::geteuid().as_raw(),
+            rustix::process::getegid().as_raw(),
+        );
+        let owner = owner.filter(|o| *o != me);
+        if owner.is_some() && me.0 != 0 {
+            return Err(WsError::Invalid(format!(
+                "archive.owner {:?} differs from the agent's own uid:gid {}:{}, and only root can give files away",
+                owner, me.0, me.1
+            )));
+        }
+        Ok(Workspace {
+            txn,
+            limits,
+            owner,
+            busy: Mutex::new(None),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        self.txn.root_path()
+    }
+
+    pub fn limits(&self) -> &ArchiveLimits {
+        &self.limits
+    }
+
+    /// Claims the workspace for `op`, or says what holds it.
+    pub fn begin(self: &Arc<Self>, op: &'static str) -> Result<OpGuard, WsError> {
+        let mut busy = self.busy.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((running, since)) = *busy {
+            return Err(WsError::Busy(format!(
+                "Workspace.{running} is running (for {:.1} s); only one Initialize, Dump or Clear runs at a time, retry when it ends",
+                since.elapsed().as_secs_f64()
+            )));
+        }
+        *busy = Some((op, Instant::now()));
+        Ok(OpGuard { ws: self.clone() })
+    }
+
+    /// Extracts the archive read from `src` and swaps it in. Blocking.
+    /// `outcome` is `src`'s shared state (byte count, sha256, failure).
+    pub fn initialize(
+        &self,
+        req: &InitRequest,
+        src: stream::ChannelReader,
+        outcome: &Mutex<stream::ReadOutcome>,
+    ) -> Result<InitStats, WsError> {
+        let start = Instant::now();
+        if !req.expected_sha256.is_empty()
+            && (req.expected_sha256.len() != 64
+                || !req.expected_sha256.bytes().all(|b| b.is_ascii_hexdigit()))
+        {
+            return Err(WsError::invalid("expected_sha256 must be 64 hex digits"));
+        }
+        let (stage_name, stage) = self.txn.stage()?;
+        let result = (|| {
+            if req.merge {
+                self.txn.clone_into(stage.as_fd())?;
+            }
+            let opts = extract::ExtractOptions {
+                limits: &self.limits,
+                compression: req.compression,
+                owner: self.owner,
+                merge: req.merge,
+            };
+            let result = extract::extract(src, stage.as_fd(), &opts);
+            let mut o = outcome.lock().unwrap_or_else(|p| p.into_inner());
+            // A broken stream explains a parse error better than the parser.
+            let stats = result.map_err(|e| o.failure.take().unwrap_or(e))?;
+            let (count, sha) = (o.count, o.sha256.clone().unwrap_or_default());
+            drop(o);
+            if req.size_hint != 0 && count != req.size_hint {
+                return Err(WsError::Integrity(format!(
+                    "received {count} archive bytes, the header announced {}; the upload was cut short or altered",
+                    req.size_hint
+                )));
+            }
+            if !req.expected_sha256.is_empty() && !sha.eq_ignore_ascii_case(&req.expected_sha256) {
+                return Err(WsError::Integrity(format!(
+                    "archive sha256 is {sha}, expected {}; nothing was changed",
+                    req.expected_sha256
+                )));
+            }
+            txn::fault_point("before-commit");
+            Ok((stats, sha, count))
+        })();
+        match result {
+            Ok((stats, sha, count)) => {
+                let (_, sync) = self.commit(&stage_name, stage)?;
+                Ok(InitStats {
+                    extract: stats,
+                    archive_bytes: count,
+                    archive_sha256: sha,
+                    duration: start.elapsed(),
+                    sync,
+                })
+            }
+            Err(e) => {
+                drop(stage);
+                self.txn.discard(&stage_name);
+                Err(e)
+            }
+        }
+    }
+
+    /// Writes the workspace (or `sub_path` of it) as a tar stream to `out`.
+    /// Blocking.
+    pub fn dump<W: Write>(
+        &self,
+        req: &DumpRequest,
+        out: W,
+        cancelled: Option<&std::sync::atomic::AtomicBool>,
+    ) -> Result<(W, pack::PackStats), WsError> {
+        let exclude = build_globs(&req.exclude)?;
+        let sub = req.sub_path.trim_matches('/');
+        let dir = if sub.is_empty() {
+            rustix::io::dup(self.txn.root())
+                .map_err(|e| WsError::io("opening the workspace", error::sys(e)))?
+        } else {
+            let comps = confine::normalize(Path::new(sub))
+                .map_err(|r| WsError::invalid(format!("sub_path '{sub}' {r}")))?;
+            let rel: PathBuf = comps.iter().collect();
+            if rel.as_os_str() == txn::INNER_STATE_NAME && self.txn.hidden_name().is_some() {
+                return Err(WsError::NotFound(format!(
+                    "sub_path '{sub}' does not exist in the workspace"
+                )));
+            }
+            confine::open_dir(self.txn.root(), &rel).map_err(|e| match e.raw_os_error() {
+                Some(nix::libc::ENOENT) => {
+                    WsError::NotFound(format!("sub_path '{sub}' does not exist in the workspace"))
+                }
+                Some(nix::libc::ENOTDIR) => {
+                    WsError::invalid(format!("sub_path '{sub}' is not a directory"))
+                }
+                Some(nix::libc::ELOOP) | Some(nix::libc::EXDEV) => {
+                    WsError::invalid(format!("sub_path '{sub}' goes through a symlink"))
+                }
+                _ => WsError::io(format!("opening sub_path '{sub}'"), e),
+            })?
+        };
+        let hidden = if sub.is_empty() {
+            self.txn.hidden_name()
+        } else {
+            None
+        };
+        let opts = pack::PackOptions {
+            exclude: exclude.as_ref(),
+            hidden,
+            cancelled,
+        };
+        pack::pack(dir.as_fd(), &opts, out)
+    }
+
+    /// Empties the workspace atomically. Returns the number of top-level
+    /// entries removed. Blocking.
+    pub fn clear(&self) -> Result<u64, WsError> {
+        let (name, stage) = self.txn.stage()?;
+        self.commit(&name, stage).map(|(n, _)| n)
+    }
+
+    /// Commits a stage; on failure, rolls forward (journal written) or
+    /// discards the stage (not yet committed), as a restart would.
+    fn commit(
+        &self,
+        name: &std::ffi::OsStr,
+        stage: std::os::fd::OwnedFd,
+    ) -> Result<(u64, Duration), WsError> {
+        match self.txn.commit(name, stage.as_fd()) {
+            Ok(n) => Ok(n),
+            Err(e) => {
+                drop(stage);
+                if let Err(r) = self.txn.recover() {
+                    tracing::error!(error = %r, "recovery after a failed swap failed too; it is retried at the next start");
+                }
+                Err(e)
+            }
+        }
+    }
+}
+
+fn build_globs(patterns: &[String]) -> Result<Option<globset::GlobSet>, WsError> {
+    if patterns.is_empty() {
+        return Ok(None);
+    }
+    let mut b = globset::GlobSetBuilder::new();
+    for p in patterns {
+        let p = p.trim_start_matches("./");
+        let g = globset::GlobBuilder::new(p)
+            .literal_separator(false)
+            .build()
+            .map_err(|e| WsError::invalid(format!("exclude pattern '{p}': {e}")))?;
+        b.add(g);
+    }
+    b.build()
+        .map(Some)
+        .map_err(|e| WsError::invalid(format!("exclude patterns: {e}")))
+}
