@@ -188,7 +188,6 @@ impl proto::workspace_server::Workspace for WorkspaceService {
         };
         let span = tracing::info_span!("dump", ?compression, level);
         tokio::task::spawn_blocking(move || {
-            let _guard = guard;
             let _e = span.enter();
             let start = std::time::Instant::now();
             let sink = ChunkSink::new(tx.clone(), MAX_CHUNK_BYTES, |b| {
@@ -213,6 +212,10 @@ impl proto::workspace_server::Workspace for WorkspaceService {
                         .map_err(|_| WsError::Cancelled("the client went away".into()))?;
                     Ok((bytes, sha, tx, stats))
                 });
+            // The workspace is free before the last message goes out: a
+            // client that has the trailer (or the error) may start the next
+            // operation at once, and must not find this Dump still running.
+            drop(guard);
             match result {
                 Ok((bytes, sha, tx, stats)) => {
                     tracing::info!(
