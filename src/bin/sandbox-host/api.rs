@@ -61,6 +61,10 @@ pub struct Host {
     /// Multiplies TTLs (tests shorten the clock with it).
     pub time_scale: f64,
     pub max_upload_bytes: u64,
+    /// Releases running in the background; a shutdown waits for them, so a
+    /// released sandbox is back in the pool (and stopped with it), never
+    /// left running outside it.
+    pub releases: tokio_util::task::TaskTracker,
 }
 
 pub type Shared = Arc<Host>;
@@ -550,7 +554,8 @@ pub fn release_in_background(h: &Shared, s: &SandboxRow, is_ttl: bool) {
     }
     let _ = std::fs::remove_file(h.uploads.join(format!("{}.tar.gz", s.id)));
     let (h, id, slot_id) = (h.clone(), s.id.clone(), s.slot.clone());
-    tokio::spawn(async move {
+    let releases = h.releases.clone();
+    releases.spawn(async move {
         if h.pool.on_release() == OnRelease::Replace {
             // Its agent or VM is stopped whole; nothing to release inside.
             let pool = h.pool.clone();

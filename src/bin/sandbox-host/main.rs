@@ -21,6 +21,10 @@ use axum::Router;
 use axum::routing::{get, post, put};
 use clap::Parser;
 
+/// How long a shutdown waits for releases already accepted (a Release
+/// stops the sandbox's servers; in a VM under TCG that takes seconds).
+const RELEASE_DRAIN: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// Reference host: the Klavis Local Sandbox REST API over a pool of
 /// sandbox agents (local processes or QEMU VMs).
 #[derive(Parser, Debug)]
@@ -262,7 +266,9 @@ fn main() -> anyhow::Result<()> {
             uploads,
             time_scale: args.time_scale,
             max_upload_bytes: args.max_upload_bytes,
+            releases: tokio_util::task::TaskTracker::new(),
         });
+        let releases = host.releases.clone();
         tokio::spawn(pool.clone().keep_warm());
         tokio::spawn(api::reap(host.clone()));
         let app = Router::new()
@@ -297,6 +303,19 @@ fn main() -> anyhow::Result<()> {
                 }
             })
             .await?;
+        // Releases already accepted finish first: their slots go back to the
+        // pool, and are stopped with it.
+        releases.close();
+        if tokio::time::timeout(RELEASE_DRAIN, releases.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                left = releases.len(),
+                "releases still running after {} s; their sandboxes keep running, and the next start takes them back",
+                RELEASE_DRAIN.as_secs()
+            );
+        }
         pool.stop_idle();
         anyhow::Ok(())
     })
