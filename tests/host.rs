@@ -509,3 +509,57 @@ fn on_release_replace_gives_each_tenant_a_fresh_sandbox() {
     );
     assert_eq!((code, v["status"].as_str()), (200, Some("occupied")), "{v}");
 }
+
+/// A stop waits for the releases it accepted and leaves no sandbox it does
+/// not lease running: not the released one, not the idle one, and not one
+/// the pool would start in their place. Here the git server ignores
+/// SIGTERM (Python keeps an ignored signal ignored; Node would not), so an
+/// agent stopping it takes its whole stop grace: the Release the host has
+/// in flight, and the stop of the idle slot holding a warm lease of it,
+/// both last seconds.
+#[test]
+fn a_stop_drains_releases_and_leaves_nothing_running() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let shipped = shipped_manifest(Path::new("/var/lib/sandbox-agent"));
+    let from = shipped.find("[servers.git]").expect("git entry");
+    let to = from
+        + shipped[from + 1..]
+            .find("\n[servers.")
+            .expect("an entry after git")
+        + 1;
+    let stubborn = format!(
+        r#"[servers.git]
+command = "sh"
+args = ["-c", "trap '' TERM; exec {dir}/py/git/bin/mcp-server-git"]
+stop_grace_ms = 4000
+"#,
+        dir = common::mcp::servers_dir()
+    );
+    let manifest = format!("{}{stubborn}{}", &shipped[..from], &shipped[to..]);
+    std::fs::write(dir.path().join("servers.toml"), manifest).expect("manifest");
+    let mut host = Host::start(dir.path(), &["--warm-servers", "git"]);
+    let b = host.base.clone();
+    let (slot, lease, _) = wait_warm(&host, "git", &[]);
+    let a = acquire(&host, KEY_A, r#"{"server_names": ["git"]}"#);
+    assert_eq!(a["local_sandbox_id"], lease.as_str(), "{a}");
+    // The pool refills with another warm slot.
+    wait_warm(&host, "git", std::slice::from_ref(&slot));
+    let (code, _) = http(
+        "DELETE",
+        &format!("{b}/local-sandbox/{lease}"),
+        Some(KEY_A),
+        None,
+    );
+    assert_eq!(code, 200);
+    // At once: the Release is still stopping git.
+    let stopping = Instant::now();
+    host.stop();
+    let took = stopping.elapsed();
+    common::host::assert_nothing_left(&host, &[]);
+    // Not a figure to hold the host to, a check that the test tested
+    // something: the Release alone takes the stop grace.
+    assert!(
+        took >= Duration::from_secs(3),
+        "the host stopped in {took:?}"
+    );
+}

@@ -48,6 +48,13 @@ impl Host {
         let keys = dir.join("keys");
         std::fs::write(&keys, format!("{KEY_A} alice\n{KEY_B} bob\n")).expect("keys");
         let data = dir.join("data");
+        // Appended to across restarts; shown when the host fails to start.
+        let log_path = dir.join("host.log");
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .expect("host.log");
         let mut child = Command::new(HOST)
             .args(["--listen", "127.0.0.1:0", "--pool-size", "1"])
             .arg("--data-dir")
@@ -56,7 +63,7 @@ impl Host {
             .arg(&keys)
             .args(args)
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            .stderr(log)
             .spawn()
             .expect("sandbox-host");
         let mut line = String::new();
@@ -66,7 +73,12 @@ impl Host {
         let base = line
             .trim()
             .strip_prefix("sandbox-host: base URL ")
-            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+            .unwrap_or_else(|| {
+                panic!(
+                    "unexpected first line {line:?}; the host's log:\n{}",
+                    std::fs::read_to_string(&log_path).unwrap_or_default()
+                )
+            })
             .to_owned();
         Host {
             child: Some(child),
@@ -108,6 +120,43 @@ impl Drop for Host {
                 nix::sys::signal::Signal::SIGKILL,
             );
         }
+    }
+}
+
+/// `pgrep -a -f s`: the processes whose command line mentions `s`.
+pub fn processes_mentioning(s: &str) -> String {
+    let out = Command::new("pgrep")
+        .args(["-a", "-f", s])
+        .output()
+        .expect("pgrep");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Waits (up to 30 s) until no process mentions the host's data dir (no
+/// agent, run-qemu.sh or vhost-device-vsock of its slots) or any of
+/// `also`.
+pub fn assert_nothing_left(host: &Host, also: &[&str]) {
+    let data = host.data.display().to_string();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let left: String = std::iter::once(data.as_str())
+            .chain(also.iter().copied())
+            .map(processes_mentioning)
+            .collect();
+        if left.is_empty() {
+            return;
+        }
+        if std::time::Instant::now() > deadline {
+            let log = host.data.with_file_name("host.log");
+            let log = std::fs::read_to_string(log).unwrap_or_default();
+            let mut from = log.len().saturating_sub(6000);
+            while !log.is_char_boundary(from) {
+                from += 1;
+            }
+            let tail = &log[from..];
+            panic!("left running:\n{left}\nthe end of the host's log:\n{tail}");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(250));
     }
 }
 

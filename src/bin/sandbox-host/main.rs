@@ -305,6 +305,10 @@ fn main() -> anyhow::Result<()> {
             .await?;
         // Releases already accepted finish first: their slots go back to the
         // pool, and are stopped with it.
+        tracing::info!(
+            releases = releases.len(),
+            "stopping: waiting for the releases in flight"
+        );
         releases.close();
         if tokio::time::timeout(RELEASE_DRAIN, releases.wait())
             .await
@@ -316,7 +320,16 @@ fn main() -> anyhow::Result<()> {
                 RELEASE_DRAIN.as_secs()
             );
         }
-        pool.stop_idle();
+        // Then the pool closes: no slot starts or turns idle after this, and
+        // the idle and starting ones stop. Leased ones keep running.
+        let p = pool.clone();
+        let stopped = tokio::task::spawn_blocking(move || p.close())
+            .await
+            .unwrap_or(0);
+        tracing::info!(
+            stopped,
+            "stopped the pool's idle and starting sandboxes; leased ones keep running for the next start"
+        );
         anyhow::Ok(())
     })
 }

@@ -20,6 +20,7 @@
 use std::collections::HashMap;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -194,6 +195,18 @@ pub struct Taken {
 struct Idle {
     slot: Slot,
     warm: Option<WarmLease>,
+    /// A warm lease is being acquired on it: not for [`Pool::take`] yet.
+    warming: bool,
+}
+
+impl Idle {
+    fn bare(slot: Slot) -> Idle {
+        Idle {
+            slot,
+            warm: None,
+            warming: false,
+        }
+    }
 }
 
 pub struct PoolConfig {
@@ -223,6 +236,10 @@ pub struct Pool {
     leased: Mutex<HashMap<String, Slot>>,
     /// Slots still starting (stopped with the idle ones at shutdown).
     starting: Mutex<HashMap<String, Slot>>,
+    /// Set by [`Pool::close`] while it holds both `idle` and `starting`;
+    /// read under the lock of the list a slot is about to join, so no slot
+    /// joins one after close emptied it.
+    closed: AtomicBool,
     /// The server names this backend's agents carry, learned from the
     /// first slot that serves (every slot runs the same manifest or image).
     catalog: Mutex<Option<Vec<String>>>,
@@ -238,6 +255,7 @@ impl Pool {
             idle: Mutex::new(Vec::new()),
             leased: Mutex::new(HashMap::new()),
             starting: Mutex::new(HashMap::new()),
+            closed: AtomicBool::new(false),
             catalog: Mutex::new(None),
             refill: Notify::new(),
         }))
@@ -248,6 +266,20 @@ impl Pool {
     }
     fn leased(&self) -> std::sync::MutexGuard<'_, HashMap<String, Slot>> {
         self.leased.lock().unwrap_or_else(|p| p.into_inner())
+    }
+    fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::SeqCst)
+    }
+
+    /// Keeps a slot idle, unless the pool is full or closed: then the slot
+    /// comes back, for the caller to discard.
+    fn put_idle(&self, i: Idle) -> Result<(), Slot> {
+        let mut idle = self.idle();
+        if self.is_closed() || idle.len() >= self.cfg.size {
+            return Err(i.slot);
+        }
+        idle.push(i);
+        Ok(())
     }
 
     pub fn warm_profile(&self) -> Option<&WarmProfile> {
@@ -334,10 +366,10 @@ impl Pool {
                     if let Ok(c) = s.client().await {
                         let _ = c.agent().release(proto::ReleaseRequest::default()).await;
                     }
-                    self.idle().push(Idle {
-                        slot: s,
-                        warm: None,
-                    });
+                    if let Err(s) = self.put_idle(Idle::bare(s)) {
+                        let _ = tokio::task::spawn_blocking(move || discard(&s)).await;
+                        gone.push(id);
+                    }
                 }
                 other => {
                     if let Some(s) = other {
@@ -368,8 +400,8 @@ impl Pool {
             });
             let pos = idle
                 .iter()
-                .position(|i| i.warm.is_some() == matches_warm)
-                .or(if idle.is_empty() { None } else { Some(0) });
+                .position(|i| !i.warming && i.warm.is_some() == matches_warm)
+                .or_else(|| idle.iter().position(|i| !i.warming));
             pos.map(|p| idle.remove(p))
         };
         self.refill.notify_one();
@@ -398,14 +430,14 @@ impl Pool {
         let Some(slot) = self.leased().remove(slot_id) else {
             return;
         };
-        let mut idle = self.idle();
-        if slot.alive() && idle.len() < self.cfg.size {
-            idle.push(Idle { slot, warm: None });
-            drop(idle);
-            self.refill.notify_one();
+        let kept = if slot.alive() {
+            self.put_idle(Idle::bare(slot))
         } else {
-            drop(idle);
-            discard(&slot);
+            Err(slot)
+        };
+        match kept {
+            Ok(()) => self.refill.notify_one(),
+            Err(slot) => discard(&slot),
         }
     }
 
@@ -428,28 +460,20 @@ impl Pool {
     }
 
     /// Keeps `size` idle slots, each holding a warm lease when a profile is
-    /// set.
+    /// set, until the pool is closed.
     pub async fn keep_warm(self: Arc<Self>) {
-        loop {
+        while !self.is_closed() {
             let short = self.idle().len() < self.cfg.size;
             if short {
                 match self.spawn().await {
                     Ok(slot) => {
                         // A slot given back while this one started may have
-                        // filled the pool already.
-                        let surplus = {
-                            let mut idle = self.idle();
-                            if idle.len() < self.cfg.size {
-                                idle.push(Idle { slot, warm: None });
-                                None
-                            } else {
-                                Some(slot)
-                            }
-                        };
-                        if let Some(slot) = surplus {
-                            let _ = tokio::task::spawn_blocking(move || discard(&slot)).await;
+                        // filled the pool already, or the pool closed.
+                        if let Err(surplus) = self.put_idle(Idle::bare(slot)) {
+                            let _ = tokio::task::spawn_blocking(move || discard(&surplus)).await;
                         }
                     }
+                    Err(_) if self.is_closed() => return,
                     Err(e) => {
                         warn!(error = %format!("{e:#}"), "cannot start a pool sandbox");
                         tokio::time::sleep(Duration::from_secs(2)).await;
@@ -458,23 +482,41 @@ impl Pool {
                 continue;
             }
             if let Some(profile) = self.cfg.warm.clone() {
-                let bare = {
-                    let mut idle = self.idle();
-                    let pos = idle.iter().position(|i| i.warm.is_none());
-                    pos.map(|p| idle.remove(p))
-                };
-                if let Some(mut i) = bare {
-                    match pre_acquire(&i.slot, &profile).await {
-                        Ok(w) => {
-                            info!(slot = %i.slot.id, lease = %w.lease_id, "warm lease ready");
-                            i.warm = Some(w);
-                            self.idle().push(i);
+                // The slot stays in the pool while its lease is acquired
+                // (marked, so Acquire passes it over), so a close stops it.
+                let bare = self
+                    .idle()
+                    .iter_mut()
+                    .find(|i| i.warm.is_none() && !i.warming)
+                    .map(|i| {
+                        i.warming = true;
+                        i.slot.clone()
+                    });
+                if let Some(slot) = bare {
+                    let lease = pre_acquire(&slot, &profile).await;
+                    let failed = {
+                        let mut idle = self.idle();
+                        // Gone: closed, or found dead by a sweep.
+                        let entry = idle.iter_mut().find(|i| i.slot.id == slot.id);
+                        match (lease, entry) {
+                            (Ok(w), Some(i)) => {
+                                info!(slot = %slot.id, lease = %w.lease_id, "warm lease ready");
+                                i.warm = Some(w);
+                                i.warming = false;
+                                false
+                            }
+                            (Ok(_), None) => false,
+                            (Err(e), entry) => {
+                                warn!(slot = %slot.id, error = %format!("{e:#}"), "cannot pre-acquire the warm servers; the slot stays bare");
+                                if let Some(i) = entry {
+                                    i.warming = false;
+                                }
+                                true
+                            }
                         }
-                        Err(e) => {
-                            warn!(slot = %i.slot.id, error = %format!("{e:#}"), "cannot pre-acquire the warm servers; the slot stays bare");
-                            self.idle().push(i);
-                            tokio::time::sleep(Duration::from_secs(5)).await;
-                        }
+                    };
+                    if failed {
+                        tokio::time::sleep(Duration::from_secs(5)).await;
                     }
                     continue;
                 }
@@ -496,6 +538,7 @@ impl Pool {
 
     /// Starts a slot and waits until its agent serves.
     async fn spawn(&self) -> anyhow::Result<Slot> {
+        anyhow::ensure!(!self.is_closed(), "the host is stopping");
         let id = uuid::Uuid::new_v4().simple().to_string();
         let dir = self.cfg.dir.join(&id);
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -546,12 +589,26 @@ impl Pool {
             let _ = child.wait();
         });
         let slot = Slot { id, dir, pid, kind };
-        self.starting().insert(slot.id.clone(), slot.clone());
+        {
+            let mut starting = self.starting();
+            if self.is_closed() {
+                drop(starting);
+                let s = slot.clone();
+                let _ = tokio::task::spawn_blocking(move || discard(&s)).await;
+                anyhow::bail!("the host is stopping");
+            }
+            starting.insert(slot.id.clone(), slot.clone());
+        }
+        // From here until it leaves `starting`, a close stops it; after
+        // that the caller places it (idle or leased) without awaiting.
         let ready = self.wait_serving(&slot).await;
-        self.starting().remove(&slot.id);
+        if ready.is_ok() {
+            self.learn_catalog(&slot).await;
+        }
+        let still_ours = self.starting().remove(&slot.id).is_some();
         ready?;
+        anyhow::ensure!(still_ours, "the host is stopping");
         info!(slot = %slot.id, pid, backend = kind.name(), "sandbox started");
-        self.learn_catalog(&slot).await;
         Ok(slot)
     }
 
@@ -589,14 +646,26 @@ impl Pool {
         Ok(())
     }
 
-    /// Stops every idle or starting slot (leased ones keep running for a
-    /// restart).
-    pub fn stop_idle(&self) {
-        let idle: Vec<Slot> = self.idle().drain(..).map(|i| i.slot).collect();
-        let starting: Vec<Slot> = self.starting().drain().map(|(_, s)| s).collect();
-        for s in idle.iter().chain(&starting) {
-            discard(s);
-        }
+    /// Closes the pool: from now on nothing is started or kept idle, and
+    /// every idle or starting slot is stopped, all at once. Leased slots
+    /// keep running for the next start. Returns how many were stopped.
+    /// Blocking (each stop may take its grace).
+    pub fn close(&self) -> usize {
+        let slots: Vec<Slot> = {
+            let mut idle = self.idle();
+            let mut starting = self.starting();
+            self.closed.store(true, Ordering::SeqCst);
+            idle.drain(..)
+                .map(|i| i.slot)
+                .chain(starting.drain().map(|(_, s)| s))
+                .collect()
+        };
+        std::thread::scope(|scope| {
+            for slot in &slots {
+                scope.spawn(move || discard(slot));
+            }
+        });
+        slots.len()
     }
 }
 
