@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use common::host::{
     Host, KEY_A, KEY_B, acquire, alive, assert_mcp_client_works, assert_mcp_initializes,
-    assert_notebook_outcome, http, py,
+    assert_notebook_outcome, http, py, release,
 };
 use common::mcp::shipped_manifest;
 use serde_json::json;
@@ -395,13 +395,7 @@ fn warm_leases_serve_matching_acquires_and_give_way_to_others() {
         ["localmemory"]
     );
     for id in [&lease, &id2] {
-        let (code, _) = http(
-            "DELETE",
-            &format!("{b}/local-sandbox/{id}"),
-            Some(KEY_A),
-            None,
-        );
-        assert_eq!(code, 200);
+        release(&host, KEY_A, id);
     }
     let (_, list) = http("GET", &format!("{b}/local-sandbox"), Some(KEY_A), None);
     assert_eq!(list["total_count"], 0, "{list}");
@@ -479,13 +473,7 @@ fn on_release_replace_gives_each_tenant_a_fresh_sandbox() {
     let a = acquire(&host, KEY_A, r#"{"server_names": ["localmemory"]}"#);
     let first = a["local_sandbox_id"].as_str().expect("id").to_owned();
     let (slot, pid) = slot_of(&host, &first);
-    let (code, _) = http(
-        "DELETE",
-        &format!("{b}/local-sandbox/{first}"),
-        Some(KEY_A),
-        None,
-    );
-    assert_eq!(code, 200);
+    release(&host, KEY_A, &first);
     // Its agent is stopped and its directory (workspace included) removed.
     let deadline = Instant::now() + Duration::from_secs(30);
     while alive(pid) || slot.exists() {
@@ -538,19 +526,12 @@ stop_grace_ms = 4000
     let manifest = format!("{}{stubborn}{}", &shipped[..from], &shipped[to..]);
     std::fs::write(dir.path().join("servers.toml"), manifest).expect("manifest");
     let mut host = Host::start(dir.path(), &["--warm-servers", "git"]);
-    let b = host.base.clone();
     let (slot, lease, _) = wait_warm(&host, "git", &[]);
     let a = acquire(&host, KEY_A, r#"{"server_names": ["git"]}"#);
     assert_eq!(a["local_sandbox_id"], lease.as_str(), "{a}");
     // The pool refills with another warm slot.
     wait_warm(&host, "git", std::slice::from_ref(&slot));
-    let (code, _) = http(
-        "DELETE",
-        &format!("{b}/local-sandbox/{lease}"),
-        Some(KEY_A),
-        None,
-    );
-    assert_eq!(code, 200);
+    release(&host, KEY_A, &lease);
     // At once: the Release is still stopping git.
     let stopping = Instant::now();
     host.stop();

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use common::host::{
     Host, KEY_A, KEY_B, acquire, assert_mcp_client_works, assert_mcp_initializes,
-    assert_notebook_outcome, http, py,
+    assert_notebook_outcome, http, py, release,
 };
 
 #[test]
@@ -88,13 +88,7 @@ fn the_qemu_backend_serves_the_api_from_vms() {
         "{v}"
     );
 
-    let (code, _) = http(
-        "DELETE",
-        &format!("{b}/local-sandbox/{all}"),
-        Some(KEY_A),
-        None,
-    );
-    assert_eq!(code, 200);
+    release(&host, KEY_A, &all);
     // Releases end in the background; then one idle VM is left (the pool).
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {

@@ -213,6 +213,18 @@ pub fn acquire(host: &Host, key: &str, body: &str) -> Value {
     a
 }
 
+/// `DELETE /local-sandbox/{id}`, which must be accepted (the release
+/// itself ends in the background).
+pub fn release(host: &Host, key: &str, id: &str) {
+    let (code, v) = http(
+        "DELETE",
+        &format!("{}/local-sandbox/{id}", host.base),
+        Some(key),
+        None,
+    );
+    assert_eq!(code, 200, "release of {id}: {v}");
+}
+
 /// What `host_client.py notebook` reports when the Klavis notebook's
 /// steps went as in the notebook: the dump lists exactly its three files
 /// with their sizes, and the release answers the notebook's message.
