@@ -13,18 +13,26 @@
 //! Targets from the foundation issue: start ≤ 20 ms, idle RSS ≤ 8 MiB,
 //! binary ≤ 15 MiB, health p99 ≤ 1 ms.
 
+mod common;
+use common::AGENT;
+
 use std::io::{Read, Write};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use sandbox_agent::proto::health::HealthCheckRequest;
-use sandbox_agent::proto::health::health_check_response::ServingStatus;
+use sandbox_client::proto::health::HealthCheckRequest;
+use sandbox_client::proto::health::health_check_response::ServingStatus;
 
-const AGENT: &str = env!("CARGO_BIN_EXE_sandbox-agent");
-const START_RUNS: usize = 30;
-const LATENCY_CALLS: usize = 20_000;
-const THROUGHPUT_SECS: u64 = 3;
+fn start_runs() -> usize {
+    common::pick(30, 8)
+}
+fn latency_calls() -> usize {
+    common::pick(20_000, 2_000)
+}
+fn throughput_secs() -> u64 {
+    common::pick(3, 1)
+}
 const CONCURRENCY: usize = 32;
 
 fn main() {
@@ -37,15 +45,15 @@ fn main() {
     let dir = tempfile::tempdir().expect("tempdir");
 
     println!("# sandbox-agent control-plane benchmark");
-    println!("binary: {AGENT}");
-    let size = std::fs::metadata(AGENT).expect("binary").len();
-    println!("static: {}", is_static(Path::new(AGENT)));
+    println!("binary: {}", &*AGENT);
+    let size = std::fs::metadata(&*AGENT).expect("binary").len();
+    println!("static: {}", is_static(Path::new(&*AGENT)));
     println!();
 
     // 1. exec → SERVING, against the cost of exec itself.
     let mut start_ms = Vec::new();
     let mut true_ms = Vec::new();
-    for i in 0..START_RUNS {
+    for i in 0..start_runs() {
         let t = Instant::now();
         let status = Command::new("/bin/true").status().expect("/bin/true");
         assert!(status.success());
@@ -63,7 +71,7 @@ fn main() {
     std::thread::sleep(Duration::from_secs(1));
     let idle_rss = rss_kib(child.id());
 
-    let floor_us = unix_pingpong_us(dir.path(), LATENCY_CALLS);
+    let floor_us = unix_pingpong_us(dir.path(), latency_calls());
     let (lat_us, rps) = rt.block_on(health_load(&sock));
     let loaded_rss = rss_kib(child.id());
     drop(child);
@@ -79,8 +87,11 @@ fn main() {
 
     println!("| measure | sandbox-agent | reference | ratio | target |");
     println!("|---|---|---|---|---|");
+    let (start_runs, latency_calls, throughput_secs) =
+        (start_runs(), latency_calls(), throughput_secs());
+    println!("({})", common::mode());
     println!(
-        "| exec → SERVING (median of {START_RUNS}) | {start_med:.2} ms | spawn+wait /bin/true {true_med:.2} ms | {:.1}× | ≤ 20 ms |",
+        "| exec → SERVING (median of {start_runs}) | {start_med:.2} ms | spawn+wait /bin/true {true_med:.2} ms | {:.1}× | ≤ 20 ms |",
         start_med / true_med
     );
     println!(
@@ -96,7 +107,7 @@ fn main() {
         size as f64 / (1024.0 * 1024.0)
     );
     println!(
-        "| health p50 over unix ({LATENCY_CALLS} sequential calls) | {p50:.0} µs | raw unix ping-pong {f50:.0} µs | {:.1}× | |",
+        "| health p50 over unix ({latency_calls} sequential calls) | {p50:.0} µs | raw unix ping-pong {f50:.0} µs | {:.1}× | |",
         p50 / f50
     );
     println!(
@@ -104,7 +115,7 @@ fn main() {
         p99 / f99
     );
     println!(
-        "| health throughput ({CONCURRENCY} callers, 1 connection, {THROUGHPUT_SECS} s) | {rps:.0} req/s | | | |"
+        "| health throughput ({CONCURRENCY} callers, 1 connection, {throughput_secs} s) | {rps:.0} req/s | | | |"
     );
 }
 
@@ -128,7 +139,7 @@ impl Drop for Running {
 async fn start_agent(dir: &Path, sock: &Path) -> (Running, Duration) {
     let t = Instant::now();
     let child = Running(
-        Command::new(AGENT)
+        Command::new(&*AGENT)
             .arg("--mcp-listen")
             .arg(format!("unix://{}.mcp", sock.display()))
             .arg("--listen")
@@ -144,7 +155,7 @@ async fn start_agent(dir: &Path, sock: &Path) -> (Running, Duration) {
     let uri = format!("unix://{}", sock.display());
     loop {
         if sock.exists()
-            && let Ok(c) = sandbox_agent::connect(&uri).await
+            && let Ok(c) = sandbox_client::connect(&uri).await
             && let Ok(r) = c.health().check(HealthCheckRequest::default()).await
             && r.into_inner().status == ServingStatus::Serving as i32
         {
@@ -157,7 +168,7 @@ async fn start_agent(dir: &Path, sock: &Path) -> (Running, Duration) {
 
 /// Sequential latencies (µs) and concurrent throughput (req/s).
 async fn health_load(sock: &Path) -> (Vec<f64>, f64) {
-    let client = sandbox_agent::connect(&format!("unix://{}", sock.display()))
+    let client = sandbox_client::connect(&format!("unix://{}", sock.display()))
         .await
         .expect("connect");
     let mut health = client.health();
@@ -167,8 +178,8 @@ async fn health_load(sock: &Path) -> (Vec<f64>, f64) {
             .await
             .expect("warm-up");
     }
-    let mut lat = Vec::with_capacity(LATENCY_CALLS);
-    for _ in 0..LATENCY_CALLS {
+    let mut lat = Vec::with_capacity(latency_calls());
+    for _ in 0..latency_calls() {
         let t = Instant::now();
         health
             .check(HealthCheckRequest::default())
@@ -177,7 +188,7 @@ async fn health_load(sock: &Path) -> (Vec<f64>, f64) {
         lat.push(t.elapsed().as_secs_f64() * 1e6);
     }
 
-    let deadline = Instant::now() + Duration::from_secs(THROUGHPUT_SECS);
+    let deadline = Instant::now() + Duration::from_secs(throughput_secs());
     let t = Instant::now();
     let mut tasks = Vec::new();
     for _ in 0..CONCURRENCY {

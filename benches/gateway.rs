@@ -12,17 +12,21 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use sandbox_agent::mcp_client::McpHttpClient;
-use sandbox_agent::proto;
 use sandbox_agent::supervisor::logbuf::LogBuf;
 use sandbox_agent::supervisor::mcp::StdioConn;
+use sandbox_client::mcp_client::McpHttpClient;
+use sandbox_client::proto;
 use serde_json::json;
 
 mod common;
+use common::AGENT;
 
-const AGENT: &str = env!("CARGO_BIN_EXE_sandbox-agent");
-const CALLS: usize = 2000;
-const THROUGHPUT_SECS: u64 = 3;
+fn calls() -> usize {
+    common::pick(2000, 300)
+}
+fn throughput_secs() -> u64 {
+    common::pick(3, 1)
+}
 
 fn main() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -33,7 +37,7 @@ fn main() {
     std::fs::write(&mpath, &text).expect("manifest");
     let sock = dir.path().join("agent.sock");
     let mcp_sock = dir.path().join("mcp.sock");
-    let mut agent = std::process::Command::new(AGENT)
+    let mut agent = std::process::Command::new(&*AGENT)
         .arg("--listen")
         .arg(format!("unix://{}", sock.display()))
         .arg("--mcp-listen")
@@ -56,7 +60,7 @@ fn main() {
         let uri = format!("unix://{}", sock.display());
         let deadline = Instant::now() + Duration::from_secs(10);
         let client = loop {
-            match sandbox_agent::connect(&uri).await {
+            match sandbox_client::connect(&uri).await {
                 Ok(c) => break c,
                 Err(e) if Instant::now() > deadline => panic!("agent: {e}"),
                 Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
@@ -96,7 +100,7 @@ fn main() {
         let direct = StdioConn::start(stdin, stdout, Arc::new(LogBuf::new(1 << 16, 4096)), 16 << 20).expect("conn");
         direct.handshake(Duration::from_secs(30)).await.expect("handshake");
 
-        let ep: sandbox_agent::Endpoint = format!("unix://{}", mcp_sock.display()).parse().expect("uri");
+        let ep: sandbox_client::Endpoint = format!("unix://{}", mcp_sock.display()).parse().expect("uri");
         let mut gw = McpHttpClient::connect(&ep, "filesystem", None, Duration::from_secs(5)).await.expect("gateway");
 
         // Warm up both paths.
@@ -105,7 +109,7 @@ fn main() {
             gw.call("tools/call", params.clone()).await.expect("gateway");
         }
         let (mut d, mut g) = (Vec::new(), Vec::new());
-        for _ in 0..CALLS {
+        for _ in 0..calls() {
             let t = Instant::now();
             direct.call("tools/call", params.clone(), Duration::from_secs(10)).await.expect("direct");
             d.push(us(t.elapsed()));
@@ -115,14 +119,18 @@ fn main() {
         }
         // The HTTP hop alone: a request the gateway answers itself.
         let mut h = Vec::new();
-        for _ in 0..CALLS {
+        for _ in 0..calls() {
             let t = Instant::now();
             gw.call("server/discover", json!({})).await.expect("discover");
             h.push(us(t.elapsed()));
         }
         let h50 = pct(&mut h, 0.5);
         let (d50, d99, g50, g99) = (pct(&mut d, 0.5), pct(&mut d, 0.99), pct(&mut g, 0.5), pct(&mut g, 0.99));
-        println!("# MCP gateway benchmark (filesystem read_text_file, {CALLS} sequential calls; medians)");
+        println!(
+            "# MCP gateway benchmark (filesystem read_text_file, {} sequential calls; medians; {})",
+            calls(),
+            common::mode()
+        );
         println!("| measure | through the gateway | direct stdio | added | ratio |");
         println!("|---|---|---|---|---|");
         println!("| tools/call p50 | {g50:.0} µs | {d50:.0} µs | {:.0} µs | {:.2}× |", g50 - d50, g50 / d50);
@@ -134,7 +142,7 @@ fn main() {
         println!("|---|---|---|");
         for sessions in [1usize, 10, 50] {
             let count = Arc::new(AtomicU64::new(0));
-            let stop = Instant::now() + Duration::from_secs(THROUGHPUT_SECS);
+            let stop = Instant::now() + Duration::from_secs(throughput_secs());
             let mut tasks = Vec::new();
             for _ in 0..sessions {
                 let mut c = McpHttpClient::connect(&ep, "filesystem", None, Duration::from_secs(5)).await.expect("session");
@@ -149,9 +157,9 @@ fn main() {
             for t in tasks {
                 t.await.expect("task");
             }
-            let gw_rate = count.load(Ordering::Relaxed) as f64 / THROUGHPUT_SECS as f64;
+            let gw_rate = count.load(Ordering::Relaxed) as f64 / throughput_secs() as f64;
             let count = Arc::new(AtomicU64::new(0));
-            let stop = Instant::now() + Duration::from_secs(THROUGHPUT_SECS);
+            let stop = Instant::now() + Duration::from_secs(throughput_secs());
             let mut tasks = Vec::new();
             for _ in 0..sessions {
                 let (count, params, conn) = (count.clone(), params.clone(), direct.clone());
@@ -165,7 +173,7 @@ fn main() {
             for t in tasks {
                 t.await.expect("task");
             }
-            let d_rate = count.load(Ordering::Relaxed) as f64 / THROUGHPUT_SECS as f64;
+            let d_rate = count.load(Ordering::Relaxed) as f64 / throughput_secs() as f64;
             println!("| {sessions} | {gw_rate:.0} | {d_rate:.0} |");
         }
         let _ = child.kill();

@@ -18,11 +18,12 @@ use http_body_util::{BodyExt, Full};
 use serde_json::Value;
 
 mod common;
+use common::{AGENT, HOST};
 
-const HOST: &str = env!("CARGO_BIN_EXE_sandbox-host");
-const AGENT: &str = env!("CARGO_BIN_EXE_sandbox-agent");
 const KEY: &str = "bench-key-0123456789";
-const ROUNDS: usize = 15;
+fn rounds() -> usize {
+    common::pick(15, 4)
+}
 
 struct Host {
     child: Child,
@@ -62,14 +63,14 @@ fn start(dir: &Path, name: &str, pool: usize, warm: &str) -> Host {
     )
     .expect("manifest");
     let data = dir.join(format!("data-{name}"));
-    let mut child = Command::new(HOST)
+    let mut child = Command::new(&*HOST)
         .args(["--listen", "127.0.0.1:0", "--api-key", KEY])
         .args(["--pool-size", &pool.to_string()])
         .args(["--warm-servers", warm])
         .arg("--data-dir")
         .arg(&data)
         .arg("--agent-bin")
-        .arg(AGENT)
+        .arg(&*AGENT)
         .arg("--manifest")
         .arg(&manifest)
         .env("RUST_LOG", "warn")
@@ -160,7 +161,7 @@ fn median(v: &mut [f64]) -> f64 {
 
 async fn acquire_rounds(h: &Host, settle: Duration) -> f64 {
     let mut t = Vec::new();
-    for _ in 0..ROUNDS {
+    for _ in 0..rounds() {
         tokio::time::sleep(settle).await;
         let start = Instant::now();
         let a = api("POST", &format!("{}/local-sandbox", h.base), NOTEBOOK).await;
@@ -175,7 +176,7 @@ async fn acquire_rounds(h: &Host, settle: Duration) -> f64 {
 async fn cycle_rounds(h: &Host, settle: Duration) -> f64 {
     let mut cycle = Vec::new();
     let tgz = archive();
-    for _ in 0..ROUNDS {
+    for _ in 0..rounds() {
         tokio::time::sleep(settle).await;
         let start = Instant::now();
         let a = api("POST", &format!("{}/local-sandbox", h.base), NOTEBOOK).await;
@@ -225,7 +226,7 @@ async fn direct_rounds(dir: &Path) -> f64 {
     let manifest = dir.join("direct.toml");
     std::fs::write(&manifest, common::shipped_manifest(&state)).expect("manifest");
     let sock = dir.join("direct.sock");
-    let mut agent = Command::new(AGENT)
+    let mut agent = Command::new(&*AGENT)
         .arg("--listen")
         .arg(format!("unix://{}", sock.display()))
         .arg("--workspace")
@@ -241,18 +242,18 @@ async fn direct_rounds(dir: &Path) -> f64 {
     let uri = format!("unix://{}", sock.display());
     let deadline = Instant::now() + Duration::from_secs(10);
     let client = loop {
-        match sandbox_agent::connect(&uri).await {
+        match sandbox_client::connect(&uri).await {
             Ok(c) => break c,
             Err(e) if Instant::now() > deadline => panic!("agent never came up: {e}"),
             Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
         }
     };
     let mut t = Vec::new();
-    for i in 0..ROUNDS {
+    for i in 0..rounds() {
         let start = Instant::now();
         client
             .agent()
-            .acquire(sandbox_agent::proto::AcquireRequest {
+            .acquire(sandbox_client::proto::AcquireRequest {
                 lease_id: format!("direct-{i}"),
                 server_names: SERVERS.iter().map(|s| s.to_string()).collect(),
                 ..Default::default()
@@ -262,7 +263,7 @@ async fn direct_rounds(dir: &Path) -> f64 {
         t.push(start.elapsed().as_secs_f64() * 1000.0);
         client
             .agent()
-            .release(sandbox_agent::proto::ReleaseRequest::default())
+            .release(sandbox_client::proto::ReleaseRequest::default())
             .await
             .expect("Release");
     }
@@ -295,7 +296,11 @@ fn main() {
 
         let direct_ms = direct_rounds(dir.path()).await;
 
-        println!("# sandbox-host benchmark (process backend, {ROUNDS} rounds, medians; servers filesystem+git+terminal)");
+        println!(
+            "# sandbox-host benchmark (process backend, {} rounds, medians; servers filesystem+git+terminal; {})",
+            rounds(),
+            common::mode()
+        );
         println!("| measure | median | vs direct agent Acquire |");
         println!("|---|---|---|");
         println!("| Acquire, pool of warm leases (servers already running) | {warm_ms:.1} ms | {:.2}x |", warm_ms / direct_ms);

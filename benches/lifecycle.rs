@@ -1,7 +1,7 @@
 //! Lifecycle benchmark of the real `sandbox-agent` binary with the real
 //! filesystem, git and memory servers (from packaging/install-servers.sh).
 //!
-//! Prints (never asserts) medians over RUNS cycles of:
+//! Prints (never asserts) medians over 15 cycles (4 with BENCH=short) of:
 //! - Acquire of filesystem + git + localmemory until all are ready;
 //! - Release until the sandbox is idle again (servers stopped, workspace
 //!   and state cleared).
@@ -14,12 +14,14 @@ use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use sandbox_agent::proto;
+use sandbox_client::proto;
 
 mod common;
+use common::AGENT;
 
-const AGENT: &str = env!("CARGO_BIN_EXE_sandbox-agent");
-const RUNS: usize = 15;
+fn runs() -> usize {
+    common::pick(15, 4)
+}
 const SERVERS: [&str; 3] = ["filesystem", "git", "localmemory"];
 
 fn main() {
@@ -31,7 +33,7 @@ fn main() {
     std::fs::write(&mpath, &manifest).expect("write manifest");
     let ws = dir.path().join("ws");
     let sock = dir.path().join("agent.sock");
-    let mut agent = Command::new(AGENT)
+    let mut agent = Command::new(&*AGENT)
         .arg("--mcp-listen")
         .arg(format!("unix://{}.mcp", sock.display()))
         .arg("--listen")
@@ -53,7 +55,7 @@ fn main() {
     let client = rt.block_on(async {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
-            match sandbox_agent::connect(&uri).await {
+            match sandbox_client::connect(&uri).await {
                 Ok(c) => break c,
                 Err(e) if Instant::now() > deadline => panic!("agent never came up: {e}"),
                 Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
@@ -76,7 +78,7 @@ fn main() {
         .collect();
 
     let (mut acquire, mut release, mut direct) = (Vec::new(), Vec::new(), Vec::new());
-    for i in 0..RUNS {
+    for i in 0..runs() {
         let t = Instant::now();
         rt.block_on(client.agent().acquire(proto::AcquireRequest {
             lease_id: format!("bench-{i}"),
@@ -117,7 +119,9 @@ fn main() {
         median(&mut direct),
     );
     println!(
-        "# sandbox-agent lifecycle benchmark ({RUNS} cycles, servers: {})",
+        "# sandbox-agent lifecycle benchmark ({} cycles, {}; servers: {})",
+        runs(),
+        common::mode(),
         SERVERS.join(" + ")
     );
     println!(

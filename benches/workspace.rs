@@ -4,23 +4,25 @@
 //!
 //! Corpora (generated): ~20,000 files of 1–8 KiB in nested directories, and
 //! 10 files totalling 512 MiB (half text, half random). Plus a 1 GiB archive
-//! for the agent's peak RSS while extracting.
+//! for the agent's peak RSS while extracting. `BENCH=short` (CI) uses 2,000
+//! files, 64 MiB and 256 MiB, with fewer runs.
 //!
 //! Each Initialize goes into a fresh, empty workspace of a fresh agent, and
 //! each reference extraction into a fresh directory, so no run pays for
 //! another's deletions (ext4 delays reuse of freed inodes). Trees are only
 //! removed at the end.
 
+mod common;
+use common::AGENT;
+
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use sandbox_agent::proto;
-use sandbox_agent::proto::health::HealthCheckRequest;
+use sandbox_client::proto;
+use sandbox_client::proto::health::HealthCheckRequest;
 use tokio_stream::StreamExt;
-
-const AGENT: &str = env!("CARGO_BIN_EXE_sandbox-agent");
 
 struct Running {
     child: Child,
@@ -65,11 +67,11 @@ fn proc_status(pid: u32, key: &str) -> u64 {
         .unwrap_or(0)
 }
 
-async fn start(dir: &Path) -> (Running, sandbox_agent::Client) {
+async fn start(dir: &Path) -> (Running, sandbox_client::Client) {
     std::fs::create_dir_all(dir).expect("dir");
     let sock = dir.join("a.sock");
     let log = dir.join("agent.log");
-    let child = Command::new(AGENT)
+    let child = Command::new(&*AGENT)
         .arg("--mcp-listen")
         .arg(format!("unix://{}.mcp", sock.display()))
         .arg("--listen")
@@ -85,7 +87,7 @@ async fn start(dir: &Path) -> (Running, sandbox_agent::Client) {
     let uri = format!("unix://{}", r.sock.display());
     let t = Instant::now();
     loop {
-        if let Ok(c) = sandbox_agent::connect(&uri).await
+        if let Ok(c) = sandbox_client::connect(&uri).await
             && c.health()
                 .check(HealthCheckRequest::default())
                 .await
@@ -99,7 +101,7 @@ async fn start(dir: &Path) -> (Running, sandbox_agent::Client) {
 }
 
 /// Streams an archive file into Initialize, as `sandboxctl upload FILE` does.
-async fn upload(client: &sandbox_agent::Client, archive: &Path) -> Duration {
+async fn upload(client: &sandbox_client::Client, archive: &Path) -> Duration {
     use proto::initialize_request::Msg;
     let (tx, rx) = tokio::sync::mpsc::channel(8);
     let path = archive.to_owned();
@@ -137,7 +139,7 @@ async fn upload(client: &sandbox_agent::Client, archive: &Path) -> Duration {
 }
 
 async fn dump_to(
-    client: &sandbox_agent::Client,
+    client: &sandbox_client::Client,
     compression: proto::Compression,
     out: &Path,
 ) -> Duration {
@@ -213,7 +215,7 @@ fn text(rng: &mut fastrand::Rng, len: usize) -> Vec<u8> {
 
 fn small_corpus(root: &Path) {
     let mut rng = fastrand::Rng::with_seed(7);
-    for a in 0..20 {
+    for a in 0..common::pick(20, 2) {
         for b in 0..10 {
             let d = root.join(format!("pkg{a}/mod{b}"));
             std::fs::create_dir_all(&d).expect("mkdir");
@@ -228,7 +230,7 @@ fn small_corpus(root: &Path) {
 fn large_corpus(root: &Path) {
     let mut rng = fastrand::Rng::with_seed(8);
     std::fs::create_dir_all(root).expect("mkdir");
-    let each = (512 << 20) / 10;
+    let each = common::pick(512 << 20, 64 << 20) / 10;
     for i in 0..10 {
         let data: Vec<u8> = if i % 2 == 0 {
             text(&mut rng, each)
@@ -251,15 +253,27 @@ async fn main() {
     }
     let base = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tmp");
     let b = base.path();
-    println!("# workspace transfer benchmark (2 cores; medians)");
+    println!(
+        "# workspace transfer benchmark (2 cores; medians; {})",
+        common::mode()
+    );
     let mut rows = Vec::new();
     let mut peak_kib = 0u64;
 
-    for (name, runs, generate) in [
-        ("20,000 files of 1-8 KiB", 5usize, small_corpus as fn(&Path)),
-        ("10 files, 512 MiB (half random)", 3, large_corpus),
+    let small = common::pick("20,000 files of 1-8 KiB", "2,000 files of 1-8 KiB");
+    let large = common::pick(
+        "10 files, 512 MiB (half random)",
+        "10 files, 64 MiB (half random)",
+    );
+    for (name, tag, runs, generate) in [
+        (
+            small,
+            "small",
+            common::pick(5usize, 3),
+            small_corpus as fn(&Path),
+        ),
+        (large, "large", common::pick(3, 1), large_corpus),
     ] {
-        let tag = if runs == 5 { "small" } else { "large" };
         let corpus = b.join(format!("{tag}-corpus"));
         generate(&corpus);
         let archive = b.join(format!("{tag}.tgz"));
@@ -372,11 +386,11 @@ async fn main() {
         ));
     }
 
-    // Peak RSS while extracting a 1 GiB archive.
+    // Peak RSS while extracting a 1 GiB archive (256 MiB in the short mode).
     let gib = b.join("gib-corpus");
     std::fs::create_dir_all(&gib).expect("mkdir");
     let mut rng = fastrand::Rng::with_seed(9);
-    for i in 0..4 {
+    for i in 0..common::pick(4, 1) {
         let data: Vec<u8> = (0..256 << 20).map(|_| rng.u8(..)).collect();
         std::fs::write(gib.join(format!("r{i}")), data).expect("write");
     }
@@ -401,7 +415,8 @@ async fn main() {
         peak_kib as f64 / 1024.0
     );
     println!(
-        "| peak agent RSS extracting a 1 GiB archive (tar.zst) | {:.1} MiB | took {:.2} s |",
+        "| peak agent RSS extracting a {} archive (tar.zst) | {:.1} MiB | took {:.2} s |",
+        common::pick("1 GiB", "256 MiB"),
         gib_peak as f64 / 1024.0,
         took.as_secs_f64()
     );

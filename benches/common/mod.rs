@@ -1,4 +1,5 @@
 //! Setup shared by the benchmarks that run real MCP servers.
+#![allow(dead_code)]
 
 use std::path::Path;
 
@@ -18,4 +19,31 @@ pub fn shipped_manifest(state: &Path) -> String {
         &format!("install_dir = \"{dir}\""),
     )
     .replace("/var/lib/sandbox-agent", &state.display().to_string())
+}
+
+#[path = "../../tests/common/bins.rs"]
+mod bins;
+#[allow(unused_imports)]
+pub use bins::{AGENT, HOST};
+
+/// `BENCH=short` (what the test command runs in CI): fewer rounds and
+/// smaller corpora, so the suite stays fast while every bench still runs
+/// end to end. Anything else, or unset, is the full benchmark whose figures
+/// the README quotes (`BENCH=full ./.ci/test-all.sh`, or `cargo bench`).
+pub fn short() -> bool {
+    std::env::var("BENCH").is_ok_and(|v| v == "short")
+}
+
+/// `full` in the full mode, else `short`.
+pub fn pick<T>(full: T, short_: T) -> T {
+    if short() { short_ } else { full }
+}
+
+/// The mode, for the report's heading.
+pub fn mode() -> &'static str {
+    if short() {
+        "short mode (BENCH=short): fewer rounds, smaller corpora"
+    } else {
+        "full mode"
+    }
 }

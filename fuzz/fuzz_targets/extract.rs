@@ -10,8 +10,8 @@ use std::os::fd::AsFd;
 use std::path::Path;
 
 use libfuzzer_sys::fuzz_target;
-use sandbox_agent::workspace::extract::{ExtractOptions, extract};
-use sandbox_agent::workspace::{ArchiveLimits, Compression};
+use sandbox_archive::extract::{ExtractOptions, extract};
+use sandbox_archive::{ArchiveLimits, Compression};
 
 const JAIL: &str = "/tmp/sandbox-agent-fuzz-jail";
 const CANARY: &str = "/tmp/sandbox-agent-fuzz-canary";

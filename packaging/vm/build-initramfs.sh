@@ -63,7 +63,7 @@ echo "build-initramfs: static binaries" >&2
 target=x86_64-unknown-linux-musl
 # The agent on its own (no host crates, no example's dev-dependencies
 # unified into it): the same binary as the static build and build-rootfs.sh.
-(cd "$root" && cargo build --release --locked --quiet --no-default-features --features agent --target $target \
+(cd "$root" && cargo build --release --locked --quiet -p sandbox-agent --target $target \
   --bin sandbox-agent)
 # The example test server, with the default features: the dependencies then
 # build as `cargo bench` builds them, so the test command compiles them once.

@@ -27,7 +27,7 @@ command -v debootstrap >/dev/null || die "debootstrap not found (apt-get install
 command -v mkfs.ext4 >/dev/null || die "mkfs.ext4 not found (apt-get install e2fsprogs)"
 
 target=x86_64-unknown-linux-musl
-(cd "$root" && cargo build --release --locked --no-default-features --features agent --target $target --bin sandbox-agent)
+(cd "$root" && cargo build --release --locked -p sandbox-agent --target $target --bin sandbox-agent)
 
 dir=$(mktemp -d)
 cleanup() {

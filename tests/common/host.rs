@@ -10,7 +10,7 @@ use serde_json::Value;
 use super::AGENT;
 use super::mcp::shipped_manifest;
 
-pub const HOST: &str = env!("CARGO_BIN_EXE_sandbox-host");
+pub use super::HOST;
 pub const CLIENT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/clients/host_client.py");
 pub const KEY_A: &str = "key-a-0123456789abcdef";
 pub const KEY_B: &str = "key-b-0123456789abcdef";
@@ -35,7 +35,7 @@ impl Host {
         }
         let mut args: Vec<String> = vec![
             "--agent-bin".into(),
-            AGENT.into(),
+            AGENT.to_string(),
             "--manifest".into(),
             manifest.display().to_string(),
         ];
@@ -55,7 +55,7 @@ impl Host {
             .append(true)
             .open(&log_path)
             .expect("host.log");
-        let mut child = Command::new(HOST)
+        let mut child = Command::new(&*HOST)
             .args(["--listen", "127.0.0.1:0", "--pool-size", "1"])
             .arg("--data-dir")
             .arg(&data)

@@ -1,6 +1,7 @@
 //! Test harness: starts the real `sandbox-agent` and `sandboxctl` binaries.
 #![allow(dead_code)]
 
+pub mod bins;
 pub mod host;
 pub mod mcp;
 pub mod vm;
@@ -12,8 +13,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-pub const AGENT: &str = env!("CARGO_BIN_EXE_sandbox-agent");
-pub const CTL: &str = env!("CARGO_BIN_EXE_sandboxctl");
+pub use bins::{AGENT, CTL, HOST};
 pub const TOKEN: &str = "test-token-0123456789abcdef";
 
 /// Lines a child wrote to stderr, shared with the reader thread.
@@ -61,7 +61,7 @@ impl Agent {
 
     pub fn start_in(dir: tempfile::TempDir, extra: &[&str], env: &[(&str, &str)]) -> Agent {
         let socket = dir.path().join("agent.sock");
-        let mut cmd = Command::new(AGENT);
+        let mut cmd = Command::new(&*AGENT);
         if !extra.contains(&"--mcp-listen") {
             // Not the default vsock://any:1025: tests run agents in parallel.
             cmd.arg("--mcp-listen")
@@ -174,7 +174,7 @@ pub fn capture(stream: impl std::io::Read + Send + 'static) -> Lines {
 
 /// Runs `sandboxctl` with `args` (environment cleared of agent settings).
 pub fn ctl(args: &[&str]) -> Output {
-    Command::new(CTL)
+    Command::new(&*CTL)
         .args(args)
         .env_remove("SANDBOX_AGENT")
         .env_remove("SANDBOX_AGENT_TOKEN")
@@ -186,7 +186,7 @@ pub fn ctl(args: &[&str]) -> Output {
 
 /// Runs `sandbox-agent` to completion (for --check-config and start errors).
 pub fn agent_once(args: &[&str], env: &[(&str, &str)]) -> Output {
-    let mut cmd = Command::new(AGENT);
+    let mut cmd = Command::new(&*AGENT);
     cmd.args(args)
         .env_remove("SANDBOX_AGENT_TOKEN")
         .env_remove("SANDBOX_AGENT_LISTEN")

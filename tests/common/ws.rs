@@ -8,8 +8,8 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use sandbox_agent::proto;
-use sandbox_agent::proto::initialize_request::Msg;
+use sandbox_client::proto;
+use sandbox_client::proto::initialize_request::Msg;
 use sha2::{Digest, Sha256};
 
 /// Builds tar archives, including entries the tar crate would refuse to
@@ -121,7 +121,7 @@ pub fn sha256(data: &[u8]) -> String {
 
 /// Streams `data` into Initialize in 64 KiB chunks.
 pub async fn initialize(
-    client: &sandbox_agent::Client,
+    client: &sandbox_client::Client,
     header: proto::InitializeHeader,
     data: Vec<u8>,
 ) -> Result<proto::InitializeResponse, tonic::Status> {
@@ -142,7 +142,7 @@ pub async fn initialize(
 
 /// Dumps the whole workspace and returns the archive bytes and trailer.
 pub async fn dump(
-    client: &sandbox_agent::Client,
+    client: &sandbox_client::Client,
     req: proto::DumpRequest,
 ) -> Result<(Vec<u8>, proto::DumpTrailer), tonic::Status> {
     use tokio_stream::StreamExt;

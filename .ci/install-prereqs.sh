@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Installs what the test suite needs, each thing only when it is missing:
+# Debian packages (QEMU, busybox-static, musl-tools, pigz, zstd, node, …),
+# the Rust musl target and components, the Python and Node MCP clients, the
+# cargo tools (cargo-fuzz, vhost-device-vsock), and the real MCP servers the
+# tests run (packaging/install-servers.sh). Called by .ci/test-all.sh; safe
+# to run again.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PATH="$HOME/.cargo/bin:$PATH"
+SUDO=""
+if [ "$(id -u)" != 0 ] && command -v sudo >/dev/null; then SUDO=sudo; fi
+
+apt_pkgs=()
+command -v readelf >/dev/null || apt_pkgs+=(binutils)
+command -v python3 >/dev/null || apt_pkgs+=(python3 python3-pip)
+command -v musl-gcc >/dev/null || apt_pkgs+=(musl-tools)   # zstd's C code, static build
+command -v pigz >/dev/null || apt_pkgs+=(pigz)             # benchmark reference
+command -v zstd >/dev/null || apt_pkgs+=(zstd)             # tests read zstd dumps with GNU tar
+command -v tar >/dev/null || apt_pkgs+=(tar)
+command -v curl >/dev/null || apt_pkgs+=(curl)            # raw HTTP checks of the MCP data plane
+command -v git >/dev/null || apt_pkgs+=(git)              # the git MCP server
+command -v node >/dev/null || apt_pkgs+=(nodejs npm)        # npm MCP servers
+python3 -c 'import venv, ensurepip' 2>/dev/null || apt_pkgs+=(python3-venv)  # PyPI MCP servers
+command -v qemu-system-x86_64 >/dev/null || apt_pkgs+=(qemu-system-x86)  # the VM test
+dpkg -s busybox-static >/dev/null 2>&1 || apt_pkgs+=(busybox-static)   # the VM image
+command -v pgrep >/dev/null || apt_pkgs+=(procps)
+# The VM image takes Debian's kernel package (apt-get download): the
+# package lists must know linux-image-amd64.
+if [ ${#apt_pkgs[@]} -gt 0 ] || ! apt-cache show linux-image-amd64 >/dev/null 2>&1; then
+  $SUDO apt-get update -qq
+fi
+if [ ${#apt_pkgs[@]} -gt 0 ]; then
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${apt_pkgs[@]}"
+fi
+rustup target list --installed | grep -qx x86_64-unknown-linux-musl \
+  || rustup target add x86_64-unknown-linux-musl
+for c in rustfmt clippy; do
+  rustup component list --installed | grep -q "^$c" || rustup component add "$c"
+done
+python3 -c 'import grpc, grpc_reflection, grpc_health, mcp' 2>/dev/null \
+  || python3 -m pip install -q -r tests/clients/requirements.txt \
+  || python3 -m pip install -q --break-system-packages -r tests/clients/requirements.txt
+
+command -v cargo-fuzz >/dev/null || cargo install --locked cargo-fuzz
+# The host side of the test VM's virtio-vsock device.
+command -v vhost-device-vsock >/dev/null || cargo install --locked vhost-device-vsock
+
+# The official TypeScript MCP SDK client (pinned in its package-lock.json).
+[ -d tests/clients/node/node_modules/@modelcontextprotocol/sdk ] \
+  || (cd tests/clients/node && npm ci --no-audit --no-fund --loglevel=error)
+
+# The official Python MCP SDK 2.x client (the session-less 2026-07-28
+# revision), in its own venv: it cannot share one with the 1.x client.
+SANDBOX_AGENT_MCP2_PYTHON=${SANDBOX_AGENT_MCP2_PYTHON:-/opt/sandbox-agent/clients/mcp2/bin/python}
+"$SANDBOX_AGENT_MCP2_PYTHON" -c 'import mcp.client.client' 2>/dev/null || {
+  $SUDO python3 -m venv "$(dirname "$(dirname "$SANDBOX_AGENT_MCP2_PYTHON")")"
+  $SUDO "$SANDBOX_AGENT_MCP2_PYTHON" -m pip install -q -r tests/clients/mcp2/requirements.txt
+}
+
+# The real MCP servers the tests run (pinned; skipped when installed).
+SANDBOX_AGENT_SERVERS_DIR=${SANDBOX_AGENT_SERVERS_DIR:-/opt/sandbox-agent/servers}
+$SUDO packaging/install-servers.sh --prefix "$SANDBOX_AGENT_SERVERS_DIR" filesystem git terminal localmemory excel
+

@@ -1,0 +1,492 @@
+//! Agent configuration: a TOML file, overridden by environment variables,
+//! overridden by flags.
+//!
+//! [`Config`] is the file format (every field optional, documented defaults);
+//! [`Config::validate`] turns it into [`Settings`], the checked form the
+//! agent runs with. Every limit the agent enforces lives in [`Limits`].
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::gateway::GatewayConfig;
+use crate::lifecycle::LifecycleConfig;
+use crate::supervisor::SupervisorConfig;
+use crate::supervisor::manifest::{DEFAULT_MANIFEST_PATH, Manifest, ManifestError};
+use crate::workspace::ArchiveLimits;
+use sandbox_client::auth::{Token, TokenError};
+use sandbox_client::transport::{DEFAULT_AGENT_LISTEN, Endpoint, UriError};
+
+/// Config file read when `--config` is not given, if it exists.
+pub const DEFAULT_CONFIG_PATH: &str = "/etc/sandbox-agent/agent.toml";
+/// Environment variable holding the token itself (an alternative to a file).
+pub const TOKEN_ENV: &str = "SANDBOX_AGENT_TOKEN";
+/// Default MCP data-plane listener.
+pub const DEFAULT_MCP_LISTEN: &str = "vsock://any:1025";
+
+/// The config file. Unknown keys are errors, so typos do not pass silently.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// Name of this sandbox in logs (tracing span field `sandbox`).
+    /// Default: the hostname.
+    pub name: Option<String>,
+    /// Control-plane listeners (see `transport` for the URI forms).
+    pub listen: Vec<String>,
+    /// MCP data-plane listeners (streamable HTTP at /<server>/mcp); same
+    /// URI forms and token rules as `listen`. Empty disables the data plane.
+    pub mcp_listen: Vec<String>,
+    /// The workspace directory served by the Workspace service.
+    pub workspace: PathBuf,
+    /// `text` or `json`.
+    pub log_format: LogFormat,
+    pub auth: AuthConfig,
+    pub limits: Limits,
+    /// Limits of workspace archives (Initialize and Dump).
+    pub archive: ArchiveLimits,
+    /// The MCP server manifest. Default: /etc/sandbox-agent/servers.toml
+    /// (no servers when that file does not exist).
+    pub manifest: Option<PathBuf>,
+    pub supervisor: SupervisorConfig,
+    pub lifecycle: LifecycleConfig,
+    pub gateway: GatewayConfig,
+    /// Duties as the VM's init; used only when the agent is PID 1.
+    pub init: crate::init::InitConfig,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AuthConfig {
+    /// File holding the bearer token (surrounding whitespace ignored).
+    pub token_file: Option<PathBuf>,
+    /// Also require the token on unix and vsock listeners.
+    pub require_on_local: bool,
+    /// Allow TCP listeners on non-loopback addresses.
+    pub allow_remote_tcp: bool,
+}
+
+/// Resource limits of the control plane.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Limits {
+    /// Open connections per listener; more clients wait in the backlog.
+    pub max_connections_per_listener: usize,
+    /// Concurrent HTTP/2 streams (RPCs) per connection.
+    pub max_concurrent_streams: u32,
+    /// Largest gRPC message the agent decodes or encodes, in bytes.
+    pub max_message_bytes: usize,
+    /// How long shutdown waits for RPCs in flight before closing anyway.
+    pub shutdown_grace_ms: u64,
+    /// HTTP/2 keepalive ping interval; dead peers are dropped after
+    /// a further interval without an answer.
+    pub keepalive_interval_ms: u64,
+    /// HTTP/2 flow-control window per stream: how much a client may send
+    /// ahead before the agent reads it (bulk upload throughput).
+    pub stream_window_bytes: u32,
+    /// HTTP/2 flow-control window per connection.
+    pub connection_window_bytes: u32,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_connections_per_listener: 64,
+            max_concurrent_streams: 64,
+            max_message_bytes: 4 << 20,
+            shutdown_grace_ms: 10_000,
+            keepalive_interval_ms: 30_000,
+            stream_window_bytes: 2 << 20,
+            connection_window_bytes: 8 << 20,
+        }
+    }
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            name: None,
+            listen: vec![DEFAULT_AGENT_LISTEN.to_owned()],
+            mcp_listen: vec![DEFAULT_MCP_LISTEN.to_owned()],
+            workspace: PathBuf::from("/workspace"),
+            log_format: LogFormat::Text,
+            auth: AuthConfig::default(),
+            limits: Limits::default(),
+            archive: ArchiveLimits::default(),
+            manifest: None,
+            supervisor: SupervisorConfig::default(),
+            lifecycle: LifecycleConfig::default(),
+            gateway: GatewayConfig::default(),
+            init: crate::init::InitConfig::default(),
+        }
+    }
+}
+
+/// A config that cannot be used. Messages name the file and field.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("config file {path}: {message}")]
+    Parse { path: String, message: String },
+    #[error("listen: {0}")]
+    Uri(UriError),
+    #[error("listen: no listener configured; give at least one --listen URI")]
+    NoListener,
+    #[error("listen: {0} is listed twice")]
+    Duplicate(String),
+    #[error("listen: {0} is client-only; the agent listens on vsock://, unix:// or tcp://")]
+    ClientOnly(String),
+    #[error(
+        "listen: {0} is a TCP listener and TCP always requires a token; pass --token-file FILE or set {TOKEN_ENV}"
+    )]
+    TcpNeedsToken(String),
+    #[error(
+        "listen: {0} is not a loopback address; set auth.allow_remote_tcp = true (or --allow-remote-tcp) to expose the agent on the network"
+    )]
+    RemoteTcp(String),
+    #[error(
+        "auth.require_on_local is set but no token is configured; pass --token-file FILE or set {TOKEN_ENV}"
+    )]
+    LocalNeedsToken,
+    #[error("auth: {0}")]
+    Token(TokenError),
+    #[error("limits.{0} must be greater than 0")]
+    ZeroLimit(&'static str),
+    #[error("workspace: {0}")]
+    Workspace(String),
+    #[error("{0}")]
+    Archive(String),
+    #[error("{0}")]
+    Manifest(#[from] ManifestError),
+    #[error("{0}")]
+    Section(String),
+}
+
+/// Values from flags and environment variables (clap merges the two, flags
+/// winning); each one that is set replaces the file's value.
+#[derive(Debug, Default, Clone)]
+pub struct Overrides {
+    pub listen: Vec<String>,
+    pub mcp_listen: Vec<String>,
+    pub workspace: Option<PathBuf>,
+    pub token_file: Option<PathBuf>,
+    /// The token itself, from `SANDBOX_AGENT_TOKEN`. A token file given by
+    /// flag or env wins over it; it wins over the config file's token_file.
+    pub token: Option<String>,
+    pub log_format: Option<LogFormat>,
+    pub allow_remote_tcp: bool,
+    pub name: Option<String>,
+    pub manifest: Option<PathBuf>,
+}
+
+/// Where the token came from, for `--check-config`.
+#[derive(Debug, Clone)]
+pub enum TokenSource {
+    None,
+    File(PathBuf),
+    Env,
+}
+
+/// The validated configuration the agent runs with.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub name: String,
+    pub listen: Vec<Endpoint>,
+    pub mcp_listen: Vec<Endpoint>,
+    pub gateway: GatewayConfig,
+    pub workspace: PathBuf,
+    pub log_format: LogFormat,
+    pub token: Option<Token>,
+    pub token_source: TokenSource,
+    pub require_token_on_local: bool,
+    pub limits: Limits,
+    pub archive: ArchiveLimits,
+    pub manifest: Manifest,
+    pub supervisor: SupervisorConfig,
+    pub lifecycle: LifecycleConfig,
+    /// The merged file-level view, printed by `--check-config`.
+    pub effective: Config,
+}
+
+impl Config {
+    /// Reads `path`, or the default path if `path` is `None` and the default
+    /// file exists, or the built-in defaults.
+    pub fn load(path: Option<&Path>) -> Result<Config, ConfigError> {
+        let path = match path {
+            Some(p) => p.to_owned(),
+            None if Path::new(DEFAULT_CONFIG_PATH).exists() => PathBuf::from(DEFAULT_CONFIG_PATH),
+            None => return Ok(Config::default()),
+        };
+        let text = std::fs::read_to_string(&path).map_err(|source| ConfigError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Config::parse(&text, &path.display().to_string())
+    }
+
+    /// Parses TOML text; `origin` names it in errors.
+    pub fn parse(text: &str, origin: &str) -> Result<Config, ConfigError> {
+        toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: origin.to_owned(),
+            message: e.to_string().trim_end().replace('\n', "\n  "),
+        })
+    }
+
+    /// Applies flag and environment overrides.
+    pub fn apply(&mut self, o: &Overrides) {
+        if !o.listen.is_empty() {
+            self.listen = o.listen.clone();
+        }
+        if !o.mcp_listen.is_empty() {
+            self.mcp_listen = o.mcp_listen.clone();
+        }
+        if let Some(w) = &o.workspace {
+            self.workspace = w.clone();
+        }
+        if let Some(t) = &o.token_file {
+            self.auth.token_file = Some(t.clone());
+        }
+        if let Some(f) = o.log_format {
+            self.log_format = f;
+        }
+        if o.allow_remote_tcp {
+            self.auth.allow_remote_tcp = true;
+        }
+        if let Some(n) = &o.name {
+            self.name = Some(n.clone());
+        }
+        if let Some(m) = &o.manifest {
+            self.manifest = Some(m.clone());
+        }
+    }
+
+    /// Checks everything that can be checked without binding sockets.
+    /// `env_token` is the value of `SANDBOX_AGENT_TOKEN`, used only when no
+    /// token file is configured by flag or env (`file_from_cli`).
+    pub fn validate(
+        mut self,
+        env_token: Option<&str>,
+        file_from_cli: bool,
+    ) -> Result<Settings, ConfigError> {
+        let (token, token_source) = match (&self.auth.token_file, env_token) {
+            (Some(p), _) if file_from_cli => (
+                Some(Token::from_file(p).map_err(ConfigError::Token)?),
+                TokenSource::File(p.clone()),
+            ),
+            (_, Some(t)) => (
+                Some(Token::new(t, TOKEN_ENV).map_err(ConfigError::Token)?),
+                TokenSource::Env,
+            ),
+            (Some(p), None) => (
+                Some(Token::from_file(p).map_err(ConfigError::Token)?),
+                TokenSource::File(p.clone()),
+            ),
+            (None, None) => (None, TokenSource::None),
+        };
+        if self.listen.is_empty() {
+            return Err(ConfigError::NoListener);
+        }
+        let mut seen: Vec<Endpoint> = Vec::new();
+        let listen = self.endpoints(&self.listen, token.is_some(), &mut seen)?;
+        let mcp_listen = self.endpoints(&self.mcp_listen, token.is_some(), &mut seen)?;
+        if self.auth.require_on_local && token.is_none() {
+            return Err(ConfigError::LocalNeedsToken);
+        }
+        let l = &self.limits;
+        for (name, v) in [
+            (
+                "max_connections_per_listener",
+                l.max_connections_per_listener as u64,
+            ),
+            ("max_concurrent_streams", l.max_concurrent_streams as u64),
+            ("max_message_bytes", l.max_message_bytes as u64),
+            ("shutdown_grace_ms", l.shutdown_grace_ms),
+            ("keepalive_interval_ms", l.keepalive_interval_ms),
+            ("stream_window_bytes", l.stream_window_bytes as u64),
+            ("connection_window_bytes", l.connection_window_bytes as u64),
+        ] {
+            if v == 0 {
+                return Err(ConfigError::ZeroLimit(name));
+            }
+        }
+        self.archive.validate().map_err(ConfigError::Archive)?;
+        if self.workspace.as_os_str().is_empty() {
+            return Err(ConfigError::Workspace("the path is empty".into()));
+        }
+        if self.workspace.is_relative() {
+            let cwd = std::env::current_dir().map_err(|e| {
+                ConfigError::Workspace(format!("cannot resolve relative path: {e}"))
+            })?;
+            self.workspace = cwd.join(&self.workspace);
+        }
+        self.supervisor.validate().map_err(ConfigError::Section)?;
+        self.gateway.validate().map_err(ConfigError::Section)?;
+        self.lifecycle.validate().map_err(ConfigError::Section)?;
+        let manifest = match &self.manifest {
+            Some(p) => Manifest::load(p, &self.workspace)?,
+            None if Path::new(DEFAULT_MANIFEST_PATH).exists() => {
+                Manifest::load(Path::new(DEFAULT_MANIFEST_PATH), &self.workspace)?
+            }
+            None => Manifest::empty(Path::new(DEFAULT_MANIFEST_PATH)),
+        };
+        let name = match &self.name {
+            Some(n) => n.clone(),
+            None => nix::unistd::gethostname()
+                .ok()
+                .and_then(|h| h.into_string().ok())
+                .unwrap_or_else(|| "sandbox".to_owned()),
+        };
+        Ok(Settings {
+            name,
+            listen,
+            mcp_listen,
+            gateway: self.gateway.clone(),
+            workspace: self.workspace.clone(),
+            log_format: self.log_format,
+            token,
+            token_source,
+            require_token_on_local: self.auth.require_on_local,
+            limits: self.limits.clone(),
+            archive: self.archive.clone(),
+            manifest,
+            supervisor: self.supervisor.clone(),
+            lifecycle: self.lifecycle.clone(),
+            effective: self,
+        })
+    }
+}
+
+impl Config {
+    /// Parses and checks one listener list; `seen` catches duplicates
+    /// across the control and data planes.
+    fn endpoints(
+        &self,
+        uris: &[String],
+        have_token: bool,
+        seen: &mut Vec<Endpoint>,
+    ) -> Result<Vec<Endpoint>, ConfigError> {
+        let mut out = Vec::new();
+        for uri in uris {
+            let ep: Endpoint = uri.parse().map_err(ConfigError::Uri)?;
+            if matches!(ep, Endpoint::HybridVsock { .. }) {
+                return Err(ConfigError::ClientOnly(uri.clone()));
+            }
+            if seen.contains(&ep) {
+                return Err(ConfigError::Duplicate(ep.to_string()));
+            }
+            if let Endpoint::Tcp { .. } = ep {
+                if !have_token {
+                    return Err(ConfigError::TcpNeedsToken(ep.to_string()));
+                }
+                if !ep.is_loopback_tcp() && !self.auth.allow_remote_tcp {
+                    return Err(ConfigError::RemoteTcp(ep.to_string()));
+                }
+            }
+            seen.push(ep.clone());
+            out.push(ep);
+        }
+        Ok(out)
+    }
+}
+
+impl Settings {
+    pub fn shutdown_grace(&self) -> Duration {
+        Duration::from_millis(self.limits.shutdown_grace_ms)
+    }
+
+    /// The effective configuration as TOML, the token itself never shown.
+    pub fn render(&self) -> String {
+        let body = toml::to_string_pretty(&self.effective)
+            .unwrap_or_else(|e| format!("# cannot render config: {e}\n"));
+        let token = match &self.token_source {
+            TokenSource::None => "none (unix and vsock listeners only)".to_owned(),
+            TokenSource::File(p) => format!("from file {}", p.display()),
+            TokenSource::Env => format!("from environment variable {TOKEN_ENV}"),
+        };
+        let mut servers = String::new();
+        for def in self.manifest.servers.values() {
+            let mut line = vec![def.command.clone()];
+            line.extend(def.args.iter().cloned());
+            servers.push_str(&format!("#   {}: {}\n", def.name, line.join(" ")));
+        }
+        if servers.is_empty() {
+            servers = "#   (none)\n".into();
+        }
+        format!(
+            "# effective sandbox-agent configuration\n# sandbox name: {}\n# token: {token}\n# manifest {}: {} servers\n{servers}{body}",
+            self.name,
+            self.manifest.path.display(),
+            self.manifest.servers.len()
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_listen_on_vsock() {
+        let s = Config::default()
+            .validate(None, false)
+            .expect("defaults are valid");
+        assert_eq!(
+            s.listen,
+            vec!["vsock://any:1024".parse::<Endpoint>().expect("uri")]
+        );
+        assert_eq!(s.workspace, PathBuf::from("/workspace"));
+    }
+
+    #[test]
+    fn unknown_keys_are_named() {
+        let e = Config::parse("listen = []\n[limits]\nmax_conections = 3\n", "a.toml")
+            .expect_err("typo must fail")
+            .to_string();
+        assert!(e.contains("a.toml") && e.contains("max_conections"), "{e}");
+    }
+
+    #[test]
+    fn tcp_rules() {
+        let tcp = |uri: &str, remote: bool, token: Option<&str>| {
+            let mut c = Config::default();
+            c.apply(&Overrides {
+                listen: vec![uri.into()],
+                allow_remote_tcp: remote,
+                ..Default::default()
+            });
+            c.validate(token, false)
+        };
+        assert!(matches!(
+            tcp("tcp://127.0.0.1:1", false, None),
+            Err(ConfigError::TcpNeedsToken(_))
+        ));
+        let tok = Some("0123456789abcdef0123");
+        assert!(tcp("tcp://127.0.0.1:1", false, tok).is_ok());
+        assert!(matches!(
+            tcp("tcp://0.0.0.0:1", false, tok),
+            Err(ConfigError::RemoteTcp(_))
+        ));
+        assert!(tcp("tcp://0.0.0.0:1", true, tok).is_ok());
+    }
+
+    #[test]
+    fn zero_limits_are_rejected() {
+        let c = Config::parse("[limits]\nmax_concurrent_streams = 0\n", "x").expect("parses");
+        assert!(matches!(
+            c.validate(None, false),
+            Err(ConfigError::ZeroLimit("max_concurrent_streams"))
+        ));
+    }
+}

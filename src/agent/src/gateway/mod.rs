@@ -1,0 +1,433 @@
+//! The MCP data plane: every server of the current lease as a
+//! streamable-HTTP MCP endpoint at `/<name>/mcp`.
+//!
+//! A stdio server has one long-lived child shared by all client sessions.
+//! The gateway answers `initialize` from the child's own (single) handshake,
+//! forwards requests through the child's [`StdioConn`], which gives each a
+//! connection-local id (so concurrent sessions never see each other's
+//! responses), and puts the client's id back on the answer. When the child
+//! dies, waiting requests get a JSON-RPC error at once; the supervisor
+//! restarts it and later requests wait (bounded) for it to be ready again.
+//!
+//! Served over the same transports and token rules as the control plane,
+//! HTTP/1.1 and h2 on every connection.
+//!
+//! [`StdioConn`]: crate::supervisor::mcp::StdioConn
+
+mod proxy;
+mod router;
+mod session;
+mod sse;
+mod stdio;
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, Response, StatusCode, header};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, debug, info, warn};
+
+use crate::lifecycle::Lifecycle;
+use crate::supervisor::State;
+use crate::supervisor::manifest::Transport;
+use crate::supervisor::mcp::StdioConn;
+use router::Route;
+use sandbox_client::auth::AuthPolicy;
+use sandbox_client::mcp;
+use sandbox_client::mcp::error as rpc_error;
+use sandbox_client::transport::{Endpoint, Listener};
+use session::Sessions;
+
+/// `[gateway]` in agent.toml: limits and checks of the data plane.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct GatewayConfig {
+    /// Largest request body, in bytes.
+    pub max_body_bytes: usize,
+    /// Sessions kept per server; beyond it the least recently used is
+    /// dropped (its next request starts a new session).
+    pub max_sessions_per_server: usize,
+    /// A session unused for this long is forgotten.
+    pub session_idle_ms: u64,
+    /// Answer an unknown Mcp-Session-Id with 404 (the spec's strict
+    /// behaviour). Default false: a new session is created under that id,
+    /// because the Python SDK client does not recover from a 404.
+    pub strict_sessions: bool,
+    /// Host header values accepted (host or host:port); empty accepts any,
+    /// which is what a host proxy with a public name needs.
+    pub allowed_hosts: Vec<String>,
+    /// Origin header values accepted when a request carries one; empty
+    /// accepts any.
+    pub allowed_origins: Vec<String>,
+    /// How long one JSON-RPC request may wait for the server's answer.
+    pub request_timeout_ms: u64,
+    /// How long a request waits for a restarting server to be ready.
+    pub ready_wait_ms: u64,
+    /// Open connections per data-plane listener.
+    pub max_connections_per_listener: usize,
+    /// Messages queued for one client stream (a GET stream, or a POST
+    /// answered as SSE); beyond it messages for that stream are dropped
+    /// rather than stall the server's other clients.
+    pub stream_buffer_messages: usize,
+    /// Interval of keep-alive comments on idle SSE streams.
+    pub sse_keep_alive_ms: u64,
+}
+
+impl Default for GatewayConfig {
+    fn default() -> Self {
+        GatewayConfig {
+            max_body_bytes: 4 << 20,
+            max_sessions_per_server: 1024,
+            session_idle_ms: 30 * 60 * 1000,
+            strict_sessions: false,
+            allowed_hosts: Vec::new(),
+            allowed_origins: Vec::new(),
+            request_timeout_ms: 600_000,
+            ready_wait_ms: 30_000,
+            max_connections_per_listener: 256,
+            stream_buffer_messages: 256,
+            sse_keep_alive_ms: 15_000,
+        }
+    }
+}
+
+impl GatewayConfig {
+    pub fn validate(&self) -> Result<(), String> {
+        for (k, v) in [
+            ("max_body_bytes", self.max_body_bytes as u64),
+            (
+                "max_sessions_per_server",
+                self.max_sessions_per_server as u64,
+            ),
+            ("session_idle_ms", self.session_idle_ms),
+            ("request_timeout_ms", self.request_timeout_ms),
+            ("ready_wait_ms", self.ready_wait_ms),
+            (
+                "max_connections_per_listener",
+                self.max_connections_per_listener as u64,
+            ),
+            ("stream_buffer_messages", self.stream_buffer_messages as u64),
+            ("sse_keep_alive_ms", self.sse_keep_alive_ms),
+        ] {
+            if v == 0 {
+                return Err(format!("gateway.{k} must be greater than 0"));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The data plane.
+pub struct Gateway {
+    lc: Arc<Lifecycle>,
+    cfg: GatewayConfig,
+    sessions: Arc<Sessions>,
+    /// Server name → routing state of the current lease.
+    routes: Mutex<HashMap<String, Arc<Route>>>,
+}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+/// Response bodies: whole JSON documents, or a proxied server's stream.
+type Body = http_body_util::combinators::UnsyncBoxBody<Bytes, BoxError>;
+
+fn full(b: impl Into<Bytes>) -> Body {
+    Full::new(b.into())
+        .map_err(|never| match never {})
+        .boxed_unsync()
+}
+
+fn json_response(status: StatusCode, v: &Value) -> Response<Body> {
+    let mut r = Response::new(full(v.to_string()));
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    r
+}
+
+/// An HTTP-level error with a JSON body that says what is wrong.
+fn http_error(status: StatusCode, message: impl Into<String>) -> Response<Body> {
+    json_response(
+        status,
+        &mcp::error(&Value::Null, mcp::code::INVALID_REQUEST, message),
+    )
+}
+
+impl Gateway {
+    pub fn new(lc: Arc<Lifecycle>, cfg: GatewayConfig) -> Arc<Gateway> {
+        let sessions = Sessions::new(
+            cfg.max_sessions_per_server,
+            Duration::from_millis(cfg.session_idle_ms),
+        );
+        Arc::new(Gateway {
+            lc,
+            cfg,
+            sessions: Arc::new(sessions),
+            routes: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// Serves `listener` until `shutdown`; each connection speaks HTTP/1.1
+    /// or h2 (detected from its first bytes).
+    pub async fn serve(
+        self: Arc<Self>,
+        listener: Listener,
+        policy: AuthPolicy,
+        shutdown: CancellationToken,
+    ) {
+        use tokio_stream::StreamExt;
+        let endpoint = listener.local_endpoint().clone();
+        info!(%endpoint, token_required = policy.required, "MCP data plane listening");
+        let (mut incoming, accept_task) = listener.incoming(self.cfg.max_connections_per_listener);
+        let policy = Arc::new(policy);
+        let mut conns = tokio::task::JoinSet::new();
+        loop {
+            let conn = tokio::select! {
+                c = incoming.next() => match c {
+                    Some(Ok(c)) => c,
+                    Some(Err(e)) => {
+                        warn!(%endpoint, error = %e, "accept failed");
+                        continue;
+                    }
+                    None => break,
+                },
+                _ = shutdown.cancelled() => break,
+            };
+            let gw = self.clone();
+            let policy = policy.clone();
+            let stop = shutdown.clone();
+            conns.spawn(
+                async move {
+                    let svc = hyper::service::service_fn(move |req| {
+                        let gw = gw.clone();
+                        let policy = policy.clone();
+                        async move { Ok::<_, Infallible>(gw.handle(req, &policy).await) }
+                    });
+                    let builder = hyper_util::server::conn::auto::Builder::new(
+                        hyper_util::rt::TokioExecutor::new(),
+                    );
+                    let conn = builder.serve_connection(hyper_util::rt::TokioIo::new(conn), svc);
+                    tokio::pin!(conn);
+                    tokio::select! {
+                        r = conn.as_mut() => if let Err(e) = r {
+                            debug!(error = %e, "data-plane connection ended with an error");
+                        },
+                        _ = stop.cancelled() => conn.as_mut().graceful_shutdown(),
+                    }
+                }
+                .in_current_span(),
+            );
+            while conns.try_join_next().is_some() {}
+        }
+        drop(incoming);
+        let _ = tokio::time::timeout(Duration::from_secs(5), async {
+            while conns.join_next().await.is_some() {}
+        })
+        .await;
+        conns.shutdown().await;
+        let _ = tokio::time::timeout(Duration::from_secs(1), accept_task).await;
+    }
+
+    async fn handle(
+        self: &Arc<Self>,
+        req: http::Request<Incoming>,
+        policy: &AuthPolicy,
+    ) -> Response<Body> {
+        let path = req.uri().path().to_owned();
+        if let Err(s) = policy.check(
+            &path,
+            req.headers()
+                .get(header::AUTHORIZATION)
+                .map(|v| v.as_bytes()),
+        ) {
+            return http_error(StatusCode::UNAUTHORIZED, s.message());
+        }
+        if let Some(r) = self.check_host_origin(req.headers()) {
+            return r;
+        }
+        let Some(name) = mcp::server_of_path(&path).map(str::to_owned) else {
+            return http_error(
+                StatusCode::NOT_FOUND,
+                format!(
+                    "no MCP endpoint at {path}; endpoints are /<server>/mcp for the servers of the current lease"
+                ),
+            );
+        };
+        let view = self.lc.view();
+        let leased = view
+            .lease
+            .as_ref()
+            .is_some_and(|l| l.servers.contains(&name));
+        if !leased {
+            let detail = match &view.lease {
+                None => "the sandbox has no lease; Acquire it first".to_owned(),
+                Some(l) => format!("the lease's servers are: {}", l.servers.join(", ")),
+            };
+            return http_error(
+                StatusCode::NOT_FOUND,
+                format!("server {name:?} is not served here: {detail}"),
+            );
+        }
+        let lease = view.lease.map(|l| l.id).unwrap_or_default();
+        let span = tracing::debug_span!("mcp", server = %name);
+        self.handle_server(req, &name, &lease)
+            .instrument(span)
+            .await
+    }
+
+    fn check_host_origin(&self, h: &HeaderMap) -> Option<Response<Body>> {
+        if !self.cfg.allowed_hosts.is_empty() {
+            let host = h
+                .get(header::HOST)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("");
+            let bare = host.rsplit_once(':').map_or(host, |(h, _)| h);
+            if !self
+                .cfg
+                .allowed_hosts
+                .iter()
+                .any(|a| a == host || a == bare)
+            {
+                return Some(http_error(
+                    StatusCode::FORBIDDEN,
+                    format!("Host {host:?} is not in gateway.allowed_hosts"),
+                ));
+            }
+        }
+        if !self.cfg.allowed_origins.is_empty()
+            && let Some(origin) = h.get(header::ORIGIN).and_then(|v| v.to_str().ok())
+            && !self.cfg.allowed_origins.iter().any(|a| a == origin)
+        {
+            return Some(http_error(
+                StatusCode::FORBIDDEN,
+                format!("Origin {origin:?} is not in gateway.allowed_origins"),
+            ));
+        }
+        None
+    }
+
+    async fn handle_server(
+        self: &Arc<Self>,
+        req: http::Request<Incoming>,
+        name: &str,
+        lease: &str,
+    ) -> Response<Body> {
+        let transport = self.lc.manifest().get(name).map(|d| d.transport.clone());
+        match transport {
+            Some(Transport::Http { port, path }) => self.proxy(req, name, port, &path).await,
+            _ => self.stdio(req, name, lease).await,
+        }
+    }
+
+    /// Whether `name` is a server of lease `lease`, which is current.
+    fn leased(&self, name: &str, lease: &str) -> bool {
+        self.lc
+            .view()
+            .lease
+            .is_some_and(|l| l.id == lease && l.servers.iter().any(|s| s == name))
+    }
+
+    /// The routing state of a server in this lease; made (with the task
+    /// that reads the child's messages) on first use.
+    fn route(self: &Arc<Self>, name: &str, lease: &str) -> Arc<Route> {
+        let mut routes = self.routes.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(r) = routes.get(name)
+            && r.lease == lease
+            && !r.ended.is_cancelled()
+        {
+            return r.clone();
+        }
+        if let Some(old) = routes.remove(name) {
+            old.retire();
+        }
+        let r = Arc::new(Route::new(
+            name,
+            lease,
+            self.sessions.clone(),
+            self.cfg.stream_buffer_messages,
+            Duration::from_millis(self.cfg.request_timeout_ms),
+        ));
+        routes.insert(name.to_owned(), r.clone());
+        let span = tracing::debug_span!("mcp-route", server = %name, lease = %lease);
+        tokio::spawn(self.clone().drive(r.clone()).instrument(span));
+        r
+    }
+
+    /// Follows a server's child across restarts, routing its messages,
+    /// until the server leaves the lease.
+    async fn drive(self: Arc<Self>, route: Arc<Route>) {
+        while !route.ended.is_cancelled() && self.leased(&route.name, &route.lease) {
+            match self.conn(&route.name).await {
+                Ok(conn) => {
+                    route.attach(&conn);
+                    router::pump(&route, &conn).await;
+                }
+                Err(e) => {
+                    debug!(error = %e, "no connection to route");
+                    tokio::select! {
+                        _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                        _ = route.ended.cancelled() => {}
+                    }
+                }
+            }
+        }
+        route.retire();
+        let mut routes = self.routes.lock().unwrap_or_else(|p| p.into_inner());
+        if routes
+            .get(&route.name)
+            .is_some_and(|r| Arc::ptr_eq(r, &route))
+        {
+            routes.remove(&route.name);
+        }
+    }
+
+    /// Waits (bounded) until a server is ready (restarts included).
+    async fn conn_ready(&self, name: &str) -> Result<(), String> {
+        let wait = Duration::from_millis(self.cfg.ready_wait_ms);
+        let settled = self
+            .lc
+            .supervisor()
+            .wait_settled(name, wait)
+            .await
+            .map_err(|e| e.to_string())?;
+        match settled {
+            Some(s) if s.state == State::Ready => Ok(()),
+            Some(s) => Err(format!("server {name} is {:?}: {}", s.state, s.message)),
+            None => Err(format!(
+                "server {name} was not ready within {} ms",
+                wait.as_millis()
+            )),
+        }
+    }
+
+    /// The ready connection of a server, waiting (bounded) while it restarts.
+    async fn conn(&self, name: &str) -> Result<Arc<StdioConn>, String> {
+        if let Some(c) = self.lc.supervisor().conn(name) {
+            return Ok(c);
+        }
+        self.conn_ready(name).await?;
+        self.lc
+            .supervisor()
+            .conn(name)
+            .ok_or_else(|| format!("server {name} is not ready"))
+    }
+}
+
+/// Binds the data-plane listeners.
+pub async fn bind(
+    endpoints: &[Endpoint],
+) -> Result<Vec<Listener>, sandbox_client::transport::ListenError> {
+    let mut out = Vec::new();
+    for ep in endpoints {
+        out.push(Listener::bind(ep).await?);
+    }
+    Ok(out)
+}

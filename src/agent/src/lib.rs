@@ -1,0 +1,28 @@
+//! sandbox-agent: the guest side of an MCP sandbox, what the `sandbox-agent`
+//! binary runs inside the VM.
+//!
+//! - [`workspace`]: `/workspace` ⇄ archives (on `sandbox-archive`), the
+//!   journaled swap ([`workspace::txn`]), one operation at a time.
+//! - [`supervisor`]: MCP server processes: manifest, spawn, readiness,
+//!   restart, stop, logs.
+//! - [`lifecycle`]: the lease: Acquire/Release/Reset, TTL, seeds, state paths.
+//! - [`gateway`]: the MCP data plane over streamable HTTP.
+//! - [`config`], [`server`], `info`, `rpc`: configuration layering, serving
+//!   and drain, `GetInfo`, and the gRPC adapters (thin: convert, call a
+//!   domain module, map its error to a status in one place).
+//! - [`init`]: PID 1 duties.
+//!
+//! The wire contract, transports and tokens come from `sandbox-client`; see
+//! `ARCHITECTURE.md` for how the crates fit together.
+
+pub mod config;
+pub mod gateway;
+mod info;
+pub mod init;
+pub mod lifecycle;
+mod rpc;
+pub mod server;
+pub mod supervisor;
+pub mod workspace;
+
+pub use sandbox_client::VERSION;

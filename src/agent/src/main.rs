@@ -1,0 +1,251 @@
+//! `sandbox-agent`: the guest agent. Serves the control plane (gRPC) on the
+//! configured listeners until SIGTERM, SIGINT or `Agent.Shutdown`.
+//!
+//! As PID 1 (the VM's init) it first mounts, names and prepares the machine
+//! (`sandbox_agent::init`), and every way out (a stop, a fatal error, a
+//! panic) ends in a sync and power-off instead of an exit, which would
+//! panic the kernel.
+
+use std::io::{IsTerminal, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::Parser;
+use sandbox_agent::config::{Config, LogFormat, Overrides, TOKEN_ENV};
+use sandbox_agent::server;
+use sandbox_client::auth::Token;
+use tokio_util::sync::CancellationToken;
+
+/// Guest agent of an MCP sandbox VM.
+///
+/// Settings come from the config file, then environment variables, then
+/// flags; later ones win.
+#[derive(Parser, Debug)]
+#[command(name = "sandbox-agent", version)]
+struct Args {
+    /// Listen on this endpoint (repeatable): vsock://CID:PORT, unix:///path, tcp://HOST:PORT.
+    /// Default: vsock://any:1024.
+    #[arg(
+        long = "listen",
+        value_name = "URI",
+        env = "SANDBOX_AGENT_LISTEN",
+        value_delimiter = ','
+    )]
+    listen: Vec<String>,
+
+    /// Serve the MCP data plane (streamable HTTP at /<server>/mcp) on this
+    /// endpoint (repeatable; same forms as --listen). Default: vsock://any:1025.
+    #[arg(
+        long = "mcp-listen",
+        value_name = "URI",
+        env = "SANDBOX_AGENT_MCP_LISTEN",
+        value_delimiter = ','
+    )]
+    mcp_listen: Vec<String>,
+
+    /// The workspace directory. Default: /workspace.
+    #[arg(long, value_name = "DIR", env = "SANDBOX_AGENT_WORKSPACE")]
+    workspace: Option<PathBuf>,
+
+    /// File holding the bearer token (required for tcp:// listeners).
+    /// The token itself may instead be given in SANDBOX_AGENT_TOKEN.
+    #[arg(long, value_name = "FILE", env = "SANDBOX_AGENT_TOKEN_FILE")]
+    token_file: Option<PathBuf>,
+
+    /// Config file. Default: /etc/sandbox-agent/agent.toml when it exists.
+    #[arg(long, value_name = "FILE", env = "SANDBOX_AGENT_CONFIG")]
+    config: Option<PathBuf>,
+
+    /// Validate the configuration, print the effective config and exit.
+    #[arg(long)]
+    check_config: bool,
+
+    /// Log format. Filter with RUST_LOG (default: info).
+    #[arg(long, value_enum, env = "SANDBOX_AGENT_LOG_FORMAT")]
+    log_format: Option<LogFormat>,
+
+    /// Allow tcp:// listeners on non-loopback addresses.
+    #[arg(long)]
+    allow_remote_tcp: bool,
+
+    /// Name of this sandbox in logs. Default: the hostname.
+    #[arg(long, env = "SANDBOX_AGENT_NAME")]
+    name: Option<String>,
+
+    /// The MCP server manifest (TOML). Default: /etc/sandbox-agent/servers.toml
+    /// when it exists, else no servers.
+    #[arg(long, value_name = "FILE", env = "SANDBOX_AGENT_MANIFEST")]
+    manifest: Option<PathBuf>,
+
+    /// Local development defaults: listen on unix://./sandbox-agent.sock and
+    /// tcp://127.0.0.1:7070, the MCP data plane on
+    /// unix://./sandbox-agent-mcp.sock and tcp://127.0.0.1:7071, workspace ./workspace, token in
+    /// ./sandbox-agent.token (created if missing). Explicit settings win.
+    #[arg(long)]
+    dev: bool,
+}
+
+/// Files `--dev` uses, relative to the current directory.
+const DEV_SOCKET: &str = "unix://sandbox-agent.sock";
+const DEV_TCP: &str = "tcp://127.0.0.1:7070";
+const DEV_MCP_SOCKET: &str = "unix://sandbox-agent-mcp.sock";
+const DEV_MCP_TCP: &str = "tcp://127.0.0.1:7071";
+const DEV_WORKSPACE: &str = "workspace";
+const DEV_TOKEN_FILE: &str = "sandbox-agent.token";
+
+fn main() -> ExitCode {
+    let pid1 = sandbox_agent::init::is_pid1();
+    if !pid1 {
+        return match run(Args::parse(), false) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("sandbox-agent: {e:#}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    // As init: the kernel passes its unknown command-line words as
+    // arguments; they must not stop the machine from coming up.
+    let args = Args::try_parse().unwrap_or_else(|e| {
+        eprintln!("sandbox-agent: ignoring the command line as init: {e}");
+        Args::parse_from(["sandbox-agent"])
+    });
+    match std::panic::catch_unwind(|| run(args, true)) {
+        Ok(Ok(())) => eprintln!("sandbox-agent: stopped; powering off"),
+        Ok(Err(e)) => eprintln!("sandbox-agent: {e:#}; powering off"),
+        Err(_) => eprintln!("sandbox-agent: panicked; powering off"),
+    }
+    sandbox_agent::init::power_off()
+}
+
+fn run(args: Args, pid1: bool) -> anyhow::Result<()> {
+    let loaded = Config::load(args.config.as_deref());
+    let boot = if pid1 {
+        // Even with a bad config, init mounts /dev first, so the error
+        // reaches the console.
+        let default = sandbox_agent::init::InitConfig::default();
+        sandbox_agent::init::boot(loaded.as_ref().map_or(&default, |c| &c.init))
+    } else {
+        Vec::new()
+    };
+    let mut config = loaded?;
+    let env_token = std::env::var(TOKEN_ENV).ok();
+    let mut overrides = Overrides {
+        listen: args.listen.clone(),
+        mcp_listen: args.mcp_listen.clone(),
+        workspace: args.workspace.clone(),
+        token_file: args.token_file.clone(),
+        token: env_token.clone(),
+        log_format: args.log_format,
+        allow_remote_tcp: args.allow_remote_tcp,
+        name: args.name.clone(),
+        manifest: args.manifest.clone(),
+    };
+    if args.dev {
+        if overrides.listen.is_empty() {
+            overrides.listen = vec![DEV_SOCKET.into(), DEV_TCP.into()];
+        }
+        if overrides.mcp_listen.is_empty() {
+            overrides.mcp_listen = vec![DEV_MCP_SOCKET.into(), DEV_MCP_TCP.into()];
+        }
+        if overrides.workspace.is_none() {
+            overrides.workspace = Some(DEV_WORKSPACE.into());
+        }
+        if overrides.token_file.is_none() && env_token.is_none() && config.auth.token_file.is_none()
+        {
+            let path = Path::new(DEV_TOKEN_FILE);
+            ensure_token_file(path)?;
+            overrides.token_file = Some(path.to_owned());
+        }
+    }
+    config.apply(&overrides);
+    let settings = config.validate(env_token.as_deref(), args.token_file.is_some() || args.dev)?;
+    if args.check_config {
+        print!("{}", settings.render());
+        return Ok(());
+    }
+    // A VM's serial console is not a terminal worth colouring.
+    init_logging(
+        settings.log_format,
+        !pid1 && std::io::stderr().is_terminal(),
+    );
+    for step in boot {
+        match step.result {
+            Ok(()) => tracing::info!(what = %step.what, "init"),
+            Err(e) => tracing::warn!(what = %step.what, error = %e, "init step failed"),
+        }
+    }
+
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("agent")
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(async move {
+        let bound = server::bind(&settings).await?;
+        if args.dev {
+            for ep in bound.endpoints() {
+                eprintln!("sandbox-agent: listening on {ep}");
+            }
+            if let Some(p) = &overrides.token_file {
+                eprintln!(
+                    "sandbox-agent: token in {} (for tcp:// clients: --token-file {})",
+                    p.display(),
+                    p.display()
+                );
+            }
+        }
+        let shutdown = CancellationToken::new();
+        tokio::spawn(signals(shutdown.clone()));
+        server::serve(settings, bound, shutdown).await?;
+        anyhow::Ok(())
+    })
+}
+
+/// Cancels `shutdown` on the first SIGTERM or SIGINT.
+async fn signals(shutdown: CancellationToken) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        tracing::error!("cannot install signal handlers; stop the agent with SIGKILL");
+        return;
+    };
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM received"),
+        _ = int.recv() => tracing::info!("SIGINT received"),
+    }
+    shutdown.cancel();
+}
+
+/// Creates a 0600 file with a fresh random token unless it already exists.
+fn ensure_token_file(path: &Path) -> anyhow::Result<()> {
+    if path.exists() {
+        return Ok(());
+    }
+    let token = Token::generate().context("generating a token")?;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| format!("creating token file {}", path.display()))?;
+    writeln!(f, "{}", token.expose()).with_context(|| format!("writing {}", path.display()))?;
+    Ok(())
+}
+
+fn init_logging(format: LogFormat, ansi: bool) {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(ansi)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().with_current_span(true).init(),
+    }
+}

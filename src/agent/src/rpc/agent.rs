@@ -1,0 +1,255 @@
+//! `sandbox.agent.v1.Agent`: GetInfo and the lease lifecycle.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use tokio_util::sync::CancellationToken;
+use tonic::{Request, Response, Status};
+
+use super::lc_status;
+use super::servers::server_status;
+use crate::info;
+use crate::lifecycle::{self, AcquireParams, Lifecycle, Selection, Ttl};
+use crate::supervisor::manifest::{Benchmark, Credentials};
+use sandbox_client::proto;
+
+pub struct AgentService {
+    info: Arc<info::Collector>,
+    lc: Arc<Lifecycle>,
+    /// The agent's stop signal (the one SIGTERM cancels).
+    shutdown: CancellationToken,
+}
+
+impl AgentService {
+    pub fn new(
+        info: Arc<info::Collector>,
+        lc: Arc<Lifecycle>,
+        shutdown: CancellationToken,
+    ) -> AgentService {
+        AgentService { info, lc, shutdown }
+    }
+
+    fn servers(&self, names: &[String]) -> Vec<proto::ServerStatus> {
+        let usage = self.lc.supervisor().usage();
+        let view = self.lc.view();
+        names
+            .iter()
+            .filter_map(|n| server_status(&self.lc, &view, &usage, n))
+            .collect()
+    }
+}
+
+pub(super) fn status(s: lifecycle::SandboxStatus) -> i32 {
+    (match s {
+        lifecycle::SandboxStatus::Idle => proto::SandboxStatus::Idle,
+        lifecycle::SandboxStatus::Occupied => proto::SandboxStatus::Occupied,
+        lifecycle::SandboxStatus::Error => proto::SandboxStatus::Error,
+    }) as i32
+}
+
+pub(super) fn benchmark_to_proto(b: Option<Benchmark>) -> i32 {
+    (match b {
+        None => proto::Benchmark::Unspecified,
+        Some(Benchmark::McpAtlas) => proto::Benchmark::McpAtlas,
+        Some(Benchmark::Toolathlon) => proto::Benchmark::Toolathlon,
+        Some(Benchmark::McpMark) => proto::Benchmark::McpMark,
+    }) as i32
+}
+
+fn benchmark_from_proto(v: i32) -> Result<Option<Benchmark>, Status> {
+    match proto::Benchmark::try_from(v) {
+        Ok(proto::Benchmark::Unspecified) => Ok(None),
+        Ok(proto::Benchmark::McpAtlas) => Ok(Some(Benchmark::McpAtlas)),
+        Ok(proto::Benchmark::Toolathlon) => Ok(Some(Benchmark::Toolathlon)),
+        Ok(proto::Benchmark::McpMark) => Ok(Some(Benchmark::McpMark)),
+        Err(_) => Err(Status::invalid_argument(format!(
+            "unknown benchmark value {v}; use MCP_Atlas, Toolathlon or MCP_Mark"
+        ))),
+    }
+}
+
+fn lease(l: &lifecycle::Lease) -> proto::Lease {
+    proto::Lease {
+        lease_id: l.id.clone(),
+        benchmark: benchmark_to_proto(l.benchmark),
+        server_names: l.servers.clone(),
+        acquired_at_ms: l.acquired_at_ms,
+        ttl_seconds: l.ttl_seconds,
+        expires_at_ms: l.expires_at_ms,
+        test_account_email: l.test_account_email.clone(),
+    }
+}
+
+/// auth_data values as environment strings: strings as they are, numbers
+/// and booleans in their JSON form; nested values are refused.
+fn auth_strings(server: &str, s: &prost_types::Struct) -> Result<BTreeMap<String, String>, Status> {
+    use prost_types::value::Kind;
+    let mut out = BTreeMap::new();
+    for (k, v) in &s.fields {
+        let text = match &v.kind {
+            Some(Kind::StringValue(t)) => t.clone(),
+            Some(Kind::NumberValue(n)) if n.fract() == 0.0 && n.abs() < 1e15 => {
+                format!("{}", *n as i64)
+            }
+            Some(Kind::NumberValue(n)) => n.to_string(),
+            Some(Kind::BoolValue(b)) => b.to_string(),
+            Some(Kind::NullValue(_)) | None => continue,
+            Some(_) => {
+                return Err(Status::invalid_argument(format!(
+                    "auth_data[{server:?}].{k}: only strings, numbers and booleans can be passed to a server"
+                )));
+            }
+        };
+        out.insert(k.clone(), text);
+    }
+    Ok(out)
+}
+
+#[tonic::async_trait]
+impl proto::agent_server::Agent for AgentService {
+    async fn get_info(
+        &self,
+        _req: Request<proto::GetInfoRequest>,
+    ) -> Result<Response<proto::GetInfoResponse>, Status> {
+        let info = self.info.clone();
+        let s = tokio::task::spawn_blocking(move || info.snapshot())
+            .await
+            .map_err(|e| Status::internal(format!("collecting system information failed: {e}")))?;
+        let view = self.lc.view();
+        let m = self.lc.manifest();
+        Ok(Response::new(proto::GetInfoResponse {
+            agent_version: sandbox_client::VERSION.to_owned(),
+            boot_id: s.boot_id,
+            system_uptime_seconds: s.system_uptime_seconds,
+            agent_uptime_ms: s.agent_uptime_ms,
+            agent_pid: s.agent_pid,
+            hostname: s.hostname,
+            kernel_release: s.kernel_release,
+            kernel_version: s.kernel_version,
+            arch: s.arch,
+            cpu_count: s.cpu_count,
+            load_average: Some(proto::LoadAverage {
+                one: s.load[0],
+                five: s.load[1],
+                fifteen: s.load[2],
+            }),
+            memory_total_bytes: s.memory_total_bytes,
+            memory_available_bytes: s.memory_available_bytes,
+            workspace: Some(proto::FilesystemUsage {
+                path: s.workspace.path.display().to_string(),
+                total_bytes: s.workspace.total_bytes,
+                free_bytes: s.workspace.free_bytes,
+                available_bytes: s.workspace.available_bytes,
+            }),
+            agent_rss_bytes: s.agent_rss_bytes,
+            status: status(view.status),
+            lease: view.lease.as_ref().map(lease),
+            last_release: view.last_release.map(|r| proto::ReleaseRecord {
+                lease_id: r.lease_id,
+                is_ttl: r.is_ttl,
+                released_at_ms: r.at_ms,
+            }),
+            manifest_path: m.path.display().to_string(),
+            manifest_servers: m.names(),
+        }))
+    }
+
+    async fn acquire(
+        &self,
+        req: Request<proto::AcquireRequest>,
+    ) -> Result<Response<proto::AcquireResponse>, Status> {
+        let r = req.into_inner();
+        let servers = match (r.all_servers, r.server_names.is_empty()) {
+            (true, true) => Selection::All,
+            (false, false) => Selection::Names(r.server_names),
+            (true, false) => {
+                return Err(Status::invalid_argument(
+                    "give either server_names or all_servers, not both",
+                ));
+            }
+            (false, true) => {
+                return Err(Status::invalid_argument(
+                    "server_names is empty; name the servers to start or set all_servers",
+                ));
+            }
+        };
+        let mut credentials: BTreeMap<String, Credentials> = BTreeMap::new();
+        for (server, s) in &r.auth_data {
+            credentials.entry(server.clone()).or_default().auth = auth_strings(server, s)?;
+        }
+        for (server, e) in r.env {
+            credentials.entry(server).or_default().env = e.vars.into_iter().collect();
+        }
+        let params = AcquireParams {
+            lease_id: r.lease_id,
+            servers,
+            benchmark: benchmark_from_proto(r.benchmark)?,
+            ttl: match r.ttl_seconds {
+                None => Ttl::Default,
+                Some(0) => Ttl::Never,
+                Some(s) => Ttl::Seconds(s),
+            },
+            test_account_email: r.test_account_email,
+            credentials,
+        };
+        let (l, st) = self.lc.acquire(params).await.map_err(lc_status)?;
+        let servers = self.servers(&l.servers);
+        Ok(Response::new(proto::AcquireResponse {
+            status: status(st),
+            message: format!(
+                "{} server{} ready: {}",
+                l.servers.len(),
+                if l.servers.len() == 1 { "" } else { "s" },
+                l.servers.join(", ")
+            ),
+            lease: Some(lease(&l)),
+            servers,
+        }))
+    }
+
+    async fn release(
+        &self,
+        req: Request<proto::ReleaseRequest>,
+    ) -> Result<Response<proto::ReleaseResponse>, Status> {
+        let r = req.into_inner();
+        let message = self
+            .lc
+            .release(&r.lease_id, r.is_ttl)
+            .await
+            .map_err(lc_status)?;
+        Ok(Response::new(proto::ReleaseResponse {
+            status: status(self.lc.view().status),
+            message,
+        }))
+    }
+
+    async fn reset(
+        &self,
+        req: Request<proto::ResetRequest>,
+    ) -> Result<Response<proto::ResetResponse>, Status> {
+        let r = req.into_inner();
+        let (l, st) = self.lc.reset(&r.lease_id).await.map_err(lc_status)?;
+        Ok(Response::new(proto::ResetResponse {
+            status: status(st),
+            message: format!("lease {} reset; {} ready", l.id, l.servers.join(", ")),
+            servers: self.servers(&l.servers),
+            lease: Some(lease(&l)),
+        }))
+    }
+
+    async fn shutdown(
+        &self,
+        req: Request<proto::ShutdownRequest>,
+    ) -> Result<Response<proto::ShutdownResponse>, Status> {
+        let reason = req.into_inner().reason;
+        let power_off = crate::init::is_pid1();
+        tracing::info!(%reason, power_off, "Shutdown requested");
+        // Answer first: the stop begins once this response is on its way.
+        let stop = self.shutdown.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            stop.cancel();
+        });
+        Ok(Response::new(proto::ShutdownResponse { power_off }))
+    }
+}

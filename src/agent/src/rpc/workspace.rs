@@ -1,0 +1,281 @@
+//! `sandbox.agent.v1.Workspace`: streams ⇄ [`crate::workspace::Workspace`].
+
+use std::sync::Arc;
+
+use tokio::sync::mpsc;
+use tonic::{Request, Response, Status, Streaming};
+
+use super::BoxStream;
+use crate::workspace::codec::Encoder;
+use crate::workspace::stream::{ChannelReader, ChunkSink};
+use crate::workspace::{
+    Compression, DumpRequest, InitRequest, InitStats, MAX_CHUNK_BYTES, Workspace, WsError,
+};
+use sandbox_client::proto;
+
+/// `sandbox.agent.v1.Workspace`.
+pub struct WorkspaceService {
+    ws: Arc<Workspace>,
+}
+
+impl WorkspaceService {
+    pub fn new(ws: Arc<Workspace>) -> WorkspaceService {
+        WorkspaceService { ws }
+    }
+}
+
+/// The gRPC status for a workspace error.
+pub(super) fn ws_status(e: WsError) -> Status {
+    let msg = e.to_string();
+    match e {
+        WsError::Invalid(_) => Status::invalid_argument(msg),
+        WsError::Limit { .. } | WsError::DiskFull(_) => Status::resource_exhausted(msg),
+        WsError::Integrity(_) => Status::data_loss(msg),
+        WsError::Busy(_) => Status::aborted(msg),
+        WsError::Cancelled(_) => Status::cancelled(msg),
+        WsError::NotFound(_) => Status::not_found(msg),
+        WsError::Io { .. } => Status::internal(msg),
+    }
+}
+
+fn compression(v: i32) -> Result<Compression, Status> {
+    match proto::Compression::try_from(v) {
+        Ok(proto::Compression::Auto) => Ok(Compression::Auto),
+        Ok(proto::Compression::Gzip) => Ok(Compression::Gzip),
+        Ok(proto::Compression::Zstd) => Ok(Compression::Zstd),
+        Ok(proto::Compression::None) => Ok(Compression::None),
+        Err(_) => Err(Status::invalid_argument(format!(
+            "unknown compression value {v}"
+        ))),
+    }
+}
+
+#[tonic::async_trait]
+impl proto::workspace_server::Workspace for WorkspaceService {
+    async fn initialize(
+        &self,
+        req: Request<Streaming<proto::InitializeRequest>>,
+    ) -> Result<Response<proto::InitializeResponse>, Status> {
+        use proto::initialize_request::Msg;
+        let mut stream = req.into_inner();
+        let header = match stream.message().await? {
+            Some(proto::InitializeRequest {
+                msg: Some(Msg::Header(h)),
+            }) => h,
+            Some(_) => {
+                return Err(Status::invalid_argument(
+                    "the first message must be an InitializeHeader, then chunks",
+                ));
+            }
+            None => {
+                return Err(Status::invalid_argument(
+                    "empty stream: send an InitializeHeader, then the archive as chunks",
+                ));
+            }
+        };
+        let mode = proto::InitializeMode::try_from(header.mode)
+            .map_err(|_| Status::invalid_argument(format!("unknown mode value {}", header.mode)))?;
+        let init = InitRequest {
+            compression: compression(header.compression)?,
+            merge: mode == proto::InitializeMode::Merge,
+            expected_sha256: header.expected_sha256,
+            size_hint: header.size_hint,
+        };
+        let limits = self.ws.limits().clone();
+        if init.size_hint > limits.max_archive_bytes {
+            return Err(ws_status(WsError::Limit {
+                limit: "max_archive_bytes",
+                detail: format!(
+                    "the announced archive size {} is larger than {} bytes",
+                    init.size_hint, limits.max_archive_bytes
+                ),
+            }));
+        }
+        let guard = self.ws.begin("Initialize").map_err(ws_status)?;
+        let (tx, rx) = mpsc::channel(limits.queue_chunks);
+        let ws = self.ws.clone();
+        let span = tracing::info_span!("initialize", merge = init.merge);
+        let task = tokio::task::spawn_blocking(move || {
+            let _guard = guard;
+            let _e = span.enter();
+            let (reader, outcome) = ChannelReader::new(rx, limits.max_archive_bytes);
+            let r = ws.initialize(&init, reader, &outcome);
+            match &r {
+                Ok(s) => tracing::info!(
+                    files = s.extract.files,
+                    bytes = s.extract.bytes_written,
+                    archive_bytes = s.archive_bytes,
+                    ms = s.duration.as_millis() as u64,
+                    sync_ms = s.sync.as_millis() as u64,
+                    "workspace initialized"
+                ),
+                Err(e) => tracing::warn!(error = %e, "initialize failed; workspace unchanged"),
+            }
+            r
+        });
+        let forward = async move {
+            loop {
+                let feed = match stream.message().await {
+                    Ok(Some(proto::InitializeRequest {
+                        msg: Some(Msg::Chunk(b)),
+                    })) if b.len() > MAX_CHUNK_BYTES => Err(WsError::invalid(format!(
+                        "a chunk of {} bytes is larger than the {MAX_CHUNK_BYTES}-byte limit",
+                        b.len()
+                    ))),
+                    Ok(Some(proto::InitializeRequest {
+                        msg: Some(Msg::Chunk(b)),
+                    })) => Ok(b),
+                    Ok(Some(proto::InitializeRequest {
+                        msg: Some(Msg::Header(_)),
+                    })) => Err(WsError::invalid(
+                        "a second InitializeHeader arrived; send one header, then chunks",
+                    )),
+                    Ok(Some(proto::InitializeRequest { msg: None })) => continue,
+                    Ok(None) => break,
+                    Err(s) => Err(WsError::Cancelled(format!(
+                        "the upload stream broke: {}",
+                        s.message()
+                    ))),
+                };
+                let stop = feed.is_err();
+                if tx.send(feed).await.is_err() || stop {
+                    break;
+                }
+            }
+            // End of input for the extractor; then wait for its result.
+            drop(tx);
+            std::future::pending::<()>().await
+        };
+        let result = tokio::select! {
+            r = task => r,
+            _ = forward => unreachable_forward(),
+        };
+        let stats = result
+            .map_err(|e| Status::internal(format!("the extraction task failed: {e}")))?
+            .map_err(ws_status)?;
+        let x = stats.extract;
+        Ok(Response::new(proto::InitializeResponse {
+            files: x.files,
+            dirs: x.dirs,
+            symlinks: x.symlinks,
+            hardlinks: x.hardlinks,
+            bytes_written: x.bytes_written,
+            archive_bytes: stats.archive_bytes,
+            archive_sha256: stats.archive_sha256,
+            duration_ms: stats.duration.as_millis() as u64,
+        }))
+    }
+
+    type DumpStream = BoxStream<proto::DumpResponse>;
+
+    async fn dump(
+        &self,
+        req: Request<proto::DumpRequest>,
+    ) -> Result<Response<Self::DumpStream>, Status> {
+        let r = req.into_inner();
+        let compression = match compression(r.compression)? {
+            Compression::Auto => Compression::Gzip,
+            c => c,
+        };
+        let level = r.level;
+        let guard = self.ws.begin("Dump").map_err(ws_status)?;
+        let limits = self.ws.limits().clone();
+        let (tx, rx) = mpsc::channel::<Result<proto::DumpResponse, Status>>(limits.queue_chunks);
+        let ws = self.ws.clone();
+        let dreq = DumpRequest {
+            exclude: r.exclude,
+            sub_path: r.sub_path,
+        };
+        let span = tracing::info_span!("dump", ?compression, level);
+        tokio::task::spawn_blocking(move || {
+            let _e = span.enter();
+            let start = std::time::Instant::now();
+            let sink = ChunkSink::new(tx.clone(), MAX_CHUNK_BYTES, |b| {
+                Ok(proto::DumpResponse {
+                    msg: Some(proto::dump_response::Msg::Chunk(b)),
+                })
+            });
+            let closed = sink.closed();
+            let result = Encoder::new(sink, compression, level, limits.dump_threads)
+                .map_err(|e| WsError::invalid(e.to_string()))
+                .and_then(|enc| ws.dump(&dreq, enc, Some(&closed)))
+                .and_then(|(enc, stats)| {
+                    Ok((
+                        enc.finish()
+                            .map_err(|e| WsError::io("finishing compression", e))?,
+                        stats,
+                    ))
+                })
+                .and_then(|(sink, stats)| {
+                    let (bytes, sha, tx) = sink
+                        .finish()
+                        .map_err(|_| WsError::Cancelled("the client went away".into()))?;
+                    Ok((bytes, sha, tx, stats))
+                });
+            // The workspace is free before the last message goes out: a
+            // client that has the trailer (or the error) may start the next
+            // operation at once, and must not find this Dump still running.
+            drop(guard);
+            match result {
+                Ok((bytes, sha, tx, stats)) => {
+                    tracing::info!(
+                        files = stats.files,
+                        bytes,
+                        ms = start.elapsed().as_millis() as u64,
+                        changed = stats.changed.len(),
+                        "workspace dumped"
+                    );
+                    let trailer = proto::DumpTrailer {
+                        sha256: sha,
+                        archive_bytes: bytes,
+                        files: stats.files,
+                        dirs: stats.dirs,
+                        symlinks: stats.symlinks,
+                        skipped_special: stats.skipped_special,
+                        changed_files: stats.changed,
+                        changed_truncated: stats.changed_truncated,
+                        content_bytes: stats.content_bytes,
+                        duration_ms: start.elapsed().as_millis() as u64,
+                    };
+                    let _ = tx.blocking_send(Ok(proto::DumpResponse {
+                        msg: Some(proto::dump_response::Msg::Trailer(trailer)),
+                    }));
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "dump failed");
+                    let _ = tx.blocking_send(Err(ws_status(e)));
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
+    }
+
+    async fn clear(
+        &self,
+        _req: Request<proto::ClearRequest>,
+    ) -> Result<Response<proto::ClearResponse>, Status> {
+        let guard = self.ws.begin("Clear").map_err(ws_status)?;
+        let ws = self.ws.clone();
+        let start = std::time::Instant::now();
+        let removed = tokio::task::spawn_blocking(move || {
+            let _guard = guard;
+            ws.clear()
+        })
+        .await
+        .map_err(|e| Status::internal(format!("the clear task failed: {e}")))?
+        .map_err(ws_status)?;
+        Ok(Response::new(proto::ClearResponse {
+            removed_entries: removed,
+            duration_ms: start.elapsed().as_millis() as u64,
+        }))
+    }
+}
+
+/// The forwarding future never completes (it parks after the stream ends).
+fn unreachable_forward() -> Result<Result<InitStats, WsError>, tokio::task::JoinError> {
+    Ok(Err(WsError::Cancelled(
+        "the upload stream ended unexpectedly".into(),
+    )))
+}

@@ -1,0 +1,299 @@
+//! Runs the control plane: binds every listener, serves the gRPC services on
+//! each with that listener's auth policy, reports health, and drains on
+//! shutdown within the configured grace period.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tonic::service::Routes;
+use tonic::transport::Server;
+use tonic_health::ServingStatus;
+use tracing::{Instrument, error, info, warn};
+
+use super::config::Settings;
+use super::{info as sysinfo, rpc};
+use crate::lifecycle::Lifecycle;
+use crate::supervisor::{State, Supervisor};
+use crate::workspace::Workspace;
+use sandbox_client::auth::{AuthLayer, AuthPolicy};
+use sandbox_client::proto;
+use sandbox_client::transport::{Endpoint, ListenError, Listener};
+
+/// Health service name of a server: `mcp/<name>`, SERVING while ready.
+pub fn server_health_name(name: &str) -> String {
+    format!("mcp/{name}")
+}
+
+/// Mirrors every server's readiness into grpc.health.v1.
+async fn publish_server_health(sup: &Supervisor, health: &tonic_health::server::HealthReporter) {
+    for name in sup.names() {
+        let Ok(mut rx) = sup.watch(&name) else {
+            continue;
+        };
+        let health = health.clone();
+        let service = server_health_name(&name);
+        health
+            .set_service_status(&service, ServingStatus::NotServing)
+            .await;
+        tokio::spawn(async move {
+            let mut last = None;
+            loop {
+                let ready = rx.borrow_and_update().state == State::Ready;
+                if last != Some(ready) {
+                    let st = if ready {
+                        ServingStatus::Serving
+                    } else {
+                        ServingStatus::NotServing
+                    };
+                    health.set_service_status(&service, st).await;
+                    last = Some(ready);
+                }
+                if rx.changed().await.is_err() {
+                    return;
+                }
+            }
+        });
+    }
+}
+
+/// Why the agent could not start serving.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error(transparent)]
+    Listen(#[from] ListenError),
+    #[error("cannot create workspace directory {path}: {source}")]
+    Workspace {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("building the reflection service: {0}")]
+    Reflection(String),
+    #[error("opening the workspace: {0}")]
+    Open(String),
+    #[error("starting the supervisor: {0}")]
+    Supervisor(std::io::Error),
+}
+
+/// Listeners bound and ready to serve.
+pub struct Bound {
+    listeners: Vec<Listener>,
+    mcp_listeners: Vec<Listener>,
+    workspace: Arc<Workspace>,
+}
+
+impl Bound {
+    /// The endpoints actually bound (real ports for `tcp://…:0`).
+    pub fn endpoints(&self) -> Vec<Endpoint> {
+        self.listeners
+            .iter()
+            .chain(&self.mcp_listeners)
+            .map(|l| l.local_endpoint().clone())
+            .collect()
+    }
+}
+
+/// Prepares the workspace directory and binds every listener. Nothing is
+/// served yet; on error, listeners already bound are closed again (and
+/// their socket files removed).
+pub async fn bind(settings: &Settings) -> Result<Bound, ServeError> {
+    std::fs::create_dir_all(&settings.workspace).map_err(|source| ServeError::Workspace {
+        path: settings.workspace.display().to_string(),
+        source,
+    })?;
+    let (path, limits) = (settings.workspace.clone(), settings.archive.clone());
+    let workspace = tokio::task::spawn_blocking(move || Workspace::open(&path, limits))
+        .await
+        .map_err(|e| ServeError::Open(e.to_string()))?
+        .map_err(|e| ServeError::Open(e.to_string()))?;
+    let mut listeners = Vec::with_capacity(settings.listen.len());
+    for ep in &settings.listen {
+        listeners.push(Listener::bind(ep).await?);
+    }
+    let mcp_listeners = crate::gateway::bind(&settings.mcp_listen).await?;
+    Ok(Bound {
+        listeners,
+        mcp_listeners,
+        workspace: Arc::new(workspace),
+    })
+}
+
+/// Serves until `shutdown` is cancelled, then stops accepting, marks health
+/// NOT_SERVING, and waits up to the grace period for RPCs in flight.
+pub async fn serve(
+    settings: Settings,
+    bound: Bound,
+    shutdown: CancellationToken,
+) -> Result<(), ServeError> {
+    let span = tracing::info_span!("agent", sandbox = %settings.name);
+    serve_inner(settings, bound, shutdown)
+        .instrument(span)
+        .await
+}
+
+async fn serve_inner(
+    settings: Settings,
+    bound: Bound,
+    shutdown: CancellationToken,
+) -> Result<(), ServeError> {
+    let limits = settings.limits.clone();
+    let (health, health_service) = tonic_health::server::health_reporter();
+    for name in proto::SERVICE_NAMES {
+        health
+            .set_service_status(name, ServingStatus::Serving)
+            .await;
+    }
+    let supervisor = Arc::new(
+        Supervisor::new(&settings.manifest, settings.supervisor.clone())
+            .map_err(ServeError::Supervisor)?,
+    );
+    let lifecycle = Lifecycle::new(
+        Arc::new(settings.manifest.clone()),
+        supervisor.clone(),
+        bound.workspace.clone(),
+        settings.lifecycle.clone(),
+    );
+    publish_server_health(&supervisor, &health).await;
+    let routes = routes(
+        &settings,
+        health_service,
+        bound.workspace.clone(),
+        lifecycle.clone(),
+        shutdown.clone(),
+    )?;
+
+    let mut servers = JoinSet::new();
+    let mut accept_tasks = Vec::new();
+    for listener in bound.listeners {
+        let endpoint = listener.local_endpoint().clone();
+        let policy = AuthPolicy {
+            token: settings.token.clone(),
+            required: matches!(endpoint, Endpoint::Tcp { .. }) || settings.require_token_on_local,
+        };
+        info!(%endpoint, token_required = policy.required, "listening");
+        let keepalive = Duration::from_millis(limits.keepalive_interval_ms);
+        let server = Server::builder()
+            .max_concurrent_streams(limits.max_concurrent_streams)
+            .http2_keepalive_interval(Some(keepalive))
+            .http2_keepalive_timeout(Some(keepalive))
+            .initial_stream_window_size(Some(limits.stream_window_bytes))
+            .initial_connection_window_size(Some(limits.connection_window_bytes))
+            .layer(AuthLayer::new(policy));
+        let (incoming, accept_task) = listener.incoming(limits.max_connections_per_listener);
+        accept_tasks.push(accept_task);
+        let stop = shutdown.clone().cancelled_owned();
+        let routes = routes.clone();
+        servers.spawn(
+            async move {
+                if let Err(e) = server
+                    .serve_with_incoming_shutdown(routes, incoming, stop)
+                    .await
+                {
+                    error!(%endpoint, error = %sandbox_client::error_chain(&e), "listener failed");
+                }
+            }
+            .in_current_span(),
+        );
+    }
+    let gateway = crate::gateway::Gateway::new(lifecycle.clone(), settings.gateway.clone());
+    for listener in bound.mcp_listeners {
+        let policy = AuthPolicy {
+            token: settings.token.clone(),
+            required: matches!(listener.local_endpoint(), Endpoint::Tcp { .. })
+                || settings.require_token_on_local,
+        };
+        servers.spawn(
+            gateway
+                .clone()
+                .serve(listener, policy, shutdown.clone())
+                .in_current_span(),
+        );
+    }
+    info!(version = sandbox_client::VERSION, workspace = %settings.workspace.display(), "serving");
+
+    shutdown.cancelled().await;
+    info!(
+        grace_ms = limits.shutdown_grace_ms,
+        "shutting down: draining RPCs in flight"
+    );
+    health
+        .set_service_status("", ServingStatus::NotServing)
+        .await;
+    // Servers go first: they hold no client state the drain could save,
+    // and nothing they started may outlive the agent.
+    lifecycle.shutdown().await;
+    for name in proto::SERVICE_NAMES {
+        health
+            .set_service_status(name, ServingStatus::NotServing)
+            .await;
+    }
+    let drained = tokio::time::timeout(settings.shutdown_grace(), async {
+        while servers.join_next().await.is_some() {}
+    })
+    .await;
+    if drained.is_err() {
+        warn!(
+            grace_ms = limits.shutdown_grace_ms,
+            "grace period over with RPCs still in flight; closing their connections"
+        );
+        servers.shutdown().await;
+    }
+    // The accept loops end once their streams are dropped; wait for them so
+    // unix socket files are removed before the process exits.
+    for t in accept_tasks {
+        let _ = tokio::time::timeout(Duration::from_secs(1), t).await;
+    }
+    info!("stopped");
+    Ok(())
+}
+
+fn routes(
+    settings: &Settings,
+    health: tonic_health::pb::health_server::HealthServer<
+        impl tonic_health::pb::health_server::Health,
+    >,
+    workspace: Arc<Workspace>,
+    lifecycle: Arc<Lifecycle>,
+    shutdown: CancellationToken,
+) -> Result<Routes, ServeError> {
+    let max = settings.limits.max_message_bytes;
+    let reflection = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(proto::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    };
+    let reflection_v1 = reflection()
+        .build_v1()
+        .map_err(|e| ServeError::Reflection(e.to_string()))?;
+    let reflection_v1alpha = reflection()
+        .build_v1alpha()
+        .map_err(|e| ServeError::Reflection(e.to_string()))?;
+    let info = Arc::new(sysinfo::Collector::new(&settings.workspace));
+
+    let mut b = Routes::builder();
+    b.add_service(health)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha)
+        .add_service(
+            proto::agent_server::AgentServer::new(rpc::AgentService::new(
+                info,
+                lifecycle.clone(),
+                shutdown,
+            ))
+            .max_decoding_message_size(max)
+            .max_encoding_message_size(max),
+        )
+        .add_service(
+            proto::workspace_server::WorkspaceServer::new(rpc::WorkspaceService::new(workspace))
+                .max_decoding_message_size(max)
+                .max_encoding_message_size(max),
+        )
+        .add_service(
+            proto::servers_server::ServersServer::new(rpc::ServersService::new(lifecycle))
+                .max_decoding_message_size(max)
+                .max_encoding_message_size(max),
+        );
+    Ok(b.routes())
+}

@@ -1,0 +1,752 @@
+//! MCP server supervision: one runner task per started server keeps its
+//! process alive according to the manifest's restart policy.
+//!
+//! - [`manifest`]: the TOML manifest and the launch spec of a server.
+//! - [`spawn`]: fork/exec with session, death signal, rlimits, cgroup; the
+//!   single `waitpid` owner ([`spawn::Reaper`]).
+//! - [`cgroup`]: per-server cgroup v2 groups (kill-all, memory.max).
+//! - [`mcp`]: the JSON-RPC connection to a stdio server (readiness
+//!   handshake now, the gateway's multiplexing later).
+//! - [`probe`]: readiness of HTTP servers.
+//! - [`logbuf`]: bounded per-server log ring buffers.
+//!
+//! State of each server is published on a `watch` channel; readers (List,
+//! health, the lifecycle's readiness wait) never block the runner.
+
+pub mod cgroup;
+pub mod logbuf;
+pub mod manifest;
+pub mod mcp;
+pub mod probe;
+pub mod spawn;
+
+use std::collections::{BTreeMap, VecDeque};
+use std::os::fd::OwnedFd;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::Signal;
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::sync::{oneshot, watch};
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, info, warn};
+
+use logbuf::{LogBuf, Stream};
+use manifest::{LaunchSpec, Manifest, RestartPolicy, Transport};
+use mcp::StdioConn;
+use spawn::{Exit, Reaper, Spawner};
+
+/// Milliseconds since the Unix epoch.
+pub use sandbox_client::now_ms;
+
+/// Limits and switches of the supervisor (`[supervisor]` in agent.toml).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SupervisorConfig {
+    /// Log ring buffer per server, in bytes (lines are dropped oldest first).
+    pub log_buffer_bytes: usize,
+    /// Longest log line kept; longer lines are cut and flagged.
+    pub log_line_bytes: usize,
+    /// Largest JSON-RPC message read from a stdio server's stdout.
+    pub stdio_message_bytes: usize,
+    /// Lines of stderr shown in `Servers.List` (at most 4 KiB).
+    pub stderr_tail_lines: usize,
+    /// cgroup v2 use: "auto" (a writable hierarchy if there is one), "off",
+    /// or the directory to create server groups in.
+    pub cgroup: String,
+}
+
+impl Default for SupervisorConfig {
+    fn default() -> Self {
+        SupervisorConfig {
+            log_buffer_bytes: 256 << 10,
+            log_line_bytes: 8 << 10,
+            stdio_message_bytes: 16 << 20,
+            stderr_tail_lines: 20,
+            cgroup: "auto".into(),
+        }
+    }
+}
+
+impl SupervisorConfig {
+    pub fn validate(&self) -> Result<(), String> {
+        for (k, v) in [
+            ("log_buffer_bytes", self.log_buffer_bytes),
+            ("log_line_bytes", self.log_line_bytes),
+            ("stdio_message_bytes", self.stdio_message_bytes),
+        ] {
+            if v == 0 {
+                return Err(format!("supervisor.{k} must be greater than 0"));
+            }
+        }
+        if self.log_line_bytes > self.log_buffer_bytes {
+            return Err("supervisor.log_line_bytes must not exceed log_buffer_bytes".into());
+        }
+        Ok(())
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum State {
+    Stopped,
+    Starting,
+    Ready,
+    Backoff,
+    Failed,
+    Stopping,
+}
+
+/// A server's published state.
+#[derive(Debug, Clone)]
+pub struct Status {
+    pub name: String,
+    pub state: State,
+    pub pid: Option<i32>,
+    pub restarts: u32,
+    pub last_exit: Option<(Exit, u64)>,
+    pub state_since_ms: u64,
+    pub started_at_ms: u64,
+    pub updated_at_ms: u64,
+    pub message: String,
+}
+
+/// CPU and memory of a server's processes.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Usage {
+    pub cpu_time_ms: u64,
+    pub rss_bytes: u64,
+    pub processes: u32,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SupError {
+    #[error("no server named {name:?} in the manifest; known servers: {known}")]
+    Unknown { name: String, known: String },
+}
+
+struct Running {
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+struct Server {
+    name: String,
+    log: Arc<LogBuf>,
+    status: watch::Sender<Status>,
+    /// Serializes start/stop of this server.
+    run: tokio::sync::Mutex<Option<Running>>,
+    /// Grace period of the stop in progress.
+    stop_grace: Mutex<Option<Duration>>,
+    conn: Mutex<Option<Arc<StdioConn>>>,
+    /// The running process: pid and cgroup, for usage and stop.
+    proc_: Mutex<Option<(i32, Option<Arc<cgroup::Cgroup>>)>>,
+}
+
+struct Shared {
+    spawner: Spawner,
+    cgroups: Option<cgroup::CgroupRoot>,
+    cfg: SupervisorConfig,
+}
+
+/// Supervises the servers of one manifest.
+pub struct Supervisor {
+    servers: BTreeMap<String, Arc<Server>>,
+    shared: Arc<Shared>,
+    reaper: Arc<Reaper>,
+}
+
+impl Supervisor {
+    /// Starts the reaper and spawner. Must run inside the tokio runtime.
+    pub fn new(manifest: &Manifest, cfg: SupervisorConfig) -> std::io::Result<Supervisor> {
+        let reaper = Reaper::start()?;
+        let spawner = Spawner::start(reaper.clone())?;
+        let cgroups = cgroup::CgroupRoot::detect(&cfg.cgroup).map_err(std::io::Error::other)?;
+        let servers = manifest
+            .servers
+            .keys()
+            .map(|name| {
+                let now = now_ms();
+                let status = Status {
+                    name: name.clone(),
+                    state: State::Stopped,
+                    pid: None,
+                    restarts: 0,
+                    last_exit: None,
+                    state_since_ms: now,
+                    started_at_ms: 0,
+                    updated_at_ms: now,
+                    message: String::new(),
+                };
+                let server = Server {
+                    name: name.clone(),
+                    log: Arc::new(LogBuf::new(cfg.log_buffer_bytes, cfg.log_line_bytes)),
+                    status: watch::channel(status).0,
+                    run: tokio::sync::Mutex::new(None),
+                    stop_grace: Mutex::new(None),
+                    conn: Mutex::new(None),
+                    proc_: Mutex::new(None),
+                };
+                (name.clone(), Arc::new(server))
+            })
+            .collect();
+        Ok(Supervisor {
+            servers,
+            shared: Arc::new(Shared {
+                spawner,
+                cgroups,
+                cfg,
+            }),
+            reaper,
+        })
+    }
+
+    fn server(&self, name: &str) -> Result<&Arc<Server>, SupError> {
+        self.servers.get(name).ok_or_else(|| SupError::Unknown {
+            name: name.to_owned(),
+            known: self.names().join(", "),
+        })
+    }
+
+    pub fn names(&self) -> Vec<String> {
+        self.servers.keys().cloned().collect()
+    }
+
+    pub fn status(&self, name: &str) -> Result<Status, SupError> {
+        Ok(self.server(name)?.status.borrow().clone())
+    }
+
+    /// Follows a server's state.
+    pub fn watch(&self, name: &str) -> Result<watch::Receiver<Status>, SupError> {
+        Ok(self.server(name)?.status.subscribe())
+    }
+
+    /// Waits until a server settles (ready, failed or stopped) and returns
+    /// that status; `None` when `deadline` passes first.
+    pub async fn wait_settled(
+        &self,
+        name: &str,
+        deadline: Duration,
+    ) -> Result<Option<Status>, SupError> {
+        let mut rx = self.watch(name)?;
+        let settled =
+            rx.wait_for(|s| matches!(s.state, State::Ready | State::Failed | State::Stopped));
+        match tokio::time::timeout(deadline, settled).await {
+            Ok(Ok(s)) => Ok(Some(s.clone())),
+            // The sender lives as long as the supervisor.
+            Ok(Err(_)) => Ok(Some(self.status(name)?)),
+            Err(_) => Ok(None),
+        }
+    }
+
+    pub fn logs(&self, name: &str) -> Result<Arc<LogBuf>, SupError> {
+        Ok(self.server(name)?.log.clone())
+    }
+
+    /// The MCP connection of a ready stdio server.
+    pub fn conn(&self, name: &str) -> Option<Arc<StdioConn>> {
+        self.servers
+            .get(name)?
+            .conn
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Orphaned processes (not servers) the agent has reaped.
+    pub fn orphans_reaped(&self) -> u64 {
+        self.reaper.orphans_reaped()
+    }
+
+    /// The last stderr lines of a server, for error messages.
+    pub fn stderr_tail(&self, name: &str) -> String {
+        self.servers.get(name).map_or_else(String::new, |s| {
+            s.log
+                .tail_text(Stream::Stderr, self.shared.cfg.stderr_tail_lines, 4096)
+        })
+    }
+
+    /// Starts `spec.name` unless it is already running. Returns at once;
+    /// follow [`Supervisor::watch`] for readiness.
+    pub async fn start(&self, spec: LaunchSpec) -> Result<Status, SupError> {
+        let server = self.server(&spec.name)?.clone();
+        let mut run = server.run.lock().await;
+        if let Some(r) = run.as_ref()
+            && !r.task.is_finished()
+        {
+            return Ok(server.status.borrow().clone());
+        }
+        if let Some(memory) = spec.limits.memory_bytes
+            && !self
+                .shared
+                .cgroups
+                .as_ref()
+                .is_some_and(|c| c.memory_limits())
+        {
+            warn!(server = %spec.name, memory, "memory limit not enforced: no cgroup v2 memory controller available");
+        }
+        server.status.send_modify(|s| s.restarts = 0);
+        // Starting from here on, so a waiter never sees the old Stopped.
+        set_state(&server, State::Starting, String::new());
+        let stop = CancellationToken::new();
+        let span = tracing::info_span!("server", server = %spec.name);
+        let fut = runner(server.clone(), self.shared.clone(), spec, stop.clone()).instrument(span);
+        let s2 = server.clone();
+        let task = tokio::spawn(async move {
+            use futures_util::FutureExt;
+            if std::panic::AssertUnwindSafe(fut)
+                .catch_unwind()
+                .await
+                .is_err()
+            {
+                // Never leave a waiter looking at a state nobody updates.
+                set_state(
+                    &s2,
+                    State::Failed,
+                    "internal error: the supervisor task panicked".into(),
+                );
+            }
+        });
+        *run = Some(Running { stop, task });
+        Ok(server.status.borrow().clone())
+    }
+
+    /// Stops a server and waits until all of its processes are gone.
+    /// `grace`: time between SIGTERM and SIGKILL (default: the manifest's).
+    pub async fn stop(&self, name: &str, grace: Option<Duration>) -> Result<Status, SupError> {
+        let server = self.server(name)?.clone();
+        let mut run = server.run.lock().await;
+        if let Some(r) = run.take() {
+            *server.stop_grace.lock().unwrap_or_else(|p| p.into_inner()) = grace;
+            r.stop.cancel();
+            if let Err(e) = r.task.await {
+                warn!(server = name, error = %e, "server runner ended abnormally");
+                set_state(&server, State::Stopped, String::new());
+            }
+        }
+        let s = server.status.borrow().clone();
+        Ok(s)
+    }
+
+    /// Stops every running server, in parallel.
+    pub async fn stop_all(&self) {
+        let stops = self.servers.keys().map(|n| self.stop(n, None));
+        futures_util::future::join_all(stops).await;
+    }
+
+    /// Stops everything and removes the agent's cgroup (agent exit).
+    pub async fn shutdown(&self) {
+        self.stop_all().await;
+        if let Some(root) = &self.shared.cgroups {
+            root.remove();
+        }
+    }
+
+    /// Forgets a server's log and last exit (a new lease starts clean).
+    pub fn forget(&self, name: &str) {
+        if let Some(s) = self.servers.get(name) {
+            s.log.clear();
+            s.status.send_modify(|st| {
+                st.last_exit = None;
+                st.restarts = 0;
+                st.message.clear();
+                st.updated_at_ms = now_ms();
+            });
+        }
+    }
+
+    /// CPU time, RSS and process count of each running server.
+    pub fn usage(&self) -> BTreeMap<String, Usage> {
+        use sysinfo::{Pid, ProcessRefreshKind, ProcessesToUpdate, System};
+        let mut groups: Vec<(String, Vec<i32>)> = Vec::new();
+        for (name, s) in &self.servers {
+            let p = s.proc_.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            if let Some((pid, cg)) = p {
+                groups.push((name.clone(), spawn::members(pid, cg.as_deref())));
+            }
+        }
+        let pids: Vec<Pid> = groups
+            .iter()
+            .flat_map(|(_, m)| m.iter().map(|p| Pid::from_u32(*p as u32)))
+            .collect();
+        let Ok(mut sys) = System::new() else {
+            return BTreeMap::new();
+        };
+        sys.refresh_processes_specifics(
+            ProcessesToUpdate::Some(&pids),
+            true,
+            ProcessRefreshKind::nothing().with_cpu().with_memory(),
+        );
+        groups
+            .into_iter()
+            .map(|(name, members)| {
+                let mut u = Usage::default();
+                for m in members {
+                    if let Some(p) = sys.process(Pid::from_u32(m as u32)) {
+                        u.cpu_time_ms += p.accumulated_cpu_time();
+                        u.rss_bytes += p.memory();
+                        u.processes += 1;
+                    }
+                }
+                (name, u)
+            })
+            .collect()
+    }
+}
+
+fn set_state(server: &Server, state: State, message: String) {
+    server.status.send_modify(|s| {
+        let now = now_ms();
+        if s.state != state {
+            s.state_since_ms = now;
+        }
+        s.state = state;
+        s.message = message;
+        s.updated_at_ms = now;
+    });
+}
+
+/// Copies a child's output into its log buffer, line by line.
+async fn pump(fd: OwnedFd, log: Arc<LogBuf>, stream: Stream) {
+    let Ok(rx) = tokio::net::unix::pipe::Receiver::from_owned_fd(fd) else {
+        return;
+    };
+    let mut r = BufReader::new(rx);
+    let max = log.max_line_bytes();
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        let mut cut = false;
+        loop {
+            let buf = match r.fill_buf().await {
+                Ok(b) if !b.is_empty() => b,
+                _ => {
+                    if !line.is_empty() {
+                        log.push(stream, &line, cut);
+                    }
+                    return;
+                }
+            };
+            let (chunk, used, nl) = match buf.iter().position(|b| *b == b'\n') {
+                Some(i) => (&buf[..i], i + 1, true),
+                None => (buf, buf.len(), false),
+            };
+            let room = max.saturating_sub(line.len());
+            if chunk.len() > room {
+                cut = true;
+            }
+            line.extend_from_slice(&chunk[..chunk.len().min(room)]);
+            r.consume(used);
+            if nl {
+                break;
+            }
+        }
+        let text = line.strip_suffix(b"\r").unwrap_or(&line);
+        log.push(stream, text, cut);
+    }
+}
+
+enum Outcome {
+    Exited(Exit),
+    Stop,
+}
+
+/// Keeps one server running until `stop` is cancelled or it gives up.
+async fn runner(
+    server: Arc<Server>,
+    shared: Arc<Shared>,
+    spec: LaunchSpec,
+    stop: CancellationToken,
+) {
+    let mut recent: VecDeque<Instant> = VecDeque::new();
+    let mut backoff = spec.restart.initial_backoff;
+    loop {
+        set_state(&server, State::Starting, String::new());
+        let cg = shared
+            .cgroups
+            .as_ref()
+            .and_then(|root| match root.create(&server.name) {
+                Ok(cg) => Some(Arc::new(cg)),
+                Err(e) => {
+                    warn!(error = %e, "cannot create the server's cgroup; using its session only");
+                    None
+                }
+            });
+        if let (Some(cg), Some(mem)) = (&cg, spec.limits.memory_bytes)
+            && shared.cgroups.as_ref().is_some_and(|r| r.memory_limits())
+            && let Err(e) = cg.set_memory_max(mem)
+        {
+            warn!(error = %e, "cannot set memory.max");
+        }
+        let procs = cg.as_ref().and_then(|c| c.procs_fd().ok());
+        let spawned = match shared.spawner.spawn(&spec, procs).await {
+            Ok(s) => s,
+            Err(e) => {
+                if let Some(cg) = &cg {
+                    cg.remove();
+                }
+                let msg = format!(
+                    "cannot start {:?} (in {}): {e}",
+                    spec.command,
+                    spec.cwd.display()
+                );
+                warn!("{msg}");
+                server.log.push(
+                    Stream::Stderr,
+                    format!("sandbox-agent: {msg}").as_bytes(),
+                    false,
+                );
+                set_state(&server, State::Failed, msg);
+                return;
+            }
+        };
+        let pid = spawned.pid;
+        let started = Instant::now();
+        info!(pid, command = %spec.command, "server started");
+        *server.proc_.lock().unwrap_or_else(|p| p.into_inner()) = Some((pid, cg.clone()));
+        server.status.send_modify(|s| {
+            s.pid = Some(pid);
+            s.started_at_ms = now_ms();
+            s.updated_at_ms = s.started_at_ms;
+        });
+        tokio::spawn(pump(spawned.stderr, server.log.clone(), Stream::Stderr));
+        let mut exit_rx = spawned.exit;
+        // stdin stays open for the whole life of an http server too: some
+        // servers exit when their stdin closes.
+        let mut _stdin_keepalive = None;
+        let conn = match &spec.transport {
+            Transport::Stdio => {
+                match StdioConn::start(
+                    spawned.stdin,
+                    spawned.stdout,
+                    server.log.clone(),
+                    shared.cfg.stdio_message_bytes,
+                ) {
+                    Ok(c) => Some(c),
+                    Err(e) => {
+                        warn!(error = %e, "cannot attach to the server's pipes");
+                        None
+                    }
+                }
+            }
+            Transport::Http { .. } => {
+                _stdin_keepalive = Some(spawned.stdin);
+                tokio::spawn(pump(spawned.stdout, server.log.clone(), Stream::Stdout));
+                None
+            }
+        };
+
+        // Readiness.
+        let ready = async {
+            match (&spec.transport, &conn) {
+                (Transport::Stdio, Some(c)) => c
+                    .handshake(spec.ready_timeout)
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| e.to_string()),
+                (Transport::Stdio, None) => Err("the server's pipes are unusable".to_owned()),
+                (Transport::Http { port, path }, _) => {
+                    let deadline = Instant::now() + spec.ready_timeout;
+                    loop {
+                        let left = deadline.saturating_duration_since(Instant::now());
+                        let last =
+                            probe::http_ready(*port, path, left.min(Duration::from_secs(2))).await;
+                        match last {
+                            Ok(()) => break Ok(()),
+                            Err(e) if Instant::now() >= deadline => {
+                                break Err(format!(
+                                    "not ready within {:?}: {e}",
+                                    spec.ready_timeout
+                                ));
+                            }
+                            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+                        }
+                    }
+                }
+            }
+        };
+        let mut not_ready = None;
+        let outcome = tokio::select! {
+            r = ready => match r {
+                Ok(()) => {
+                    *server.conn.lock().unwrap_or_else(|p| p.into_inner()) = conn.clone();
+                    info!(pid, ms = started.elapsed().as_millis() as u64, "server ready");
+                    set_state(&server, State::Ready, String::new());
+                    tokio::select! {
+                        e = &mut exit_rx => Outcome::Exited(e.unwrap_or(Exit::Signal(0))),
+                        _ = stop.cancelled() => Outcome::Stop,
+                    }
+                }
+                Err(msg) => {
+                    warn!(pid, error = %msg, "server did not become ready");
+                    not_ready = Some(msg);
+                    let e = kill_tree(pid, cg.as_deref(), Duration::from_millis(500), None, &mut exit_rx).await;
+                    Outcome::Exited(e)
+                }
+            },
+            e = &mut exit_rx => Outcome::Exited(e.unwrap_or(Exit::Signal(0))),
+            _ = stop.cancelled() => Outcome::Stop,
+        };
+        *server.conn.lock().unwrap_or_else(|p| p.into_inner()) = None;
+
+        let exit = match outcome {
+            Outcome::Stop => {
+                set_state(&server, State::Stopping, String::new());
+                let grace = server
+                    .stop_grace
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .take()
+                    .unwrap_or(spec.stop_grace);
+                let exit = kill_tree(pid, cg.as_deref(), grace, None, &mut exit_rx).await;
+                finish_process(&server, exit, State::Stopped, String::new(), false);
+                if let Some(cg) = &cg {
+                    cg.remove();
+                }
+                info!(pid, %exit, "server stopped");
+                return;
+            }
+            Outcome::Exited(exit) => exit,
+        };
+        let why = match &not_ready {
+            Some(m) => format!("not ready: {m}"),
+            None => format!("exited: {exit}"),
+        };
+        warn!(pid, "{why}");
+        // Decide first, so the exit and the next state are published in one
+        // update: nobody may see a Ready server whose process is gone.
+        let clean = exit == Exit::Code(0) && not_ready.is_none();
+        let restart = match spec.restart.policy {
+            RestartPolicy::Always => true,
+            RestartPolicy::OnFailure => !clean,
+            RestartPolicy::Never => false,
+        };
+        let now = Instant::now();
+        if started.elapsed() > spec.restart.window {
+            backoff = spec.restart.initial_backoff;
+        }
+        while recent
+            .front()
+            .is_some_and(|t| now.duration_since(*t) > spec.restart.window)
+        {
+            recent.pop_front();
+        }
+        let (state, message, counted) = if !restart {
+            (
+                if clean { State::Stopped } else { State::Failed },
+                why,
+                false,
+            )
+        } else if recent.len() as u32 >= spec.restart.max_restarts {
+            let msg = format!(
+                "crash loop: {} restarts within {} s; last: {why}",
+                recent.len(),
+                spec.restart.window.as_secs_f64()
+            );
+            warn!("{msg}; giving up");
+            (State::Failed, msg, false)
+        } else {
+            recent.push_back(now);
+            let msg = format!("{why}; restarting in {} ms", backoff.as_millis());
+            (State::Backoff, msg, true)
+        };
+        finish_process(&server, exit, state, message, counted);
+        // The main process is gone; whatever it left running goes too.
+        let _ = kill_tree(pid, cg.as_deref(), Duration::ZERO, Some(exit), &mut exit_rx).await;
+        if let Some(cg) = &cg {
+            cg.remove();
+        }
+        if state != State::Backoff {
+            return;
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(backoff) => {}
+            _ = stop.cancelled() => {
+                set_state(&server, State::Stopped, String::new());
+                return;
+            }
+        }
+        backoff = (backoff * 2).min(spec.restart.max_backoff);
+    }
+}
+
+/// Publishes the end of a process and the server's next state in one
+/// update (`restarted`: count it as a restart).
+fn finish_process(server: &Server, exit: Exit, state: State, message: String, restarted: bool) {
+    *server.proc_.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    server.status.send_modify(|s| {
+        let now = now_ms();
+        s.pid = None;
+        s.last_exit = Some((exit, now));
+        if restarted {
+            s.restarts += 1;
+        }
+        if s.state != state {
+            s.state_since_ms = now;
+        }
+        s.state = state;
+        s.message = message;
+        s.updated_at_ms = now;
+    });
+}
+
+/// SIGTERM to every process of the server, SIGKILL after `grace`; returns
+/// once the main process is reaped and no member is left (or, for members
+/// that resist, after a bounded wait).
+async fn kill_tree(
+    pid: i32,
+    cg: Option<&cgroup::Cgroup>,
+    grace: Duration,
+    known: Option<Exit>,
+    exit_rx: &mut oneshot::Receiver<Exit>,
+) -> Exit {
+    // `exit_rx` is polled only while the exit is unknown: a completed
+    // oneshot must not be polled again.
+    let mut exit: Option<Exit> = known;
+    let members_of = |pid| spawn::members(pid, cg);
+    let still = |exit: Option<Exit>| {
+        let mut m = members_of(pid);
+        m.retain(|p| spawn::alive(*p));
+        (exit.is_none() || !m.is_empty(), m)
+    };
+    if !grace.is_zero() {
+        let members = members_of(pid);
+        spawn::signal_all(pid, &members, Signal::SIGTERM);
+        let deadline = Instant::now() + grace;
+        while Instant::now() < deadline {
+            if exit.is_none()
+                && let Ok(Ok(e)) =
+                    tokio::time::timeout(Duration::from_millis(20), &mut *exit_rx).await
+            {
+                exit = Some(e);
+            }
+            if exit.is_some() {
+                let (busy, _) = still(exit);
+                if !busy {
+                    return exit.unwrap_or(Exit::Signal(0));
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    }
+    // Escalate.
+    for _ in 0..100 {
+        let (busy, members) = still(exit);
+        if !busy {
+            break;
+        }
+        if let Some(cg) = cg {
+            cg.kill();
+        }
+        spawn::signal_all(pid, &members, Signal::SIGKILL);
+        if exit.is_none() {
+            if let Ok(Ok(e)) = tokio::time::timeout(Duration::from_millis(50), &mut *exit_rx).await
+            {
+                exit = Some(e);
+            }
+        } else {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    exit.unwrap_or(Exit::Signal(Signal::SIGKILL as i32))
+}

@@ -1,0 +1,27 @@
+//! The workspace: the directory the MCP servers work in, loaded from and
+//! dumped to tar archives.
+//!
+//! [`Workspace`] runs one operation at a time (Initialize, Dump or Clear;
+//! a second one is refused, naming the first). The operations are blocking
+//! and run on a blocking thread; the gRPC adapter connects them to streams
+//! through bounded channels ([`stream`]).
+//!
+//! - [`extract`]: tar → directory, confined ([`confine`]) and limited
+//!   ([`limits`]).
+//! - [`txn`]: staging, journaled swap, crash recovery.
+//! - [`pack`]: directory → tar, for Dump and for `sandboxctl upload`.
+//! - [`codec`]: gzip/zstd sniffing, decoding, parallel encoding.
+//! - `ops`: [`Workspace`] itself, which ties these together.
+//!
+//! The archive code (`extract`, `pack`, `codec`, `confine`, `limits`,
+//! `stream`) is the `sandbox-archive` crate, re-exported here; `txn` and
+//! `ops` are the agent's own.
+
+pub use sandbox_archive::{codec, confine, error, extract, limits, pack, stream};
+mod ops;
+pub mod txn;
+
+pub use codec::Compression;
+pub use error::WsError;
+pub use limits::{ArchiveLimits, MAX_CHUNK_BYTES};
+pub use ops::{DumpRequest, InitRequest, InitStats, OpGuard, Workspace};

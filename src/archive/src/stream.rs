@@ -1,0 +1,172 @@
+//! Byte plumbing between async gRPC streams and the blocking tar code.
+//!
+//! Memory per stream is bounded by the channel capacity (`queue_chunks`
+//! chunks of at most 1 MiB); a slow reader or writer applies backpressure
+//! to the other side instead of buffering.
+
+use std::io::{self, Read, Write};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use bytes::{Bytes, BytesMut};
+use sha2::{Digest, Sha256};
+use tokio::sync::mpsc;
+
+use super::error::WsError;
+
+/// What the async side feeds the extractor: data, or why the stream broke.
+pub type Feed = Result<Bytes, WsError>;
+
+/// What a [`ChannelReader`] saw, readable after it was moved away.
+#[derive(Default)]
+pub struct ReadOutcome {
+    /// Bytes read so far.
+    pub count: u64,
+    /// SHA-256 (lowercase hex) of all bytes, set at end of stream.
+    pub sha256: Option<String>,
+    /// Why the stream broke, if it did (cancel, size limit, protocol).
+    pub failure: Option<WsError>,
+}
+
+/// Blocking `Read` over a channel of chunks, hashing and counting every
+/// byte, and enforcing the compressed-size limit.
+pub struct ChannelReader {
+    rx: mpsc::Receiver<Feed>,
+    cur: Bytes,
+    hasher: Sha256,
+    count: u64,
+    max: u64,
+    outcome: Arc<Mutex<ReadOutcome>>,
+}
+
+impl ChannelReader {
+    pub fn new(rx: mpsc::Receiver<Feed>, max: u64) -> (ChannelReader, Arc<Mutex<ReadOutcome>>) {
+        let outcome = Arc::new(Mutex::new(ReadOutcome::default()));
+        let r = ChannelReader {
+            rx,
+            cur: Bytes::new(),
+            hasher: Sha256::new(),
+            count: 0,
+            max,
+            outcome: outcome.clone(),
+        };
+        (r, outcome)
+    }
+
+    fn fail(&mut self, e: WsError) -> io::Error {
+        let msg = e.to_string();
+        let mut o = self.outcome.lock().unwrap_or_else(|p| p.into_inner());
+        o.count = self.count;
+        o.failure = Some(e);
+        io::Error::other(msg)
+    }
+}
+
+impl Read for ChannelReader {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        while self.cur.is_empty() {
+            match self.rx.blocking_recv() {
+                None => {
+                    let mut o = self.outcome.lock().unwrap_or_else(|p| p.into_inner());
+                    o.count = self.count;
+                    o.sha256 = Some(hex::encode(self.hasher.clone().finalize()));
+                    return Ok(0);
+                }
+                Some(Ok(b)) => self.cur = b,
+                Some(Err(e)) => return Err(self.fail(e)),
+            }
+        }
+        let n = buf.len().min(self.cur.len());
+        let chunk = self.cur.split_to(n);
+        buf[..n].copy_from_slice(&chunk);
+        self.hasher.update(&chunk);
+        self.count += n as u64;
+        if self.count > self.max {
+            let max = self.max;
+            return Err(self.fail(WsError::Limit {
+                limit: "max_archive_bytes",
+                detail: format!("the archive is larger than {max} bytes"),
+            }));
+        }
+        Ok(n)
+    }
+}
+
+/// Blocking `Write` that cuts the output into chunks of at most `chunk`
+/// bytes and sends them down a channel, hashing and counting them.
+///
+/// Once the receiver is gone (client disconnected) it sets `closed` and
+/// discards further output instead of failing: compressors then shut down
+/// normally, and the producer stops when it sees the flag.
+pub struct ChunkSink<T> {
+    tx: mpsc::Sender<T>,
+    closed: Arc<AtomicBool>,
+    wrap: fn(Bytes) -> T,
+    buf: BytesMut,
+    chunk: usize,
+    hasher: Sha256,
+    count: u64,
+}
+
+impl<T> ChunkSink<T> {
+    pub fn new(tx: mpsc::Sender<T>, chunk: usize, wrap: fn(Bytes) -> T) -> ChunkSink<T> {
+        ChunkSink {
+            tx,
+            closed: Arc::new(AtomicBool::new(false)),
+            wrap,
+            buf: BytesMut::with_capacity(chunk),
+            chunk,
+            hasher: Sha256::new(),
+            count: 0,
+        }
+    }
+
+    /// Set once the receiver is gone.
+    pub fn closed(&self) -> Arc<AtomicBool> {
+        self.closed.clone()
+    }
+
+    fn send(&mut self) {
+        if self.buf.is_empty() {
+            return;
+        }
+        let b = self.buf.split().freeze();
+        if self.closed.load(Ordering::Relaxed) {
+            return;
+        }
+        self.hasher.update(&b);
+        self.count += b.len() as u64;
+        if self.tx.blocking_send((self.wrap)(b)).is_err() {
+            self.closed.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// Sends what is buffered; returns (bytes sent, sha256 hex) and the
+    /// sender for a trailer. Fails if the receiver went away.
+    pub fn finish(mut self) -> io::Result<(u64, String, mpsc::Sender<T>)> {
+        self.send();
+        if self.closed.load(Ordering::Relaxed) {
+            return Err(io::Error::new(
+                io::ErrorKind::BrokenPipe,
+                "the receiving side went away",
+            ));
+        }
+        Ok((self.count, hex::encode(self.hasher.finalize()), self.tx))
+    }
+}
+
+impl<T> Write for ChunkSink<T> {
+    fn write(&mut self, data: &[u8]) -> io::Result<usize> {
+        let room = self.chunk - self.buf.len();
+        let n = room.min(data.len());
+        self.buf.extend_from_slice(&data[..n]);
+        if self.buf.len() == self.chunk {
+            self.send();
+        }
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}

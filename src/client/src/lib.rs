@@ -1,0 +1,42 @@
+//! sandbox-client: what a host orchestrator links to talk to a sandbox-agent.
+//!
+//! - [`proto`]: the generated gRPC messages and clients (`proto/` at the
+//!   repository root is the contract), plus `grpc.health.v1`.
+//! - [`transport`]: endpoint URIs (`vsock://`, `hvsock://`, `unix://`,
+//!   `tcp://`), listening and dialing, the hybrid-vsock `CONNECT` handshake.
+//! - [`auth`]: bearer tokens and the per-listener policy the agent enforces.
+//! - [`connect`]: one call from a URI to a ready [`Client`].
+//! - [`mcp`]: the MCP protocol facts (revisions, headers, paths, JSON-RPC
+//!   shapes) shared by the agent's gateway, the host's proxy and clients.
+//! - [`mcp_client`]: a small streamable-HTTP MCP client (used by sandboxctl).
+//! - [`limits`]: the numbers the agent and its hosts must agree on (ports,
+//!   TTL bounds).
+//!
+//! ```no_run
+//! # async fn f() -> Result<(), Box<dyn std::error::Error>> {
+//! let client = sandbox_client::connect("unix:///run/sandbox-agent.sock").await?;
+//! let info = client.agent().get_info(sandbox_client::proto::GetInfoRequest {}).await?;
+//! # Ok(()) }
+//! ```
+
+pub mod auth;
+mod connect;
+pub mod limits;
+pub mod mcp;
+pub mod mcp_client;
+pub mod proto;
+pub mod transport;
+
+pub use connect::{Client, ConnectError, ConnectOptions, connect, error_chain};
+pub use transport::Endpoint;
+
+/// Version of this workspace, reported by `GetInfo` and `--version`.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// Wall-clock milliseconds since the Unix epoch: the unit of the proto's
+/// `*_at_ms` timestamps.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}

@@ -1,0 +1,15 @@
+//! Numbers the agent, its hosts and its clients must agree on. Each is
+//! defined once, here.
+
+/// vsock port of the agent's gRPC control plane.
+pub const AGENT_VSOCK_PORT: u32 = 1024;
+
+/// vsock port of the agent's MCP data plane (streamable HTTP).
+pub const MCP_VSOCK_PORT: u32 = 1025;
+
+/// Lease TTL bounds and default, as Klavis's Local Sandbox API fixes them
+/// (`ttl_seconds`: 60–86400, default 7200). The agent's configuration may
+/// narrow or (for tests) lower them; the host's REST API enforces these.
+pub const MIN_TTL_SECONDS: u32 = 60;
+pub const MAX_TTL_SECONDS: u32 = 86_400;
+pub const DEFAULT_TTL_SECONDS: u32 = 7_200;

@@ -1,0 +1,364 @@
+//! `sandbox-host`: the reference host. Serves Klavis's Local Sandbox REST
+//! API over a pool of sandbox agents, and their MCP endpoints.
+//!
+//! Modules: `api` (the REST endpoints and the TTL reaper), `mcp_proxy`
+//! (MCP URLs → the agent's data plane), `pool` (the process and qemu
+//! backends and the warm pool), `store` (SQLite state), `signed` (transfer
+//! URLs).
+
+mod api;
+mod mcp_proxy;
+mod pool;
+mod signed;
+mod store;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::Context;
+use axum::Router;
+use axum::routing::{get, post, put};
+use clap::Parser;
+
+/// How long a shutdown waits for releases already accepted (a Release
+/// stops the sandbox's servers; in a VM under TCG that takes seconds).
+const RELEASE_DRAIN: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Reference host: the Klavis Local Sandbox REST API over a pool of
+/// sandbox agents (local processes or QEMU VMs).
+#[derive(Parser, Debug)]
+#[command(name = "sandbox-host", version)]
+struct Args {
+    /// Address to serve the REST API and the MCP URLs on.
+    #[arg(long, default_value = "127.0.0.1:8080", value_name = "HOST:PORT")]
+    listen: String,
+    /// State: the SQLite database, agents' directories, uploads.
+    #[arg(long, value_name = "DIR")]
+    data_dir: PathBuf,
+    /// An API key (repeatable). Each key is its own owner.
+    #[arg(long = "api-key", value_name = "KEY", env = "SANDBOX_HOST_API_KEY")]
+    api_keys: Vec<String>,
+    /// File with one API key per line, optionally followed by its owner
+    /// (`key owner`); keys with the same owner share sandboxes.
+    #[arg(long, value_name = "FILE")]
+    api_key_file: Option<PathBuf>,
+    /// Where sandboxes run: `process` (a local sandbox-agent each), or
+    /// `qemu` (a VM each, booted from --vm-image).
+    #[arg(long, value_enum, default_value = "process")]
+    backend: BackendKind,
+    /// Idle sandboxes kept ready.
+    #[arg(long, default_value_t = 2)]
+    pool_size: usize,
+    /// Servers that idle sandboxes start in advance (`ALL`, or names
+    /// separated by commas); an Acquire of exactly these, without benchmark,
+    /// email or auth data, then starts nothing. Empty: none.
+    #[arg(long, default_value = "", value_name = "NAMES")]
+    warm_servers: String,
+    /// qemu backend: the initramfs from packaging/vm/build-initramfs.sh
+    /// (its .vmlinuz beside it).
+    #[arg(long, value_name = "FILE")]
+    vm_image: Option<PathBuf>,
+    /// qemu backend: guest memory of each VM, in MiB.
+    #[arg(long, default_value_t = 1024, value_name = "MIB")]
+    vm_memory: u32,
+    /// qemu backend: packaging/vm/run-qemu.sh. Default: run-qemu.sh next
+    /// to this binary (as installed), else the one in the source tree this
+    /// binary was built from.
+    #[arg(long, value_name = "FILE")]
+    vm_runner: Option<PathBuf>,
+    /// What a released sandbox becomes: `recycle` (the agent clears it and
+    /// it returns to the pool) or `replace` (its agent or VM is stopped and
+    /// a fresh one started: no tenant can leave anything for the next).
+    #[arg(long, value_enum, default_value_t = pool::OnRelease::Recycle)]
+    on_release: pool::OnRelease,
+    /// Base of the URLs handed out (MCP and transfer URLs). Default:
+    /// http://<listen>.
+    #[arg(long, value_name = "URL")]
+    public_url: Option<String>,
+    /// The agent binary. Default: sandbox-agent next to this binary.
+    #[arg(long, value_name = "FILE")]
+    agent_bin: Option<PathBuf>,
+    /// The MCP server manifest the agents run.
+    #[arg(long, value_name = "FILE")]
+    manifest: Option<PathBuf>,
+    /// Multiplies every TTL (0.05 makes 60 s last 3 s; for tests).
+    #[arg(long, default_value_t = 1.0)]
+    time_scale: f64,
+    /// Largest archive a PUT may upload, in bytes.
+    #[arg(long, default_value_t = 8 << 30)]
+    max_upload_bytes: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum BackendKind {
+    Process,
+    Qemu,
+}
+
+/// The backend the arguments describe, checked before anything starts.
+fn backend(args: &Args) -> anyhow::Result<pool::Backend> {
+    match args.backend {
+        BackendKind::Process => {
+            let agent_bin = match &args.agent_bin {
+                Some(p) => p.clone(),
+                None => std::env::current_exe()?
+                    .parent()
+                    .map(|d| d.join("sandbox-agent"))
+                    .context("locating sandbox-agent")?,
+            };
+            anyhow::ensure!(
+                agent_bin.is_file(),
+                "no agent binary at {} (give --agent-bin)",
+                agent_bin.display()
+            );
+            Ok(pool::Backend::Process {
+                agent_bin,
+                manifest: args.manifest.clone(),
+            })
+        }
+        BackendKind::Qemu => {
+            let image = args.vm_image.clone().context(
+                "--backend qemu needs --vm-image (build one with packaging/vm/build-initramfs.sh)",
+            )?;
+            anyhow::ensure!(image.is_file(), "no VM image at {}", image.display());
+            anyhow::ensure!(
+                args.manifest.is_none(),
+                "--manifest is for the process backend: a VM runs the manifest baked into its image"
+            );
+            anyhow::ensure!(
+                args.vm_memory >= 256,
+                "--vm-memory must be at least 256 MiB"
+            );
+            let run_script = match &args.vm_runner {
+                Some(p) => p.clone(),
+                None => std::env::current_exe()?
+                    .parent()
+                    .map(|d| d.join("run-qemu.sh"))
+                    .filter(|p| p.is_file())
+                    .unwrap_or_else(|| {
+                        PathBuf::from(concat!(
+                            env!("CARGO_MANIFEST_DIR"),
+                            "/packaging/vm/run-qemu.sh"
+                        ))
+                    }),
+            };
+            anyhow::ensure!(
+                run_script.is_file(),
+                "no run-qemu.sh at {} (give --vm-runner)",
+                run_script.display()
+            );
+            let accel = pool::probe_accel(&run_script, &image)?;
+            tracing::info!(%accel, "VMs will run with {accel}");
+            Ok(pool::Backend::Qemu {
+                run_script,
+                image,
+                memory_mib: args.vm_memory,
+                accel,
+            })
+        }
+    }
+}
+
+fn keys(args: &Args) -> anyhow::Result<HashMap<String, String>> {
+    let mut keys = HashMap::new();
+    for k in &args.api_keys {
+        keys.insert(k.clone(), owner_of_key(k));
+    }
+    if let Some(f) = &args.api_key_file {
+        let text =
+            std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?;
+        for line in text
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        {
+            let mut it = line.split_whitespace();
+            let key = it.next().unwrap_or_default().to_owned();
+            let owner = it.next().map_or_else(|| owner_of_key(&key), str::to_owned);
+            keys.insert(key, owner);
+        }
+    }
+    for k in keys.keys() {
+        anyhow::ensure!(k.len() >= 16, "API keys must be at least 16 characters");
+    }
+    Ok(keys)
+}
+
+/// A key without a named owner is its own owner (named by a digest, so the
+/// key itself is never stored).
+fn owner_of_key(key: &str) -> String {
+    use sha2::Digest;
+    let d = sha2::Sha256::digest(key.as_bytes());
+    format!("key-{}", &hex::encode(d)[..16])
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    anyhow::ensure!(args.time_scale > 0.0, "--time-scale must be positive");
+    let mut keys = keys(&args)?;
+    let mut generated = None;
+    if keys.is_empty() {
+        let k = sandbox_client::auth::Token::generate().context("generating an API key")?;
+        keys.insert(k.expose().to_owned(), owner_of_key(k.expose()));
+        generated = Some(k.expose().to_owned());
+    }
+    std::fs::create_dir_all(&args.data_dir)
+        .with_context(|| format!("creating {}", args.data_dir.display()))?;
+    let uploads = args.data_dir.join("uploads");
+    std::fs::create_dir_all(&uploads)?;
+    let backend = backend(&args)?;
+    let warm = pool::WarmProfile::parse(&args.warm_servers);
+    if let Some(pool::WarmProfile::Servers(names)) = &warm
+        && let Some(bad) = names
+            .iter()
+            .find(|n| !api::SERVER_NAMES.contains(&n.as_str()))
+    {
+        anyhow::bail!(
+            "--warm-servers: {bad:?} is not a Local Sandbox server name ({})",
+            api::SERVER_NAMES.join(", ")
+        );
+    }
+    let store = store::Store::open(&args.data_dir.join("host.db"))?;
+    let signing_key = signing_key(&args.data_dir)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async move {
+        let pool = pool::Pool::new(pool::PoolConfig {
+            backend,
+            dir: pool::slots_dir(&args.data_dir),
+            size: args.pool_size,
+            warm,
+            on_release: args.on_release,
+        })?;
+        // Sandboxes from before a restart keep their agents; those whose
+        // agent is gone are marked error.
+        let live = store.list(None)?;
+        let in_use: Vec<String> = live.iter().map(|s| s.slot.clone()).collect();
+        let gone = pool.recover(&in_use).await;
+        for s in live.iter().filter(|s| gone.contains(&s.slot)) {
+            store.set_status(&s.id, "error", &api::timestamp())?;
+        }
+        let listener = tokio::net::TcpListener::bind(&args.listen)
+            .await
+            .with_context(|| format!("listening on {}", args.listen))?;
+        let addr = listener.local_addr()?;
+        let public_url = args
+            .public_url
+            .clone()
+            .unwrap_or_else(|| format!("http://{addr}"))
+            .trim_end_matches('/')
+            .to_owned();
+        let host = Arc::new(api::Host {
+            store,
+            pool: pool.clone(),
+            signer: signed::Signer::new(signing_key),
+            keys,
+            public_url: public_url.clone(),
+            uploads,
+            time_scale: args.time_scale,
+            max_upload_bytes: args.max_upload_bytes,
+            releases: tokio_util::task::TaskTracker::new(),
+        });
+        let releases = host.releases.clone();
+        tokio::spawn(pool.clone().keep_warm());
+        tokio::spawn(api::reap(host.clone()));
+        let app = Router::new()
+            .route("/local-sandbox", post(api::acquire).get(api::list))
+            .route("/local-sandbox/{id}", get(api::get).delete(api::release))
+            .route("/local-sandbox/{id}/reset", post(api::reset))
+            .route("/local-sandbox/{id}/upload-url", post(api::upload_url))
+            .route("/local-sandbox/{id}/initialize", post(api::initialize))
+            .route("/local-sandbox/{id}/dump", get(api::dump_url))
+            .route("/transfer/upload/{id}", put(api::upload))
+            .route("/transfer/dump/{id}", get(api::download))
+            .route("/openapi.json", get(openapi))
+            .fallback(mcp_proxy::proxy)
+            .with_state(host);
+        println!("sandbox-host: base URL {public_url}");
+        if let Some(k) = generated {
+            println!("sandbox-host: API key {k}");
+        }
+        use std::io::Write;
+        let _ = std::io::stdout().flush();
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async {
+                use tokio::signal::unix::{SignalKind, signal};
+                match signal(SignalKind::terminate()) {
+                    Ok(mut term) => tokio::select! {
+                        _ = term.recv() => {}
+                        _ = tokio::signal::ctrl_c() => {}
+                    },
+                    Err(_) => {
+                        let _ = tokio::signal::ctrl_c().await;
+                    }
+                }
+            })
+            .await?;
+        // Releases already accepted finish first: their slots go back to the
+        // pool, and are stopped with it.
+        tracing::info!(
+            releases = releases.len(),
+            "stopping: waiting for the releases in flight"
+        );
+        releases.close();
+        if tokio::time::timeout(RELEASE_DRAIN, releases.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                left = releases.len(),
+                "releases still running after {} s; their sandboxes keep running, and the next start takes them back",
+                RELEASE_DRAIN.as_secs()
+            );
+        }
+        // Then the pool closes: no slot starts or turns idle after this, and
+        // the idle and starting ones stop. Leased ones keep running.
+        let p = pool.clone();
+        let stopped = tokio::task::spawn_blocking(move || p.close())
+            .await
+            .unwrap_or(0);
+        tracing::info!(
+            stopped,
+            "stopped the pool's idle and starting sandboxes; leased ones keep running for the next start"
+        );
+        anyhow::Ok(())
+    })
+}
+
+/// The key that signs transfer URLs: random, kept in the data dir so URLs
+/// stay valid across a restart.
+fn signing_key(dir: &std::path::Path) -> anyhow::Result<Vec<u8>> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = dir.join("signing.key");
+    if let Ok(k) = std::fs::read(&path) {
+        return Ok(k);
+    }
+    let mut k = vec![0u8; 32];
+    getrandom::fill(&mut k).map_err(|e| anyhow::anyhow!("random: {e}"))?;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path)?;
+    std::io::Write::write_all(&mut f, &k)?;
+    Ok(k)
+}
+
+/// The OpenAPI document of what this host serves.
+async fn openapi() -> axum::Json<serde_json::Value> {
+    axum::Json(include_openapi())
+}
+
+fn include_openapi() -> serde_json::Value {
+    let text = include_str!("openapi.json");
+    serde_json::from_str(text).unwrap_or_else(|e| serde_json::json!({"error": e.to_string()}))
+}

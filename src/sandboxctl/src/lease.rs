@@ -1,0 +1,479 @@
+//! Lease and server verbs: acquire, release, reset, status, servers, logs.
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::process::ExitCode;
+
+use anyhow::{Context, bail};
+use sandbox_client::Client;
+use sandbox_client::proto;
+use serde_json::{Value, json};
+
+use crate::{bytes, rpc_error, status_name};
+
+/// `--auth NAME.KEY=VALUE` / `--env NAME.VAR=VALUE` → (server, key, value).
+fn split_assignment(flag: &str, s: &str) -> anyhow::Result<(String, String, String)> {
+    let (lhs, value) = s
+        .split_once('=')
+        .with_context(|| format!("{flag} {s:?}: expected SERVER.KEY=VALUE"))?;
+    let (server, key) = lhs
+        .split_once('.')
+        .with_context(|| format!("{flag} {s:?}: expected SERVER.KEY=VALUE"))?;
+    Ok((server.to_owned(), key.to_owned(), value.to_owned()))
+}
+
+pub struct AcquireArgs<'a> {
+    pub servers: &'a [String],
+    pub all: bool,
+    pub benchmark: Option<&'a str>,
+    pub ttl: Option<u32>,
+    pub no_ttl: bool,
+    pub lease_id: Option<&'a str>,
+    pub email: Option<&'a str>,
+    pub auth: &'a [String],
+    pub env: &'a [String],
+}
+
+fn benchmark(b: &str) -> anyhow::Result<proto::Benchmark> {
+    Ok(match b {
+        "MCP_Atlas" => proto::Benchmark::McpAtlas,
+        "Toolathlon" => proto::Benchmark::Toolathlon,
+        "MCP_Mark" => proto::Benchmark::McpMark,
+        other => bail!("unknown benchmark {other:?}; use MCP_Atlas, Toolathlon or MCP_Mark"),
+    })
+}
+
+fn benchmark_name(v: i32) -> Value {
+    match proto::Benchmark::try_from(v) {
+        Ok(proto::Benchmark::McpAtlas) => json!("MCP_Atlas"),
+        Ok(proto::Benchmark::Toolathlon) => json!("Toolathlon"),
+        Ok(proto::Benchmark::McpMark) => json!("MCP_Mark"),
+        _ => Value::Null,
+    }
+}
+
+fn new_lease_id() -> String {
+    let mut b = [0u8; 8];
+    let _ = getrandom::fill(&mut b);
+    format!(
+        "lease-{}",
+        b.iter().map(|x| format!("{x:02x}")).collect::<String>()
+    )
+}
+
+pub async fn acquire(
+    client: &Client,
+    a: AcquireArgs<'_>,
+    json_out: bool,
+) -> anyhow::Result<ExitCode> {
+    if a.all != a.servers.is_empty() {
+        bail!("give --servers a,b,… or --all (one of the two)");
+    }
+    let mut auth: HashMap<String, prost_types::Struct> = HashMap::new();
+    for s in a.auth {
+        let (server, key, value) = split_assignment("--auth", s)?;
+        auth.entry(server).or_default().fields.insert(
+            key,
+            prost_types::Value {
+                kind: Some(prost_types::value::Kind::StringValue(value)),
+            },
+        );
+    }
+    let mut env: HashMap<String, proto::EnvVars> = HashMap::new();
+    for s in a.env {
+        let (server, key, value) = split_assignment("--env", s)?;
+        env.entry(server).or_default().vars.insert(key, value);
+    }
+    let req = proto::AcquireRequest {
+        lease_id: a.lease_id.map_or_else(new_lease_id, str::to_owned),
+        server_names: a.servers.to_vec(),
+        all_servers: a.all,
+        benchmark: a.benchmark.map(benchmark).transpose()?.unwrap_or_default() as i32,
+        ttl_seconds: if a.no_ttl { Some(0) } else { a.ttl },
+        test_account_email: a.email.unwrap_or_default().to_owned(),
+        auth_data: auth,
+        env,
+    };
+    let r = client
+        .agent()
+        .acquire(req)
+        .await
+        .map_err(|s| rpc_error("Agent.Acquire", s))?
+        .into_inner();
+    if json_out {
+        println!(
+            "{}",
+            outcome_json(r.status, r.lease.as_ref(), &r.servers, &r.message)
+        );
+    } else {
+        if let Some(l) = &r.lease {
+            println!("lease {} ({})", l.lease_id, status_str(r.status));
+        }
+        println!("{}", r.message);
+        print_servers(&r.servers);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub async fn release(
+    client: &Client,
+    lease_id: Option<&str>,
+    is_ttl: bool,
+    json_out: bool,
+) -> anyhow::Result<ExitCode> {
+    let r = client
+        .agent()
+        .release(proto::ReleaseRequest {
+            lease_id: lease_id.unwrap_or_default().to_owned(),
+            is_ttl,
+        })
+        .await
+        .map_err(|s| rpc_error("Agent.Release", s))?
+        .into_inner();
+    if json_out {
+        println!(
+            "{}",
+            json!({"ok": true, "status": status_str(r.status), "message": r.message})
+        );
+    } else {
+        println!("{}", r.message);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub async fn shutdown(client: &Client, reason: &str, json_out: bool) -> anyhow::Result<ExitCode> {
+    let r = client
+        .agent()
+        .shutdown(proto::ShutdownRequest {
+            reason: reason.to_owned(),
+        })
+        .await
+        .map_err(|s| rpc_error("Agent.Shutdown", s))?
+        .into_inner();
+    let message = if r.power_off {
+        "the agent is stopping; the VM powers off"
+    } else {
+        "the agent is stopping"
+    };
+    if json_out {
+        println!(
+            "{}",
+            json!({"ok": true, "power_off": r.power_off, "message": message})
+        );
+    } else {
+        println!("{message}");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub async fn reset(
+    client: &Client,
+    lease_id: Option<&str>,
+    json_out: bool,
+) -> anyhow::Result<ExitCode> {
+    let r = client
+        .agent()
+        .reset(proto::ResetRequest {
+            lease_id: lease_id.unwrap_or_default().to_owned(),
+        })
+        .await
+        .map_err(|s| rpc_error("Agent.Reset", s))?
+        .into_inner();
+    if json_out {
+        println!(
+            "{}",
+            outcome_json(r.status, r.lease.as_ref(), &r.servers, &r.message)
+        );
+    } else {
+        println!("{}", r.message);
+        print_servers(&r.servers);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Sandbox status, lease and servers in one view.
+pub async fn status(client: &Client, json_out: bool) -> anyhow::Result<ExitCode> {
+    let info = client
+        .agent()
+        .get_info(proto::GetInfoRequest {})
+        .await
+        .map_err(|s| rpc_error("Agent.GetInfo", s))?
+        .into_inner();
+    let servers = client
+        .servers()
+        .list(proto::ListServersRequest {})
+        .await
+        .map_err(|s| rpc_error("Servers.List", s))?
+        .into_inner()
+        .servers;
+    let last = info.last_release.as_ref().map(
+        |r| json!({"lease_id": r.lease_id, "is_ttl": r.is_ttl, "released_at_ms": r.released_at_ms}),
+    );
+    if json_out {
+        println!(
+            "{}",
+            json!({
+                "ok": true,
+                "status": status_str(info.status),
+                "lease": info.lease.as_ref().map(lease_json),
+                "last_release": last,
+                "servers": servers.iter().map(server_json).collect::<Vec<_>>(),
+            })
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!("status     {}", status_str(info.status));
+    match &info.lease {
+        Some(l) => {
+            println!("lease      {}", l.lease_id);
+            println!(
+                "benchmark  {}",
+                benchmark_name(l.benchmark).as_str().unwrap_or("-")
+            );
+            println!("servers    {}", l.server_names.join(", "));
+            if l.expires_at_ms > 0 {
+                let left = l.expires_at_ms.saturating_sub(sandbox_client::now_ms()) / 1000;
+                println!("expires in {left} s (ttl {} s)", l.ttl_seconds);
+            } else {
+                println!("expires    never");
+            }
+        }
+        None => println!("lease      -"),
+    }
+    if let Some(r) = &info.last_release {
+        println!(
+            "released   {}{}",
+            r.lease_id,
+            if r.is_ttl { " (TTL)" } else { "" }
+        );
+    }
+    println!();
+    print_servers(&servers);
+    Ok(ExitCode::SUCCESS)
+}
+
+pub enum ServerVerb<'a> {
+    List,
+    Start(&'a str),
+    Stop(&'a str, u32),
+    Restart(&'a str),
+}
+
+pub async fn servers(
+    client: &Client,
+    verb: ServerVerb<'_>,
+    json_out: bool,
+) -> anyhow::Result<ExitCode> {
+    let mut c = client.servers();
+    let one = match verb {
+        ServerVerb::List => {
+            let list = c
+                .list(proto::ListServersRequest {})
+                .await
+                .map_err(|s| rpc_error("Servers.List", s))?
+                .into_inner()
+                .servers;
+            if json_out {
+                println!(
+                    "{}",
+                    json!({"ok": true, "servers": list.iter().map(server_json).collect::<Vec<_>>()})
+                );
+            } else {
+                print_servers(&list);
+            }
+            return Ok(ExitCode::SUCCESS);
+        }
+        ServerVerb::Start(n) => c
+            .start(proto::ServerRequest { name: n.into() })
+            .await
+            .map_err(|s| rpc_error("Servers.Start", s))?,
+        ServerVerb::Stop(n, grace_ms) => c
+            .stop(proto::StopServerRequest {
+                name: n.into(),
+                grace_ms,
+            })
+            .await
+            .map_err(|s| rpc_error("Servers.Stop", s))?,
+        ServerVerb::Restart(n) => c
+            .restart(proto::ServerRequest { name: n.into() })
+            .await
+            .map_err(|s| rpc_error("Servers.Restart", s))?,
+    }
+    .into_inner();
+    if json_out {
+        let mut v = server_json(&one);
+        v["ok"] = json!(true);
+        println!("{v}");
+    } else {
+        print_servers(std::slice::from_ref(&one));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+pub async fn logs(
+    client: &Client,
+    name: &str,
+    follow: bool,
+    tail: u32,
+    stream: Option<&str>,
+    json_out: bool,
+) -> anyhow::Result<ExitCode> {
+    let stream = match stream {
+        None | Some("all") => proto::LogStream::All,
+        Some("stdout") => proto::LogStream::Stdout,
+        Some("stderr") => proto::LogStream::Stderr,
+        Some(o) => bail!("--stream {o:?}: use stdout, stderr or all"),
+    };
+    let mut s = client
+        .servers()
+        .logs(proto::LogsRequest {
+            name: name.to_owned(),
+            tail,
+            follow,
+            stream: stream as i32,
+            cursor: 0,
+        })
+        .await
+        .map_err(|s| rpc_error("Servers.Logs", s))?
+        .into_inner();
+    let mut out = std::io::stdout().lock();
+    while let Some(line) = s
+        .message()
+        .await
+        .map_err(|s| rpc_error("Servers.Logs", s))?
+    {
+        if json_out {
+            writeln!(
+                out,
+                "{}",
+                json!({
+                    "seq": line.seq,
+                    "stream": if line.stream == proto::LogStream::Stdout as i32 { "stdout" } else { "stderr" },
+                    "timestamp_ms": line.timestamp_ms,
+                    "line": String::from_utf8_lossy(&line.line),
+                    "truncated": line.truncated,
+                    "dropped_before": line.dropped_before,
+                })
+            )?;
+        } else {
+            if line.dropped_before > 0 {
+                writeln!(out, "[… {} earlier lines dropped]", line.dropped_before)?;
+            }
+            out.write_all(&line.line)?;
+            if line.truncated {
+                out.write_all(" […]".as_bytes())?;
+            }
+            out.write_all(b"\n")?;
+        }
+        out.flush()?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn status_str(v: i32) -> &'static str {
+    proto::SandboxStatus::try_from(v).map_or("unknown", status_name)
+}
+
+fn state_str(v: i32) -> &'static str {
+    match proto::ServerState::try_from(v) {
+        Ok(proto::ServerState::Stopped) => "stopped",
+        Ok(proto::ServerState::Starting) => "starting",
+        Ok(proto::ServerState::Ready) => "ready",
+        Ok(proto::ServerState::Backoff) => "backoff",
+        Ok(proto::ServerState::Failed) => "failed",
+        Ok(proto::ServerState::Stopping) => "stopping",
+        _ => "unknown",
+    }
+}
+
+fn exit_str(e: &proto::ExitStatus) -> String {
+    match e.how {
+        Some(proto::exit_status::How::Code(c)) => format!("code {c}"),
+        Some(proto::exit_status::How::Signal(s)) => format!("signal {s}"),
+        None => "-".into(),
+    }
+}
+
+/// What Acquire and Reset answer, as JSON.
+fn outcome_json(
+    status: i32,
+    lease: Option<&proto::Lease>,
+    servers: &[proto::ServerStatus],
+    message: &str,
+) -> Value {
+    json!({
+        "ok": true,
+        "status": status_str(status),
+        "lease": lease.map(lease_json),
+        "servers": servers.iter().map(server_json).collect::<Vec<_>>(),
+        "message": message,
+    })
+}
+
+fn lease_json(l: &proto::Lease) -> Value {
+    json!({
+        "lease_id": l.lease_id,
+        "benchmark": benchmark_name(l.benchmark),
+        "server_names": l.server_names,
+        "acquired_at_ms": l.acquired_at_ms,
+        "ttl_seconds": l.ttl_seconds,
+        "expires_at_ms": l.expires_at_ms,
+        "test_account_email": l.test_account_email,
+    })
+}
+
+fn server_json(s: &proto::ServerStatus) -> Value {
+    json!({
+        "name": s.name,
+        "id": s.id,
+        "state": state_str(s.state),
+        "status": status_str(s.status),
+        "pid": s.pid,
+        "restarts": s.restarts,
+        "last_exit": s.last_exit.as_ref().map(exit_str),
+        "mcp_path": s.mcp_path,
+        "started_at_ms": s.started_at_ms,
+        "updated_at_ms": s.updated_at_ms,
+        "cpu_time_ms": s.cpu_time_ms,
+        "rss_bytes": s.rss_bytes,
+        "processes": s.processes,
+        "in_lease": s.in_lease,
+        "benchmark": benchmark_name(s.benchmark),
+        "message": s.message,
+        "stderr_tail": s.stderr_tail,
+        "metadata": s.metadata,
+    })
+}
+
+fn print_servers(list: &[proto::ServerStatus]) {
+    println!(
+        "{:<24} {:<9} {:>7} {:>8} {:>10} {:>9}  DETAIL",
+        "NAME", "STATE", "PID", "RESTARTS", "RSS", "CPU"
+    );
+    for s in list {
+        let mut detail = s.message.clone();
+        if detail.is_empty()
+            && let Some(e) = &s.last_exit
+        {
+            detail = format!("last exit: {}", exit_str(e));
+        }
+        println!(
+            "{:<24} {:<9} {:>7} {:>8} {:>10} {:>8}s  {}",
+            format!("{}{}", s.name, if s.in_lease { "*" } else { "" }),
+            state_str(s.state),
+            if s.pid == 0 {
+                "-".into()
+            } else {
+                s.pid.to_string()
+            },
+            s.restarts,
+            if s.rss_bytes == 0 {
+                "-".into()
+            } else {
+                bytes(s.rss_bytes)
+            },
+            format!("{:.1}", s.cpu_time_ms as f64 / 1000.0),
+            detail
+        );
+    }
+}

@@ -1,0 +1,16 @@
+//! The agent's integration tests, one binary: each module starts the real
+//! `sandbox-agent` (and `sandboxctl`) and talks to it over real sockets,
+//! with real MCP servers where a test needs them.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod control_plane;
+mod gateway;
+mod hvsock;
+mod lifecycle;
+mod packaging;
+mod recovery;
+mod rpc;
+mod workspace;
+mod workspace_turns;

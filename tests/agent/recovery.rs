@@ -1,0 +1,252 @@
+//! SIGKILL of the agent in the middle of Initialize, at every point of the
+//! swap, with the workspace as a plain directory and as a mount point:
+//! after a restart the workspace is entirely before or entirely after.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::common::ws::*;
+use crate::common::*;
+use sandbox_client::proto;
+
+/// A tmpfs mounted on the workspace directory; unmounted on drop.
+struct Mount(PathBuf);
+
+impl Mount {
+    fn new(path: &Path) -> Mount {
+        std::fs::create_dir_all(path).unwrap();
+        let st = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "size=256m", "tmpfs"])
+            .arg(path)
+            .status()
+            .expect("mount");
+        assert!(
+            st.success(),
+            "mounting a tmpfs needs root (CAP_SYS_ADMIN); the test command runs as root"
+        );
+        Mount(path.to_owned())
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .status();
+    }
+}
+
+fn tree(tag: &str, n: usize) -> Vec<u8> {
+    let mut t = Tar::new();
+    for i in 0..n {
+        t.dir(&format!("./{tag}-dir{i}/"));
+        t.file(
+            &format!("./{tag}-dir{i}/data"),
+            format!("{tag} {i}").as_bytes(),
+        );
+        t.file(&format!("./{tag}-top{i}.txt"), tag.as_bytes());
+    }
+    gzip(&t.end())
+}
+
+async fn connect(agent: &Agent) -> sandbox_client::Client {
+    sandbox_client::connect(&agent.unix_uri()).await.unwrap()
+}
+
+async fn crash_at(point: &str, mounted: bool, expect_after: bool) {
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().join("ws");
+    let _mount = mounted.then(|| Mount::new(&ws));
+
+    let agent = Agent::start_in(dir, &[], &[]);
+    initialize(
+        &connect(&agent).await,
+        proto::InitializeHeader::default(),
+        tree("old", 6),
+    )
+    .await
+    .expect("old tree");
+    let old = snapshot(&ws, true);
+    let dir = agent.kill9();
+
+    // The new tree, extracted once into a scratch agent, is what "after" means.
+    let scratch = Agent::start(&[]);
+    initialize(
+        &connect(&scratch).await,
+        proto::InitializeHeader::default(),
+        tree("new", 6),
+    )
+    .await
+    .expect("new tree");
+    let new = snapshot(&scratch.dir.path().join("ws"), false);
+
+    let faulty = Agent::start_in(dir, &[], &[("SANDBOX_AGENT_TEST_FAULT", point)]);
+    let client = connect(&faulty).await;
+    let call = tokio::spawn(async move {
+        initialize(&client, proto::InitializeHeader::default(), tree("new", 6)).await
+    });
+    faulty
+        .stderr
+        .wait_for(Duration::from_secs(20), |l| l.contains("pausing here"))
+        .unwrap_or_else(|| panic!("{point}: fault point not reached\n{}", faulty.stderr.all()));
+    let mid = snapshot(&ws, false);
+    if point.starts_with("mid-") {
+        assert!(
+            mid != old && mid != new,
+            "{point}: the kill should land in a half-swapped workspace"
+        );
+    }
+    let dir = faulty.kill9();
+    assert!(call.await.unwrap().is_err());
+
+    let restarted = Agent::start_in(dir, &[], &[]);
+    let got = snapshot(&ws, !expect_after);
+    if expect_after {
+        assert_eq!(
+            got, new,
+            "{point} (mounted={mounted}): expected the new tree after restart"
+        );
+        assert!(
+            restarted
+                .stderr
+                .all()
+                .contains("completed an interrupted workspace swap"),
+            "{}",
+            restarted.stderr.all()
+        );
+    } else {
+        assert_eq!(
+            got, old,
+            "{point} (mounted={mounted}): expected the old tree after restart"
+        );
+    }
+    // No staging debris stays behind, inside or next to the workspace.
+    let state = if mounted {
+        ws.join(".sandbox-agent")
+    } else {
+        restarted.dir.path().join(".ws.sandbox-agent")
+    };
+    wait_empty(&state).await;
+    // And the agent works normally afterwards.
+    let r = initialize(
+        &connect(&restarted).await,
+        proto::InitializeHeader::default(),
+        tree("third", 2),
+    )
+    .await
+    .expect("works after recovery");
+    assert_eq!(r.files, 4);
+    drop(restarted);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_before_commit_leaves_the_old_workspace() {
+    crash_at("before-commit", false, false).await;
+    crash_at("before-commit", true, false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_after_the_journal_completes_the_swap() {
+    crash_at("after-journal", false, true).await;
+    crash_at("after-journal", true, true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_mid_move_out_completes_the_swap() {
+    crash_at("mid-move-out", false, true).await;
+    crash_at("mid-move-out", true, true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_mid_move_in_completes_the_swap() {
+    crash_at("mid-move-in", false, true).await;
+    crash_at("mid-move-in", true, true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_mid_stream_leaves_the_old_workspace() {
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().join("ws");
+    let agent = Agent::start_in(dir, &[], &[]);
+    let client = connect(&agent).await;
+    initialize(&client, proto::InitializeHeader::default(), tree("old", 3))
+        .await
+        .unwrap();
+    let old = snapshot(&ws, true);
+    let (tx, rx) = tokio::sync::mpsc::channel(2);
+    let mut w = client.workspace();
+    let call = tokio::spawn(async move {
+        w.initialize(tokio_stream::wrappers::ReceiverStream::new(rx))
+            .await
+    });
+    use proto::initialize_request::Msg;
+    tx.send(proto::InitializeRequest {
+        msg: Some(Msg::Header(proto::InitializeHeader::default())),
+    })
+    .await
+    .unwrap();
+    let mut t = Tar::new();
+    for i in 0..300 {
+        t.file(&format!("./n{i}"), &[b'x'; 4000]);
+    }
+    // Chunks within the agent's per-chunk limit, and no end-of-archive: the
+    // stream stays open while the agent extracts.
+    for chunk in t.buf.chunks(256 * 1024) {
+        tx.send(proto::InitializeRequest {
+            msg: Some(Msg::Chunk(chunk.to_vec().into())),
+        })
+        .await
+        .unwrap();
+    }
+    // Killed while extracting: its staging directory exists, and the call
+    // is still open.
+    wait_staging(&agent.dir.path().join(".ws.sandbox-agent")).await;
+    assert!(!call.is_finished(), "{:?}", call.await);
+    let dir = agent.kill9();
+    let _ = call.await;
+    drop(tx);
+    let left = std::fs::read_dir(dir.path().join(".ws.sandbox-agent"))
+        .unwrap()
+        .count();
+    assert!(left > 0, "the killed agent left its staging directory");
+    let restarted = Agent::start_in(dir, &[], &[]);
+    assert_eq!(snapshot(&ws, true), old);
+    let state = restarted.dir.path().join(".ws.sandbox-agent");
+    wait_empty(&state).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_fails_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().join("ws");
+    std::fs::create_dir_all(&ws).unwrap();
+    let st = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=1m", "tmpfs"])
+        .arg(&ws)
+        .status()
+        .expect("mount");
+    assert!(st.success(), "mounting a tmpfs needs root");
+    let _mount = Mount(ws.clone());
+    let agent = Agent::start_in(dir, &[], &[]);
+    let client = connect(&agent).await;
+    initialize(&client, proto::InitializeHeader::default(), tree("old", 2))
+        .await
+        .expect("small tree fits");
+    let old = snapshot(&ws, true);
+    let mut t = Tar::new();
+    t.file("./big.bin", &vec![0x5au8; 2 << 20]);
+    let e = initialize(&client, proto::InitializeHeader::default(), gzip(&t.end()))
+        .await
+        .expect_err("2 MiB into 1 MiB");
+    assert_eq!(e.code(), tonic::Code::ResourceExhausted, "{}", e.message());
+    assert!(e.message().contains("full"), "{}", e.message());
+    assert_eq!(snapshot(&ws, true), old);
+    assert_eq!(
+        std::fs::read_dir(ws.join(".sandbox-agent"))
+            .unwrap()
+            .count(),
+        0,
+        "staging removed"
+    );
+}

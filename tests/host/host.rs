@@ -1,0 +1,544 @@
+//! `sandbox-host`, the reference host: the Klavis notebook's flow with
+//! Python httpx, the official MCP client through mcp_server_url, owners,
+//! validation, signed URLs, a restart, the TTL reaper and concurrent cycles,
+//! against real agents running real MCP servers.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use crate::common::host::{
+    Host, KEY_A, KEY_B, acquire, alive, assert_mcp_client_works, assert_mcp_initializes,
+    assert_notebook_outcome, http, py, release,
+};
+use crate::common::mcp::shipped_manifest;
+use serde_json::json;
+
+#[test]
+fn the_notebook_flow_runs_unchanged() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let host = Host::start(dir.path(), &[]);
+    let v = py(&host, KEY_A, &["notebook"]);
+    assert_eq!(v["acquire_status"], 201, "{v}");
+    let a = &v["acquire"];
+    assert_eq!(a["status"], "occupied");
+    let names: Vec<&str> = a["servers"]
+        .as_array()
+        .expect("servers")
+        .iter()
+        .map(|s| s["server_name"].as_str().unwrap_or(""))
+        .collect();
+    assert_eq!(names, ["filesystem", "git", "terminal"]);
+    let id = a["local_sandbox_id"].as_str().expect("id");
+    assert_eq!(
+        a["servers"][0]["mcp_server_url"],
+        format!("{}/filesystem/mcp/?local_sandbox_id={id}", host.base)
+    );
+    assert_eq!(v["upload_url"]["expires_in_minutes"], 30);
+    assert_notebook_outcome(&v);
+    let (code, _) = http(
+        "GET",
+        &format!("{}/local-sandbox/{id}", host.base),
+        Some(KEY_A),
+        None,
+    );
+    assert_eq!(code, 404, "released");
+}
+
+#[test]
+fn the_official_mcp_client_works_through_mcp_server_url() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let host = Host::start(dir.path(), &[]);
+    assert_mcp_client_works(&host);
+}
+
+#[test]
+fn owners_validation_and_signed_urls() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let host = Host::start(dir.path(), &[]);
+    let b = &host.base;
+    let a = acquire(&host, KEY_A, r#"{"server_names": ["filesystem"]}"#);
+    let id = a["local_sandbox_id"].as_str().expect("id").to_owned();
+
+    // Another owner sees nothing and can touch nothing: 404, not 403.
+    for (m, path) in [
+        ("GET", format!("/local-sandbox/{id}")),
+        ("DELETE", format!("/local-sandbox/{id}")),
+        ("POST", format!("/local-sandbox/{id}/reset")),
+        ("POST", format!("/local-sandbox/{id}/upload-url")),
+        ("POST", format!("/local-sandbox/{id}/initialize")),
+        ("GET", format!("/local-sandbox/{id}/dump")),
+        ("POST", format!("/filesystem/mcp/?local_sandbox_id={id}")),
+    ] {
+        let (code, body) = http(m, &format!("{b}{path}"), Some(KEY_B), Some("{}"));
+        assert_eq!(code, 404, "{m} {path}: {body}");
+    }
+    let (_, list) = http("GET", &format!("{b}/local-sandbox"), Some(KEY_B), None);
+    assert_eq!(list["total_count"], 0, "{list}");
+    let (_, list) = http("GET", &format!("{b}/local-sandbox"), Some(KEY_A), None);
+    assert_eq!(list["total_count"], 1, "{list}");
+    let (code, _) = http("GET", &format!("{b}/local-sandbox"), None, None);
+    assert_eq!(code, 401);
+    let (code, _) = http(
+        "GET",
+        &format!("{b}/local-sandbox"),
+        Some("wrong-key-0123456789"),
+        None,
+    );
+    assert_eq!(code, 401);
+
+    // 422 in FastAPI's shape.
+    for (body, loc) in [
+        (
+            r#"{"server_names": ["nope"]}"#,
+            json!(["body", "server_names", 0]),
+        ),
+        (
+            r#"{"server_names": "SOME"}"#,
+            json!(["body", "server_names"]),
+        ),
+        (r#"{}"#, json!(["body", "server_names"])),
+        (
+            r#"{"server_names": ["git"], "ttl_seconds": 59}"#,
+            json!(["body", "ttl_seconds"]),
+        ),
+        (
+            r#"{"server_names": ["git"], "ttl_seconds": 86401}"#,
+            json!(["body", "ttl_seconds"]),
+        ),
+        (
+            r#"{"server_names": ["git"], "benchmark": "X"}"#,
+            json!(["body", "benchmark"]),
+        ),
+    ] {
+        let (code, v) = http(
+            "POST",
+            &format!("{b}/local-sandbox"),
+            Some(KEY_A),
+            Some(body),
+        );
+        assert_eq!(code, 422, "{body}: {v}");
+        assert_eq!(v["detail"][0]["loc"], loc, "{body}: {v}");
+        assert!(v["detail"][0]["msg"].is_string() && v["detail"][0]["type"].is_string());
+    }
+
+    // Signed URLs: tampered, unsigned and expired ones are refused.
+    let (_, u) = http(
+        "POST",
+        &format!("{b}/local-sandbox/{id}/upload-url"),
+        Some(KEY_A),
+        None,
+    );
+    let url = u["upload_url"].as_str().expect("upload_url").to_owned();
+    let put = |url: &str| {
+        let out = Command::new("curl")
+            .args(["-s", "-o", "/dev/null", "-w", "%{http_code}", "-X", "PUT"])
+            .args([
+                "-H",
+                "content-type: application/gzip",
+                "--data-binary",
+                "x",
+                url,
+            ])
+            .output()
+            .expect("curl");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let last = url.chars().last().expect("url");
+    let flipped = if last == '0' { '1' } else { '0' };
+    let tampered = format!("{}{flipped}", &url[..url.len() - 1]);
+    assert_eq!(put(&tampered), "403");
+    assert_eq!(put(url.split('?').next().expect("path")), "403");
+    let other = url.replace(&id, "00000000-0000-0000-0000-000000000000");
+    assert_eq!(put(&other), "403", "a URL is bound to its sandbox");
+    let expired = {
+        use hmac::{KeyInit, Mac};
+        let key = std::fs::read(host.data.join("signing.key")).expect("key");
+        let mut m = hmac::Hmac::<sha2::Sha256>::new_from_slice(&key).expect("hmac");
+        m.update(format!("upload\n{id}\n1000").as_bytes());
+        let sig: String = m
+            .finalize()
+            .into_bytes()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        format!("{b}/transfer/upload/{id}?expires=1000&signature={sig}")
+    };
+    assert_eq!(put(&expired), "403");
+    // Initialize without an upload says what to do.
+    let (code, v) = http(
+        "POST",
+        &format!("{b}/local-sandbox/{id}/initialize"),
+        Some(KEY_A),
+        None,
+    );
+    assert_eq!(code, 400, "{v}");
+    // A garbage upload is refused by the agent; nothing changes.
+    assert_eq!(put(&url), "200");
+    let (code, v) = http(
+        "POST",
+        &format!("{b}/local-sandbox/{id}/initialize"),
+        Some(KEY_A),
+        None,
+    );
+    assert_eq!(code, 400, "not an archive: {v}");
+    let (code, _) = http("GET", &format!("{b}/openapi.json"), None, None);
+    assert_eq!(code, 200);
+}
+
+#[test]
+fn a_restart_keeps_the_leases_and_the_reaper_releases_on_ttl() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut host = Host::start(dir.path(), &["--time-scale", "0.05"]);
+    let a = acquire(
+        &host,
+        KEY_A,
+        r#"{"server_names": ["localmemory"], "ttl_seconds": null}"#,
+    );
+    let keep = a["local_sandbox_id"].as_str().expect("id").to_owned();
+    host.stop();
+    let host2 = Host::start(dir.path(), &["--time-scale", "0.05"]);
+    let b = host2.base.clone();
+    let (code, v) = http(
+        "GET",
+        &format!("{b}/local-sandbox/{keep}"),
+        Some(KEY_A),
+        None,
+    );
+    assert_eq!(code, 200, "{v}");
+    assert_eq!(v["status"], "occupied", "{v}");
+    // Its agent (and memory server) survived the restart: MCP still works.
+    assert_mcp_initializes(&b, "localmemory", &keep);
+
+    // 60 s at a 0.05 time scale: released by the reaper within seconds.
+    let a = acquire(
+        &host2,
+        KEY_A,
+        r#"{"server_names": ["filesystem"], "ttl_seconds": 60}"#,
+    );
+    let ttl = a["local_sandbox_id"].as_str().expect("id").to_owned();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (code, _) = http(
+            "GET",
+            &format!("{b}/local-sandbox/{ttl}"),
+            Some(KEY_A),
+            None,
+        );
+        if code == 404 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "not released by the reaper");
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    let (_, v) = http(
+        "GET",
+        &format!("{b}/local-sandbox/{keep}"),
+        Some(KEY_A),
+        None,
+    );
+    assert_eq!(v["status"], "occupied", "no TTL, still there: {v}");
+}
+
+#[test]
+fn concurrent_cycles_leave_nothing_behind() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let host = Host::start(dir.path(), &[]);
+    let v = py(&host, KEY_A, &["cycles", "20"]);
+    assert_eq!(v["ok"], 20, "{v}");
+    // Releases finish in the background; then only the pool is left.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let live: Vec<i32> = host.agents().into_iter().filter(|p| alive(*p)).collect();
+        let uploads = std::fs::read_dir(host.data.join("uploads"))
+            .map(|d| d.count())
+            .unwrap_or(0);
+        if live.len() <= 1 && uploads == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "left behind: {} agents, {uploads} uploads",
+            live.len()
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    // The idle agent's workspace is empty and it runs no server.
+    for e in std::fs::read_dir(host.data.join("slots"))
+        .expect("slots")
+        .flatten()
+    {
+        let ws = e.path().join("ws");
+        let n = std::fs::read_dir(&ws).map(|d| d.count()).unwrap_or(0);
+        assert!(n <= 1, "{} holds {n} entries", ws.display());
+    }
+    let (_, list) = http(
+        "GET",
+        &format!("{}/local-sandbox", host.base),
+        Some(KEY_A),
+        None,
+    );
+    assert_eq!(list["total_count"], 0, "{list}");
+}
+
+/// The idle slots' directories.
+fn slot_dirs(host: &Host) -> Vec<PathBuf> {
+    std::fs::read_dir(host.data.join("slots"))
+        .map(|d| d.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default()
+}
+
+/// The lease an agent holds, and the pid of each server it runs.
+async fn agent_state(slot: &Path) -> Option<(String, Vec<(String, u32)>)> {
+    let c = sandbox_client::connect(&format!("unix://{}", slot.join("agent.sock").display()))
+        .await
+        .ok()?;
+    let info = c
+        .agent()
+        .get_info(sandbox_client::proto::GetInfoRequest {})
+        .await
+        .ok()?
+        .into_inner();
+    let lease = info.lease?.lease_id;
+    let servers = c
+        .servers()
+        .list(sandbox_client::proto::ListServersRequest {})
+        .await
+        .ok()?
+        .into_inner()
+        .servers
+        .into_iter()
+        .filter(|s| s.in_lease && s.pid != 0)
+        .map(|s| (s.name, s.pid))
+        .collect();
+    Some((lease, servers))
+}
+
+/// Waits until exactly one slot exists and its agent holds a lease with
+/// `server` running; returns (slot dir, lease id, server pid).
+fn wait_warm(host: &Host, server: &str, not: &[PathBuf]) -> (PathBuf, String, u32) {
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        for dir in slot_dirs(host).into_iter().filter(|d| !not.contains(d)) {
+            if let Some((lease, servers)) = rt.block_on(agent_state(&dir))
+                && let Some((_, pid)) = servers.iter().find(|(n, _)| n == server)
+            {
+                return (dir, lease, *pid);
+            }
+        }
+        assert!(Instant::now() < deadline, "no warm lease of {server}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn warm_leases_serve_matching_acquires_and_give_way_to_others() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // This host's sandboxes carry every Klavis server but playwright.
+    let shipped = shipped_manifest(Path::new("/var/lib/sandbox-agent"));
+    let cut = shipped
+        .find("[servers.playwright]")
+        .expect("playwright entry");
+    std::fs::write(dir.path().join("servers.toml"), &shipped[..cut]).expect("manifest");
+    let host = Host::start(dir.path(), &["--warm-servers", "filesystem"]);
+    let b = host.base.clone();
+
+    // The idle sandbox already runs filesystem under a lease of its own.
+    let (slot, lease, pid) = wait_warm(&host, "filesystem", &[]);
+
+    // A Klavis server these sandboxes lack: a 400 that names it, before any
+    // slot is taken, so the warm lease stays as it was.
+    let (code, v) = http(
+        "POST",
+        &format!("{b}/local-sandbox"),
+        Some(KEY_A),
+        Some(r#"{"server_names": ["filesystem", "playwright"]}"#),
+    );
+    assert_eq!(code, 400, "{v}");
+    let said = v["detail"].as_str().unwrap_or_default();
+    assert!(
+        said.contains("unknown server playwright") && said.contains("filesystem"),
+        "{v}"
+    );
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    assert_eq!(
+        rt.block_on(agent_state(&slot)),
+        Some((lease.clone(), vec![("filesystem".to_owned(), pid)])),
+        "the warm lease survives a refused Acquire"
+    );
+
+    let a = acquire(&host, KEY_A, r#"{"server_names": ["filesystem"]}"#);
+    // That lease became the sandbox, and its server was not restarted.
+    assert_eq!(a["local_sandbox_id"], lease.as_str(), "{a}");
+    assert_eq!(a["servers"][0]["server_name"], "filesystem", "{a}");
+    let (_, servers) = rt.block_on(agent_state(&slot)).expect("agent state");
+    assert_eq!(servers, [("filesystem".to_owned(), pid)]);
+    assert_mcp_initializes(&b, "filesystem", &lease);
+
+    // Another request on a warm slot: its warm lease ends first, and the
+    // sandbox runs only what was asked for.
+    let (slot2, lease2, _) = wait_warm(&host, "filesystem", std::slice::from_ref(&slot));
+    let a = acquire(
+        &host,
+        KEY_A,
+        r#"{"server_names": ["localmemory"], "benchmark": null}"#,
+    );
+    let id2 = a["local_sandbox_id"].as_str().expect("id").to_owned();
+    assert_ne!(id2, lease2, "a new lease, not the warm one");
+    let (held, servers) = rt.block_on(agent_state(&slot2)).expect("agent state");
+    assert_eq!(held, id2);
+    assert_eq!(
+        servers.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(),
+        ["localmemory"]
+    );
+    for id in [&lease, &id2] {
+        release(&host, KEY_A, id);
+    }
+    let (_, list) = http("GET", &format!("{b}/local-sandbox"), Some(KEY_A), None);
+    assert_eq!(list["total_count"], 0, "{list}");
+}
+
+#[test]
+fn bad_query_parameters_are_422() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let host = Host::start(dir.path(), &[]);
+    let b = &host.base;
+    let a = acquire(&host, KEY_A, r#"{"server_names": ["filesystem"]}"#);
+    let id = a["local_sandbox_id"].as_str().expect("id");
+    for (m, path, loc) in [
+        (
+            "POST",
+            format!("/local-sandbox/{id}/upload-url?region=eu"),
+            "region",
+        ),
+        (
+            "POST",
+            format!("/local-sandbox/{id}/initialize?region=mars"),
+            "region",
+        ),
+        (
+            "GET",
+            format!("/local-sandbox/{id}/dump?region=EU"),
+            "region",
+        ),
+        (
+            "DELETE",
+            format!("/local-sandbox/{id}?is_ttl=maybe"),
+            "is_ttl",
+        ),
+    ] {
+        let (code, v) = http(m, &format!("{b}{path}"), Some(KEY_A), None);
+        assert_eq!(code, 422, "{m} {path}: {v}");
+        assert_eq!(v["detail"][0]["loc"], json!(["query", loc]), "{v}");
+    }
+    let (code, v) = http(
+        "POST",
+        &format!("{b}/local-sandbox/{id}/upload-url?region=asia"),
+        Some(KEY_A),
+        None,
+    );
+    assert_eq!(code, 200, "{v}");
+    let (code, _) = http(
+        "DELETE",
+        &format!("{b}/local-sandbox/{id}?is_ttl=true"),
+        Some(KEY_A),
+        None,
+    );
+    assert_eq!(code, 200);
+}
+
+/// The slot dir whose agent holds `lease`, and that agent's pid.
+fn slot_of(host: &Host, lease: &str) -> (PathBuf, i32) {
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    for dir in slot_dirs(host) {
+        if rt
+            .block_on(agent_state(&dir))
+            .is_some_and(|(held, _)| held == lease)
+        {
+            let pid = std::fs::read_to_string(dir.join("agent.pid")).expect("agent.pid");
+            return (dir, pid.trim().parse().expect("pid"));
+        }
+    }
+    panic!("no slot holds {lease}");
+}
+
+#[test]
+fn on_release_replace_gives_each_tenant_a_fresh_sandbox() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let host = Host::start(dir.path(), &["--on-release", "replace"]);
+    let b = host.base.clone();
+    let a = acquire(&host, KEY_A, r#"{"server_names": ["localmemory"]}"#);
+    let first = a["local_sandbox_id"].as_str().expect("id").to_owned();
+    let (slot, pid) = slot_of(&host, &first);
+    release(&host, KEY_A, &first);
+    // Its agent is stopped and its directory (workspace included) removed.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while alive(pid) || slot.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "the released sandbox was not stopped"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // The next tenant gets another agent, and MCP works there.
+    let a = acquire(&host, KEY_B, r#"{"server_names": ["localmemory"]}"#);
+    let second = a["local_sandbox_id"].as_str().expect("id").to_owned();
+    let (slot2, pid2) = slot_of(&host, &second);
+    assert_ne!(slot2, slot);
+    assert_ne!(pid2, pid);
+    let (code, v) = http(
+        "GET",
+        &format!("{b}/local-sandbox/{second}"),
+        Some(KEY_B),
+        None,
+    );
+    assert_eq!((code, v["status"].as_str()), (200, Some("occupied")), "{v}");
+}
+
+/// A stop waits for the releases it accepted and leaves no sandbox it does
+/// not lease running: not the released one, not the idle one, and not one
+/// the pool would start in their place. Here the git server ignores
+/// SIGTERM (Python keeps an ignored signal ignored; Node would not), so an
+/// agent stopping it takes its whole stop grace: the Release the host has
+/// in flight, and the stop of the idle slot holding a warm lease of it,
+/// both last seconds.
+#[test]
+fn a_stop_drains_releases_and_leaves_nothing_running() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let shipped = shipped_manifest(Path::new("/var/lib/sandbox-agent"));
+    let from = shipped.find("[servers.git]").expect("git entry");
+    let to = from
+        + shipped[from + 1..]
+            .find("\n[servers.")
+            .expect("an entry after git")
+        + 1;
+    let stubborn = format!(
+        r#"[servers.git]
+command = "sh"
+args = ["-c", "trap '' TERM; exec {dir}/py/git/bin/mcp-server-git"]
+stop_grace_ms = 4000
+"#,
+        dir = crate::common::mcp::servers_dir()
+    );
+    let manifest = format!("{}{stubborn}{}", &shipped[..from], &shipped[to..]);
+    std::fs::write(dir.path().join("servers.toml"), manifest).expect("manifest");
+    let mut host = Host::start(dir.path(), &["--warm-servers", "git"]);
+    let (slot, lease, _) = wait_warm(&host, "git", &[]);
+    let a = acquire(&host, KEY_A, r#"{"server_names": ["git"]}"#);
+    assert_eq!(a["local_sandbox_id"], lease.as_str(), "{a}");
+    // The pool refills with another warm slot.
+    wait_warm(&host, "git", std::slice::from_ref(&slot));
+    release(&host, KEY_A, &lease);
+    // At once: the Release is still stopping git.
+    let stopping = Instant::now();
+    host.stop();
+    let took = stopping.elapsed();
+    crate::common::host::assert_nothing_left(&host, &[]);
+    // Not a figure to hold the host to, a check that the test tested
+    // something: the Release alone takes the stop grace.
+    assert!(
+        took >= Duration::from_secs(3),
+        "the host stopped in {took:?}"
+    );
+}

@@ -1,0 +1,8 @@
+//! The reference host's integration tests: the real `sandbox-host` over a
+//! pool of real agents and MCP servers, driven through its REST API with
+//! real HTTP and MCP clients.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod host;

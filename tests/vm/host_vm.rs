@@ -1,0 +1,109 @@
+//! `sandbox-host --backend qemu`: every sandbox is a VM booted from the
+//! image of `packaging/vm` (built here with the npm filesystem and memory
+//! servers), its agent reached over real virtio-vsock through
+//! vhost-device-vsock. The Klavis notebook's flow with httpx, the official
+//! MCP client through mcp_server_url, ALL, a server the image lacks, and
+//! nothing left running after the host stops.
+//!
+//! Needs what `tests/vm.rs` needs, plus the npm servers under
+//! `SANDBOX_AGENT_SERVERS_DIR`; the README's test command installs them.
+//! `SANDBOX_AGENT_VM_NODE_INITRAMFS` names a prebuilt image to skip the
+//! build.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use crate::common::host::{
+    Host, KEY_A, KEY_B, acquire, assert_mcp_client_works, assert_mcp_initializes,
+    assert_notebook_outcome, http, py, release,
+};
+
+#[test]
+fn the_qemu_backend_serves_the_api_from_vms() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let image = match std::env::var("SANDBOX_AGENT_VM_NODE_INITRAMFS") {
+        Ok(p) => PathBuf::from(p),
+        Err(_) => crate::common::vm::build_initramfs(
+            dir.path(),
+            "node",
+            &["--node-servers", &crate::common::mcp::servers_dir()],
+        ),
+    };
+    let args: Vec<String> = vec![
+        "--backend".into(),
+        "qemu".into(),
+        "--vm-image".into(),
+        image.display().to_string(),
+        "--vm-memory".into(),
+        "1024".into(),
+    ];
+    let mut host = Host::start_with(dir.path(), &args);
+    let b = host.base.clone();
+
+    // The notebook's steps, in a VM.
+    let v = py(&host, KEY_A, &["notebook", "filesystem"]);
+    assert_notebook_outcome(&v);
+    assert_eq!(v["acquire"]["servers"][0]["server_name"], "filesystem");
+
+    // The official MCP client, through the host, into the VM.
+    assert_mcp_client_works(&host);
+
+    // ALL is every server of the image.
+    let a = acquire(
+        &host,
+        KEY_A,
+        r#"{"server_names": "ALL", "ttl_seconds": 600}"#,
+    );
+    let all = a["local_sandbox_id"].as_str().expect("id").to_owned();
+    let mut names: Vec<&str> = a["servers"]
+        .as_array()
+        .expect("servers")
+        .iter()
+        .filter_map(|s| s["server_name"].as_str())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["filesystem", "localmemory", "notes"], "{a}");
+    assert_mcp_initializes(&b, "localmemory", &all);
+    let (code, _) = http(
+        "GET",
+        &format!("{b}/local-sandbox/{all}"),
+        Some(KEY_B),
+        None,
+    );
+    assert_eq!(code, 404, "another owner's VM");
+
+    // A Klavis server this image does not carry: a clear 400, and the VM
+    // stays usable.
+    let (code, v) = http(
+        "POST",
+        &format!("{b}/local-sandbox"),
+        Some(KEY_A),
+        Some(r#"{"server_names": ["git"]}"#),
+    );
+    assert_eq!(code, 400, "{v}");
+    assert!(
+        v["detail"].as_str().is_some_and(|d| d.contains("git")),
+        "{v}"
+    );
+
+    release(&host, KEY_A, &all);
+    // Releases end in the background; then one idle VM is left (the pool).
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let live = host
+            .agents()
+            .into_iter()
+            .filter(|p| crate::common::host::alive(*p))
+            .count();
+        if live <= 1 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{live} VMs still running");
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    // Stopping the host stops its idle VM: no QEMU, vhost-device-vsock or
+    // run-qemu.sh of this host is left (QEMU's command line names the
+    // image, the others the slot's directory).
+    host.stop();
+    crate::common::host::assert_nothing_left(&host, &[&image.display().to_string()]);
+}
