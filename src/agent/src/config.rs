@@ -10,11 +10,12 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::gateway::GatewayConfig;
-use crate::lifecycle::LifecycleConfig;
-use crate::supervisor::SupervisorConfig;
+use crate::gateway::{GatewayConfig, GatewayConfigError};
+use crate::lifecycle::{LifecycleConfig, LifecycleConfigError};
 use crate::supervisor::manifest::{DEFAULT_MANIFEST_PATH, Manifest, ManifestError};
+use crate::supervisor::{SupervisorConfig, SupervisorConfigError};
 use crate::workspace::ArchiveLimits;
+use crate::workspace::limits::LimitsError;
 use sandbox_client::auth::{Token, TokenError};
 use sandbox_client::transport::{DEFAULT_AGENT_LISTEN, Endpoint, UriError};
 
@@ -164,14 +165,20 @@ pub enum ConfigError {
     Token(TokenError),
     #[error("limits.{0} must be greater than 0")]
     ZeroLimit(&'static str),
-    #[error("workspace: {0}")]
-    Workspace(String),
-    #[error("{0}")]
-    Archive(String),
-    #[error("{0}")]
+    #[error("workspace: the path is empty")]
+    WorkspaceEmpty,
+    #[error("workspace: cannot resolve relative path: {0}")]
+    WorkspaceCwd(std::io::Error),
+    #[error(transparent)]
+    Archive(#[from] LimitsError),
+    #[error(transparent)]
     Manifest(#[from] ManifestError),
-    #[error("{0}")]
-    Section(String),
+    #[error(transparent)]
+    Supervisor(#[from] SupervisorConfigError),
+    #[error(transparent)]
+    Gateway(#[from] GatewayConfigError),
+    #[error(transparent)]
+    Lifecycle(#[from] LifecycleConfigError),
 }
 
 /// Values from flags and environment variables (clap merges the two, flags
@@ -321,19 +328,17 @@ impl Config {
                 return Err(ConfigError::ZeroLimit(name));
             }
         }
-        self.archive.validate().map_err(ConfigError::Archive)?;
+        self.archive.validate()?;
         if self.workspace.as_os_str().is_empty() {
-            return Err(ConfigError::Workspace("the path is empty".into()));
+            return Err(ConfigError::WorkspaceEmpty);
         }
         if self.workspace.is_relative() {
-            let cwd = std::env::current_dir().map_err(|e| {
-                ConfigError::Workspace(format!("cannot resolve relative path: {e}"))
-            })?;
+            let cwd = std::env::current_dir().map_err(ConfigError::WorkspaceCwd)?;
             self.workspace = cwd.join(&self.workspace);
         }
-        self.supervisor.validate().map_err(ConfigError::Section)?;
-        self.gateway.validate().map_err(ConfigError::Section)?;
-        self.lifecycle.validate().map_err(ConfigError::Section)?;
+        self.supervisor.validate()?;
+        self.gateway.validate()?;
+        self.lifecycle.validate()?;
         let manifest = match &self.manifest {
             Some(p) => Manifest::load(p, &self.workspace)?,
             None if Path::new(DEFAULT_MANIFEST_PATH).exists() => {

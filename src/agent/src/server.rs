@@ -149,8 +149,9 @@ async fn serve_inner(
         Supervisor::new(&settings.manifest, settings.supervisor.clone())
             .map_err(ServeError::Supervisor)?,
     );
+    let manifest = Arc::new(settings.manifest.clone());
     let lifecycle = Lifecycle::new(
-        Arc::new(settings.manifest.clone()),
+        manifest.clone(),
         supervisor.clone(),
         bound.workspace.clone(),
         settings.lifecycle.clone(),
@@ -197,7 +198,12 @@ async fn serve_inner(
             .in_current_span(),
         );
     }
-    let gateway = crate::gateway::Gateway::new(lifecycle.clone(), settings.gateway.clone());
+    let gateway = crate::gateway::Gateway::new(
+        lifecycle.clone(),
+        supervisor.clone(),
+        manifest,
+        settings.gateway.clone(),
+    );
     for listener in bound.mcp_listeners {
         let policy = AuthPolicy {
             token: settings.token.clone(),

@@ -57,7 +57,7 @@ impl Default for ArchiveLimits {
 
 impl ArchiveLimits {
     /// Checks the values; the error names the key.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), LimitsError> {
         for (k, v) in [
             ("max_archive_bytes", self.max_archive_bytes),
             ("max_expanded_bytes", self.max_expanded_bytes),
@@ -68,7 +68,7 @@ impl ArchiveLimits {
             ("queue_chunks", self.queue_chunks as u64),
         ] {
             if v == 0 {
-                return Err(format!("archive.{k} must be greater than 0"));
+                return Err(LimitsError::Zero(k));
             }
         }
         if let Some(o) = &self.owner {
@@ -78,9 +78,18 @@ impl ArchiveLimits {
     }
 }
 
+/// An `[archive]` setting out of its bounds.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum LimitsError {
+    #[error("archive.{0} must be greater than 0")]
+    Zero(&'static str),
+    #[error("archive.owner must be \"UID:GID\" with numeric ids, got {0:?}")]
+    Owner(String),
+}
+
 /// Parses "UID:GID".
-pub fn parse_owner(s: &str) -> Result<(u32, u32), String> {
-    let bad = || format!("archive.owner must be \"UID:GID\" with numeric ids, got {s:?}");
+pub fn parse_owner(s: &str) -> Result<(u32, u32), LimitsError> {
+    let bad = || LimitsError::Owner(s.to_owned());
     let (u, g) = s.split_once(':').ok_or_else(bad)?;
     Ok((u.parse().map_err(|_| bad())?, g.parse().map_err(|_| bad())?))
 }

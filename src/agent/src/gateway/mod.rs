@@ -35,9 +35,10 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, warn};
 
 use crate::lifecycle::Lifecycle;
-use crate::supervisor::State;
+use crate::supervisor::manifest::Manifest;
 use crate::supervisor::manifest::Transport;
 use crate::supervisor::mcp::StdioConn;
+use crate::supervisor::{State, Supervisor};
 use router::Route;
 use sandbox_client::auth::AuthPolicy;
 use sandbox_client::mcp;
@@ -99,7 +100,7 @@ impl Default for GatewayConfig {
 }
 
 impl GatewayConfig {
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), GatewayConfigError> {
         for (k, v) in [
             ("max_body_bytes", self.max_body_bytes as u64),
             (
@@ -117,16 +118,28 @@ impl GatewayConfig {
             ("sse_keep_alive_ms", self.sse_keep_alive_ms),
         ] {
             if v == 0 {
-                return Err(format!("gateway.{k} must be greater than 0"));
+                return Err(GatewayConfigError::Zero(k));
             }
         }
         Ok(())
     }
 }
 
+/// A `[gateway]` setting out of its bounds.
+#[derive(Debug, thiserror::Error)]
+pub enum GatewayConfigError {
+    #[error("gateway.{0} must be greater than 0")]
+    Zero(&'static str),
+}
+
 /// The data plane.
 pub struct Gateway {
+    /// Which servers the current lease has.
     lc: Arc<Lifecycle>,
+    /// The servers' processes and stdio connections.
+    sup: Arc<Supervisor>,
+    /// How each server is reached (stdio or HTTP).
+    manifest: Arc<Manifest>,
     cfg: GatewayConfig,
     sessions: Arc<Sessions>,
     /// Server name → routing state of the current lease.
@@ -162,13 +175,20 @@ fn http_error(status: StatusCode, message: impl Into<String>) -> Response<Body> 
 }
 
 impl Gateway {
-    pub fn new(lc: Arc<Lifecycle>, cfg: GatewayConfig) -> Arc<Gateway> {
+    pub fn new(
+        lc: Arc<Lifecycle>,
+        sup: Arc<Supervisor>,
+        manifest: Arc<Manifest>,
+        cfg: GatewayConfig,
+    ) -> Arc<Gateway> {
         let sessions = Sessions::new(
             cfg.max_sessions_per_server,
             Duration::from_millis(cfg.session_idle_ms),
         );
         Arc::new(Gateway {
             lc,
+            sup,
+            manifest,
             cfg,
             sessions: Arc::new(sessions),
             routes: Mutex::new(HashMap::new()),
@@ -320,7 +340,7 @@ impl Gateway {
         name: &str,
         lease: &str,
     ) -> Response<Body> {
-        let transport = self.lc.manifest().get(name).map(|d| d.transport.clone());
+        let transport = self.manifest.get(name).map(|d| d.transport.clone());
         match transport {
             Some(Transport::Http { port, path }) => self.proxy(req, name, port, &path).await,
             _ => self.stdio(req, name, lease).await,
@@ -393,8 +413,7 @@ impl Gateway {
     async fn conn_ready(&self, name: &str) -> Result<(), String> {
         let wait = Duration::from_millis(self.cfg.ready_wait_ms);
         let settled = self
-            .lc
-            .supervisor()
+            .sup
             .wait_settled(name, wait)
             .await
             .map_err(|e| e.to_string())?;
@@ -410,12 +429,11 @@ impl Gateway {
 
     /// The ready connection of a server, waiting (bounded) while it restarts.
     async fn conn(&self, name: &str) -> Result<Arc<StdioConn>, String> {
-        if let Some(c) = self.lc.supervisor().conn(name) {
+        if let Some(c) = self.sup.conn(name) {
             return Ok(c);
         }
         self.conn_ready(name).await?;
-        self.lc
-            .supervisor()
+        self.sup
             .conn(name)
             .ok_or_else(|| format!("server {name} is not ready"))
     }

@@ -68,13 +68,13 @@ pub fn place(ws: &Arc<Workspace>, seed: &Seed) -> Result<(), WsError> {
     let (reader, outcome) = ChannelReader::new(feed(&seed.from), limits.max_archive_bytes);
     match &seed.to {
         None => {
-            let _guard = ws.begin("Initialize")?;
+            let guard = ws.begin("Initialize")?;
             let req = InitRequest {
                 compression: Compression::Auto,
                 merge: true,
                 ..Default::default()
             };
-            ws.initialize(&req, reader, &outcome).map(|_| ())
+            guard.initialize(&req, reader, &outcome).map(|_| ())
         }
         Some(dir) => {
             std::fs::create_dir_all(dir)

@@ -30,11 +30,10 @@ impl AgentService {
     }
 
     fn servers(&self, names: &[String]) -> Vec<proto::ServerStatus> {
-        let usage = self.lc.supervisor().usage();
-        let view = self.lc.view();
-        names
-            .iter()
-            .filter_map(|n| server_status(&self.lc, &view, &usage, n))
+        self.lc
+            .servers(Some(names))
+            .into_iter()
+            .map(server_status)
             .collect()
     }
 }
@@ -116,7 +115,6 @@ impl proto::agent_server::Agent for AgentService {
             .await
             .map_err(|e| Status::internal(format!("collecting system information failed: {e}")))?;
         let view = self.lc.view();
-        let m = self.lc.manifest();
         Ok(Response::new(proto::GetInfoResponse {
             agent_version: sandbox_client::VERSION.to_owned(),
             boot_id: s.boot_id,
@@ -149,8 +147,8 @@ impl proto::agent_server::Agent for AgentService {
                 is_ttl: r.is_ttl,
                 released_at_ms: r.at_ms,
             }),
-            manifest_path: m.path.display().to_string(),
-            manifest_servers: m.names(),
+            manifest_path: self.lc.manifest_path().display().to_string(),
+            manifest_servers: self.lc.catalog(),
         }))
     }
 

@@ -19,14 +19,25 @@ type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, tonic::Status>> + Send>>
 use crate::lifecycle::LcError;
 use tonic::Status;
 
-/// The gRPC status for a lifecycle error.
+/// The gRPC status for a lifecycle error: the one place its causes meet
+/// status codes.
 fn lc_status(e: LcError) -> Status {
+    let message = e.to_string();
     match e {
-        LcError::Invalid(m) => Status::invalid_argument(m),
-        LcError::Precondition(m) => Status::failed_precondition(m),
-        LcError::NotFound(m) => Status::not_found(m),
-        LcError::NotReady(m) => Status::unavailable(m),
+        LcError::BadLeaseId
+        | LcError::NoServersNamed
+        | LcError::EmptyManifest
+        | LcError::UnknownServers { .. }
+        | LcError::TtlOutOfRange { .. }
+        | LcError::CredentialsForOther { .. } => Status::invalid_argument(message),
+        LcError::AlreadyLeased { .. } | LcError::NotLeased | LcError::Launch(_) => {
+            Status::failed_precondition(message)
+        }
+        LcError::NoSuchLease { .. } | LcError::Supervisor(_) => Status::not_found(message),
+        LcError::NotReady(_) => Status::unavailable(message),
         LcError::Workspace(w) => workspace::ws_status(w),
-        LcError::Internal(m) => Status::internal(m),
+        LcError::Seed { .. } | LcError::Wipe { .. } | LcError::Task { .. } => {
+            Status::internal(message)
+        }
     }
 }

@@ -93,13 +93,11 @@ impl proto::workspace_server::Workspace for WorkspaceService {
         }
         let guard = self.ws.begin("Initialize").map_err(ws_status)?;
         let (tx, rx) = mpsc::channel(limits.queue_chunks);
-        let ws = self.ws.clone();
         let span = tracing::info_span!("initialize", merge = init.merge);
         let task = tokio::task::spawn_blocking(move || {
-            let _guard = guard;
             let _e = span.enter();
             let (reader, outcome) = ChannelReader::new(rx, limits.max_archive_bytes);
-            let r = ws.initialize(&init, reader, &outcome);
+            let r = guard.initialize(&init, reader, &outcome);
             match &r {
                 Ok(s) => tracing::info!(
                     files = s.extract.files,
@@ -181,7 +179,6 @@ impl proto::workspace_server::Workspace for WorkspaceService {
         let guard = self.ws.begin("Dump").map_err(ws_status)?;
         let limits = self.ws.limits().clone();
         let (tx, rx) = mpsc::channel::<Result<proto::DumpResponse, Status>>(limits.queue_chunks);
-        let ws = self.ws.clone();
         let dreq = DumpRequest {
             exclude: r.exclude,
             sub_path: r.sub_path,
@@ -198,7 +195,7 @@ impl proto::workspace_server::Workspace for WorkspaceService {
             let closed = sink.closed();
             let result = Encoder::new(sink, compression, level, limits.dump_threads)
                 .map_err(|e| WsError::invalid(e.to_string()))
-                .and_then(|enc| ws.dump(&dreq, enc, Some(&closed)))
+                .and_then(|enc| guard.dump(&dreq, enc, Some(&closed)))
                 .and_then(|(enc, stats)| {
                     Ok((
                         enc.finish()
@@ -257,15 +254,11 @@ impl proto::workspace_server::Workspace for WorkspaceService {
         _req: Request<proto::ClearRequest>,
     ) -> Result<Response<proto::ClearResponse>, Status> {
         let guard = self.ws.begin("Clear").map_err(ws_status)?;
-        let ws = self.ws.clone();
         let start = std::time::Instant::now();
-        let removed = tokio::task::spawn_blocking(move || {
-            let _guard = guard;
-            ws.clear()
-        })
-        .await
-        .map_err(|e| Status::internal(format!("the clear task failed: {e}")))?
-        .map_err(ws_status)?;
+        let removed = tokio::task::spawn_blocking(move || guard.clear())
+            .await
+            .map_err(|e| Status::internal(format!("the clear task failed: {e}")))?
+            .map_err(ws_status)?;
         Ok(Response::new(proto::ClearResponse {
             removed_entries: removed,
             duration_ms: start.elapsed().as_millis() as u64,

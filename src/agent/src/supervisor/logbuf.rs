@@ -7,7 +7,7 @@
 //! `max_line_bytes` is cut and flagged.
 
 use std::collections::VecDeque;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use tokio::sync::watch;
@@ -182,11 +182,89 @@ impl LogBuf {
         let mut rx = self.tick.subscribe();
         let _ = rx.wait_for(|next| *next > cursor).await;
     }
+
+    /// The lines from `cursor` on (only `only`'s, if given), as a stream.
+    /// Without `follow` it ends once it has caught up; with it, it waits
+    /// for new lines and ends only when dropped. Memory: one batch of at
+    /// most [`FOLLOW_BATCH`] lines.
+    pub fn stream(
+        self: Arc<Self>,
+        cursor: u64,
+        only: Option<Stream>,
+        follow: bool,
+    ) -> impl futures_util::Stream<Item = Followed> + Send + 'static {
+        let state = (self, cursor, VecDeque::<Followed>::new());
+        futures_util::stream::unfold(state, move |(buf, mut cursor, mut pending)| async move {
+            loop {
+                if let Some(f) = pending.pop_front() {
+                    return Some((f, (buf, cursor, pending)));
+                }
+                let batch = buf.read(cursor, FOLLOW_BATCH, only);
+                let caught_up = batch.next == cursor || batch.next >= buf.next_seq();
+                cursor = batch.next;
+                let mut dropped = batch.dropped;
+                pending.extend(batch.lines.into_iter().map(|line| Followed {
+                    line,
+                    dropped_before: std::mem::take(&mut dropped),
+                }));
+                if pending.is_empty() && caught_up {
+                    if !follow {
+                        return None;
+                    }
+                    buf.wait_past(cursor).await;
+                }
+            }
+        })
+    }
+}
+
+/// Lines read from the buffer at a time by [`LogBuf::stream`].
+pub const FOLLOW_BATCH: usize = 256;
+
+/// A line as a [`LogBuf::stream`] reader sees it.
+#[derive(Debug, Clone)]
+pub struct Followed {
+    pub line: Line,
+    /// Lines that left the buffer before the reader got to them, between
+    /// the previous line it saw and this one.
+    pub dropped_before: u64,
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_stream_resumes_at_its_cursor_and_follows() {
+        use futures_util::StreamExt;
+        let b = Arc::new(LogBuf::new(4 * (LINE_OVERHEAD + 8), 8));
+        for i in 0..6u32 {
+            b.push(Stream::Stderr, format!("e{i}").as_bytes(), false);
+        }
+        b.push(Stream::Stdout, b"o6", false);
+        // Lines 0 and 1 left the buffer: the first line read says so.
+        let all: Vec<Followed> = b.clone().stream(0, None, false).collect().await;
+        let texts: Vec<&[u8]> = all.iter().map(|f| f.line.text.as_ref()).collect();
+        assert_eq!(texts, [&b"e3"[..], b"e4", b"e5", b"o6"]);
+        assert_eq!(all[0].dropped_before, 3);
+        assert!(all[1..].iter().all(|f| f.dropped_before == 0));
+        let stdout: Vec<Followed> = b
+            .clone()
+            .stream(4, Some(Stream::Stdout), false)
+            .collect()
+            .await;
+        assert_eq!(stdout.len(), 1);
+        assert_eq!(stdout[0].line.seq, 6);
+        // Following: a line pushed later arrives; nothing is repeated.
+        let mut s = Box::pin(b.clone().stream(7, None, true));
+        let b2 = b.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            b2.push(Stream::Stderr, b"late", false);
+        });
+        let f = s.next().await.expect("a followed line");
+        assert_eq!((f.line.seq, f.line.text.as_ref()), (7, &b"late"[..]));
+    }
 
     #[test]
     fn bounded_and_resumable() {

@@ -70,21 +70,30 @@ impl Default for SupervisorConfig {
 }
 
 impl SupervisorConfig {
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), SupervisorConfigError> {
         for (k, v) in [
             ("log_buffer_bytes", self.log_buffer_bytes),
             ("log_line_bytes", self.log_line_bytes),
             ("stdio_message_bytes", self.stdio_message_bytes),
         ] {
             if v == 0 {
-                return Err(format!("supervisor.{k} must be greater than 0"));
+                return Err(SupervisorConfigError::Zero(k));
             }
         }
         if self.log_line_bytes > self.log_buffer_bytes {
-            return Err("supervisor.log_line_bytes must not exceed log_buffer_bytes".into());
+            return Err(SupervisorConfigError::LineOverBuffer);
         }
         Ok(())
     }
+}
+
+/// A `[supervisor]` setting out of its bounds.
+#[derive(Debug, thiserror::Error)]
+pub enum SupervisorConfigError {
+    #[error("supervisor.{0} must be greater than 0")]
+    Zero(&'static str),
+    #[error("supervisor.log_line_bytes must not exceed log_buffer_bytes")]
+    LineOverBuffer,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -39,6 +39,9 @@ pub struct DumpRequest {
     pub sub_path: String,
 }
 
+/// How often [`Workspace::begin_within`] looks whether the workspace is free.
+const BUSY_POLL: Duration = Duration::from_millis(50);
+
 pub struct Workspace {
     txn: txn::Txn,
     limits: ArchiveLimits,
@@ -46,9 +49,41 @@ pub struct Workspace {
     busy: Mutex<Option<(&'static str, Instant)>>,
 }
 
-/// Holds the workspace for one operation; released on drop.
+/// The workspace claimed for one operation ([`Workspace::begin`]); released
+/// on drop. The operations are its methods, so none can run without the
+/// claim.
 pub struct OpGuard {
     ws: Arc<Workspace>,
+}
+
+impl OpGuard {
+    /// Extracts the archive read from `src` and swaps it in. Blocking.
+    /// `outcome` is `src`'s shared state (byte count, sha256, failure).
+    pub fn initialize(
+        &self,
+        req: &InitRequest,
+        src: stream::ChannelReader,
+        outcome: &Mutex<stream::ReadOutcome>,
+    ) -> Result<InitStats, WsError> {
+        self.ws.initialize(req, src, outcome)
+    }
+
+    /// Writes the workspace (or `sub_path` of it) as a tar stream to `out`.
+    /// Blocking.
+    pub fn dump<W: Write>(
+        &self,
+        req: &DumpRequest,
+        out: W,
+        cancelled: Option<&std::sync::atomic::AtomicBool>,
+    ) -> Result<(W, pack::PackStats), WsError> {
+        self.ws.dump(req, out, cancelled)
+    }
+
+    /// Empties the workspace atomically. Returns the number of top-level
+    /// entries removed. Blocking.
+    pub fn clear(&self) -> Result<u64, WsError> {
+        self.ws.clear()
+    }
 }
 
 impl Drop for OpGuard {
@@ -61,13 +96,15 @@ impl Workspace {
     /// Opens the workspace at `path`, finishing or discarding whatever an
     /// interrupted operation left behind.
     pub fn open(path: &Path, limits: ArchiveLimits) -> Result<Workspace, WsError> {
-        limits.validate().map_err(WsError::Invalid)?;
+        limits
+            .validate()
+            .map_err(|e| WsError::Invalid(e.to_string()))?;
         let txn = txn::Txn::open(path)?;
         if let Some(what) = txn.recover()? {
             tracing::warn!(workspace = %path.display(), "{what}");
         }
         let owner = match &limits.owner {
-            Some(o) => Some(limits::parse_owner(o).map_err(WsError::Invalid)?),
+            Some(o) => Some(limits::parse_owner(o).map_err(|e| WsError::Invalid(e.to_string()))?),
             None => {
                 let st = rustix::fs::fstat(txn.root())
                     .map_err(|e| WsError::io("stat workspace", error::sys(e)))?;
@@ -105,6 +142,32 @@ impl Workspace {
 
     /// Claims the workspace for `op`, or says what holds it.
     pub fn begin(self: &Arc<Self>, op: &'static str) -> Result<OpGuard, WsError> {
+        self.try_begin(op)
+    }
+
+    /// Claims the workspace for `op`, waiting up to `wait` for a running
+    /// operation to end (Release and Reset wait for a transfer in flight).
+    pub async fn begin_within(
+        self: &Arc<Self>,
+        op: &'static str,
+        wait: Duration,
+    ) -> Result<OpGuard, WsError> {
+        let deadline = Instant::now() + wait;
+        loop {
+            match self.try_begin(op) {
+                Ok(g) => return Ok(g),
+                Err(e) if Instant::now() >= deadline => {
+                    return Err(WsError::Busy(format!(
+                        "waited {} s for the workspace: {e}",
+                        wait.as_secs()
+                    )));
+                }
+                Err(_) => tokio::time::sleep(BUSY_POLL).await,
+            }
+        }
+    }
+
+    fn try_begin(self: &Arc<Self>, op: &'static str) -> Result<OpGuard, WsError> {
         let mut busy = self.busy.lock().unwrap_or_else(|p| p.into_inner());
         if let Some((running, since)) = *busy {
             return Err(WsError::Busy(format!(
@@ -116,9 +179,7 @@ impl Workspace {
         Ok(OpGuard { ws: self.clone() })
     }
 
-    /// Extracts the archive read from `src` and swaps it in. Blocking.
-    /// `outcome` is `src`'s shared state (byte count, sha256, failure).
-    pub fn initialize(
+    fn initialize(
         &self,
         req: &InitRequest,
         src: stream::ChannelReader,
@@ -182,9 +243,7 @@ impl Workspace {
         }
     }
 
-    /// Writes the workspace (or `sub_path` of it) as a tar stream to `out`.
-    /// Blocking.
-    pub fn dump<W: Write>(
+    fn dump<W: Write>(
         &self,
         req: &DumpRequest,
         out: W,
@@ -230,9 +289,7 @@ impl Workspace {
         pack::pack(dir.as_fd(), &opts, out)
     }
 
-    /// Empties the workspace atomically. Returns the number of top-level
-    /// entries removed. Blocking.
-    pub fn clear(&self) -> Result<u64, WsError> {
+    fn clear(&self) -> Result<u64, WsError> {
         let (name, stage) = self.txn.stage()?;
         self.commit(&name, stage).map(|(n, _)| n)
     }

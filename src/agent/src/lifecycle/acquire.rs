@@ -1,0 +1,337 @@
+//! Acquire: check the request, place the profile's seed data, start the
+//! servers and wait until every one is ready; on any failure undo it all.
+//! Plus the TTL timer an Acquire arms.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, info, warn};
+
+use super::{Current, LcError, Lease, Lifecycle, LifecycleConfig, MAX_LEASE_ID_LEN, SandboxStatus};
+use crate::supervisor::manifest::{Benchmark, Credentials, Manifest};
+use crate::supervisor::now_ms;
+
+/// Which servers to acquire.
+#[derive(Debug, Clone)]
+pub enum Selection {
+    All,
+    Names(Vec<String>),
+}
+
+/// The TTL of an Acquire.
+#[derive(Debug, Clone, Copy)]
+pub enum Ttl {
+    /// The configured default (Klavis: 7200 s).
+    Default,
+    /// No automatic release (Klavis `ttl_seconds: null`).
+    Never,
+    Seconds(u32),
+}
+
+#[derive(Debug, Clone)]
+pub struct AcquireParams {
+    pub lease_id: String,
+    pub servers: Selection,
+    pub benchmark: Option<Benchmark>,
+    pub ttl: Ttl,
+    pub test_account_email: String,
+    pub credentials: BTreeMap<String, Credentials>,
+}
+
+/// What a valid request resolves to: the servers in order (duplicates
+/// dropped) and the TTL in seconds (0: none).
+#[derive(Debug, PartialEq, Eq)]
+pub(super) struct Resolved {
+    pub names: Vec<String>,
+    pub ttl_seconds: u32,
+}
+
+fn valid_lease_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= MAX_LEASE_ID_LEN
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
+/// Checks a request against the manifest and the TTL bounds. Pure: nothing
+/// is started or changed.
+pub(super) fn resolve(
+    p: &AcquireParams,
+    manifest: &Manifest,
+    cfg: &LifecycleConfig,
+) -> Result<Resolved, LcError> {
+    if !valid_lease_id(&p.lease_id) {
+        return Err(LcError::BadLeaseId);
+    }
+    let names: Vec<String> = match &p.servers {
+        Selection::All => manifest.names(),
+        Selection::Names(n) => {
+            let mut out: Vec<String> = Vec::new();
+            for name in n {
+                if !out.contains(name) {
+                    out.push(name.clone());
+                }
+            }
+            out
+        }
+    };
+    if names.is_empty() {
+        return Err(match p.servers {
+            Selection::All => LcError::EmptyManifest,
+            Selection::Names(_) => LcError::NoServersNamed,
+        });
+    }
+    let unknown: Vec<String> = names
+        .iter()
+        .filter(|n| manifest.get(n).is_none())
+        .cloned()
+        .collect();
+    if !unknown.is_empty() {
+        return Err(unknown_servers(manifest, unknown));
+    }
+    let ttl_seconds = match p.ttl {
+        Ttl::Default => cfg.default_ttl_seconds,
+        Ttl::Never => 0,
+        Ttl::Seconds(s) if (cfg.min_ttl_seconds..=cfg.max_ttl_seconds).contains(&s) => s,
+        Ttl::Seconds(got) => {
+            return Err(LcError::TtlOutOfRange {
+                got,
+                min: cfg.min_ttl_seconds,
+                max: cfg.max_ttl_seconds,
+                default: cfg.default_ttl_seconds,
+            });
+        }
+    };
+    if let Some(extra) = p.credentials.keys().find(|k| !names.contains(k)) {
+        return Err(LcError::CredentialsForOther {
+            server: extra.clone(),
+            acquired: names,
+        });
+    }
+    Ok(Resolved { names, ttl_seconds })
+}
+
+pub(super) fn unknown_servers(manifest: &Manifest, names: Vec<String>) -> LcError {
+    LcError::UnknownServers {
+        names,
+        manifest: manifest.path.clone(),
+        known: manifest.names(),
+    }
+}
+
+/// A random UUID (v4) naming one server within a lease (Klavis server `id`).
+fn random_id() -> String {
+    let mut b = [0u8; 16];
+    if getrandom::fill(&mut b).is_err() {
+        // Only identifies a server within a lease; uniqueness, not secrecy.
+        b[..8].copy_from_slice(&now_ms().to_le_bytes());
+    }
+    b[6] = (b[6] & 0x0f) | 0x40;
+    b[8] = (b[8] & 0x3f) | 0x80;
+    let h = hex::encode(b);
+    format!(
+        "{}-{}-{}-{}-{}",
+        &h[..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..]
+    )
+}
+
+impl Lifecycle {
+    pub async fn acquire(&self, p: AcquireParams) -> Result<(Lease, SandboxStatus), LcError> {
+        let _op = self.op.lock().await;
+        if let Some(c) = self.current().as_ref() {
+            return Err(LcError::AlreadyLeased {
+                lease: c.lease.id.clone(),
+                acquired_at_ms: c.lease.acquired_at_ms,
+            });
+        }
+        let Resolved { names, ttl_seconds } = resolve(&p, &self.manifest, &self.cfg)?;
+        let mut specs = Vec::new();
+        for name in &names {
+            let def = self
+                .manifest
+                .get(name)
+                .ok_or_else(|| unknown_servers(&self.manifest, vec![name.clone()]))?;
+            let creds = p.credentials.get(name).cloned().unwrap_or_default();
+            specs.push(def.launch(p.benchmark, &creds, &|k| std::env::var(k).ok())?);
+        }
+        let span = tracing::info_span!("acquire", lease = %p.lease_id);
+        let started = Instant::now();
+        async {
+            let seeded = self.prepare(&names, p.benchmark).await;
+            let r = match seeded {
+                Ok(()) => self.start_and_wait(&specs).await,
+                Err(e) => Err(e),
+            };
+            if let Err(e) = r {
+                warn!(error = %e, "acquire failed; undoing it");
+                self.teardown(&names, true).await;
+                return Err(e);
+            }
+            Ok(())
+        }
+        .instrument(span.clone())
+        .await?;
+        let now = now_ms();
+        let lease = Lease {
+            id: p.lease_id.clone(),
+            benchmark: p.benchmark,
+            server_ids: names.iter().map(|n| (n.clone(), random_id())).collect(),
+            servers: names,
+            acquired_at_ms: now,
+            ttl_seconds,
+            expires_at_ms: if ttl_seconds == 0 {
+                0
+            } else {
+                now + u64::from(ttl_seconds) * 1000
+            },
+            test_account_email: p.test_account_email,
+        };
+        let ttl = CancellationToken::new();
+        if ttl_seconds > 0 {
+            self.arm_ttl(
+                lease.id.clone(),
+                Duration::from_secs(ttl_seconds.into()),
+                ttl.clone(),
+            );
+        }
+        *self.current() = Some(Current {
+            lease: lease.clone(),
+            specs,
+            ttl,
+            broken: None,
+        });
+        span.in_scope(|| {
+            info!(
+                servers = %lease.servers.join(","),
+                ms = started.elapsed().as_millis() as u64,
+                ttl_seconds,
+                "acquired"
+            )
+        });
+        Ok((lease, self.view().status))
+    }
+
+    fn arm_ttl(&self, lease_id: String, after: Duration, cancel: CancellationToken) {
+        let me = self.me.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = tokio::time::sleep(after) => {}
+                _ = cancel.cancelled() => return,
+            }
+            let Some(lc) = me.upgrade() else { return };
+            info!(lease = %lease_id, "TTL expired; releasing");
+            if let Err(e) = lc.release(&lease_id, true).await {
+                warn!(lease = %lease_id, error = %e, "TTL release failed");
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+
+    fn manifest() -> Manifest {
+        Manifest::parse(
+            "[servers.git]\ncommand = \"g\"\n[servers.memory]\ncommand = \"m\"\n",
+            Path::new("m.toml"),
+            Path::new("/ws"),
+        )
+        .unwrap()
+    }
+
+    fn params(servers: Selection, ttl: Ttl) -> AcquireParams {
+        AcquireParams {
+            lease_id: "l-1".into(),
+            servers,
+            benchmark: None,
+            ttl,
+            test_account_email: String::new(),
+            credentials: BTreeMap::new(),
+        }
+    }
+
+    fn names(n: &[&str]) -> Selection {
+        Selection::Names(n.iter().map(|s| s.to_string()).collect())
+    }
+
+    #[test]
+    fn names_keep_their_order_without_duplicates() {
+        let r = resolve(
+            &params(names(&["memory", "git", "memory"]), Ttl::Default),
+            &manifest(),
+            &LifecycleConfig::default(),
+        )
+        .unwrap();
+        assert_eq!(r.names, ["memory", "git"]);
+        assert_eq!(r.ttl_seconds, 7200);
+        let all = resolve(
+            &params(Selection::All, Ttl::Never),
+            &manifest(),
+            &LifecycleConfig::default(),
+        )
+        .unwrap();
+        assert_eq!(all.names, ["git", "memory"]);
+        assert_eq!(all.ttl_seconds, 0);
+    }
+
+    #[test]
+    fn each_bad_request_has_its_own_cause() {
+        let (m, cfg) = (manifest(), LifecycleConfig::default());
+        let e = resolve(
+            &params(names(&["git", "nope", "x"]), Ttl::Default),
+            &m,
+            &cfg,
+        );
+        let Err(LcError::UnknownServers {
+            names: unknown,
+            known,
+            ..
+        }) = e
+        else {
+            panic!("{e:?}")
+        };
+        assert_eq!(unknown, ["nope", "x"]);
+        assert_eq!(known, m.names());
+        assert!(matches!(
+            resolve(&params(names(&[]), Ttl::Default), &m, &cfg),
+            Err(LcError::NoServersNamed)
+        ));
+        assert!(matches!(
+            resolve(&params(names(&["git"]), Ttl::Seconds(59)), &m, &cfg),
+            Err(LcError::TtlOutOfRange {
+                got: 59,
+                min: 60,
+                max: 86400,
+                ..
+            })
+        ));
+        assert!(resolve(&params(names(&["git"]), Ttl::Seconds(86_400)), &m, &cfg).is_ok());
+        let mut p = params(names(&["git"]), Ttl::Default);
+        p.lease_id = "a b".into();
+        assert!(matches!(resolve(&p, &m, &cfg), Err(LcError::BadLeaseId)));
+        let mut p = params(names(&["git"]), Ttl::Default);
+        p.credentials
+            .insert("memory".into(), Credentials::default());
+        assert!(matches!(
+            resolve(&p, &m, &cfg),
+            Err(LcError::CredentialsForOther { .. })
+        ));
+    }
+
+    #[test]
+    fn lease_ids_are_uuids_of_version_4() {
+        let id = random_id();
+        assert_eq!(id.len(), 36);
+        assert_eq!(&id[14..15], "4");
+        assert_ne!(id, random_id());
+    }
+}

@@ -1,0 +1,126 @@
+//! Lifecycle errors, one variant per cause. `rpc::lc_status` maps each to
+//! one gRPC status code.
+
+use std::path::PathBuf;
+
+use crate::supervisor::SupError;
+use crate::supervisor::manifest::LaunchError;
+use crate::workspace::WsError;
+
+/// Longest lease id.
+pub const MAX_LEASE_ID_LEN: usize = 128;
+
+#[derive(Debug, thiserror::Error)]
+pub enum LcError {
+    // ---- the request is wrong (INVALID_ARGUMENT)
+    #[error("lease_id must be 1-{MAX_LEASE_ID_LEN} characters of A-Z, a-z, 0-9, '.', '_' and '-'")]
+    BadLeaseId,
+    #[error("name at least one server in server_names, or ask for all")]
+    NoServersNamed,
+    #[error("the manifest has no servers to acquire")]
+    EmptyManifest,
+    #[error(
+        "unknown server{} {}; this sandbox's manifest ({}) has: {}",
+        if names.len() > 1 { "s" } else { "" },
+        names.join(", "),
+        manifest.display(),
+        known.join(", ")
+    )]
+    UnknownServers {
+        names: Vec<String>,
+        manifest: PathBuf,
+        known: Vec<String>,
+    },
+    #[error(
+        "ttl_seconds must be between {min} and {max} (or absent for the default of {default}, or 0 for none); got {got}"
+    )]
+    TtlOutOfRange {
+        got: u32,
+        min: u32,
+        max: u32,
+        default: u32,
+    },
+    #[error(
+        "auth_data/env given for {server:?}, which is not one of the servers acquired ({})",
+        acquired.join(", ")
+    )]
+    CredentialsForOther {
+        server: String,
+        acquired: Vec<String>,
+    },
+    // ---- the sandbox is not in the state the request needs (FAILED_PRECONDITION)
+    #[error(
+        "the sandbox is already leased (lease {lease}, acquired at {acquired_at_ms} ms); Release it before acquiring again"
+    )]
+    AlreadyLeased { lease: String, acquired_at_ms: u64 },
+    #[error("the sandbox is idle; there is no lease to reset")]
+    NotLeased,
+    #[error(transparent)]
+    Launch(#[from] LaunchError),
+    // ---- what the request names does not exist (NOT_FOUND)
+    #[error(
+        "no lease {asked:?}: {}",
+        match current {
+            Some(c) => format!("the sandbox is leased as {c:?}"),
+            None => "the sandbox is idle".to_owned(),
+        }
+    )]
+    NoSuchLease {
+        asked: String,
+        current: Option<String>,
+    },
+    #[error(transparent)]
+    Supervisor(#[from] SupError),
+    // ---- servers did not come up (UNAVAILABLE)
+    #[error("{}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n"))]
+    NotReady(Vec<ReadyError>),
+    // ---- the workspace (mapped like the Workspace service's errors)
+    #[error(transparent)]
+    Workspace(#[from] WsError),
+    // ---- the machine failed us (INTERNAL)
+    #[error("placing seed data {}: {source}", from.display())]
+    Seed { from: PathBuf, source: WsError },
+    #[error("wiping state path {}: {source}", path.display())]
+    Wipe {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("the {what} task failed: {source}")]
+    Task {
+        what: &'static str,
+        source: tokio::task::JoinError,
+    },
+}
+
+/// Why one server is not ready.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadyError {
+    #[error("server {name} did not become ready: {why}{}", stderr_tail(tail))]
+    Exited {
+        name: String,
+        why: String,
+        tail: String,
+    },
+    #[error(
+        "server {name} was not ready within {} ms (state {state}, {message}){}",
+        within.as_millis(),
+        stderr_tail(tail)
+    )]
+    Timeout {
+        name: String,
+        within: std::time::Duration,
+        state: String,
+        message: String,
+        tail: String,
+    },
+    #[error(transparent)]
+    Unknown(#[from] SupError),
+}
+
+fn stderr_tail(t: &str) -> String {
+    if t.is_empty() {
+        String::new()
+    } else {
+        format!("; stderr tail:\n{t}")
+    }
+}

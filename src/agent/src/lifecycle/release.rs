@@ -1,0 +1,182 @@
+//! Release (back to idle: servers stopped, workspace and state paths
+//! cleared; idempotent) and Reset (back to right after Acquire, keeping the
+//! lease), and the clearing and seeding both share with Acquire.
+
+use std::time::{Duration, Instant};
+
+use tracing::{Instrument, info, warn};
+
+use super::{LcError, Lease, Lifecycle, ReleaseRecord, SandboxStatus, seed};
+use crate::supervisor::manifest::Benchmark;
+use crate::supervisor::now_ms;
+
+impl Lifecycle {
+    /// Releases the lease. Returns the message to show.
+    pub async fn release(&self, lease_id: &str, is_ttl: bool) -> Result<String, LcError> {
+        let _op = self.op.lock().await;
+        let cur_id = self.current().as_ref().map(|c| c.lease.id.clone());
+        let Some(cur_id) = cur_id else {
+            let last = self
+                .last_release
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone();
+            return match last {
+                _ if lease_id.is_empty() => Ok("the sandbox is already idle".into()),
+                Some(r) if r.lease_id == lease_id => Ok(format!(
+                    "lease {lease_id} was already released{}",
+                    if r.is_ttl {
+                        " when its TTL expired"
+                    } else {
+                        ""
+                    }
+                )),
+                _ => Err(LcError::NoSuchLease {
+                    asked: lease_id.to_owned(),
+                    current: None,
+                }),
+            };
+        };
+        if !lease_id.is_empty() && lease_id != cur_id {
+            return Err(LcError::NoSuchLease {
+                asked: lease_id.to_owned(),
+                current: Some(cur_id),
+            });
+        }
+        let span = tracing::info_span!("release", lease = %cur_id, is_ttl);
+        let started = Instant::now();
+        let all = self.manifest.names();
+        async {
+            self.sup.stop_all().await;
+            self.wipe(&all, true).await
+        }
+        .instrument(span.clone())
+        .await?;
+        if let Some(c) = self.current().take() {
+            c.ttl.cancel();
+        }
+        for n in &all {
+            self.sup.forget(n);
+        }
+        *self.last_release.lock().unwrap_or_else(|p| p.into_inner()) = Some(ReleaseRecord {
+            lease_id: cur_id.clone(),
+            is_ttl,
+            at_ms: now_ms(),
+        });
+        span.in_scope(|| info!(ms = started.elapsed().as_millis() as u64, "released"));
+        Ok(format!(
+            "lease {cur_id} released{}; the sandbox is idle",
+            if is_ttl { " (TTL expired)" } else { "" }
+        ))
+    }
+
+    /// Back to the state right after Acquire, keeping the lease.
+    pub async fn reset(&self, lease_id: &str) -> Result<(Lease, SandboxStatus), LcError> {
+        let _op = self.op.lock().await;
+        let (lease, specs) = {
+            let cur = self.current();
+            match cur.as_ref() {
+                None => return Err(LcError::NotLeased),
+                Some(c) if !lease_id.is_empty() && c.lease.id != lease_id => {
+                    return Err(LcError::NoSuchLease {
+                        asked: lease_id.to_owned(),
+                        current: Some(c.lease.id.clone()),
+                    });
+                }
+                Some(c) => (c.lease.clone(), c.specs.clone()),
+            }
+        };
+        let span = tracing::info_span!("reset", lease = %lease.id);
+        let r = async {
+            self.sup.stop_all().await;
+            for n in &lease.servers {
+                self.sup.forget(n);
+            }
+            self.prepare(&lease.servers, lease.benchmark).await?;
+            self.start_and_wait(&specs).await
+        }
+        .instrument(span)
+        .await;
+        if let Some(c) = self.current().as_mut() {
+            c.broken = r.as_ref().err().map(|e| e.to_string());
+        }
+        r?;
+        Ok((lease, self.view().status))
+    }
+
+    /// Clears the workspace and state paths, then places the seed data.
+    pub(super) async fn prepare(
+        &self,
+        names: &[String],
+        benchmark: Option<Benchmark>,
+    ) -> Result<(), LcError> {
+        self.wipe(names, true).await?;
+        let seeds: Vec<_> = names
+            .iter()
+            .filter_map(|n| self.manifest.get(n))
+            .flat_map(|d| d.seeds(benchmark).iter().cloned())
+            .collect();
+        if seeds.is_empty() {
+            return Ok(());
+        }
+        let ws = self.ws.clone();
+        tokio::task::spawn_blocking(move || {
+            for s in &seeds {
+                seed::place(&ws, s).map_err(|source| LcError::Seed {
+                    from: s.from.clone(),
+                    source,
+                })?;
+            }
+            Ok(())
+        })
+        .await
+        .map_err(|source| LcError::Task {
+            what: "seeding",
+            source,
+        })?
+    }
+
+    /// Wipes the state paths of `names` and, with `workspace`, clears the
+    /// workspace (waiting for a running transfer up to workspace_wait_ms).
+    pub(super) async fn wipe(&self, names: &[String], workspace: bool) -> Result<(), LcError> {
+        let paths: Vec<_> = names
+            .iter()
+            .filter_map(|n| self.manifest.get(n))
+            .flat_map(|d| d.state_paths.iter().cloned())
+            .collect();
+        let guard = if workspace {
+            let wait = Duration::from_millis(self.cfg.workspace_wait_ms);
+            Some(self.ws.begin_within("Clear", wait).await?)
+        } else {
+            None
+        };
+        tokio::task::spawn_blocking(move || {
+            for p in &paths {
+                seed::wipe(p).map_err(|source| LcError::Wipe {
+                    path: p.clone(),
+                    source,
+                })?;
+            }
+            if let Some(g) = guard {
+                g.clear()?;
+            }
+            Ok(())
+        })
+        .await
+        .map_err(|source| LcError::Task {
+            what: "wipe",
+            source,
+        })?
+    }
+
+    /// Stops the servers of a failed Acquire and wipes what it placed.
+    pub(super) async fn teardown(&self, names: &[String], workspace: bool) {
+        for n in names {
+            let _ = self.sup.stop(n, None).await;
+            self.sup.forget(n);
+        }
+        if let Err(e) = self.wipe(names, workspace).await {
+            warn!(error = %e, "cleaning up after a failed acquire");
+        }
+    }
+}

@@ -1,0 +1,153 @@
+//! From a checked entry to the exact process a lease runs: the benchmark
+//! profile applied, the lease's credentials mapped to environment
+//! variables, required variables checked.
+
+use std::collections::BTreeMap;
+
+use super::check::valid_env_name;
+use super::{Benchmark, Credentials, LaunchSpec, Seed, ServerDef};
+
+/// Why a server cannot be launched for a lease.
+#[derive(Debug, thiserror::Error)]
+pub enum LaunchError {
+    #[error(
+        "auth_data.{server}: field {field:?} does not map to an environment variable; use one of: {}",
+        known.join(", ")
+    )]
+    UnmappedAuthField {
+        server: String,
+        field: String,
+        known: Vec<String>,
+    },
+    #[error("env.{server}: {name:?} is not a valid environment variable name")]
+    BadEnvName { server: String, name: String },
+    #[error("{}", missing_message(server, missing))]
+    MissingCredentials {
+        server: String,
+        missing: Vec<Missing>,
+    },
+}
+
+/// A required variable no source set.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Missing {
+    /// The environment variable.
+    pub var: String,
+    /// What it is ("Canvas LMS API token").
+    pub what: String,
+    /// The `auth_data` field that sets it.
+    pub field: String,
+}
+
+fn missing_message(server: &str, missing: &[Missing]) -> String {
+    let list: Vec<String> = missing
+        .iter()
+        .map(|m| format!("{} ({})", m.var, m.what))
+        .collect();
+    let fields: Vec<String> = missing
+        .iter()
+        .map(|m| format!("\"{}\": …", m.field))
+        .collect();
+    format!(
+        "server {server} needs {}; pass them in auth_data[\"{server}\"] as {{{}}}, in the lease's env, or in the agent's environment",
+        list.join(" and "),
+        fields.join(", ")
+    )
+}
+
+impl ServerDef {
+    /// Seed data of a benchmark profile, in order.
+    pub fn seeds(&self, benchmark: Option<Benchmark>) -> &[Seed] {
+        benchmark
+            .and_then(|b| self.benchmarks.get(&b))
+            .map_or(&[], |o| o.seed.as_slice())
+    }
+
+    /// The exact process to run for a lease with `benchmark` and `creds`.
+    /// `agent_env` is the agent's own environment (for pass_env).
+    pub fn launch(
+        &self,
+        benchmark: Option<Benchmark>,
+        creds: &Credentials,
+        agent_env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<LaunchSpec, LaunchError> {
+        let o = benchmark.and_then(|b| self.benchmarks.get(&b));
+        let mut env = BTreeMap::new();
+        for k in &self.pass_env {
+            if let Some(v) = agent_env(k) {
+                env.insert(k.clone(), v);
+            }
+        }
+        env.extend(self.env.clone());
+        if let Some(o) = o {
+            env.extend(o.env.clone());
+        }
+        for (k, v) in &creds.auth {
+            let var = self
+                .auth_env
+                .get(k)
+                .cloned()
+                .unwrap_or_else(|| k.to_ascii_uppercase());
+            if !valid_env_name(&var) {
+                return Err(LaunchError::UnmappedAuthField {
+                    server: self.name.clone(),
+                    field: k.clone(),
+                    known: self.auth_env.keys().cloned().collect(),
+                });
+            }
+            env.insert(var, v.clone());
+        }
+        for (k, v) in &creds.env {
+            if !valid_env_name(k) {
+                return Err(LaunchError::BadEnvName {
+                    server: self.name.clone(),
+                    name: k.clone(),
+                });
+            }
+            env.insert(k.clone(), v.clone());
+        }
+        let missing: Vec<Missing> = self
+            .requires
+            .iter()
+            .filter(|r| env.get(&r.var).is_none_or(|v| v.is_empty()))
+            .map(|r| Missing {
+                var: r.var.clone(),
+                what: r.what.clone(),
+                field: self
+                    .auth_env
+                    .iter()
+                    .find(|(_, v)| **v == r.var)
+                    .map_or_else(|| r.var.to_ascii_lowercase(), |(k, _)| k.clone()),
+            })
+            .collect();
+        if !missing.is_empty() {
+            return Err(LaunchError::MissingCredentials {
+                server: self.name.clone(),
+                missing,
+            });
+        }
+        Ok(LaunchSpec {
+            name: self.name.clone(),
+            command: o
+                .and_then(|o| o.command.clone())
+                .unwrap_or_else(|| self.command.clone()),
+            args: o
+                .and_then(|o| o.args.clone())
+                .unwrap_or_else(|| self.args.clone()),
+            env,
+            cwd: self.cwd.clone(),
+            uid: self.uid,
+            gid: self.gid,
+            transport: self.transport.clone(),
+            ready_timeout: self.ready_timeout,
+            stop_grace: self.stop_grace,
+            restart: self.restart.clone(),
+            limits: self.limits.clone(),
+        })
+    }
+
+    /// The endpoint path of this server on the MCP data plane.
+    pub fn mcp_path(&self) -> String {
+        format!("/{}/mcp", self.name)
+    }
+}

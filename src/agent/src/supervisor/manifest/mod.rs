@@ -1,0 +1,290 @@
+//! The server manifest: which MCP servers this sandbox can run and how.
+//!
+//! A TOML file (`packaging/servers.toml` is the shipped one) with a
+//! `[defaults]` table and one `[servers.NAME]` table per server. Loading
+//! checks every entry and names the entry and field of the first problem.
+//! [`ServerDef::launch`] turns an entry, a benchmark profile and the
+//! lease's credentials into the exact [`LaunchSpec`] the supervisor runs.
+//!
+//! Strings may use `${workspace}`, `${install_dir}` and `${name}`; they are
+//! expanded when the manifest is loaded.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+mod check;
+mod launch;
+mod schema;
+
+pub use check::{EntryError, FieldError};
+pub use launch::{LaunchError, Missing};
+pub use schema::{
+    Defaults, HttpFile, ManifestFile, OverrideFile, RequiredFile, ResourceLimits, RestartFile,
+    RestartPolicy, SeedFile, ServerFile, TransportKind,
+};
+
+/// Manifest read when `--manifest` is not given.
+pub const DEFAULT_MANIFEST_PATH: &str = "/etc/sandbox-agent/servers.toml";
+
+/// A manifest problem; the message names the file, and the entry and field
+/// where there is one.
+#[derive(Debug, thiserror::Error)]
+pub enum ManifestError {
+    #[error("manifest {}: cannot read: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("manifest {}: {message}", path.display())]
+    Syntax { path: PathBuf, message: String },
+    #[error("manifest {}: servers.{server}.{error}", path.display())]
+    Entry {
+        path: PathBuf,
+        server: String,
+        error: Box<FieldError>,
+    },
+}
+
+/// The benchmark profiles of the Klavis API.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum Benchmark {
+    #[serde(rename = "MCP_Atlas")]
+    McpAtlas,
+    #[serde(rename = "Toolathlon")]
+    Toolathlon,
+    #[serde(rename = "MCP_Mark")]
+    McpMark,
+}
+
+impl Benchmark {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Benchmark::McpAtlas => "MCP_Atlas",
+            Benchmark::Toolathlon => "Toolathlon",
+            Benchmark::McpMark => "MCP_Mark",
+        }
+    }
+}
+
+/// Resolved restart policy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Restart {
+    pub policy: RestartPolicy,
+    pub initial_backoff: Duration,
+    pub max_backoff: Duration,
+    pub max_restarts: u32,
+    pub window: Duration,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Transport {
+    Stdio,
+    Http { port: u16, path: String },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Seed {
+    pub from: PathBuf,
+    /// `None`: the workspace.
+    pub to: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct Override {
+    pub command: Option<String>,
+    pub args: Option<Vec<String>>,
+    pub env: BTreeMap<String, String>,
+    pub seed: Vec<Seed>,
+}
+
+/// One checked manifest entry.
+#[derive(Debug, Clone)]
+pub struct ServerDef {
+    pub name: String,
+    pub description: String,
+    pub command: String,
+    pub args: Vec<String>,
+    pub env: BTreeMap<String, String>,
+    pub cwd: PathBuf,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub transport: Transport,
+    pub ready_timeout: Duration,
+    pub stop_grace: Duration,
+    pub state_paths: Vec<PathBuf>,
+    pub restart: Restart,
+    pub limits: ResourceLimits,
+    pub pass_env: Vec<String>,
+    pub requires: Vec<RequiredFile>,
+    pub auth_env: BTreeMap<String, String>,
+    pub benchmarks: BTreeMap<Benchmark, Override>,
+    pub metadata: BTreeMap<String, String>,
+}
+
+/// Everything needed to start one server process.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LaunchSpec {
+    pub name: String,
+    pub command: String,
+    pub args: Vec<String>,
+    /// The complete environment (the child's is cleared first).
+    pub env: BTreeMap<String, String>,
+    pub cwd: PathBuf,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub transport: Transport,
+    pub ready_timeout: Duration,
+    pub stop_grace: Duration,
+    pub restart: Restart,
+    pub limits: ResourceLimits,
+}
+
+/// A lease's credentials and extra environment for one server.
+#[derive(Debug, Clone, Default)]
+pub struct Credentials {
+    /// auth_data fields, already rendered as strings.
+    pub auth: BTreeMap<String, String>,
+    pub env: BTreeMap<String, String>,
+}
+
+/// The checked manifest.
+#[derive(Debug, Clone)]
+pub struct Manifest {
+    pub path: PathBuf,
+    pub servers: BTreeMap<String, ServerDef>,
+    /// The file after expansion, printed by `--check-config`.
+    pub file: ManifestFile,
+}
+
+impl Manifest {
+    /// An empty manifest (no servers), used when the default file is absent.
+    pub fn empty(path: &Path) -> Manifest {
+        Manifest {
+            path: path.to_owned(),
+            servers: BTreeMap::new(),
+            file: ManifestFile::default(),
+        }
+    }
+
+    /// Reads and checks `path`. `workspace` is what `${workspace}` expands to.
+    pub fn load(path: &Path, workspace: &Path) -> Result<Manifest, ManifestError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ManifestError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        Manifest::parse(&text, path, workspace)
+    }
+
+    pub fn parse(text: &str, path: &Path, workspace: &Path) -> Result<Manifest, ManifestError> {
+        let file: ManifestFile = toml::from_str(text).map_err(|e| ManifestError::Syntax {
+            path: path.to_owned(),
+            message: e.to_string().trim_end().replace('\n', "\n  "),
+        })?;
+        let mut servers = BTreeMap::new();
+        for (name, entry) in &file.servers {
+            let def = check::check_entry(name, entry, &file, workspace).map_err(|error| {
+                ManifestError::Entry {
+                    path: path.to_owned(),
+                    server: name.clone(),
+                    error: Box::new(error),
+                }
+            })?;
+            servers.insert(name.clone(), def);
+        }
+        Ok(Manifest {
+            path: path.to_owned(),
+            servers,
+            file,
+        })
+    }
+
+    pub fn names(&self) -> Vec<String> {
+        self.servers.keys().cloned().collect()
+    }
+
+    pub fn get(&self, name: &str) -> Option<&ServerDef> {
+        self.servers.get(name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Manifest, ManifestError> {
+        Manifest::parse(text, Path::new("m.toml"), Path::new("/ws"))
+    }
+
+    #[test]
+    fn errors_name_entry_and_field() {
+        let e =
+            parse("[servers.a]\ncommand = \"x\"\n[servers.a.restart]\npolicy = \"sometimes\"\n")
+                .expect_err("bad policy")
+                .to_string();
+        assert!(e.contains("m.toml") && e.contains("policy"), "{e}");
+        let e = parse("[servers.a]\ncommand = \"x\"\ntransport = \"http\"\n")
+            .expect_err("http without port")
+            .to_string();
+        assert!(e.contains("servers.a.http"), "{e}");
+        let e = parse("[servers.a]\ncommand = \"${nope}/x\"\n")
+            .expect_err("unknown var")
+            .to_string();
+        assert!(
+            e.contains("servers.a.command") && e.contains("${nope}"),
+            "{e}"
+        );
+        let e = parse("[servers.a]\ncommand = \"x\"\nstate_paths = [\"/ws/x\"]\n")
+            .expect_err("state path inside ws")
+            .to_string();
+        assert!(e.contains("servers.a.state_paths"), "{e}");
+        let e = parse("[servers.A]\ncommand = \"x\"\n")
+            .expect_err("bad name")
+            .to_string();
+        assert!(e.contains("servers.A.name"), "{e}");
+    }
+
+    #[test]
+    fn launch_applies_profile_and_credentials() {
+        let m = parse(
+            r#"
+install_dir = "/opt/s"
+[servers.c]
+command = "${install_dir}/bin/c"
+args = ["${workspace}"]
+env = { A = "1" }
+requires = [{ var = "TOKEN", what = "an API token" }]
+auth_env = { api_token = "TOKEN" }
+[servers.c.benchmarks.Toolathlon]
+args = ["--bench"]
+env = { A = "2" }
+"#,
+        )
+        .expect("valid");
+        let def = m.get("c").expect("entry");
+        let none = |_: &str| None;
+        let e = def
+            .launch(None, &Credentials::default(), &none)
+            .expect_err("token missing")
+            .to_string();
+        assert!(
+            e.contains("TOKEN (an API token)") && e.contains("api_token"),
+            "{e}"
+        );
+        let creds = Credentials {
+            auth: [("api_token".to_owned(), "t".to_owned())].into(),
+            env: BTreeMap::new(),
+        };
+        let s = def.launch(None, &creds, &none).expect("launch");
+        assert_eq!(s.command, "/opt/s/bin/c");
+        assert_eq!(s.args, vec!["/ws"]);
+        assert_eq!(s.env.get("TOKEN").map(String::as_str), Some("t"));
+        let s = def
+            .launch(Some(Benchmark::Toolathlon), &creds, &none)
+            .expect("launch");
+        assert_eq!(s.args, vec!["--bench"]);
+        assert_eq!(s.env.get("A").map(String::as_str), Some("2"));
+    }
+}

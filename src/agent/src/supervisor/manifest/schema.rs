@@ -1,0 +1,186 @@
+//! The manifest file as written: the serde schema of `servers.toml`.
+//! Nothing here is checked; [`super::check`] turns an entry into a
+//! [`super::ServerDef`].
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::Benchmark;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RestartPolicy {
+    /// Restart after every exit, clean or not.
+    Always,
+    /// Restart unless the server exited with code 0.
+    OnFailure,
+    /// Never restart; an exit leaves the server stopped (code 0) or failed.
+    Never,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RestartFile {
+    pub policy: Option<RestartPolicy>,
+    pub initial_backoff_ms: Option<u64>,
+    pub max_backoff_ms: Option<u64>,
+    /// More restarts than this within `window_ms` mark the server failed.
+    pub max_restarts: Option<u32>,
+    pub window_ms: Option<u64>,
+}
+
+/// Per-process limits. rlimits apply to the child and are inherited by its
+/// descendants; `memory_bytes` is a cgroup v2 `memory.max` for the whole
+/// server, applied when the agent can manage cgroups.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ResourceLimits {
+    pub nofile: Option<u64>,
+    pub nproc: Option<u64>,
+    pub cpu_seconds: Option<u64>,
+    pub fsize_bytes: Option<u64>,
+    pub address_space_bytes: Option<u64>,
+    pub core_bytes: Option<u64>,
+    pub memory_bytes: Option<u64>,
+}
+
+impl ResourceLimits {
+    pub(super) fn or(&self, d: &ResourceLimits) -> ResourceLimits {
+        ResourceLimits {
+            nofile: self.nofile.or(d.nofile),
+            nproc: self.nproc.or(d.nproc),
+            cpu_seconds: self.cpu_seconds.or(d.cpu_seconds),
+            fsize_bytes: self.fsize_bytes.or(d.fsize_bytes),
+            address_space_bytes: self.address_space_bytes.or(d.address_space_bytes),
+            core_bytes: self.core_bytes.or(d.core_bytes),
+            memory_bytes: self.memory_bytes.or(d.memory_bytes),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Defaults {
+    /// How long a server may take to pass its readiness check.
+    pub ready_timeout_ms: Option<u64>,
+    /// Time between SIGTERM and SIGKILL when a server is stopped.
+    pub stop_grace_ms: Option<u64>,
+    #[serde(default)]
+    pub restart: RestartFile,
+    #[serde(default)]
+    pub limits: ResourceLimits,
+    /// Environment for every server (a server's own env wins).
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Agent environment variables passed through to every server.
+    #[serde(default)]
+    pub pass_env: Vec<String>,
+    pub user: Option<String>,
+    pub group: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TransportKind {
+    /// JSON-RPC lines over stdin/stdout.
+    #[default]
+    Stdio,
+    /// The server speaks streamable HTTP on a loopback port.
+    Http,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpFile {
+    pub port: u16,
+    /// Default `/mcp`.
+    pub path: Option<String>,
+}
+
+/// Seed data: an archive (tar, tar.gz, tar.zst) or a directory, placed
+/// before the server starts.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SeedFile {
+    pub from: String,
+    /// Default: the workspace. Otherwise a directory inside one of the
+    /// server's state paths.
+    pub to: Option<String>,
+}
+
+/// What a benchmark profile changes for one server.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OverrideFile {
+    pub command: Option<String>,
+    pub args: Option<Vec<String>>,
+    /// Merged over the server's env.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    #[serde(default)]
+    pub seed: Vec<SeedFile>,
+}
+
+/// A variable the server cannot start without.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RequiredFile {
+    pub var: String,
+    /// What it is, for the error message, e.g. "Canvas LMS API token".
+    pub what: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerFile {
+    pub description: Option<String>,
+    pub command: String,
+    #[serde(default)]
+    pub args: Vec<String>,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Default: the workspace.
+    pub cwd: Option<String>,
+    pub user: Option<String>,
+    pub group: Option<String>,
+    #[serde(default)]
+    pub transport: TransportKind,
+    pub http: Option<HttpFile>,
+    pub ready_timeout_ms: Option<u64>,
+    pub stop_grace_ms: Option<u64>,
+    /// Directories outside the workspace the server writes: created before
+    /// it starts, emptied on release and reset.
+    #[serde(default)]
+    pub state_paths: Vec<String>,
+    #[serde(default)]
+    pub restart: RestartFile,
+    #[serde(default)]
+    pub limits: ResourceLimits,
+    #[serde(default)]
+    pub pass_env: Vec<String>,
+    /// Variables that must be set (by auth_data, the lease's env, the
+    /// manifest, or pass_env) for the server to start.
+    #[serde(default)]
+    pub requires: Vec<RequiredFile>,
+    /// auth_data field → environment variable. Fields not listed map to
+    /// their upper-cased name.
+    #[serde(default)]
+    pub auth_env: BTreeMap<String, String>,
+    #[serde(default)]
+    pub benchmarks: BTreeMap<Benchmark, OverrideFile>,
+    #[serde(default)]
+    pub metadata: BTreeMap<String, String>,
+}
+
+/// The file as written.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ManifestFile {
+    /// Where `install-servers.sh` put the servers; `${install_dir}`.
+    pub install_dir: Option<String>,
+    #[serde(default)]
+    pub defaults: Defaults,
+    #[serde(default)]
+    pub servers: BTreeMap<String, ServerFile>,
+}
