@@ -1,0 +1,327 @@
+//! One tar entry into the tree: path checks, type dispatch, limits.
+
+use std::collections::HashSet;
+use std::ffi::OsStr;
+use std::fs::File;
+use std::hash::{BuildHasher, RandomState};
+use std::io::{Read, Write};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+use rustix::fs::{AtFlags, Mode, OFlags};
+use tar::EntryType;
+
+use crate::codec::Compression;
+use crate::confine::{self, remove_at};
+use crate::error::{WsError, sys};
+
+use super::fsops::{times, umask};
+use super::{ExtractOptions, ExtractStats, Meter, invalid, read_error};
+
+pub(super) struct Extractor<'a> {
+    pub(super) root: BorrowedFd<'a>,
+    pub(super) opts: &'a ExtractOptions<'a>,
+    pub(super) meter: &'a Meter<'a>,
+    /// The stream's actual compression (after sniffing), for messages.
+    pub(super) compression: Compression,
+    pub(super) stats: ExtractStats,
+    pub(super) hasher: RandomState,
+    /// Hashes of every path the archive created (explicit or implicit).
+    pub(super) seen: HashSet<u64>,
+    /// Hashes of regular files, the only valid hardlink targets.
+    pub(super) files: HashSet<u64>,
+    /// Directories whose mode and mtime are applied at the end.
+    pub(super) dirs: Vec<(PathBuf, u32, u64)>,
+    pub(super) parent: Option<(PathBuf, OwnedFd)>,
+    pub(super) buf: Vec<u8>,
+    /// File content bytes written so far (for max_expanded_bytes).
+    pub(super) expanded: u64,
+}
+
+impl<'a> Extractor<'a> {
+    pub(super) fn new(
+        root: BorrowedFd<'a>,
+        opts: &'a ExtractOptions<'a>,
+        meter: &'a Meter<'a>,
+        compression: Compression,
+    ) -> Extractor<'a> {
+        Extractor {
+            root,
+            opts,
+            meter,
+            compression,
+            stats: ExtractStats::default(),
+            hasher: RandomState::new(),
+            seen: HashSet::new(),
+            files: HashSet::new(),
+            dirs: Vec::new(),
+            parent: None,
+            buf: vec![0; 256 << 10],
+            expanded: 0,
+        }
+    }
+
+    pub(super) fn key(&self, p: &Path) -> u64 {
+        self.hasher.hash_one(p.as_os_str().as_bytes())
+    }
+
+    pub(super) fn entry<R: Read>(&mut self, e: &mut tar::Entry<'_, R>) -> Result<(), WsError> {
+        let limits = self.opts.limits;
+        let kind = e.header().entry_type();
+        if matches!(
+            kind,
+            EntryType::XGlobalHeader
+                | EntryType::XHeader
+                | EntryType::GNULongName
+                | EntryType::GNULongLink
+        ) {
+            return Ok(());
+        }
+        self.stats.entries += 1;
+        if self.stats.entries > limits.max_entries {
+            return Err(WsError::Limit {
+                limit: "max_entries",
+                detail: format!("the archive has more than {} entries", limits.max_entries),
+            });
+        }
+        let raw: Vec<u8> = e.path_bytes().into_owned();
+        if raw.len() > limits.max_path_bytes {
+            return Err(WsError::Limit {
+                limit: "max_path_bytes",
+                detail: format!(
+                    "an entry path is {} bytes long (limit {})",
+                    raw.len(),
+                    limits.max_path_bytes
+                ),
+            });
+        }
+        let comps =
+            confine::normalize(Path::new(OsStr::from_bytes(&raw))).map_err(|r| invalid(&raw, r))?;
+        let Some((name, parents)) = comps.split_last() else {
+            // "./" itself: the workspace root keeps its own metadata.
+            return if kind == EntryType::Directory {
+                Ok(())
+            } else {
+                Err(invalid(
+                    &raw,
+                    "names the workspace root but is not a directory",
+                ))
+            };
+        };
+        let name: &OsStr = name;
+        let parent_path: PathBuf = parents.iter().collect();
+        let path = parent_path.join(name);
+        if name.len() > 255 {
+            return Err(invalid(&raw, "has a path component longer than 255 bytes"));
+        }
+        let mode = e
+            .header()
+            .mode()
+            .map_err(|err| invalid(&raw, format!("has a bad mode field: {err}")))?
+            & 0o777;
+        let mtime = e.header().mtime().unwrap_or(0);
+        let size = e
+            .header()
+            .entry_size()
+            .map_err(|err| invalid(&raw, format!("has a bad size field: {err}")))?;
+
+        match kind {
+            EntryType::Regular | EntryType::Continuous | EntryType::GNUSparse => {
+                if size > limits.max_file_bytes {
+                    return Err(WsError::Limit {
+                        limit: "max_file_bytes",
+                        detail: format!(
+                            "'{}' is {size} bytes (limit {})",
+                            path.display(),
+                            limits.max_file_bytes
+                        ),
+                    });
+                }
+                if self.expanded.saturating_add(size) > limits.max_expanded_bytes {
+                    return Err(WsError::Limit {
+                        limit: "max_expanded_bytes",
+                        detail: format!(
+                            "the archive expands to more than {} bytes",
+                            limits.max_expanded_bytes
+                        ),
+                    });
+                }
+                self.ensure_parent(&parent_path, &raw)?;
+                let fd = self.create(name, &path, &raw, |dir, n| {
+                    rustix::fs::openat(
+                        dir,
+                        n,
+                        OFlags::WRONLY
+                            | OFlags::CREATE
+                            | OFlags::EXCL
+                            | OFlags::NOFOLLOW
+                            | OFlags::CLOEXEC,
+                        Mode::from_raw_mode(mode),
+                    )
+                })?;
+                let mut file = File::from(fd);
+                let mut written = 0u64;
+                let mut buf = std::mem::take(&mut self.buf);
+                let copied = loop {
+                    let n = match e.read(&mut buf) {
+                        Ok(n) => n,
+                        Err(err) => break Err(read_error(err, self.compression)),
+                    };
+                    if n == 0 {
+                        break Ok(());
+                    }
+                    if let Err(err) = file.write_all(&buf[..n]) {
+                        break Err(WsError::io(format!("writing {}", path.display()), err));
+                    }
+                    written += n as u64;
+                    if let Err(err) = self.meter.check() {
+                        break Err(err);
+                    }
+                };
+                self.buf = buf;
+                copied?;
+                if written != size {
+                    return Err(invalid(
+                        &raw,
+                        format!("is truncated: {written} of {size} bytes"),
+                    ));
+                }
+                self.expanded += size;
+                self.meta_fd(file.as_fd(), mode, mtime, &path, mode & umask() != 0)?;
+                let key = self.key(&path);
+                self.files.insert(key);
+                self.stats.files += 1;
+                self.stats.bytes_written += size;
+            }
+            EntryType::Directory => {
+                self.ensure_parent(&parent_path, &raw)?;
+                let parent = self.parent_fd()?;
+                match rustix::fs::mkdirat(parent, name, Mode::from_raw_mode(0o700)) {
+                    Ok(()) => {
+                        self.chown_at(parent, name, &path)?;
+                    }
+                    Err(rustix::io::Errno::EXIST) => {
+                        let st = rustix::fs::statat(parent, name, AtFlags::SYMLINK_NOFOLLOW)
+                            .map_err(|err| {
+                                WsError::io(format!("inspecting {}", path.display()), sys(err))
+                            })?;
+                        let is_dir = rustix::fs::FileType::from_raw_mode(st.st_mode)
+                            == rustix::fs::FileType::Directory;
+                        if !is_dir {
+                            if self.seen.contains(&self.key(&path)) || !self.opts.merge {
+                                return Err(invalid(
+                                    &raw,
+                                    "is a directory replacing a non-directory entry of the same archive",
+                                ));
+                            }
+                            remove_at(parent, name, &path)?;
+                            rustix::fs::mkdirat(parent, name, Mode::from_raw_mode(0o700)).map_err(
+                                |err| WsError::io(format!("creating {}", path.display()), sys(err)),
+                            )?;
+                            self.chown_at(parent, name, &path)?;
+                        }
+                    }
+                    Err(err) => {
+                        return Err(WsError::io(
+                            format!("creating directory {}", path.display()),
+                            sys(err),
+                        ));
+                    }
+                }
+                let key = self.key(&path);
+                self.seen.insert(key);
+                self.dirs.push((path, mode, mtime));
+                self.stats.dirs += 1;
+                return Ok(());
+            }
+            EntryType::Symlink => {
+                let target = e
+                    .link_name_bytes()
+                    .map(|c| c.into_owned())
+                    .unwrap_or_default();
+                if target.is_empty() {
+                    return Err(invalid(&raw, "is a symlink without a target"));
+                }
+                if target.len() > limits.max_path_bytes {
+                    return Err(WsError::Limit {
+                        limit: "max_path_bytes",
+                        detail: format!("a symlink target is {} bytes long", target.len()),
+                    });
+                }
+                self.ensure_parent(&parent_path, &raw)?;
+                let t = OsStr::from_bytes(&target);
+                self.create(name, &path, &raw, |dir, n| rustix::fs::symlinkat(t, dir, n))?;
+                let parent = self.parent_fd()?;
+                self.chown_at(parent, name, &path)?;
+                let _ =
+                    rustix::fs::utimensat(parent, name, &times(mtime), AtFlags::SYMLINK_NOFOLLOW);
+                self.stats.symlinks += 1;
+            }
+            EntryType::Link => {
+                let target = e
+                    .link_name_bytes()
+                    .map(|c| c.into_owned())
+                    .unwrap_or_default();
+                let tcomps = confine::normalize(Path::new(OsStr::from_bytes(&target)))
+                    .map_err(|r| invalid(&raw, format!("is a hardlink whose target {r}")))?;
+                let tpath: PathBuf = tcomps.iter().collect();
+                if !self.files.contains(&self.key(&tpath)) {
+                    return Err(invalid(
+                        &raw,
+                        format!(
+                            "is a hardlink to '{}', which is not a regular file earlier in the archive",
+                            String::from_utf8_lossy(&target)
+                        ),
+                    ));
+                }
+                let (tname, tparents) = tcomps
+                    .split_last()
+                    .ok_or_else(|| invalid(&raw, "is a hardlink without a target"))?;
+                let tparent_path: PathBuf = tparents.iter().collect();
+                let tdir = confine::open_dir(self.root, &tparent_path).map_err(|err| {
+                    WsError::io(format!("opening {}", tparent_path.display()), err)
+                })?;
+                self.ensure_parent(&parent_path, &raw)?;
+                let tname: &OsStr = tname;
+                self.create(name, &path, &raw, |dir, n| {
+                    rustix::fs::linkat(tdir.as_fd(), tname, dir, n, AtFlags::empty())
+                })?;
+                let key = self.key(&path);
+                self.files.insert(key);
+                self.stats.hardlinks += 1;
+            }
+            EntryType::Fifo if limits.allow_fifos => {
+                self.ensure_parent(&parent_path, &raw)?;
+                self.create(name, &path, &raw, |dir, n| {
+                    rustix::fs::mknodat(
+                        dir,
+                        n,
+                        rustix::fs::FileType::Fifo,
+                        Mode::from_raw_mode(mode),
+                        0,
+                    )
+                })?;
+                let parent = self.parent_fd()?;
+                self.chown_at(parent, name, &path)?;
+                self.stats.fifos += 1;
+            }
+            EntryType::Fifo => {
+                return Err(invalid(
+                    &raw,
+                    "is a FIFO (set archive.allow_fifos = true to allow FIFOs)",
+                ));
+            }
+            EntryType::Char | EntryType::Block => {
+                return Err(invalid(
+                    &raw,
+                    "is a device node; device nodes are never extracted",
+                ));
+            }
+            other => return Err(invalid(&raw, format!("has an unsupported type {other:?}"))),
+        }
+        let key = self.key(&path);
+        self.seen.insert(key);
+        Ok(())
+    }
+}

@@ -1,0 +1,237 @@
+//! Directory-handle plumbing of the extractor: the cached parent, O_EXCL
+//! creation, implicit directories, ownership, and the modes and mtimes of
+//! directories applied last.
+
+use std::ffi::OsStr;
+use std::io::{self};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::{Path, PathBuf};
+
+use rustix::fs::{AtFlags, Mode, OFlags, Timespec, Timestamps};
+
+use crate::confine::{self, remove_at};
+use crate::error::{WsError, sys};
+
+use super::entry::Extractor;
+use super::invalid;
+
+impl Extractor<'_> {
+    /// Creates `name` in `parent` with `make`. If something is in the way:
+    /// an entry of this archive → refuse; an older workspace entry (merge)
+    /// → remove it and retry once.
+    pub(super) fn create<T>(
+        &self,
+        name: &OsStr,
+        path: &Path,
+        raw: &[u8],
+        make: impl Fn(BorrowedFd<'_>, &OsStr) -> rustix::io::Result<T>,
+    ) -> Result<T, WsError> {
+        let parent = self.parent_fd()?;
+        match make(parent, name) {
+            Ok(t) => Ok(t),
+            Err(rustix::io::Errno::EXIST) => {
+                if self.seen.contains(&self.key(path)) {
+                    return Err(invalid(
+                        raw,
+                        "appears twice in the archive (or replaces a directory the archive created)",
+                    ));
+                }
+                if !self.opts.merge {
+                    return Err(invalid(
+                        raw,
+                        "would replace a directory created by earlier entries",
+                    ));
+                }
+                remove_at(parent, name, path)?;
+                make(parent, name)
+                    .map_err(|e| WsError::io(format!("creating {}", path.display()), sys(e)))
+            }
+            Err(e) => Err(WsError::io(format!("creating {}", path.display()), sys(e))),
+        }
+    }
+
+    /// The directory that holds entries under `rel`, creating missing
+    /// directories (mode 0755) without following symlinks.
+    /// The cached parent directory handle (see [`Self::ensure_parent`]).
+    pub(super) fn parent_fd(&self) -> Result<BorrowedFd<'_>, WsError> {
+        match &self.parent {
+            Some((_, fd)) => Ok(fd.as_fd()),
+            None => Err(WsError::invalid("internal error: no parent directory")),
+        }
+    }
+
+    pub(super) fn ensure_parent(&mut self, rel: &Path, raw: &[u8]) -> Result<(), WsError> {
+        let hit = matches!(&self.parent, Some((p, _)) if p == rel);
+        if !hit {
+            let fd = match confine::open_dir(self.root, rel) {
+                Ok(fd) => fd,
+                Err(e) if e.raw_os_error() == Some(nix::libc::ENOENT) => {
+                    self.make_dirs(rel, raw)?
+                }
+                Err(e) => return Err(self.path_error(e, rel, raw)),
+            };
+            self.parent = Some((rel.to_owned(), fd));
+        }
+        Ok(())
+    }
+
+    pub(super) fn make_dirs(&mut self, rel: &Path, raw: &[u8]) -> Result<OwnedFd, WsError> {
+        let mut cur = rustix::fs::openat(
+            self.root,
+            ".",
+            OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| WsError::io("opening the staging directory", sys(e)))?;
+        let mut so_far = PathBuf::new();
+        for comp in rel.components() {
+            let name = comp.as_os_str();
+            so_far.push(name);
+            match rustix::fs::mkdirat(cur.as_fd(), name, Mode::from_raw_mode(0o755)) {
+                Ok(()) => {
+                    self.chown_at(cur.as_fd(), name, &so_far)?;
+                    let key = self.key(&so_far);
+                    self.seen.insert(key);
+                    self.stats.dirs += 1;
+                }
+                Err(rustix::io::Errno::EXIST) => {}
+                Err(e) => {
+                    return Err(WsError::io(
+                        format!("creating directory {}", so_far.display()),
+                        sys(e),
+                    ));
+                }
+            }
+            cur = rustix::fs::openat(
+                cur.as_fd(),
+                name,
+                OFlags::DIRECTORY | OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                Mode::empty(),
+            )
+            .map_err(|e| self.path_error(sys(e), &so_far, raw))?;
+        }
+        Ok(cur)
+    }
+
+    pub(super) fn path_error(&self, e: io::Error, rel: &Path, raw: &[u8]) -> WsError {
+        match e.raw_os_error() {
+            Some(nix::libc::ELOOP) | Some(nix::libc::EXDEV) | Some(nix::libc::ENOTDIR) => {
+                // Name the first component in the way, and what it is.
+                let mut prefix = PathBuf::new();
+                for c in rel.components() {
+                    prefix.push(c);
+                    let Ok(st) = rustix::fs::statat(self.root, &prefix, AtFlags::SYMLINK_NOFOLLOW)
+                    else {
+                        break;
+                    };
+                    match rustix::fs::FileType::from_raw_mode(st.st_mode) {
+                        rustix::fs::FileType::Directory => continue,
+                        rustix::fs::FileType::Symlink => {
+                            return invalid(
+                                raw,
+                                format!(
+                                    "goes through the symlink '{}'; writing through symlinks is refused",
+                                    prefix.display()
+                                ),
+                            );
+                        }
+                        _ => break,
+                    }
+                }
+                invalid(
+                    raw,
+                    format!("is below '{}', which is not a directory", prefix.display()),
+                )
+            }
+            _ => WsError::io(format!("opening directory {}", rel.display()), e),
+        }
+    }
+
+    /// Sets mode (when `chmod`), owner and mtime. Files are created with
+    /// their mode, so they need a chmod only for bits the umask removed;
+    /// directories are created 0700 and always need one.
+    pub(super) fn meta_fd(
+        &self,
+        fd: BorrowedFd<'_>,
+        mode: u32,
+        mtime: u64,
+        path: &Path,
+        chmod: bool,
+    ) -> Result<(), WsError> {
+        if chmod {
+            rustix::fs::fchmod(fd, Mode::from_raw_mode(mode))
+                .map_err(|e| WsError::io(format!("chmod {}", path.display()), sys(e)))?;
+        }
+        if let Some((u, g)) = self.opts.owner {
+            rustix::fs::fchown(
+                fd,
+                Some(rustix::fs::Uid::from_raw(u)),
+                Some(rustix::fs::Gid::from_raw(g)),
+            )
+            .map_err(|e| WsError::io(format!("chown {}", path.display()), sys(e)))?;
+        }
+        rustix::fs::futimens(fd, &times(mtime))
+            .map_err(|e| WsError::io(format!("setting mtime of {}", path.display()), sys(e)))?;
+        Ok(())
+    }
+
+    pub(super) fn chown_at(
+        &self,
+        dir: BorrowedFd<'_>,
+        name: &OsStr,
+        path: &Path,
+    ) -> Result<(), WsError> {
+        if let Some((u, g)) = self.opts.owner {
+            rustix::fs::chownat(
+                dir,
+                name,
+                Some(rustix::fs::Uid::from_raw(u)),
+                Some(rustix::fs::Gid::from_raw(g)),
+                AtFlags::SYMLINK_NOFOLLOW,
+            )
+            .map_err(|e| WsError::io(format!("chown {}", path.display()), sys(e)))?;
+        }
+        Ok(())
+    }
+
+    /// Applies directory modes and mtimes, deepest first (creating entries
+    /// inside a directory changes its mtime).
+    pub(super) fn finish_dirs(&mut self) -> Result<(), WsError> {
+        self.parent = None;
+        let mut dirs = std::mem::take(&mut self.dirs);
+        dirs.sort_by_key(|d| std::cmp::Reverse(d.0.components().count()));
+        for (path, mode, mtime) in dirs {
+            let fd = confine::open_dir(self.root, &path)
+                .map_err(|e| WsError::io(format!("opening {}", path.display()), e))?;
+            self.meta_fd(fd.as_fd(), mode, mtime, &path, true)?;
+        }
+        Ok(())
+    }
+}
+
+/// The process umask, read once from /proc (reading it with umask(2)
+/// would change it). 0o777 if unknown: then every mode is set explicitly.
+pub(super) fn umask() -> u32 {
+    static UMASK: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *UMASK.get_or_init(|| {
+        std::fs::read_to_string("/proc/self/status")
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find_map(|l| l.strip_prefix("Umask:"))
+                    .and_then(|v| u32::from_str_radix(v.trim(), 8).ok())
+            })
+            .unwrap_or(0o777)
+    })
+}
+
+pub(super) fn times(mtime: u64) -> Timestamps {
+    let t = Timespec {
+        tv_sec: mtime.min(i64::MAX as u64) as i64,
+        tv_nsec: 0,
+    };
+    Timestamps {
+        last_access: t,
+        last_modification: t,
+    }
+}

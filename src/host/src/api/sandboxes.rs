@@ -1,0 +1,268 @@
+//! The sandbox endpoints: acquire, list, get, reset and release.
+
+use std::collections::HashMap;
+
+use axum::Json;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::IntoResponse;
+use sandbox_client::proto;
+use serde_json::{Value, json};
+use tracing::{info, warn};
+
+use crate::pool::OnRelease;
+use crate::store::{SandboxRow, ServerRow};
+
+use super::*;
+
+use super::validation::{benchmark_proto, is_ttl, parse_acquire};
+
+/// `POST /local-sandbox`
+pub async fn acquire(
+    State(h): State<Shared>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> ApiResult {
+    let who = owner(&h, &headers)?;
+    let req = parse_acquire(&body)?;
+    if let Some((missing, known)) = req
+        .servers
+        .as_deref()
+        .and_then(|asked| h.pool.missing_servers(asked))
+    {
+        return Err(detail(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "acquire: unknown server{} {}; this host's sandboxes carry: {}",
+                if missing.len() > 1 { "s" } else { "" },
+                missing.join(", "),
+                known.join(", ")
+            ),
+        ));
+    }
+    // A warm lease serves only a plain Acquire of exactly its servers.
+    let plain = req.benchmark.is_none() && req.email.is_empty();
+    let matches_warm = plain
+        && h.pool
+            .warm_profile()
+            .is_some_and(|p| p.matches(req.servers.as_deref()));
+    let taken = h.pool.take(matches_warm).await.map_err(|e| {
+        detail(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("no sandbox available: {e:#}"),
+        )
+    })?;
+    let slot = taken.slot;
+    let warm_hit = matches_warm && taken.warm.is_some();
+    let result = match taken.warm {
+        Some(w) if matches_warm => Ok((w.lease_id, w.servers)),
+        other => {
+            async {
+                let c = slot
+                    .client()
+                    .await
+                    .map_err(|e| detail(StatusCode::SERVICE_UNAVAILABLE, format!("{e:#}")))?;
+                if let Some(w) = other {
+                    // A warm lease of other servers: ended first.
+                    c.agent()
+                        .release(proto::ReleaseRequest {
+                            lease_id: w.lease_id,
+                            is_ttl: false,
+                        })
+                        .await
+                        .map_err(|s| agent_error("releasing the warm lease", s))?;
+                }
+                let id = uuid::Uuid::new_v4().to_string();
+                let r = c
+                    .agent()
+                    .acquire(proto::AcquireRequest {
+                        lease_id: id.clone(),
+                        server_names: req.servers.clone().unwrap_or_default(),
+                        all_servers: req.servers.is_none(),
+                        benchmark: benchmark_proto(&req.benchmark),
+                        // The host's reaper owns the TTL (it survives host
+                        // restarts in the database).
+                        ttl_seconds: Some(0),
+                        test_account_email: req.email.clone(),
+                        ..Default::default()
+                    })
+                    .await
+                    .map_err(|s| {
+                        // A name of the API that this sandbox's manifest
+                        // (or VM image) does not carry is the request's
+                        // fault, not a missing resource.
+                        if s.code() == tonic::Code::NotFound {
+                            detail(StatusCode::BAD_REQUEST, format!("acquire: {}", s.message()))
+                        } else {
+                            agent_error("acquire", s)
+                        }
+                    })?
+                    .into_inner();
+                Ok((id, r.servers.into_iter().map(|s| s.name).collect()))
+            }
+            .await
+        }
+    };
+    let (id, mut servers): (String, Vec<String>) = match result {
+        Ok(a) => a,
+        Err(e) => {
+            // The agent stayed idle: it goes back to the pool.
+            let pool = h.pool.clone();
+            let slot_id = slot.id.clone();
+            tokio::task::spawn_blocking(move || pool.give_back(&slot_id));
+            return Err(e);
+        }
+    };
+    // In the order asked for (a warm lease lists its profile's order).
+    if let Some(asked) = &req.servers {
+        servers.sort_by_key(|n| asked.iter().position(|a| a == n).unwrap_or(usize::MAX));
+    }
+    let now = timestamp();
+    let row = SandboxRow {
+        id: id.clone(),
+        owner: who,
+        slot: slot.id.clone(),
+        status: "occupied".into(),
+        benchmark: req.benchmark.clone(),
+        servers: servers
+            .into_iter()
+            .map(|name| ServerRow {
+                name,
+                id: uuid::Uuid::new_v4().to_string(),
+            })
+            .collect(),
+        created_at: now.clone(),
+        updated_at: now,
+        expires_at_ms: req
+            .ttl
+            .map(|t| now_ms() + (f64::from(t) * 1000.0 * h.time_scale) as i64),
+    };
+    h.store.insert(&row).map_err(internal)?;
+    info!(sandbox = %id, slot = %slot.id, servers = row.servers.len(), warm = warm_hit, "acquired");
+    let mut body = info(&h, &row);
+    if let Some(o) = body.as_object_mut() {
+        o.remove("created_at");
+        let names: Vec<&str> = row.servers.iter().map(|s| s.name.as_str()).collect();
+        o.insert(
+            "message".into(),
+            json!(format!(
+                "Local sandbox acquired with {} server(s): {}",
+                names.len(),
+                names.join(", ")
+            )),
+        );
+    }
+    Ok((StatusCode::CREATED, Json(body)).into_response())
+}
+
+/// `GET /local-sandbox`
+pub async fn list(State(h): State<Shared>, headers: HeaderMap) -> ApiResult {
+    let who = owner(&h, &headers)?;
+    let rows = h.store.list(Some(&who)).map_err(internal)?;
+    let items: Vec<Value> = rows.iter().map(|s| info(&h, s)).collect();
+    Ok(Json(json!({"total_count": items.len(), "local_sandboxes": items})).into_response())
+}
+
+/// `GET /local-sandbox/{id}`
+pub async fn get(State(h): State<Shared>, headers: HeaderMap, Path(id): Path<String>) -> ApiResult {
+    let s = sandbox_of(&h, &headers, &id)?;
+    Ok(Json(info(&h, &s)).into_response())
+}
+
+/// Ends a sandbox: marked released now, the agent released in the
+/// background, then back to the pool (or replaced if the release failed).
+pub fn release_in_background(h: &Shared, s: &SandboxRow, is_ttl: bool) {
+    if let Err(e) = h.store.mark_released(&s.id, &timestamp()) {
+        warn!(sandbox = %s.id, error = %e, "cannot record the release");
+    }
+    let _ = std::fs::remove_file(h.uploads.join(format!("{}.tar.gz", s.id)));
+    let (h, id, slot_id) = (h.clone(), s.id.clone(), s.slot.clone());
+    let releases = h.releases.clone();
+    releases.spawn(async move {
+        if h.pool.on_release() == OnRelease::Replace {
+            // Its agent or VM is stopped whole; nothing to release inside.
+            let pool = h.pool.clone();
+            let _ = tokio::task::spawn_blocking(move || pool.drop_slot(&slot_id)).await;
+            info!(sandbox = %id, is_ttl, "released; its sandbox is replaced");
+            return;
+        }
+        let released = match h.pool.leased_slot(&slot_id) {
+            Some(slot) => match slot.client().await {
+                Ok(c) => c
+                    .agent()
+                    .release(proto::ReleaseRequest {
+                        lease_id: id.clone(),
+                        is_ttl,
+                    })
+                    .await
+                    .map_err(|s| s.to_string()),
+                Err(e) => Err(format!("{e:#}")),
+            },
+            None => Err("its agent is gone".into()),
+        };
+        let pool = h.pool.clone();
+        match released {
+            Ok(_) => {
+                info!(sandbox = %id, is_ttl, "released");
+                let _ = tokio::task::spawn_blocking(move || pool.give_back(&slot_id)).await;
+            }
+            Err(e) => {
+                warn!(sandbox = %id, error = %e, "release failed; the agent is replaced");
+                let _ = tokio::task::spawn_blocking(move || pool.drop_slot(&slot_id)).await;
+            }
+        }
+    });
+}
+
+/// `DELETE /local-sandbox/{id}?is_ttl=`
+pub async fn release(
+    State(h): State<Shared>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Query(q): Query<HashMap<String, String>>,
+) -> ApiResult {
+    owner(&h, &headers)?;
+    let is_ttl = is_ttl(&q)?;
+    let s = sandbox_of(&h, &headers, &id)?;
+    release_in_background(&h, &s, is_ttl);
+    Ok(Json(json!({"message": format!(
+        "Local sandbox release started for {id}: it will be released asynchronously in background."
+    )}))
+    .into_response())
+}
+
+/// The agent of a live sandbox.
+pub(super) async fn agent_of(h: &Host, s: &SandboxRow) -> Result<sandbox_client::Client, ApiError> {
+    let slot = h.pool.leased_slot(&s.slot).ok_or_else(|| {
+        detail(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the sandbox's agent is gone",
+        )
+    })?;
+    slot.client()
+        .await
+        .map_err(|e| detail(StatusCode::SERVICE_UNAVAILABLE, format!("{e:#}")))
+}
+
+/// `POST /local-sandbox/{id}/reset`
+pub async fn reset(
+    State(h): State<Shared>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> ApiResult {
+    let s = sandbox_of(&h, &headers, &id)?;
+    agent_of(&h, &s)
+        .await?
+        .agent()
+        .reset(proto::ResetRequest {
+            lease_id: id.clone(),
+        })
+        .await
+        .map_err(|s| agent_error("reset", s))?;
+    h.store
+        .set_status(&id, "occupied", &timestamp())
+        .map_err(internal)?;
+    let mut body = info(&h, &s);
+    body["message"] = json!(format!("Local sandbox {id} reset"));
+    Ok(Json(body).into_response())
+}
