@@ -20,7 +20,7 @@ use sha2::{Digest, Sha256};
 use tokio::io::AsyncWriteExt;
 use tokio_stream::StreamExt;
 
-use crate::{bytes, rpc_error};
+use crate::output::{bytes, rpc_error};
 
 /// A progress bar on a terminal, nothing otherwise.
 fn progress(len: Option<u64>, what: &str) -> ProgressBar {
@@ -336,6 +336,28 @@ pub async fn dump(
                 trailer.changed_files[0]
             );
         }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `clear`: empties the workspace, atomically.
+pub async fn clear(client: &Client, json_out: bool) -> anyhow::Result<ExitCode> {
+    let r = client
+        .workspace()
+        .clear(proto::ClearRequest {})
+        .await
+        .map_err(|s| rpc_error("Workspace.Clear", s))?
+        .into_inner();
+    if json_out {
+        println!(
+            "{}",
+            json!({ "ok": true, "removed_entries": r.removed_entries, "duration_ms": r.duration_ms })
+        );
+    } else {
+        println!(
+            "cleared the workspace ({} top-level entries removed, {} ms)",
+            r.removed_entries, r.duration_ms
+        );
     }
     Ok(ExitCode::SUCCESS)
 }

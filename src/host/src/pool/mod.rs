@@ -16,175 +16,33 @@
 //! to the pool (its Release cleared the workspace and stopped its servers)
 //! or is stopped when the pool is full. Slots that die are dropped and
 //! replaced.
+//!
+//! - `backend`: how a slot's agent is started (process or QEMU VM).
+//! - `slot`: one running sandbox and how it is stopped.
+//! - `warm`: warm profiles and the task that keeps idle slots warm.
+
+mod backend;
+mod slot;
+mod warm;
 
 use std::collections::HashMap;
 use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use sandbox_client::proto;
-use sandbox_client::transport::Endpoint;
 use tokio::sync::Notify;
-use tracing::{info, warn};
+use tracing::info;
 
-/// The state root of the shipped manifest (`packaging/servers.toml`).
-const STATE_ROOT: &str = "/var/lib/sandbox-agent";
-/// The VM image's agent ports (`packaging/vm/build-initramfs.sh`).
-const VM_AGENT_PORT: u32 = 1024;
-const VM_MCP_PORT: u32 = 1025;
-
-/// How slots are made.
-#[derive(Debug, Clone)]
-pub enum Backend {
-    Process {
-        agent_bin: PathBuf,
-        manifest: Option<PathBuf>,
-    },
-    Qemu {
-        /// `packaging/vm/run-qemu.sh`.
-        run_script: PathBuf,
-        /// An initramfs from `build-initramfs.sh` (its kernel beside it).
-        image: PathBuf,
-        memory_mib: u32,
-        /// `kvm` or `tcg`, decided once (see [`probe_accel`]).
-        accel: String,
-    },
-}
-
-impl Backend {
-    fn kind(&self) -> Kind {
-        match self {
-            Backend::Process { .. } => Kind::Process,
-            Backend::Qemu { .. } => Kind::Qemu,
-        }
-    }
-    /// How long a new slot may take to serve.
-    fn start_deadline(&self) -> Duration {
-        match self {
-            Backend::Process { .. } => Duration::from_secs(20),
-            // A VM under TCG boots in seconds, but slowly on a busy machine.
-            Backend::Qemu { .. } => Duration::from_secs(300),
-        }
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
-    Process,
-    Qemu,
-}
-
-impl Kind {
-    fn name(self) -> &'static str {
-        match self {
-            Kind::Process => "process",
-            Kind::Qemu => "qemu",
-        }
-    }
-}
-
-#[derive(Debug, Clone)]
-pub struct Slot {
-    pub id: String,
-    pub dir: PathBuf,
-    /// The slot's main process: the agent, or run-qemu.sh. It leads its
-    /// own process group.
-    pub pid: u32,
-    pub kind: Kind,
-}
-
-impl Slot {
-    pub fn agent_uri(&self) -> String {
-        match self.kind {
-            Kind::Process => format!("unix://{}", self.dir.join("agent.sock").display()),
-            Kind::Qemu => format!(
-                "hvsock://{}:{VM_AGENT_PORT}",
-                self.dir.join("vsock.sock").display()
-            ),
-        }
-    }
-    /// The agent's MCP data plane.
-    pub fn mcp_endpoint(&self) -> Endpoint {
-        match self.kind {
-            Kind::Process => Endpoint::Unix(self.dir.join("mcp.sock")),
-            Kind::Qemu => Endpoint::HybridVsock {
-                path: self.dir.join("vsock.sock"),
-                port: VM_MCP_PORT,
-            },
-        }
-    }
-    pub async fn client(&self) -> anyhow::Result<sandbox_client::Client> {
-        sandbox_client::connect(&self.agent_uri())
-            .await
-            .with_context(|| format!("agent of slot {}", self.id))
-    }
-    /// Alive, and still our process (not a reused pid).
-    pub fn alive(&self) -> bool {
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{}/stat", self.pid)) else {
-            return false;
-        };
-        let state = stat.rsplit_once(") ").and_then(|(_, r)| r.chars().next());
-        if matches!(state, Some('Z') | Some('X') | None) {
-            return false;
-        }
-        std::fs::read(format!("/proc/{}/cmdline", self.pid))
-            .is_ok_and(|c| String::from_utf8_lossy(&c).contains(&*self.dir.to_string_lossy()))
-    }
-}
-
-/// The servers idle slots are pre-acquired with.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum WarmProfile {
-    All,
-    Servers(Vec<String>),
-}
-
-impl WarmProfile {
-    /// Parses `--warm-servers`: `ALL` or a comma-separated list.
-    pub fn parse(s: &str) -> Option<WarmProfile> {
-        let s = s.trim();
-        if s.is_empty() {
-            return None;
-        }
-        if s == "ALL" {
-            return Some(WarmProfile::All);
-        }
-        let mut names: Vec<String> = s
-            .split(',')
-            .map(|n| n.trim().to_owned())
-            .filter(|n| !n.is_empty())
-            .collect();
-        names.sort();
-        names.dedup();
-        Some(WarmProfile::Servers(names))
-    }
-
-    /// Does an Acquire of `servers` (None: ALL) without benchmark, email or
-    /// auth data match this profile?
-    pub fn matches(&self, servers: Option<&[String]>) -> bool {
-        match (self, servers) {
-            (WarmProfile::All, None) => true,
-            (WarmProfile::Servers(want), Some(asked)) => {
-                let mut asked = asked.to_vec();
-                asked.sort();
-                asked.dedup();
-                &asked == want
-            }
-            _ => false,
-        }
-    }
-}
-
-/// A lease an idle slot already holds: its id (the future sandbox id) and
-/// the servers it runs.
-#[derive(Debug, Clone)]
-pub struct WarmLease {
-    pub lease_id: String,
-    pub servers: Vec<String>,
-}
+use backend::process_command;
+pub use backend::{Backend, Kind, probe_accel, slots_dir};
+use backend::{VM_AGENT_PORT, VM_MCP_PORT};
+pub use slot::Slot;
+use slot::{discard, stop, tail};
+pub use warm::{WarmLease, WarmProfile};
 
 /// What [`Pool::take`] hands out.
 pub struct Taken {
@@ -459,83 +317,6 @@ impl Pool {
             .collect()
     }
 
-    /// Keeps `size` idle slots, each holding a warm lease when a profile is
-    /// set, until the pool is closed.
-    pub async fn keep_warm(self: Arc<Self>) {
-        while !self.is_closed() {
-            let short = self.idle().len() < self.cfg.size;
-            if short {
-                match self.spawn().await {
-                    Ok(slot) => {
-                        // A slot given back while this one started may have
-                        // filled the pool already, or the pool closed.
-                        if let Err(surplus) = self.put_idle(Idle::bare(slot)) {
-                            let _ = tokio::task::spawn_blocking(move || discard(&surplus)).await;
-                        }
-                    }
-                    Err(_) if self.is_closed() => return,
-                    Err(e) => {
-                        warn!(error = %format!("{e:#}"), "cannot start a pool sandbox");
-                        tokio::time::sleep(Duration::from_secs(2)).await;
-                    }
-                }
-                continue;
-            }
-            if let Some(profile) = self.cfg.warm.clone() {
-                // The slot stays in the pool while its lease is acquired
-                // (marked, so Acquire passes it over), so a close stops it.
-                let bare = self
-                    .idle()
-                    .iter_mut()
-                    .find(|i| i.warm.is_none() && !i.warming)
-                    .map(|i| {
-                        i.warming = true;
-                        i.slot.clone()
-                    });
-                if let Some(slot) = bare {
-                    let lease = pre_acquire(&slot, &profile).await;
-                    let failed = {
-                        let mut idle = self.idle();
-                        // Gone: closed, or found dead by a sweep.
-                        let entry = idle.iter_mut().find(|i| i.slot.id == slot.id);
-                        match (lease, entry) {
-                            (Ok(w), Some(i)) => {
-                                info!(slot = %slot.id, lease = %w.lease_id, "warm lease ready");
-                                i.warm = Some(w);
-                                i.warming = false;
-                                false
-                            }
-                            (Ok(_), None) => false,
-                            (Err(e), entry) => {
-                                warn!(slot = %slot.id, error = %format!("{e:#}"), "cannot pre-acquire the warm servers; the slot stays bare");
-                                if let Some(i) = entry {
-                                    i.warming = false;
-                                }
-                                true
-                            }
-                        }
-                    };
-                    if failed {
-                        tokio::time::sleep(Duration::from_secs(5)).await;
-                    }
-                    continue;
-                }
-            }
-            tokio::select! {
-                _ = self.refill.notified() => {}
-                _ = tokio::time::sleep(Duration::from_secs(2)) => {
-                    self.idle().retain(|i| {
-                        let ok = i.slot.alive();
-                        if !ok {
-                            let _ = std::fs::remove_dir_all(&i.slot.dir);
-                        }
-                        ok
-                    });
-                }
-            }
-        }
-    }
-
     /// Starts a slot and waits until its agent serves.
     async fn spawn(&self) -> anyhow::Result<Slot> {
         anyhow::ensure!(!self.is_closed(), "the host is stopping");
@@ -667,124 +448,4 @@ impl Pool {
         });
         slots.len()
     }
-}
-
-/// The command line of a local agent in slot `dir`.
-fn process_command(
-    dir: &Path,
-    id: &str,
-    agent_bin: &Path,
-    manifest: Option<&Path>,
-) -> anyhow::Result<std::process::Command> {
-    std::fs::create_dir_all(dir.join("ws"))?;
-    let mut cmd = std::process::Command::new(agent_bin);
-    cmd.arg("--listen")
-        .arg(format!("unix://{}", dir.join("agent.sock").display()))
-        .arg("--mcp-listen")
-        .arg(format!("unix://{}", dir.join("mcp.sock").display()))
-        .arg("--workspace")
-        .arg(dir.join("ws"))
-        .arg("--name")
-        .arg(id)
-        .env("SANDBOX_AGENT_CONFIG", "/dev/null");
-    if let Some(m) = manifest {
-        // Agents on one machine must not share server state: each gets the
-        // manifest with the state root moved into its slot.
-        let text =
-            std::fs::read_to_string(m).with_context(|| format!("reading {}", m.display()))?;
-        let own = text.replace(STATE_ROOT, &dir.join("state").display().to_string());
-        let path = dir.join("servers.toml");
-        std::fs::write(&path, own)?;
-        cmd.arg("--manifest").arg(path);
-    }
-    Ok(cmd)
-}
-
-/// Acquires the warm profile's servers on an idle slot, under the id its
-/// sandbox will have.
-async fn pre_acquire(slot: &Slot, profile: &WarmProfile) -> anyhow::Result<WarmLease> {
-    let lease_id = uuid::Uuid::new_v4().to_string();
-    let (names, all) = match profile {
-        WarmProfile::All => (Vec::new(), true),
-        WarmProfile::Servers(n) => (n.clone(), false),
-    };
-    let r = slot
-        .client()
-        .await?
-        .agent()
-        .acquire(proto::AcquireRequest {
-            lease_id: lease_id.clone(),
-            server_names: names,
-            all_servers: all,
-            // The host's reaper owns TTLs.
-            ttl_seconds: Some(0),
-            ..Default::default()
-        })
-        .await
-        .map_err(|s| anyhow::anyhow!("{}", s.message()))?
-        .into_inner();
-    Ok(WarmLease {
-        lease_id,
-        servers: r.servers.into_iter().map(|s| s.name).collect(),
-    })
-}
-
-/// The last `max` bytes of a log, on a character boundary.
-fn tail(s: &str, max: usize) -> &str {
-    let s = s.trim();
-    let mut start = s.len().saturating_sub(max);
-    while !s.is_char_boundary(start) {
-        start += 1;
-    }
-    &s[start..]
-}
-
-/// SIGTERM to the slot's process (the agent stops its servers; run-qemu.sh
-/// stops QEMU and vhost-device-vsock), SIGKILL to its whole process group
-/// after a grace.
-fn stop(slot: &Slot) {
-    use nix::sys::signal::{Signal, kill, killpg};
-    let pid = nix::unistd::Pid::from_raw(slot.pid as i32);
-    if !slot.alive() {
-        return;
-    }
-    let _ = kill(pid, Signal::SIGTERM);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while slot.alive() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    if slot.alive() {
-        let _ = killpg(pid, Signal::SIGKILL);
-    }
-}
-
-fn discard(slot: &Slot) {
-    stop(slot);
-    let _ = std::fs::remove_dir_all(&slot.dir);
-}
-
-/// Where the slots' directories are, in the data dir.
-pub fn slots_dir(data: &Path) -> PathBuf {
-    data.join("slots")
-}
-
-/// Which accelerator the VMs get: `kvm` when a guest kernel really boots
-/// under it, else `tcg` (run-qemu.sh's probe, run once for the whole pool
-/// instead of once per VM).
-pub fn probe_accel(run_script: &Path, image: &Path) -> anyhow::Result<String> {
-    let out = std::process::Command::new(run_script)
-        .arg("--probe-accel")
-        .arg("--initramfs")
-        .arg(image)
-        .stdin(std::process::Stdio::null())
-        .output()
-        .with_context(|| format!("running {}", run_script.display()))?;
-    let accel = String::from_utf8_lossy(&out.stdout).trim().to_owned();
-    anyhow::ensure!(
-        out.status.success() && (accel == "kvm" || accel == "tcg"),
-        "{} --probe-accel failed: {}",
-        run_script.display(),
-        String::from_utf8_lossy(&out.stderr).trim()
-    );
-    Ok(accel)
 }

@@ -1,0 +1,93 @@
+//! One slot: its directory, its agent's endpoints, and how it is stopped
+//! (its whole process group) or discarded.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use sandbox_client::transport::Endpoint;
+
+use super::*;
+
+#[derive(Debug, Clone)]
+pub struct Slot {
+    pub id: String,
+    pub dir: PathBuf,
+    /// The slot's main process: the agent, or run-qemu.sh. It leads its
+    /// own process group.
+    pub pid: u32,
+    pub kind: Kind,
+}
+
+impl Slot {
+    pub fn agent_uri(&self) -> String {
+        match self.kind {
+            Kind::Process => format!("unix://{}", self.dir.join("agent.sock").display()),
+            Kind::Qemu => format!(
+                "hvsock://{}:{VM_AGENT_PORT}",
+                self.dir.join("vsock.sock").display()
+            ),
+        }
+    }
+    /// The agent's MCP data plane.
+    pub fn mcp_endpoint(&self) -> Endpoint {
+        match self.kind {
+            Kind::Process => Endpoint::Unix(self.dir.join("mcp.sock")),
+            Kind::Qemu => Endpoint::HybridVsock {
+                path: self.dir.join("vsock.sock"),
+                port: VM_MCP_PORT,
+            },
+        }
+    }
+    pub async fn client(&self) -> anyhow::Result<sandbox_client::Client> {
+        sandbox_client::connect(&self.agent_uri())
+            .await
+            .with_context(|| format!("agent of slot {}", self.id))
+    }
+    /// Alive, and still our process (not a reused pid).
+    pub fn alive(&self) -> bool {
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{}/stat", self.pid)) else {
+            return false;
+        };
+        let state = stat.rsplit_once(") ").and_then(|(_, r)| r.chars().next());
+        if matches!(state, Some('Z') | Some('X') | None) {
+            return false;
+        }
+        std::fs::read(format!("/proc/{}/cmdline", self.pid))
+            .is_ok_and(|c| String::from_utf8_lossy(&c).contains(&*self.dir.to_string_lossy()))
+    }
+}
+
+/// The last `max` bytes of a log, on a character boundary.
+pub(super) fn tail(s: &str, max: usize) -> &str {
+    let s = s.trim();
+    let mut start = s.len().saturating_sub(max);
+    while !s.is_char_boundary(start) {
+        start += 1;
+    }
+    &s[start..]
+}
+
+/// SIGTERM to the slot's process (the agent stops its servers; run-qemu.sh
+/// stops QEMU and vhost-device-vsock), SIGKILL to its whole process group
+/// after a grace.
+pub(super) fn stop(slot: &Slot) {
+    use nix::sys::signal::{Signal, kill, killpg};
+    let pid = nix::unistd::Pid::from_raw(slot.pid as i32);
+    if !slot.alive() {
+        return;
+    }
+    let _ = kill(pid, Signal::SIGTERM);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while slot.alive() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    if slot.alive() {
+        let _ = killpg(pid, Signal::SIGKILL);
+    }
+}
+
+pub(super) fn discard(slot: &Slot) {
+    stop(slot);
+    let _ = std::fs::remove_dir_all(&slot.dir);
+}

@@ -1,0 +1,148 @@
+//! `health` and `info`: the agent itself.
+
+use std::process::ExitCode;
+
+use sandbox_client::Client;
+use sandbox_client::proto;
+use sandbox_client::proto::health::HealthCheckRequest;
+use sandbox_client::proto::health::health_check_response::ServingStatus;
+use serde_json::json;
+
+use crate::output::{bytes, duration, rpc_error, status_name};
+
+pub(crate) async fn health(client: &Client, service: &str, json: bool) -> anyhow::Result<ExitCode> {
+    let resp = client
+        .health()
+        .check(HealthCheckRequest {
+            service: service.to_owned(),
+        })
+        .await
+        .map_err(|s| rpc_error("Health.Check", s))?
+        .into_inner();
+    let status = ServingStatus::try_from(resp.status).unwrap_or(ServingStatus::Unknown);
+    let name = status.as_str_name();
+    if json {
+        println!(
+            "{}",
+            json!({ "ok": status == ServingStatus::Serving, "service": service, "status": name, "agent": client.endpoint().to_string() })
+        );
+    } else if service.is_empty() {
+        println!("{name}");
+    } else {
+        println!("{service}: {name}");
+    }
+    Ok(if status == ServingStatus::Serving {
+        ExitCode::SUCCESS
+    } else {
+        if !json {
+            eprintln!("sandboxctl: agent at {} is {name}", client.endpoint());
+        }
+        ExitCode::FAILURE
+    })
+}
+
+pub(crate) async fn info(client: &Client, json: bool) -> anyhow::Result<ExitCode> {
+    let i = client
+        .agent()
+        .get_info(proto::GetInfoRequest {})
+        .await
+        .map_err(|s| rpc_error("Agent.GetInfo", s))?
+        .into_inner();
+    let status = proto::SandboxStatus::try_from(i.status)
+        .map(|s| status_name(s).to_owned())
+        .unwrap_or_else(|_| format!("unknown ({})", i.status));
+    let load = i.load_average.unwrap_or_default();
+    let ws = i.workspace.clone().unwrap_or_default();
+    if json {
+        let lease = i.lease.as_ref().map(|l| {
+            json!({
+                "lease_id": l.lease_id,
+                "benchmark": proto::Benchmark::try_from(l.benchmark).map(|b| b.as_str_name()).unwrap_or("unknown"),
+                "server_names": l.server_names,
+                "acquired_at_ms": l.acquired_at_ms,
+                "ttl_seconds": l.ttl_seconds,
+                "expires_at_ms": l.expires_at_ms,
+                "test_account_email": l.test_account_email,
+            })
+        });
+        println!(
+            "{}",
+            json!({
+                "ok": true,
+                "agent_version": i.agent_version,
+                "boot_id": i.boot_id,
+                "system_uptime_seconds": i.system_uptime_seconds,
+                "agent_uptime_ms": i.agent_uptime_ms,
+                "agent_pid": i.agent_pid,
+                "hostname": i.hostname,
+                "kernel_release": i.kernel_release,
+                "kernel_version": i.kernel_version,
+                "arch": i.arch,
+                "cpu_count": i.cpu_count,
+                "load_average": [load.one, load.five, load.fifteen],
+                "memory_total_bytes": i.memory_total_bytes,
+                "memory_available_bytes": i.memory_available_bytes,
+                "workspace": {
+                    "path": ws.path,
+                    "total_bytes": ws.total_bytes,
+                    "free_bytes": ws.free_bytes,
+                    "available_bytes": ws.available_bytes,
+                },
+                "agent_rss_bytes": i.agent_rss_bytes,
+                "status": status,
+                "lease": lease,
+            })
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    let lease = match &i.lease {
+        None => "-".to_owned(),
+        Some(l) => format!("{} ({} servers)", l.lease_id, l.server_names.len()),
+    };
+    let rows = [
+        (
+            "agent",
+            format!(
+                "sandbox-agent {} (pid {}, up {})",
+                i.agent_version,
+                i.agent_pid,
+                duration(i.agent_uptime_ms / 1000)
+            ),
+        ),
+        ("status", status),
+        ("lease", lease),
+        ("hostname", i.hostname),
+        ("kernel", format!("{} {}", i.kernel_release, i.arch)),
+        ("boot id", i.boot_id),
+        ("uptime", duration(i.system_uptime_seconds)),
+        (
+            "cpus",
+            format!(
+                "{} (load {:.2} {:.2} {:.2})",
+                i.cpu_count, load.one, load.five, load.fifteen
+            ),
+        ),
+        (
+            "memory",
+            format!(
+                "{} available of {}",
+                bytes(i.memory_available_bytes),
+                bytes(i.memory_total_bytes)
+            ),
+        ),
+        (
+            "workspace",
+            format!(
+                "{} ({} available of {})",
+                ws.path,
+                bytes(ws.available_bytes),
+                bytes(ws.total_bytes)
+            ),
+        ),
+        ("agent rss", bytes(i.agent_rss_bytes)),
+    ];
+    for (k, v) in rows {
+        println!("{k:<10} {v}");
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,50 @@
+//! Formatting shared by the verbs: RPC errors, statuses, sizes, durations.
+
+use anyhow::anyhow;
+use sandbox_client::error_chain;
+use sandbox_client::proto;
+
+/// Formats a failed RPC as `Method: CODE: message`.
+pub(crate) fn rpc_error(method: &str, s: tonic::Status) -> anyhow::Error {
+    let detail = if s.message().is_empty() {
+        error_chain(&s)
+    } else {
+        s.message().to_owned()
+    };
+    anyhow!("{method} failed: {:?}: {detail}", s.code())
+}
+
+/// Klavis spelling of a status.
+pub(crate) fn status_name(s: proto::SandboxStatus) -> &'static str {
+    match s {
+        proto::SandboxStatus::Idle => "idle",
+        proto::SandboxStatus::Occupied => "occupied",
+        proto::SandboxStatus::Error => "error",
+        proto::SandboxStatus::Unspecified => "unspecified",
+    }
+}
+
+pub(crate) fn bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = n as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u < UNITS.len() - 1 {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}
+
+pub(crate) fn duration(secs: u64) -> String {
+    let (d, h, m, s) = (secs / 86400, secs / 3600 % 24, secs / 60 % 60, secs % 60);
+    match (d, h, m) {
+        (0, 0, 0) => format!("{s}s"),
+        (0, 0, _) => format!("{m}m {s}s"),
+        (0, _, _) => format!("{h}h {m}m"),
+        _ => format!("{d}d {h}h"),
+    }
+}
