@@ -458,10 +458,9 @@ fn dev_mode_creates_a_private_token_and_serves() {
         .spawn()
         .unwrap();
     let sock = dir.path().join("dev.sock");
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while !sock.exists() && std::time::Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    eventually(Duration::from_secs(10), "the --dev socket appears", || {
+        when(sock.exists(), || format!("no {}", sock.display()))
+    });
     let token = dir.path().join("sandbox-agent.token");
     let md = std::fs::metadata(&token).expect("token file created");
     assert_eq!(md.permissions().mode() & 0o777, 0o600);

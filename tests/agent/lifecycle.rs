@@ -2,7 +2,7 @@
 //! git and memory from packaging/install-servers.sh), through the real
 //! agent binary over its unix socket.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::common::mcp::*;
 use crate::common::*;
@@ -46,18 +46,16 @@ async fn wait_state(
     timeout: Duration,
     pred: impl Fn(&proto::ServerStatus) -> bool,
 ) -> proto::ServerStatus {
-    let deadline = Instant::now() + timeout;
-    loop {
+    let what = format!("{name} reaches the state");
+    eventually_async(timeout, &what, async || {
         let s = server(c, name).await;
         if pred(&s) {
-            return s;
+            Ok(s)
+        } else {
+            Err(format!("{s:?}"))
         }
-        assert!(
-            Instant::now() < deadline,
-            "{name} never reached the state: {s:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await
 }
 
 async fn health(c: &sandbox_client::Client, service: &str) -> i32 {
@@ -311,11 +309,11 @@ stop_grace_ms = 500
         })
         .await
         .unwrap_or_else(|e| panic!("Start: {e}\n{}", agent.stderr.all()));
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while pgrep(&format!("sleep 7{tag}2")).is_empty() {
-        assert!(Instant::now() < deadline, "grandchildren never started");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually(Duration::from_secs(5), "the grandchildren start", || {
+        when(!pgrep(&format!("sleep 7{tag}2")).is_empty(), || {
+            "no second sleep yet".into()
+        })
+    });
     assert_eq!(
         server(&c, "forker").await.processes,
         3,
@@ -379,14 +377,17 @@ ready_timeout_ms = 1000
         .await
         .expect("Stop");
     // Stop reaps the last child; allow a loaded machine time to get there.
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while !(zombies_of(agent.child.id()).is_empty() && descendants(agent.child.id()).is_empty())
-        && Instant::now() < deadline
-    {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert_eq!(zombies_of(agent.child.id()), Vec::<u32>::new());
-    assert!(descendants(agent.child.id()).is_empty());
+    let pid = agent.child.id();
+    eventually(
+        Duration::from_secs(15),
+        "no zombie and no descendant is left",
+        || {
+            let (z, d) = (zombies_of(pid), descendants(pid));
+            when(z.is_empty() && d.is_empty(), || {
+                format!("zombies {z:?}, descendants {d:?}")
+            })
+        },
+    );
 }
 
 #[tokio::test]
@@ -409,27 +410,31 @@ ready_timeout_ms = 60000
             })
             .await;
     });
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let lines = loop {
-        let mut s = c
-            .servers()
-            .logs(proto::LogsRequest {
-                name: "chatty".into(),
-                ..Default::default()
-            })
-            .await
-            .expect("Logs")
-            .into_inner();
-        let mut lines = Vec::new();
-        while let Some(l) = s.message().await.expect("line") {
-            lines.push(l);
-        }
-        if lines.last().is_some_and(|l| l.line.as_ref() == b"done") {
-            break lines;
-        }
-        assert!(Instant::now() < deadline, "chatter never finished");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let lines = eventually_async(
+        Duration::from_secs(20),
+        "the chatter finishes",
+        async || {
+            let mut s = c
+                .servers()
+                .logs(proto::LogsRequest {
+                    name: "chatty".into(),
+                    ..Default::default()
+                })
+                .await
+                .expect("Logs")
+                .into_inner();
+            let mut lines = Vec::new();
+            while let Some(l) = s.message().await.expect("line") {
+                lines.push(l);
+            }
+            if lines.last().is_some_and(|l| l.line.as_ref() == b"done") {
+                Ok(lines)
+            } else {
+                Err(format!("{} lines, not ending in done", lines.len()))
+            }
+        },
+    )
+    .await;
     let bytes: usize = lines.iter().map(|l| l.line.len() + 64).sum();
     assert!(bytes <= 32768, "{bytes} bytes kept");
     assert!(lines[0].seq > 4000, "oldest kept line {}", lines[0].seq);
@@ -534,8 +539,7 @@ env = {{ MEMORY_FILE_PATH = "${{workspace}}/../state/atlas-memory.jsonl" }}
     assert_eq!(r.servers[0].state, READY);
 
     // The 6 s TTL releases by itself.
-    let deadline = Instant::now() + Duration::from_secs(15);
-    let info = loop {
+    let info = eventually_async(Duration::from_secs(15), "the TTL releases", async || {
         let info = c
             .agent()
             .get_info(proto::GetInfoRequest {})
@@ -543,11 +547,12 @@ env = {{ MEMORY_FILE_PATH = "${{workspace}}/../state/atlas-memory.jsonl" }}
             .expect("info")
             .into_inner();
         if info.status == proto::SandboxStatus::Idle as i32 {
-            break info;
+            Ok(info)
+        } else {
+            Err(format!("status {}", info.status))
         }
-        assert!(Instant::now() < deadline, "TTL never released");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    })
+    .await;
     let rec = info.last_release.expect("release record");
     assert!(rec.is_ttl && rec.lease_id == "seeded-lease");
     assert_eq!(std::fs::read_dir(&ws).expect("ws").count(), 0);
@@ -663,8 +668,8 @@ restart = {{ policy = "never" }}
 
 #[tokio::test]
 async fn servers_run_as_the_manifest_user() {
-    if !nix::unistd::geteuid().is_root() {
-        panic!("this test needs root (the test command runs as root)");
+    if !root_or_skip("running a server as the manifest's user") {
+        return;
     }
     let extra = format!(
         r#"

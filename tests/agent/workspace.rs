@@ -498,16 +498,16 @@ async fn client_cancel_mid_stream_changes_nothing() {
     let _ = call.await;
     drop(tx);
     // The agent notices, discards the staging tree, and serves the next call.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        match f.client.workspace().clear(proto::ClearRequest {}).await {
-            Err(e) if e.code() == Code::Aborted && Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(50)).await
-            }
+    eventually_async(
+        Duration::from_secs(10),
+        "the workspace is free again",
+        async || match f.client.workspace().clear(proto::ClearRequest {}).await {
+            Err(e) if e.code() == Code::Aborted => Err(e.to_string()),
             Err(e) => panic!("{e}"),
-            Ok(_) => break,
-        }
-    }
+            Ok(_) => Ok(()),
+        },
+    )
+    .await;
     assert!(
         f.agent.stderr.all().contains("workspace unchanged"),
         "{}",

@@ -137,27 +137,28 @@ pub fn processes_mentioning(s: &str) -> String {
 /// `also`.
 pub fn assert_nothing_left(host: &Host, also: &[&str]) {
     let data = host.data.display().to_string();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    loop {
-        let left: String = std::iter::once(data.as_str())
-            .chain(also.iter().copied())
-            .map(processes_mentioning)
-            .collect();
-        if left.is_empty() {
-            return;
-        }
-        if std::time::Instant::now() > deadline {
-            let log = host.data.with_file_name("host.log");
-            let log = std::fs::read_to_string(log).unwrap_or_default();
-            let mut from = log.len().saturating_sub(6000);
-            while !log.is_char_boundary(from) {
-                from += 1;
-            }
-            let tail = &log[from..];
-            panic!("left running:\n{left}\nthe end of the host's log:\n{tail}");
-        }
-        std::thread::sleep(std::time::Duration::from_millis(250));
-    }
+    super::eventually(
+        std::time::Duration::from_secs(30),
+        "nothing of the host is left running",
+        || {
+            let left: String = std::iter::once(data.as_str())
+                .chain(also.iter().copied())
+                .map(processes_mentioning)
+                .collect();
+            super::when(left.is_empty(), || {
+                let log = host.data.with_file_name("host.log");
+                let log = std::fs::read_to_string(log).unwrap_or_default();
+                let mut from = log.len().saturating_sub(6000);
+                while !log.is_char_boundary(from) {
+                    from += 1;
+                }
+                format!(
+                    "left running:\n{left}\nthe end of the host's log:\n{}",
+                    &log[from..]
+                )
+            })
+        },
+    )
 }
 
 pub fn alive(pid: i32) -> bool {

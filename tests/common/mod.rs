@@ -136,14 +136,16 @@ impl Agent {
     /// Sends SIGTERM and waits for the exit status.
     pub fn terminate(mut self) -> std::process::ExitStatus {
         signal(self.child.id(), nix::sys::signal::Signal::SIGTERM);
-        let deadline = Instant::now() + Duration::from_secs(15);
-        loop {
-            if let Some(st) = self.child.try_wait().unwrap() {
-                return st;
-            }
-            assert!(Instant::now() < deadline, "agent ignored SIGTERM");
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        eventually(
+            Duration::from_secs(15),
+            "the agent exits on SIGTERM",
+            || {
+                self.child
+                    .try_wait()
+                    .map_err(|e| e.to_string())?
+                    .ok_or_else(|| "still running".to_owned())
+            },
+        )
     }
 }
 
@@ -152,6 +154,63 @@ impl Drop for Agent {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// Whether the test runs as root; if not, says on stderr that `what` is
+/// skipped and why (the test command runs as root, so CI runs it).
+pub fn root_or_skip(what: &str) -> bool {
+    let root = nix::unistd::geteuid().is_root();
+    if !root {
+        eprintln!("skipped: {what} needs root (run the test command as root to cover it)");
+    }
+    root
+}
+
+/// How often [`eventually`] looks again.
+pub const POLL: Duration = Duration::from_millis(50);
+
+/// Polls `check` until it returns `Ok`, and returns that value. `Err`
+/// says what it sees instead; once `within` has passed, the test fails with
+/// `what` and the last `Err`. For the states a test waits for, never a
+/// fixed sleep.
+pub fn eventually<T>(
+    within: Duration,
+    what: &str,
+    mut check: impl FnMut() -> Result<T, String>,
+) -> T {
+    let deadline = Instant::now() + within;
+    loop {
+        match check() {
+            Ok(v) => return v,
+            Err(last) if Instant::now() >= deadline => {
+                panic!("{what}: not within {within:?}; last seen: {last}")
+            }
+            Err(_) => std::thread::sleep(POLL),
+        }
+    }
+}
+
+/// [`eventually`] with an async check.
+pub async fn eventually_async<T>(
+    within: Duration,
+    what: &str,
+    mut check: impl AsyncFnMut() -> Result<T, String>,
+) -> T {
+    let deadline = Instant::now() + within;
+    loop {
+        match check().await {
+            Ok(v) => return v,
+            Err(last) if Instant::now() >= deadline => {
+                panic!("{what}: not within {within:?}; last seen: {last}")
+            }
+            Err(_) => tokio::time::sleep(POLL).await,
+        }
+    }
+}
+
+/// `Ok(())` when `cond`, else `Err(why())`: the usual check of [`eventually`].
+pub fn when(cond: bool, why: impl FnOnce() -> String) -> Result<(), String> {
+    if cond { Ok(()) } else { Err(why()) }
 }
 
 pub fn signal(pid: u32, sig: nix::sys::signal::Signal) {

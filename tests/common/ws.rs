@@ -7,6 +7,7 @@ use std::io::{Read, Write};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use sandbox_client::proto;
 use sandbox_client::proto::initialize_request::Msg;
@@ -214,42 +215,31 @@ fn walk(root: &Path, rel: &Path, mtimes: bool, out: &mut Snapshot) {
 /// Waits (up to 10 s) until `dir` is empty: the agent removes old trees and
 /// failed stages in the background.
 pub async fn wait_empty(dir: &Path) {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    loop {
+    let what = format!("{} is emptied", dir.display());
+    super::eventually_async(Duration::from_secs(10), &what, async || {
         let left: Vec<_> = std::fs::read_dir(dir)
             .unwrap()
             .map(|e| e.unwrap().file_name())
             .collect();
-        if left.is_empty() {
-            return;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "debris left in {}: {left:?}",
-            dir.display()
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
+        super::when(left.is_empty(), || format!("debris: {left:?}"))
+    })
+    .await
 }
 
 /// Waits until the agent has a staging directory in its state dir `dir`:
 /// it has taken an Initialize (the workspace lock is held from before the
 /// stage is made until after it is committed or discarded).
 pub async fn wait_staging(dir: &Path) {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    loop {
+    let what = format!(
+        "the agent starts the Initialize (a staging directory in {})",
+        dir.display()
+    );
+    super::eventually_async(Duration::from_secs(30), &what, async || {
         let staged = std::fs::read_dir(dir).map(|d| {
             d.filter_map(|e| e.ok())
                 .any(|e| e.file_name().to_string_lossy().starts_with("stage"))
         });
-        if let Ok(true) = staged {
-            return;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the agent has not started the Initialize in 30 s (no staging directory in {})",
-            dir.display()
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+        super::when(matches!(staged, Ok(true)), || format!("{staged:?}"))
+    })
+    .await
 }

@@ -12,6 +12,7 @@ use crate::common::host::{
     assert_notebook_outcome, http, py, release,
 };
 use crate::common::mcp::shipped_manifest;
+use crate::common::{eventually, when};
 use serde_json::json;
 
 #[test]
@@ -217,20 +218,15 @@ fn a_restart_keeps_the_leases_and_the_reaper_releases_on_ttl() {
         r#"{"server_names": ["filesystem"], "ttl_seconds": 60}"#,
     );
     let ttl = a["local_sandbox_id"].as_str().expect("id").to_owned();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
+    eventually(Duration::from_secs(30), "the reaper releases it", || {
         let (code, _) = http(
             "GET",
             &format!("{b}/local-sandbox/{ttl}"),
             Some(KEY_A),
             None,
         );
-        if code == 404 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "not released by the reaper");
-        std::thread::sleep(Duration::from_millis(250));
-    }
+        when(code == 404, || format!("GET answers {code}"))
+    });
     let (_, v) = http(
         "GET",
         &format!("{b}/local-sandbox/{keep}"),
@@ -247,22 +243,15 @@ fn concurrent_cycles_leave_nothing_behind() {
     let v = py(&host, KEY_A, &["cycles", "20"]);
     assert_eq!(v["ok"], 20, "{v}");
     // Releases finish in the background; then only the pool is left.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
+    eventually(Duration::from_secs(60), "only the pool is left", || {
         let live: Vec<i32> = host.agents().into_iter().filter(|p| alive(*p)).collect();
         let uploads = std::fs::read_dir(host.data.join("uploads"))
             .map(|d| d.count())
             .unwrap_or(0);
-        if live.len() <= 1 && uploads == 0 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "left behind: {} agents, {uploads} uploads",
-            live.len()
-        );
-        std::thread::sleep(Duration::from_millis(250));
-    }
+        when(live.len() <= 1 && uploads == 0, || {
+            format!("{} agents, {uploads} uploads", live.len())
+        })
+    });
     // The idle agent's workspace is empty and it runs no server.
     for e in std::fs::read_dir(host.data.join("slots"))
         .expect("slots")
@@ -318,18 +307,17 @@ async fn agent_state(slot: &Path) -> Option<(String, Vec<(String, u32)>)> {
 /// `server` running; returns (slot dir, lease id, server pid).
 fn wait_warm(host: &Host, server: &str, not: &[PathBuf]) -> (PathBuf, String, u32) {
     let rt = tokio::runtime::Runtime::new().expect("runtime");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
+    let what = format!("a warm lease of {server}");
+    eventually(Duration::from_secs(60), &what, || {
         for dir in slot_dirs(host).into_iter().filter(|d| !not.contains(d)) {
             if let Some((lease, servers)) = rt.block_on(agent_state(&dir))
                 && let Some((_, pid)) = servers.iter().find(|(n, _)| n == server)
             {
-                return (dir, lease, *pid);
+                return Ok((dir, lease, *pid));
             }
         }
-        assert!(Instant::now() < deadline, "no warm lease of {server}");
-        std::thread::sleep(Duration::from_millis(200));
-    }
+        Err("no slot holds it".into())
+    })
 }
 
 #[test]
@@ -473,14 +461,15 @@ fn on_release_replace_gives_each_tenant_a_fresh_sandbox() {
     let (slot, pid) = slot_of(&host, &first);
     release(&host, KEY_A, &first);
     // Its agent is stopped and its directory (workspace included) removed.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while alive(pid) || slot.exists() {
-        assert!(
-            Instant::now() < deadline,
-            "the released sandbox was not stopped"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    eventually(
+        Duration::from_secs(30),
+        "the released sandbox stops",
+        || {
+            when(!alive(pid) && !slot.exists(), || {
+                format!("agent alive: {}, slot left: {}", alive(pid), slot.exists())
+            })
+        },
+    );
     // The next tenant gets another agent, and MCP works there.
     let a = acquire(&host, KEY_B, r#"{"server_names": ["localmemory"]}"#);
     let second = a["local_sandbox_id"].as_str().expect("id").to_owned();

@@ -11,7 +11,7 @@
 //! build.
 
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::common::host::{
     Host, KEY_A, KEY_B, acquire, assert_mcp_client_works, assert_mcp_initializes,
@@ -88,19 +88,14 @@ fn the_qemu_backend_serves_the_api_from_vms() {
 
     release(&host, KEY_A, &all);
     // Releases end in the background; then one idle VM is left (the pool).
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
+    crate::common::eventually(Duration::from_secs(120), "one idle VM is left", || {
         let live = host
             .agents()
             .into_iter()
             .filter(|p| crate::common::host::alive(*p))
             .count();
-        if live <= 1 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "{live} VMs still running");
-        std::thread::sleep(Duration::from_millis(250));
-    }
+        crate::common::when(live <= 1, || format!("{live} VMs still running"))
+    });
     // Stopping the host stops its idle VM: no QEMU, vhost-device-vsock or
     // run-qemu.sh of this host is left (QEMU's command line names the
     // image, the others the slot's directory).

@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::common::eventually_async;
 use crate::common::ws::{Tar, gzip, initialize};
 use sandbox_client::mcp_client::McpHttpClient;
 use sandbox_client::proto;
@@ -150,29 +151,22 @@ async fn the_agent_runs_a_vm_as_init_over_real_vsock() {
         .to_owned();
 
     // Boot to SERVING (TCG is slow; the deadline allows for it).
-    let deadline = Instant::now() + Duration::from_secs(240);
-    let client = loop {
-        if let Ok(c) = sandbox_client::connect(&vm.agent_uri()).await
-            && let Ok(r) = c
-                .health()
-                .check(proto::health::HealthCheckRequest {
-                    service: String::new(),
-                })
-                .await
-            && r.into_inner().status == 1
-        {
-            break c;
-        }
-        if let Some(s) = vm.child.try_wait().expect("wait") {
-            panic!("the VM ended before serving ({s}):\n{}", vm.console.all());
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no SERVING within 240 s:\n{}",
-            vm.console.all()
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    };
+    let client = eventually_async(
+        Duration::from_secs(240),
+        "the VM's agent serves",
+        async || {
+            if let Ok(c) = sandbox_client::connect(&vm.agent_uri()).await
+                && let Ok(true) = c.serving().await
+            {
+                return Ok(c);
+            }
+            if let Some(s) = vm.child.try_wait().expect("wait") {
+                panic!("the VM ended before serving ({s}):\n{}", vm.console.all());
+            }
+            Err(format!("not serving yet; console:\n{}", vm.console.all()))
+        },
+    )
+    .await;
     println!(
         "boot to SERVING: {:.2} s ({accel}; {:.2} s including the accelerator probe)",
         booted.elapsed().as_secs_f64(),

@@ -52,10 +52,35 @@ pub fn is_pid1() -> bool {
 #[derive(Debug)]
 pub struct Step {
     pub what: String,
-    pub result: Result<(), String>,
+    pub result: Result<(), InitError>,
 }
 
-fn step(what: impl Into<String>, result: Result<(), String>) -> Step {
+/// Why a boot step failed. None is fatal: the agent logs it and serves.
+#[derive(Debug, thiserror::Error)]
+pub enum InitError {
+    #[error("creating {}: {source}", path.display())]
+    CreateDir {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Sys(#[from] nix::Error),
+    #[error("opening /dev/console: {0}")]
+    Console(nix::Error),
+    #[error("dup2 onto fd {fd}: {source}")]
+    Dup2 { fd: i32, source: std::io::Error },
+    #[error("{}: {source}", path.display())]
+    Module {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("uname: {0}")]
+    Uname(nix::Error),
+    #[error("no {want} under {}", root.display())]
+    NoModule { want: String, root: PathBuf },
+}
+
+fn step(what: impl Into<String>, result: Result<(), InitError>) -> Step {
     Step {
         what: what.into(),
         result,
@@ -106,10 +131,18 @@ pub fn boot(cfg: &InitConfig) -> Vec<Step> {
             continue;
         }
         let r = std::fs::create_dir_all(target)
-            .map_err(|e| format!("creating {}: {e}", target.display()))
+            .map_err(|source| InitError::CreateDir {
+                path: target.to_owned(),
+                source,
+            })
             .and_then(|()| {
-                nix::mount::mount(Some(source), target, Some(fstype), flags, data)
-                    .map_err(|e| e.to_string())
+                Ok(nix::mount::mount(
+                    Some(source),
+                    target,
+                    Some(fstype),
+                    flags,
+                    data,
+                )?)
             });
         steps.push(step(format!("mount {fstype} on {}", target.display()), r));
         if target == Path::new("/dev") {
@@ -119,7 +152,7 @@ pub fn boot(cfg: &InitConfig) -> Vec<Step> {
     if !cfg.hostname.is_empty() {
         steps.push(step(
             format!("hostname {}", cfg.hostname),
-            nix::unistd::sethostname(&cfg.hostname).map_err(|e| e.to_string()),
+            nix::unistd::sethostname(&cfg.hostname).map_err(InitError::from),
         ));
     }
     for m in &cfg.modules {
@@ -139,7 +172,7 @@ fn is_mountpoint(p: &Path) -> bool {
 
 /// Points fds 0-2 at /dev/console where they are not open (the kernel
 /// gives init none when its initramfs has no /dev/console).
-fn console() -> Result<(), String> {
+fn console() -> Result<(), InitError> {
     use nix::fcntl::{FcntlArg, OFlag, fcntl, open};
     use nix::sys::stat::Mode;
     let closed: Vec<i32> = (0..3)
@@ -157,39 +190,45 @@ fn console() -> Result<(), String> {
         OFlag::O_RDWR | OFlag::O_NOCTTY | OFlag::O_CLOEXEC,
         Mode::empty(),
     )
-    .map_err(|e| format!("opening /dev/console: {e}"))?;
+    .map_err(InitError::Console)?;
     for fd in closed {
         // SAFETY: dup2 onto a closed standard fd, which nothing owns.
         if unsafe { nix::libc::dup2(console.as_raw_fd(), fd) } < 0 {
-            return Err(format!(
-                "dup2 onto fd {fd}: {}",
-                std::io::Error::last_os_error()
-            ));
+            return Err(InitError::Dup2 {
+                fd,
+                source: std::io::Error::last_os_error(),
+            });
         }
     }
     Ok(())
 }
 
 /// Loads one module with `finit_module`; already loaded is success.
-fn load_module(m: &str) -> Result<(), String> {
+fn load_module(m: &str) -> Result<(), InitError> {
     let path = if m.contains('/') {
         PathBuf::from(m)
     } else {
         find_module(m)?
     };
-    let file = std::fs::File::open(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let file = match std::fs::File::open(&path) {
+        Ok(f) => f,
+        Err(source) => return Err(InitError::Module { path, source }),
+    };
     let params = CString::default();
     match nix::kmod::finit_module(&file, &params, nix::kmod::ModuleInitFlags::empty()) {
         Ok(()) | Err(nix::errno::Errno::EEXIST) => Ok(()),
-        Err(e) => Err(format!("{}: {e}", path.display())),
+        Err(e) => Err(InitError::Module {
+            path,
+            source: e.into(),
+        }),
     }
 }
 
 /// `/lib/modules/<release>/**/<name>.ko` (`-` and `_` are the same in
 /// module names).
-fn find_module(name: &str) -> Result<PathBuf, String> {
+fn find_module(name: &str) -> Result<PathBuf, InitError> {
     let release = nix::sys::utsname::uname()
-        .map_err(|e| format!("uname: {e}"))?
+        .map_err(InitError::Uname)?
         .release()
         .to_string_lossy()
         .into_owned();
@@ -209,7 +248,7 @@ fn find_module(name: &str) -> Result<PathBuf, String> {
             }
         }
     }
-    Err(format!("no {want} under {}", root.display()))
+    Err(InitError::NoModule { want, root })
 }
 
 /// Syncs and powers the machine off. Never returns: if the kernel refuses,
@@ -239,8 +278,10 @@ mod tests {
     #[test]
     fn a_missing_module_is_reported_not_fatal() {
         let e = load_module("/nonexistent/nothing.ko").unwrap_err();
-        assert!(e.contains("/nonexistent/nothing.ko"), "{e}");
+        assert!(matches!(e, InitError::Module { .. }), "{e}");
+        assert!(e.to_string().contains("/nonexistent/nothing.ko"), "{e}");
         let e = load_module("no_such_module_anywhere").unwrap_err();
-        assert!(e.contains("no_such_module_anywhere.ko"), "{e}");
+        assert!(matches!(e, InitError::NoModule { .. }), "{e}");
+        assert!(e.to_string().contains("no_such_module_anywhere.ko"), "{e}");
     }
 }

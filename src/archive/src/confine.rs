@@ -71,16 +71,25 @@ pub fn open(root: BorrowedFd<'_>, rel: &Path, flags: OFlags) -> io::Result<Owned
     cur.ok_or_else(|| io::Error::from_raw_os_error(nix::libc::EINVAL))
 }
 
-/// Checks an archive path: relative, no `..`, not empty after removing
-/// `.` components. Returns the normalized components.
-pub fn normalize(path: &Path) -> Result<Vec<&std::ffi::OsStr>, String> {
+/// Why an archive path cannot be used; the message completes "path X …".
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum PathError {
+    #[error("contains a '..' component")]
+    ParentDir,
+    #[error("is absolute")]
+    Absolute,
+}
+
+/// Checks an archive path: relative, no `..`. Returns the components left
+/// after removing `.` ones (possibly none).
+pub fn normalize(path: &Path) -> Result<Vec<&std::ffi::OsStr>, PathError> {
     let mut out = Vec::new();
     for c in path.components() {
         match c {
             Component::Normal(n) => out.push(n),
             Component::CurDir => {}
-            Component::ParentDir => return Err("contains a '..' component".to_owned()),
-            Component::RootDir | Component::Prefix(_) => return Err("is absolute".to_owned()),
+            Component::ParentDir => return Err(PathError::ParentDir),
+            Component::RootDir | Component::Prefix(_) => return Err(PathError::Absolute),
         }
     }
     Ok(out)

@@ -143,6 +143,15 @@ impl Client {
         HealthClient::with_interceptor(self.channel.clone(), self.auth.clone())
     }
 
+    /// Whether the agent as a whole reports `SERVING` (the health check of
+    /// service `""`); `false` while it starts or drains.
+    pub async fn serving(&self) -> Result<bool, tonic::Status> {
+        use crate::proto::health::HealthCheckRequest;
+        use crate::proto::health::health_check_response::ServingStatus;
+        let r = self.health().check(HealthCheckRequest::default()).await?;
+        Ok(r.into_inner().status == ServingStatus::Serving as i32)
+    }
+
     /// The raw channel, for other generated clients (e.g. reflection).
     pub fn channel(&self) -> Channel {
         self.channel.clone()

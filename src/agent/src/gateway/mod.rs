@@ -410,33 +410,50 @@ impl Gateway {
     }
 
     /// Waits (bounded) until a server is ready (restarts included).
-    async fn conn_ready(&self, name: &str) -> Result<(), String> {
+    async fn conn_ready(&self, name: &str) -> Result<(), NotReady> {
         let wait = Duration::from_millis(self.cfg.ready_wait_ms);
-        let settled = self
-            .sup
-            .wait_settled(name, wait)
-            .await
-            .map_err(|e| e.to_string())?;
-        match settled {
+        match self.sup.wait_settled(name, wait).await? {
             Some(s) if s.state == State::Ready => Ok(()),
-            Some(s) => Err(format!("server {name} is {:?}: {}", s.state, s.message)),
-            None => Err(format!(
-                "server {name} was not ready within {} ms",
-                wait.as_millis()
-            )),
+            Some(s) => Err(NotReady::Down {
+                name: name.to_owned(),
+                state: s.state,
+                message: s.message,
+            }),
+            None => Err(NotReady::Timeout {
+                name: name.to_owned(),
+                within: wait,
+            }),
         }
     }
 
     /// The ready connection of a server, waiting (bounded) while it restarts.
-    async fn conn(&self, name: &str) -> Result<Arc<StdioConn>, String> {
+    async fn conn(&self, name: &str) -> Result<Arc<StdioConn>, NotReady> {
         if let Some(c) = self.sup.conn(name) {
             return Ok(c);
         }
         self.conn_ready(name).await?;
         self.sup
             .conn(name)
-            .ok_or_else(|| format!("server {name} is not ready"))
+            .ok_or_else(|| NotReady::Gone(name.to_owned()))
     }
+}
+
+/// Why a request cannot reach a server now (the client gets a 503 saying
+/// so).
+#[derive(Debug, thiserror::Error)]
+enum NotReady {
+    #[error(transparent)]
+    Unknown(#[from] crate::supervisor::SupError),
+    #[error("server {name} is {state:?}: {message}")]
+    Down {
+        name: String,
+        state: State,
+        message: String,
+    },
+    #[error("server {name} was not ready within {} ms", within.as_millis())]
+    Timeout { name: String, within: Duration },
+    #[error("server {0} is not ready")]
+    Gone(String),
 }
 
 /// Binds the data-plane listeners.

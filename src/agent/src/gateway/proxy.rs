@@ -20,7 +20,7 @@ impl Gateway {
         path: &str,
     ) -> Response<Body> {
         if let Err(e) = self.conn_ready(name).await {
-            return http_error(StatusCode::SERVICE_UNAVAILABLE, e);
+            return http_error(StatusCode::SERVICE_UNAVAILABLE, e.to_string());
         }
         let (parts, body) = req.into_parts();
         let mut up = http::Request::builder()

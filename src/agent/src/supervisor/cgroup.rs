@@ -34,10 +34,15 @@ fn is_cgroup2(p: &Path) -> bool {
     rustix::fs::statfs(p).is_ok_and(|s| s.f_type as i64 == CGROUP2_SUPER_MAGIC)
 }
 
+/// `supervisor.cgroup` names a directory outside any cgroup v2 hierarchy.
+#[derive(Debug, thiserror::Error)]
+#[error("supervisor.cgroup: {} is not on a cgroup v2 filesystem", .0.display())]
+pub struct NotCgroup2(pub PathBuf);
+
 impl CgroupRoot {
     /// Finds a writable cgroup v2 hierarchy. `configured` is the
     /// `supervisor.cgroup` setting: "auto", "off", or a directory.
-    pub fn detect(configured: &str) -> Result<Option<CgroupRoot>, String> {
+    pub fn detect(configured: &str) -> Result<Option<CgroupRoot>, NotCgroup2> {
         let dir = match configured {
             "off" => return Ok(None),
             "auto" => {
@@ -63,9 +68,7 @@ impl CgroupRoot {
             path => {
                 let p = PathBuf::from(path);
                 if !is_cgroup2(p.parent().unwrap_or(&p)) && !is_cgroup2(&p) {
-                    return Err(format!(
-                        "supervisor.cgroup: {path} is not on a cgroup v2 filesystem"
-                    ));
+                    return Err(NotCgroup2(p));
                 }
                 p
             }

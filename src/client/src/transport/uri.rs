@@ -130,7 +130,7 @@ impl FromStr for Endpoint {
                 if rest.is_empty() {
                     return Err(err("unix needs a socket path"));
                 }
-                check_unix_path(rest).map_err(|r| err(&r))?;
+                check_unix_path(rest).map_err(|r| err(&r.to_string()))?;
                 Ok(Endpoint::Unix(PathBuf::from(rest)))
             }
             "tcp" => {
@@ -165,7 +165,7 @@ impl FromStr for Endpoint {
                 if path.is_empty() {
                     return Err(err("hvsock needs the path of the VMM's vsock unix socket"));
                 }
-                check_unix_path(path).map_err(|r| err(&r))?;
+                check_unix_path(path).map_err(|r| err(&r.to_string()))?;
                 let port = port
                     .parse::<u32>()
                     .map_err(|_| err("hvsock port must be a number from 0 to 4294967295"))?;
@@ -179,15 +179,21 @@ impl FromStr for Endpoint {
     }
 }
 
-fn check_unix_path(path: &str) -> Result<(), String> {
+/// Why a unix socket path cannot be bound or dialed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum UnixPathError {
+    #[error("unix socket path is {0} bytes, the limit is {UNIX_PATH_MAX}")]
+    TooLong(usize),
+    #[error("unix socket path contains a NUL byte")]
+    Nul,
+}
+
+fn check_unix_path(path: &str) -> Result<(), UnixPathError> {
     if path.len() > UNIX_PATH_MAX {
-        return Err(format!(
-            "unix socket path is {} bytes, the limit is {UNIX_PATH_MAX}",
-            path.len()
-        ));
+        return Err(UnixPathError::TooLong(path.len()));
     }
     if path.contains('\0') {
-        return Err("unix socket path contains a NUL byte".to_owned());
+        return Err(UnixPathError::Nul);
     }
     Ok(())
 }

@@ -404,11 +404,7 @@ impl Pool {
         let deadline = Instant::now() + self.cfg.backend.start_deadline();
         loop {
             if let Ok(c) = slot.client().await
-                && let Ok(r) = c
-                    .health()
-                    .check(proto::health::HealthCheckRequest::default())
-                    .await
-                && r.into_inner().status == 1
+                && let Ok(true) = c.serving().await
             {
                 break;
             }

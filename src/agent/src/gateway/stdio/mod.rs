@@ -268,7 +268,7 @@ impl Gateway {
                     .filter(|m| m.get("method").is_some())
                     .filter_map(|m| {
                         m.get("id")
-                            .map(|id| rpc_error(id, code::INTERNAL_ERROR, &e))
+                            .map(|id| rpc_error(id, code::INTERNAL_ERROR, e.to_string()))
                     })
                     .collect();
                 return self.reply(answers, batch, wants_json, None, modern);
