@@ -61,12 +61,14 @@ modules=(
 
 echo "build-initramfs: static binaries" >&2
 target=x86_64-unknown-linux-musl
-# The agent on its own (no host crates, no example's dev-dependencies
-# unified into it): the same binary as the static build and build-rootfs.sh.
+# The agent's package on its own (nothing of the host or of the tests'
+# dev-dependencies unified into it): the same binary as the static build
+# and build-rootfs.sh.
 (cd "$root" && cargo build --release --locked --quiet -p sandbox-agent --target $target \
   --bin sandbox-agent)
-# The example test server, with the default features: the dependencies then
-# build as `cargo bench` builds them, so the test command compiles them once.
+# The example test server (package sandbox-suite): its dependencies resolve
+# as `cargo bench -p sandbox-suite` resolves them, so the test command
+# compiles them once.
 (cd "$root" && cargo build --release --locked --quiet --target $target --example mcp_notes)
 agent=$root/target/$target/release/sandbox-agent
 notes=$root/target/$target/release/examples/mcp_notes

@@ -17,14 +17,12 @@ use crate::supervisor::{SupervisorConfig, SupervisorConfigError};
 use crate::workspace::ArchiveLimits;
 use crate::workspace::limits::LimitsError;
 use sandbox_client::auth::{Token, TokenError};
-use sandbox_client::transport::{DEFAULT_AGENT_LISTEN, Endpoint, UriError};
+use sandbox_client::transport::{DEFAULT_AGENT_LISTEN, DEFAULT_MCP_LISTEN, Endpoint, UriError};
 
 /// Config file read when `--config` is not given, if it exists.
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/sandbox-agent/agent.toml";
 /// Environment variable holding the token itself (an alternative to a file).
 pub const TOKEN_ENV: &str = "SANDBOX_AGENT_TOKEN";
-/// Default MCP data-plane listener.
-pub const DEFAULT_MCP_LISTEN: &str = "vsock://any:1025";
 
 /// The config file. Unknown keys are errors, so typos do not pass silently.
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -11,7 +11,9 @@ mod uri;
 
 pub use hvsock::HvsockOptions;
 pub use listen::{Conn, ConnInfo, ListenError, Listener};
-pub use uri::{ACCEPTED_FORMS, DEFAULT_AGENT_LISTEN, Endpoint, UriError, VMADDR_CID_ANY};
+pub use uri::{
+    ACCEPTED_FORMS, DEFAULT_AGENT_LISTEN, DEFAULT_MCP_LISTEN, Endpoint, UriError, VMADDR_CID_ANY,
+};
 
 use std::io;
 use std::time::Duration;

@@ -19,8 +19,13 @@ use std::str::FromStr;
 /// `VMADDR_CID_ANY`: listen on every CID of this machine.
 pub const VMADDR_CID_ANY: u32 = u32::MAX;
 
-/// Where the agent listens when neither flags nor config say otherwise.
+/// Where the agent listens when neither flags nor config say otherwise
+/// (port [`crate::limits::AGENT_VSOCK_PORT`]; a unit test keeps them equal).
 pub const DEFAULT_AGENT_LISTEN: &str = "vsock://any:1024";
+
+/// Where the agent serves the MCP data plane by default (port
+/// [`crate::limits::MCP_VSOCK_PORT`]).
+pub const DEFAULT_MCP_LISTEN: &str = "vsock://any:1025";
 
 /// Shown with every URI error so the user sees what would have worked.
 pub const ACCEPTED_FORMS: &str = "accepted forms: vsock://CID:PORT (CID a number, or any/-1 to listen on every CID), \
@@ -201,6 +206,17 @@ fn check_unix_path(path: &str) -> Result<(), UnixPathError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_default_listeners_use_the_named_ports() {
+        use crate::limits::{AGENT_VSOCK_PORT, MCP_VSOCK_PORT};
+        let any = |port| Endpoint::Vsock {
+            cid: VMADDR_CID_ANY,
+            port,
+        };
+        assert_eq!(ok(DEFAULT_AGENT_LISTEN), any(AGENT_VSOCK_PORT));
+        assert_eq!(ok(DEFAULT_MCP_LISTEN), any(MCP_VSOCK_PORT));
+    }
 
     fn ok(s: &str) -> Endpoint {
         s.parse().unwrap_or_else(|e| panic!("{s}: {e}"))

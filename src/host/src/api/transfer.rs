@@ -43,13 +43,7 @@ pub async fn upload_url(
     Path(id): Path<String>,
     Query(q): Query<HashMap<String, String>>,
 ) -> ApiResult {
-    owner(&h, &headers)?;
-    check_region(&q)?;
-    sandbox_of(&h, &headers, &id)?;
-    Ok(Json(
-        json!({"upload_url": signed_url(&h, "upload", &id), "expires_in_minutes": URL_MINUTES}),
-    )
-    .into_response())
+    transfer_url(&h, &headers, &id, &q, "upload", "upload_url")
 }
 
 /// `GET /local-sandbox/{id}/dump`
@@ -59,13 +53,26 @@ pub async fn dump_url(
     Path(id): Path<String>,
     Query(q): Query<HashMap<String, String>>,
 ) -> ApiResult {
-    owner(&h, &headers)?;
-    check_region(&q)?;
-    sandbox_of(&h, &headers, &id)?;
-    Ok(Json(
-        json!({"download_url": signed_url(&h, "dump", &id), "expires_in_minutes": URL_MINUTES}),
+    transfer_url(&h, &headers, &id, &q, "dump", "download_url")
+}
+
+/// `{<key>: <signed URL for action>, "expires_in_minutes"}` for the caller's
+/// sandbox `id`.
+fn transfer_url(
+    h: &Host,
+    headers: &HeaderMap,
+    id: &str,
+    q: &HashMap<String, String>,
+    action: &str,
+    key: &str,
+) -> ApiResult {
+    owner(h, headers)?;
+    check_region(q)?;
+    sandbox_of(h, headers, id)?;
+    Ok(
+        Json(json!({key: signed_url(h, action, id), "expires_in_minutes": URL_MINUTES}))
+            .into_response(),
     )
-    .into_response())
 }
 
 #[derive(Deserialize)]
