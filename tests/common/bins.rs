@@ -4,11 +4,55 @@
 //! them. `cargo test` from the workspace root builds them (each binary's
 //! package has a CLI test of its own); benches use the release binaries
 //! `cargo build --release --bins` makes.
+//!
+//! A binary older than the sources it is built from is refused: a test run
+//! of `-p sandbox-suite` alone would otherwise test yesterday's agent.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::LazyLock;
+use std::time::SystemTime;
 
-/// The path of binary `name`, which must have been built.
+const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+
+/// The source trees each binary is built from.
+fn sources(name: &str) -> &'static [&'static str] {
+    match name {
+        "sandbox-agent" => &["src/agent/src", "src/client", "src/archive/src", "proto"],
+        "sandboxctl" => &[
+            "src/sandboxctl/src",
+            "src/client",
+            "src/archive/src",
+            "proto",
+        ],
+        "sandbox-host" => &["src/host/src", "src/client", "proto"],
+        _ => &[],
+    }
+}
+
+/// The newest modification time of the files below `dir`.
+fn newest(dir: &Path) -> Option<(SystemTime, PathBuf)> {
+    let mut best: Option<(SystemTime, PathBuf)> = None;
+    let mut stack = vec![dir.to_owned()];
+    while let Some(d) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let Ok(md) = e.metadata() else { continue };
+            if md.is_dir() {
+                stack.push(e.path());
+            } else if let Ok(t) = md.modified()
+                && best.as_ref().is_none_or(|(b, _)| t > *b)
+            {
+                best = Some((t, e.path()));
+            }
+        }
+    }
+    best
+}
+
+/// The path of binary `name`, which must have been built from the current
+/// sources.
 pub fn bin(name: &str) -> String {
     let exe = std::env::current_exe().expect("the path of the running test executable");
     let dir = exe
@@ -17,12 +61,22 @@ pub fn bin(name: &str) -> String {
         .map(PathBuf::from)
         .expect("the test executable lies in <target>/<profile>/deps");
     let path = dir.join(name);
-    assert!(
-        path.is_file(),
-        "{} is not built: run `cargo test` from the workspace root (tests), or \
-         `cargo build --release --bins` with the bench's --target (benches)",
-        path.display()
-    );
+    let how = "run `cargo test` from the workspace root (tests), or `cargo build --release \
+               --bins` with the bench's --target (benches)";
+    let built = std::fs::metadata(&path)
+        .and_then(|m| m.modified())
+        .unwrap_or_else(|_| panic!("{} is not built: {how}", path.display()));
+    for src in sources(name) {
+        if let Some((t, newer)) = newest(&Path::new(ROOT).join(src))
+            && t > built
+        {
+            panic!(
+                "{} is older than {}: {how}",
+                path.display(),
+                newer.display()
+            );
+        }
+    }
     path.to_string_lossy().into_owned()
 }
 

@@ -137,9 +137,10 @@ fn backend(args: &Args) -> anyhow::Result<pool::Backend> {
                     .map(|d| d.join("run-qemu.sh"))
                     .filter(|p| p.is_file())
                     .unwrap_or_else(|| {
+                        // The source tree's (this package is src/host).
                         PathBuf::from(concat!(
                             env!("CARGO_MANIFEST_DIR"),
-                            "/packaging/vm/run-qemu.sh"
+                            "/../../packaging/vm/run-qemu.sh"
                         ))
                     }),
             };
