@@ -2,8 +2,8 @@
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-//! let client = sandbox_agent::connect("unix:///run/sandbox-agent.sock").await?;
-//! let info = client.agent().get_info(sandbox_agent::proto::GetInfoRequest {}).await?;
+//! let client = sandbox_client::connect("unix:///run/sandbox-agent.sock").await?;
+//! let info = client.agent().get_info(sandbox_client::proto::GetInfoRequest {}).await?;
 //! println!("{}", info.into_inner().hostname);
 //! # Ok(()) }
 //! ```
