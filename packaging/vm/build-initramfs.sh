@@ -20,7 +20,8 @@
 # dpkg-deb -x) into $SANDBOX_AGENT_VM_CACHE (default target/vm), and its
 # vmlinuz is copied next to OUT as OUT's name with .vmlinuz (run-qemu.sh
 # finds it there). Needs: cargo with the x86_64-unknown-linux-musl target,
-# apt-get/dpkg-deb, gzip, and busybox-static (or `busybox` on PATH).
+# apt-get/dpkg-deb, gzip, flock (util-linux), and busybox-static (or `busybox`
+# on PATH).
 set -euo pipefail
 
 die() { echo "build-initramfs: $*" >&2; exit 1; }
@@ -43,6 +44,10 @@ case "$out" in *.cpio.gz) ;; *) die "OUT must end in .cpio.gz (got $out)";; esac
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cache=${SANDBOX_AGENT_VM_CACHE:-$root/target/vm}
 mkdir -p "$cache" "$(dirname "$out")"
+# One build at a time per cache: concurrent builds (tests run in parallel)
+# would replace each other's downloaded kernel while it is being read.
+exec 9>"$cache/.lock"
+flock 9
 out=$(cd "$(dirname "$out")" && pwd)/$(basename "$out")
 
 # Kernel modules for virtio-pci and virtio-vsock. Their load order is
