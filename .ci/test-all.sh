@@ -9,7 +9,7 @@
 #   ./.ci/test-all.sh                    everything, benchmarks in short mode
 #   BENCH=full ./.ci/test-all.sh         the full benchmarks (the README's figures)
 #   SKIP_BENCH=1 ./.ci/test-all.sh       without the benchmarks
-#   FUZZ_SECONDS=600 ./.ci/test-all.sh   a longer fuzz run (default 45)
+#   FUZZ_SECONDS=600 ./.ci/test-all.sh   a longer fuzz run (default 30)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$HOME/.cargo/bin:$PATH"
@@ -54,14 +54,14 @@ if grep -q SANDBOX_AGENT_TEST_FAULT target/$musl/release/sandbox-agent; then
   exit 1
 fi
 
-step "fuzz the archive extractor (${FUZZ_SECONDS:-45} s, asserting confinement)"
+step "fuzz the archive extractor (${FUZZ_SECONDS:-30} s, asserting confinement)"
 # cargo-fuzz wants nightly features; RUSTC_BOOTSTRAP enables them on the
 # machine's stable toolchain. Leak checks are off: the decoder thread of an
 # aborted extraction is detached by design and may still be exiting when
 # the check runs (a 32-byte thread-local registration).
 corpus=$(mktemp -d)
 (cd fuzz && ASAN_OPTIONS=detect_leaks=0 RUSTC_BOOTSTRAP=1 cargo fuzz run extract "$corpus" seeds/extract -- \
-  -max_total_time="${FUZZ_SECONDS:-45}" -rss_limit_mb=2048 -detect_leaks=0 -print_final_stats=1)
+  -max_total_time="${FUZZ_SECONDS:-30}" -rss_limit_mb=2048 -detect_leaks=0 -print_final_stats=1)
 rm -rf "$corpus"
 
 if [ "${SKIP_BENCH:-0}" != 1 ]; then

@@ -22,7 +22,7 @@ use common::{AGENT, HOST};
 
 const KEY: &str = "bench-key-0123456789";
 fn rounds() -> usize {
-    common::pick(15, 4)
+    common::pick(15, 3)
 }
 
 struct Host {

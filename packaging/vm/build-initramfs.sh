@@ -74,7 +74,7 @@ target=x86_64-unknown-linux-musl
 # The example test server (package sandbox-suite): its dependencies resolve
 # as `cargo bench -p sandbox-suite` resolves them, so the test command
 # compiles them once.
-(cd "$root" && cargo build --release --locked --quiet --target $target --example mcp_notes)
+(cd "$root" && cargo build --release --locked --quiet -p sandbox-suite --target $target --example mcp_notes)
 agent=$root/target/$target/release/sandbox-agent
 notes=$root/target/$target/release/examples/mcp_notes
 
