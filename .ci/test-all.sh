@@ -68,11 +68,13 @@ if [ "${SKIP_BENCH:-0}" != 1 ]; then
   export BENCH=${BENCH:-short}
   step "cargo bench (BENCH=$BENCH; static release binaries; the full workspace bench needs ~6 GB of disk)"
   # The benches run the release binaries: the agent and sandboxctl built
-  # above (the guest's own build), the host built here. `-p sandbox-suite`
-  # resolves features as the VM test's example server build did, so the
-  # benches reuse its dependencies instead of building them a third time.
-  cargo build --locked --release --target $musl -p sandbox-host
-  cargo bench --locked --target $musl -p sandbox-suite
+  # above (the guest's own build), the host built here. Both commands
+  # resolve features as the VM test's example server build did (-p
+  # sandbox-suite -p sandbox-host, dev-dependencies on), so the shared
+  # dependencies are compiled once.
+  cargo build --locked --release --target $musl -p sandbox-suite -p sandbox-host \
+    --bin sandbox-host --example mcp_notes
+  cargo bench --locked --target $musl -p sandbox-suite -p sandbox-host
 fi
 
 step "all checks passed"

@@ -71,10 +71,11 @@ target=x86_64-unknown-linux-musl
 # and build-rootfs.sh.
 (cd "$root" && cargo build --release --locked --quiet -p sandbox-agent --target $target \
   --bin sandbox-agent)
-# The example test server (package sandbox-suite): its dependencies resolve
-# as `cargo bench -p sandbox-suite` resolves them, so the test command
-# compiles them once.
-(cd "$root" && cargo build --release --locked --quiet -p sandbox-suite --target $target --example mcp_notes)
+# The example test server (package sandbox-suite). Its dependencies resolve
+# with sandbox-host's, as the test command's benches build them (-p
+# sandbox-suite -p sandbox-host), so they are compiled once; none of the
+# host's crates is built here.
+(cd "$root" && cargo build --release --locked --quiet -p sandbox-suite -p sandbox-host --target $target --example mcp_notes)
 agent=$root/target/$target/release/sandbox-agent
 notes=$root/target/$target/release/examples/mcp_notes
 
