@@ -8,7 +8,7 @@ use std::path::PathBuf;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let root = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR")?).join("../../proto");
-    let protos = ["common", "agent", "servers", "workspace"]
+    let protos = ["common", "agent", "servers", "workspace", "exec"]
         .map(|p| root.join(format!("sandbox/agent/v1/{p}.proto")));
     if std::env::var_os("PROTOC").is_none() {
         let protoc = protoc_bin_vendored::protoc_bin_path()?;

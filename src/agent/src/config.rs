@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::exec::{ExecConfig, ExecConfigError};
 use crate::gateway::{GatewayConfig, GatewayConfigError};
 use crate::lifecycle::{LifecycleConfig, LifecycleConfigError};
 use crate::supervisor::manifest::{DEFAULT_MANIFEST_PATH, Manifest, ManifestError};
@@ -50,6 +51,8 @@ pub struct Config {
     pub supervisor: SupervisorConfig,
     pub lifecycle: LifecycleConfig,
     pub gateway: GatewayConfig,
+    /// Script executions (the Exec service).
+    pub exec: ExecConfig,
     /// Duties as the VM's init; used only when the agent is PID 1.
     pub init: crate::init::InitConfig,
 }
@@ -123,6 +126,7 @@ impl Default for Config {
             supervisor: SupervisorConfig::default(),
             lifecycle: LifecycleConfig::default(),
             gateway: GatewayConfig::default(),
+            exec: ExecConfig::default(),
             init: crate::init::InitConfig::default(),
         }
     }
@@ -177,6 +181,10 @@ pub enum ConfigError {
     Gateway(#[from] GatewayConfigError),
     #[error(transparent)]
     Lifecycle(#[from] LifecycleConfigError),
+    #[error(transparent)]
+    Exec(#[from] ExecConfigError),
+    #[error("exec.mcp_listen: {0}")]
+    ExecListen(String),
 }
 
 /// Values from flags and environment variables (clap merges the two, flags
@@ -194,6 +202,7 @@ pub struct Overrides {
     pub allow_remote_tcp: bool,
     pub name: Option<String>,
     pub manifest: Option<PathBuf>,
+    pub exec_root: Option<PathBuf>,
 }
 
 /// Where the token came from, for `--check-config`.
@@ -221,6 +230,9 @@ pub struct Settings {
     pub manifest: Manifest,
     pub supervisor: SupervisorConfig,
     pub lifecycle: LifecycleConfig,
+    pub exec: ExecConfig,
+    /// The scripts' loopback MCP listener (exec.mcp_listen), if any.
+    pub exec_mcp_listen: Option<Endpoint>,
     /// The merged file-level view, printed by `--check-config`.
     pub effective: Config,
 }
@@ -274,6 +286,9 @@ impl Config {
         }
         if let Some(m) = &o.manifest {
             self.manifest = Some(m.clone());
+        }
+        if let Some(r) = &o.exec_root {
+            self.exec.root = r.clone();
         }
     }
 
@@ -337,6 +352,28 @@ impl Config {
         self.supervisor.validate()?;
         self.gateway.validate()?;
         self.lifecycle.validate()?;
+        if self.exec.root.is_relative() {
+            let cwd = std::env::current_dir().map_err(ConfigError::WorkspaceCwd)?;
+            self.exec.root = cwd.join(&self.exec.root);
+        }
+        self.exec.validate(&self.workspace)?;
+        let exec_mcp_listen = match self.exec.mcp_listen.as_str() {
+            "" => None,
+            uri => {
+                let ep: Endpoint = uri
+                    .parse()
+                    .map_err(|e: UriError| ConfigError::ExecListen(e.to_string()))?;
+                if !ep.is_loopback_tcp() {
+                    return Err(ConfigError::ExecListen(format!(
+                        "{uri} must be a loopback tcp:// address (scripts reach it from inside the sandbox)"
+                    )));
+                }
+                if seen.contains(&ep) {
+                    return Err(ConfigError::Duplicate(ep.to_string()));
+                }
+                Some(ep)
+            }
+        };
         let manifest = match &self.manifest {
             Some(p) => Manifest::load(p, &self.workspace)?,
             None if Path::new(DEFAULT_MANIFEST_PATH).exists() => {
@@ -366,6 +403,8 @@ impl Config {
             manifest,
             supervisor: self.supervisor.clone(),
             lifecycle: self.lifecycle.clone(),
+            exec: self.exec.clone(),
+            exec_mcp_listen,
             effective: self,
         })
     }

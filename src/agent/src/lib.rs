@@ -7,6 +7,7 @@
 //!   restart, stop, logs.
 //! - [`lifecycle`]: the lease: Acquire/Release/Reset, TTL, seeds, state paths.
 //! - [`gateway`]: the MCP data plane over streamable HTTP.
+//! - [`exec`]: script executions (Klavis's execution API) as supervisor jobs.
 //! - [`config`], [`server`], `info`, `rpc`: configuration layering, serving
 //!   and drain, `GetInfo`, and the gRPC adapters (thin: convert, call a
 //!   domain module, map its error to a status in one place).
@@ -16,6 +17,7 @@
 //! `ARCHITECTURE.md` for how the crates fit together.
 
 pub mod config;
+pub mod exec;
 pub mod gateway;
 mod info;
 pub mod init;

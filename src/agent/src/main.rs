@@ -79,6 +79,11 @@ struct Args {
     #[arg(long, value_name = "FILE", env = "SANDBOX_AGENT_MANIFEST")]
     manifest: Option<PathBuf>,
 
+    /// Where script executions live (exec.root). Default:
+    /// /var/lib/sandbox-agent/executions (with --dev: ./executions).
+    #[arg(long, value_name = "DIR", env = "SANDBOX_AGENT_EXEC_ROOT")]
+    exec_root: Option<PathBuf>,
+
     /// Local development defaults: listen on unix://./sandbox-agent.sock and
     /// tcp://127.0.0.1:7070, the MCP data plane on
     /// unix://./sandbox-agent-mcp.sock and tcp://127.0.0.1:7071, workspace ./workspace, token in
@@ -94,6 +99,7 @@ const DEV_MCP_SOCKET: &str = "unix://sandbox-agent-mcp.sock";
 const DEV_MCP_TCP: &str = "tcp://127.0.0.1:7071";
 const DEV_WORKSPACE: &str = "workspace";
 const DEV_TOKEN_FILE: &str = "sandbox-agent.token";
+const DEV_EXEC_ROOT: &str = "executions";
 
 fn main() -> ExitCode {
     let pid1 = sandbox_agent::init::is_pid1();
@@ -142,6 +148,7 @@ fn run(args: Args, pid1: bool) -> anyhow::Result<()> {
         allow_remote_tcp: args.allow_remote_tcp,
         name: args.name.clone(),
         manifest: args.manifest.clone(),
+        exec_root: args.exec_root.clone(),
     };
     if args.dev {
         if overrides.listen.is_empty() {
@@ -152,6 +159,9 @@ fn run(args: Args, pid1: bool) -> anyhow::Result<()> {
         }
         if overrides.workspace.is_none() {
             overrides.workspace = Some(DEV_WORKSPACE.into());
+        }
+        if overrides.exec_root.is_none() {
+            overrides.exec_root = Some(DEV_EXEC_ROOT.into());
         }
         if overrides.token_file.is_none() && env_token.is_none() && config.auth.token_file.is_none()
         {

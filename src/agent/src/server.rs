@@ -14,6 +14,7 @@ use tracing::{Instrument, error, info, warn};
 
 use super::config::Settings;
 use super::{info as sysinfo, rpc};
+use crate::exec::{Executions, McpAccess};
 use crate::lifecycle::Lifecycle;
 use crate::supervisor::{State, Supervisor};
 use crate::workspace::Workspace;
@@ -81,6 +82,8 @@ pub enum ServeError {
 pub struct Bound {
     listeners: Vec<Listener>,
     mcp_listeners: Vec<Listener>,
+    /// The scripts' loopback MCP listener (exec.mcp_listen).
+    exec_mcp: Option<Listener>,
     workspace: Arc<Workspace>,
 }
 
@@ -113,9 +116,14 @@ pub async fn bind(settings: &Settings) -> Result<Bound, ServeError> {
         listeners.push(Listener::bind(ep).await?);
     }
     let mcp_listeners = crate::gateway::bind(&settings.mcp_listen).await?;
+    let exec_mcp = match &settings.exec_mcp_listen {
+        Some(ep) => Some(Listener::bind(ep).await?),
+        None => None,
+    };
     Ok(Bound {
         listeners,
         mcp_listeners,
+        exec_mcp,
         workspace: Arc::new(workspace),
     })
 }
@@ -150,10 +158,16 @@ async fn serve_inner(
             .map_err(ServeError::Supervisor)?,
     );
     let manifest = Arc::new(settings.manifest.clone());
+    let executions = Executions::new(
+        settings.exec.clone(),
+        supervisor.clone(),
+        settings.workspace.clone(),
+    );
     let lifecycle = Lifecycle::new(
         manifest.clone(),
         supervisor.clone(),
         bound.workspace.clone(),
+        executions.clone(),
         settings.lifecycle.clone(),
     );
     publish_server_health(&supervisor, &health).await;
@@ -162,6 +176,7 @@ async fn serve_inner(
         health_service,
         bound.workspace.clone(),
         lifecycle.clone(),
+        executions.clone(),
         shutdown.clone(),
     )?;
 
@@ -217,6 +232,35 @@ async fn serve_inner(
                 .in_current_span(),
         );
     }
+    if let Some(listener) = bound.exec_mcp {
+        // Scripts get their own token for this listener: it is in their
+        // environment, and opens nothing but the data plane.
+        let token = random_token();
+        let policy = AuthPolicy {
+            token: Some(
+                sandbox_client::auth::Token::new(&token, "exec.mcp_listen")
+                    .map_err(|e| ServeError::Open(e.to_string()))?,
+            ),
+            required: true,
+        };
+        if let Endpoint::Tcp { host, port } = listener.local_endpoint() {
+            let host = if host.contains(':') {
+                format!("[{host}]")
+            } else {
+                host.clone()
+            };
+            executions.set_mcp_access(McpAccess {
+                base_url: format!("http://{host}:{port}"),
+                token,
+            });
+        }
+        servers.spawn(
+            gateway
+                .clone()
+                .serve(listener, policy, shutdown.clone())
+                .in_current_span(),
+        );
+    }
     info!(version = sandbox_client::VERSION, workspace = %settings.workspace.display(), "serving");
 
     shutdown.cancelled().await;
@@ -262,6 +306,7 @@ fn routes(
     >,
     workspace: Arc<Workspace>,
     lifecycle: Arc<Lifecycle>,
+    executions: Arc<Executions>,
     shutdown: CancellationToken,
 ) -> Result<Routes, ServeError> {
     let max = settings.limits.max_message_bytes;
@@ -300,6 +345,28 @@ fn routes(
             proto::servers_server::ServersServer::new(rpc::ServersService::new(lifecycle))
                 .max_decoding_message_size(max)
                 .max_encoding_message_size(max),
+        )
+        .add_service(
+            proto::exec_server::ExecServer::new(rpc::ExecService::new(executions))
+                .max_decoding_message_size(max)
+                .max_encoding_message_size(max),
         );
     Ok(b.routes())
+}
+
+/// 32 random bytes as hex: the scripts' data-plane token.
+fn random_token() -> String {
+    let mut b = [0u8; 32];
+    if getrandom::fill(&mut b).is_err() {
+        // Never run a token-less listener: fall back to what the kernel
+        // gives per process (still unguessable from outside the sandbox).
+        let boot = std::fs::read("/proc/sys/kernel/random/uuid").unwrap_or_default();
+        use sha2::Digest;
+        let mut h = sha2::Sha256::new();
+        h.update(&boot);
+        h.update(std::process::id().to_le_bytes());
+        h.update(crate::supervisor::now_ms().to_le_bytes());
+        b.copy_from_slice(&h.finalize());
+    }
+    hex::encode(b)
 }

@@ -21,6 +21,7 @@ use tonic::transport::{Channel, Uri};
 use crate::auth::{BearerInterceptor, Token};
 use crate::proto::agent_client::AgentClient;
 use crate::proto::health::health_client::HealthClient;
+use crate::proto::exec_client::ExecClient;
 use crate::proto::servers_client::ServersClient;
 use crate::proto::workspace_client::WorkspaceClient;
 use crate::transport::{self, DialError, Endpoint, HvsockOptions, UriError};
@@ -136,6 +137,11 @@ impl Client {
 
     pub fn servers(&self) -> ServersClient<AuthChannel> {
         ServersClient::with_interceptor(self.channel.clone(), self.auth.clone())
+    }
+
+    /// Script executions (`sandbox.agent.v1.Exec`).
+    pub fn exec(&self) -> ExecClient<AuthChannel> {
+        ExecClient::with_interceptor(self.channel.clone(), self.auth.clone())
     }
 
     /// Standard `grpc.health.v1` client.

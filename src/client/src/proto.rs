@@ -1,7 +1,7 @@
 //! Code generated from `proto/sandbox/agent/v1/*.proto` by `build.rs`.
 //!
 //! Clients: [`agent_client::AgentClient`], [`workspace_client::WorkspaceClient`],
-//! [`servers_client::ServersClient`]. Health is the standard
+//! [`servers_client::ServersClient`], [`exec_client::ExecClient`]. Health is the standard
 //! `grpc.health.v1` service, re-exported as [`health`].
 
 #![allow(clippy::all, missing_docs)]
@@ -18,8 +18,9 @@ pub use tonic_health::pb as health;
 
 /// Fully-qualified names of the services this crate defines, as reflection
 /// and health report them.
-pub const SERVICE_NAMES: [&str; 3] = [
+pub const SERVICE_NAMES: [&str; 4] = [
     "sandbox.agent.v1.Agent",
     "sandbox.agent.v1.Workspace",
     "sandbox.agent.v1.Servers",
+    "sandbox.agent.v1.Exec",
 ];

@@ -200,6 +200,7 @@ impl Lifecycle {
                 ttl.clone(),
             );
         }
+        self.exec.open(&lease.id, &lease.servers);
         *self.current() = Some(Current {
             lease: lease.clone(),
             specs,

@@ -3,7 +3,7 @@
 //! - **Acquire** checks the request against the manifest, places the
 //!   benchmark's seed data, starts the servers and waits for readiness.
 //!   On failure everything it did is undone and the sandbox stays idle.
-//! - **Release** stops every server, clears the workspace and the servers'
+//! - **Release** kills every execution, stops every server, clears the workspace and the servers'
 //!   state paths, and returns to idle. Idempotent.
 //! - **Reset** goes back to the state right after Acquire, keeping the lease.
 //! - **TTL**: a timer releases the lease by itself (recorded as `is_ttl`).
@@ -24,6 +24,7 @@ use sandbox_client::limits::{DEFAULT_TTL_SECONDS, MAX_TTL_SECONDS, MIN_TTL_SECON
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
+use crate::exec::Executions;
 use crate::supervisor::manifest::{Benchmark, LaunchSpec, Manifest};
 use crate::supervisor::{State, Supervisor};
 use crate::workspace::Workspace;
@@ -137,6 +138,7 @@ pub struct Lifecycle {
     manifest: Arc<Manifest>,
     sup: Arc<Supervisor>,
     ws: Arc<Workspace>,
+    exec: Arc<Executions>,
     cfg: LifecycleConfig,
     /// Serializes Acquire, Release and Reset.
     op: tokio::sync::Mutex<()>,
@@ -161,12 +163,14 @@ impl Lifecycle {
         manifest: Arc<Manifest>,
         sup: Arc<Supervisor>,
         ws: Arc<Workspace>,
+        exec: Arc<Executions>,
         cfg: LifecycleConfig,
     ) -> Arc<Lifecycle> {
         Arc::new_cyclic(|me| Lifecycle {
             manifest,
             sup,
             ws,
+            exec,
             cfg,
             op: tokio::sync::Mutex::new(()),
             current: Mutex::new(None),

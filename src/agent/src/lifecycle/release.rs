@@ -47,6 +47,7 @@ impl Lifecycle {
         let started = Instant::now();
         let all = self.manifest.names();
         async {
+            self.exec.close().await;
             self.sup.stop_all().await;
             self.wipe(&all, true).await
         }
@@ -88,6 +89,10 @@ impl Lifecycle {
         };
         let span = tracing::info_span!("reset", lease = %lease.id);
         let r = async {
+            // Executions end with the state they ran against; the lease
+            // keeps admitting new ones.
+            self.exec.close().await;
+            self.exec.open(&lease.id, &lease.servers);
             self.sup.stop_all().await;
             for n in &lease.servers {
                 self.sup.forget(n);

@@ -189,9 +189,10 @@ impl Lifecycle {
         self.start_server(name).await
     }
 
-    /// Stops every server (agent shutdown). The lease is kept in memory
+    /// Kills every execution and stops every server (agent shutdown). The lease is kept in memory
     /// only, so it ends with the agent.
     pub async fn shutdown(&self) {
+        self.exec.close().await;
         self.sup.shutdown().await;
     }
 }

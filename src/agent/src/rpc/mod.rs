@@ -3,6 +3,7 @@
 //! requests, results and errors (each domain error → one status code).
 
 mod agent;
+mod exec;
 mod servers;
 mod workspace;
 
@@ -11,6 +12,7 @@ use std::pin::Pin;
 use tokio_stream::Stream;
 
 pub use agent::AgentService;
+pub use exec::ExecService;
 pub use servers::ServersService;
 pub use workspace::WorkspaceService;
 

@@ -38,7 +38,7 @@ pub(super) fn ws_status(e: WsError) -> Status {
     }
 }
 
-fn compression(v: i32) -> Result<Compression, Status> {
+pub(super) fn compression(v: i32) -> Result<Compression, Status> {
     match proto::Compression::try_from(v) {
         Ok(proto::Compression::Auto) => Ok(Compression::Auto),
         Ok(proto::Compression::Gzip) => Ok(Compression::Gzip),

@@ -9,11 +9,14 @@
 //!   handshake now, the gateway's multiplexing later).
 //! - [`probe`]: readiness of HTTP servers.
 //! - [`logbuf`]: bounded per-server log ring buffers.
+//! - [`job`]: one-shot processes (script executions) with the same fork,
+//!   reaping and tree kill as servers.
 //!
 //! State of each server is published on a `watch` channel; readers (List,
 //! health, the lifecycle's readiness wait) never block the runner.
 
 pub mod cgroup;
+pub mod job;
 pub mod logbuf;
 pub mod manifest;
 pub mod mcp;

@@ -126,20 +126,68 @@ pub struct Spawned {
     pub exit: oneshot::Receiver<Exit>,
 }
 
-struct Job {
+/// One fork for the spawner thread: the command, and where the child and
+/// its exit receiver go.
+struct Fork {
     cmd: Command,
-    reply: oneshot::Sender<io::Result<Spawned>>,
+    reply: oneshot::Sender<io::Result<(std::process::Child, oneshot::Receiver<Exit>)>>,
+}
+
+/// How a child's standard streams are connected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Io {
+    /// stdin, stdout and stderr are three pipes (servers).
+    Piped,
+    /// stdin is /dev/null; stdout and stderr share one pipe, so the parent
+    /// reads them interleaved as written (executions).
+    Combined,
+}
+
+/// What to run: everything of a [`LaunchSpec`] the fork needs.
+pub struct Launch<'a> {
+    pub command: &'a str,
+    pub args: &'a [String],
+    /// The complete environment (the child's is cleared first).
+    pub env: &'a std::collections::BTreeMap<String, String>,
+    pub cwd: &'a std::path::Path,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub limits: &'a ResourceLimits,
+    pub io: Io,
+}
+
+impl<'a> From<&'a LaunchSpec> for Launch<'a> {
+    fn from(s: &'a LaunchSpec) -> Launch<'a> {
+        Launch {
+            command: &s.command,
+            args: &s.args,
+            env: &s.env,
+            cwd: &s.cwd,
+            uid: s.uid,
+            gid: s.gid,
+            limits: &s.limits,
+            io: Io::Piped,
+        }
+    }
+}
+
+/// A started process whose stdout and stderr are one pipe ([`Io::Combined`]).
+pub struct SpawnedCombined {
+    pub pid: i32,
+    /// The read end of the shared stdout/stderr pipe.
+    pub output: OwnedFd,
+    pub exit: oneshot::Receiver<Exit>,
 }
 
 /// Forks server processes from one dedicated thread.
 #[derive(Clone)]
 pub struct Spawner {
-    jobs: std::sync::mpsc::Sender<Job>,
+    jobs: std::sync::mpsc::Sender<Fork>,
 }
 
 impl Spawner {
     pub fn start(reaper: Arc<Reaper>) -> io::Result<Spawner> {
-        let (jobs, rx) = std::sync::mpsc::channel::<Job>();
+        let (jobs, rx) = std::sync::mpsc::channel::<Fork>();
         std::thread::Builder::new()
             .name("spawner".into())
             .spawn(move || {
@@ -147,19 +195,16 @@ impl Spawner {
                     // Held across fork + registration: see the module docs.
                     let mut waiters = reaper.waiters.lock().unwrap_or_else(|p| p.into_inner());
                     let mut cmd = job.cmd;
-                    let result = cmd.spawn().and_then(|mut child| {
+                    let result = cmd.spawn().map(|child| {
                         let (tx, rx) = oneshot::channel();
                         waiters.insert(child.id() as i32, tx);
-                        let missing = || io::Error::other("child stdio was not piped");
-                        Ok(Spawned {
-                            pid: child.id() as i32,
-                            stdin: child.stdin.take().ok_or_else(missing)?.into(),
-                            stdout: child.stdout.take().ok_or_else(missing)?.into(),
-                            stderr: child.stderr.take().ok_or_else(missing)?.into(),
-                            exit: rx,
-                        })
+                        (child, rx)
                     });
                     drop(waiters);
+                    // The command holds the parent's copies of the child's
+                    // pipe ends; they must close now, so a reader sees EOF
+                    // when the child's side closes.
+                    drop(cmd);
                     let _ = job.reply.send(result);
                 }
             })?;
@@ -173,21 +218,80 @@ impl Spawner {
         spec: &LaunchSpec,
         cgroup_procs: Option<OwnedFd>,
     ) -> io::Result<Spawned> {
-        let mut cmd = Command::new(&spec.command);
-        cmd.args(&spec.args)
+        let (mut child, exit) = self.fork(&Launch::from(spec), cgroup_procs).await?;
+        let missing = || io::Error::other("child stdio was not piped");
+        Ok(Spawned {
+            pid: child.id() as i32,
+            stdin: child.stdin.take().ok_or_else(missing)?.into(),
+            stdout: child.stdout.take().ok_or_else(missing)?.into(),
+            stderr: child.stderr.take().ok_or_else(missing)?.into(),
+            exit,
+        })
+    }
+
+    /// Starts a process whose stdout and stderr share one pipe and whose
+    /// stdin is /dev/null (`launch.io` is ignored).
+    pub async fn spawn_combined(
+        &self,
+        launch: &Launch<'_>,
+        cgroup_procs: Option<OwnedFd>,
+    ) -> io::Result<SpawnedCombined> {
+        let (r, w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
+        let launch = Launch {
+            io: Io::Combined,
+            ..*launch
+        };
+        let mut cmd_io = Some((w.try_clone()?, w));
+        let (child, exit) = self
+            .fork_with(&launch, cgroup_procs, &mut cmd_io)
+            .await?;
+        Ok(SpawnedCombined {
+            pid: child.id() as i32,
+            output: r,
+            exit,
+        })
+    }
+
+    async fn fork(
+        &self,
+        launch: &Launch<'_>,
+        cgroup_procs: Option<OwnedFd>,
+    ) -> io::Result<(std::process::Child, oneshot::Receiver<Exit>)> {
+        self.fork_with(launch, cgroup_procs, &mut None).await
+    }
+
+    /// Forks `launch` on the spawner thread. `combined`: the write ends of
+    /// the shared output pipe, for [`Io::Combined`].
+    async fn fork_with(
+        &self,
+        launch: &Launch<'_>,
+        cgroup_procs: Option<OwnedFd>,
+        combined: &mut Option<(OwnedFd, OwnedFd)>,
+    ) -> io::Result<(std::process::Child, oneshot::Receiver<Exit>)> {
+        let mut cmd = Command::new(launch.command);
+        cmd.args(launch.args)
             .env_clear()
-            .envs(&spec.env)
-            .current_dir(&spec.cwd)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        if let Some(gid) = spec.gid {
+            .envs(launch.env)
+            .current_dir(launch.cwd);
+        match (launch.io, combined.take()) {
+            (Io::Combined, Some((out, err))) => {
+                cmd.stdin(Stdio::null())
+                    .stdout(Stdio::from(out))
+                    .stderr(Stdio::from(err));
+            }
+            _ => {
+                cmd.stdin(Stdio::piped())
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped());
+            }
+        }
+        if let Some(gid) = launch.gid {
             cmd.gid(gid);
         }
-        if let Some(uid) = spec.uid {
+        if let Some(uid) = launch.uid {
             cmd.uid(uid);
         }
-        let rlimits = rlimits(&spec.limits);
+        let rlimits = rlimits(launch.limits);
         let parent = rustix::process::getpid();
         let procs = cgroup_procs.as_ref().map(|fd| fd.as_raw_fd());
         // SAFETY: the closure runs between fork and exec and makes only
@@ -221,7 +325,7 @@ impl Spawner {
         }
         let (reply, rx) = oneshot::channel();
         self.jobs
-            .send(Job { cmd, reply })
+            .send(Fork { cmd, reply })
             .map_err(|_| io::Error::other("the spawner thread is gone"))?;
         // `cgroup_procs` must stay open until the fork happened.
         let r = rx

@@ -1,0 +1,528 @@
+//! One run of an execution, in the background: wait for a slot, install
+//! `packages.txt`, make the venv, install `requirements.txt`, run
+//! `python main.py`. Every step is a supervisor job whose output goes to
+//! the execution's log; a stop (cancel, release, timeout) kills the step's
+//! whole tree.
+
+use std::collections::BTreeMap;
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::AsyncReadExt;
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+
+use super::log::ExecLog;
+use super::{ExecConfig, ExecState, Execution, McpAccess, PACKAGES, REQUIREMENTS};
+use crate::supervisor::Supervisor;
+use crate::supervisor::job::{JobEnd, JobSpec};
+use crate::supervisor::manifest::ResourceLimits;
+use crate::supervisor::now_ms;
+use crate::supervisor::spawn::Exit;
+
+/// PATH when the agent has none (as PID 1).
+const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+/// How long the log pump may run on after a step's tree is gone (a
+/// process outside the tree could hold the pipe open).
+const PUMP_DRAIN: Duration = Duration::from_secs(2);
+
+pub(super) struct RunCtx {
+    pub cfg: ExecConfig,
+    pub sup: Arc<Supervisor>,
+    pub workspace: PathBuf,
+    pub mcp: Option<McpAccess>,
+    pub servers: Vec<String>,
+    pub slots: Arc<Semaphore>,
+}
+
+/// Why a run ended early.
+enum Halt {
+    /// Cancelled or released: the message says which.
+    Stopped(String),
+    /// A step failed.
+    Failed(String),
+}
+
+pub(super) async fn run(
+    ctx: RunCtx,
+    exec: Arc<Execution>,
+    log: Arc<ExecLog>,
+    stop: CancellationToken,
+) {
+    // The timeout is a stop of its own, told apart by `timed_out`.
+    let deadline = stop.child_token();
+    let timeout = Duration::from_millis(ctx.cfg.timeout_ms);
+    let timer = {
+        let d = deadline.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(timeout).await;
+            d.cancel();
+        })
+    };
+    let r = steps(&ctx, &exec, &log, &deadline).await;
+    timer.abort();
+    let timed_out = deadline.is_cancelled() && !stop.is_cancelled();
+    let (state, message, exit) = match r {
+        Ok(exit) if exit == Exit::Code(0) => (ExecState::Completed, String::new(), Some(exit)),
+        Ok(exit) => (
+            ExecState::Failed,
+            format!("{} ended with {exit}", super::MAIN_SCRIPT),
+            Some(exit),
+        ),
+        Err(Halt::Stopped(_)) if timed_out => (
+            ExecState::Failed,
+            format!(
+                "timed out after {} s (exec.timeout_ms); killed",
+                timeout.as_secs()
+            ),
+            None,
+        ),
+        Err(Halt::Stopped(m)) | Err(Halt::Failed(m)) => (ExecState::Failed, m, None),
+    };
+    let line = match state {
+        ExecState::Completed => format!("[sandbox-agent] {} exited with code 0", super::MAIN_SCRIPT),
+        _ => format!("[sandbox-agent] failed: {message}"),
+    };
+    log.note(&line);
+    tracing::info!(state = state.klavis(), %message, "execution ended");
+    // The end state first, then the log's end: a reader that finds the log
+    // closed also finds the end state.
+    exec.set(|p| {
+        p.state = state;
+        p.message = message;
+        p.finished_at_ms = now_ms();
+        match exit {
+            Some(Exit::Code(c)) => p.exit_code = Some(c),
+            Some(Exit::Signal(s)) => p.signal = Some(s),
+            None => {}
+        }
+    });
+    log.close();
+}
+
+async fn steps(
+    ctx: &RunCtx,
+    exec: &Execution,
+    log: &Arc<ExecLog>,
+    stop: &CancellationToken,
+) -> Result<Exit, Halt> {
+    let _slot = tokio::select! {
+        p = ctx.slots.clone().acquire_owned() => p.map_err(|_| Halt::Failed("the agent is shutting down".into()))?,
+        _ = stop.cancelled() => return Err(Halt::Stopped("cancelled while queued".into())),
+    };
+    let work = exec.work();
+    let venv = exec.dir.join("venv");
+    let env = environment(ctx, exec, &venv);
+    exec.set(|p| {
+        p.state = ExecState::Installing;
+        p.message = String::new();
+    });
+
+    // packages.txt
+    let packages = read_list(&work.join(PACKAGES)).map_err(Halt::Failed)?;
+    if !packages.is_empty() {
+        exec.set(|p| p.message = format!("installing {PACKAGES}"));
+        install_packages(ctx, exec, log, stop, &env, &packages).await?;
+    }
+
+    // The venv, and requirements.txt.
+    exec.set(|p| p.message = "creating the Python environment".into());
+    let uv = find_uv(&ctx.cfg.uv, &env);
+    let requirements = work.join(REQUIREMENTS);
+    let has_requirements = std::fs::metadata(&requirements).is_ok_and(|m| m.len() > 0);
+    let venv_s = venv.display().to_string();
+    let (cmd, args) = match &uv {
+        Some(uv) => (
+            uv.clone(),
+            vec![
+                "venv".into(),
+                "--quiet".into(),
+                "--python".into(),
+                ctx.cfg.python.clone(),
+                venv_s.clone(),
+            ],
+        ),
+        None => {
+            let mut a = vec!["-m".into(), "venv".into()];
+            if !has_requirements {
+                a.push("--without-pip".into());
+            }
+            a.push(venv_s.clone());
+            (ctx.cfg.python.clone(), a)
+        }
+    };
+    step(ctx, exec, log, stop, &env, "venv", cmd, args, &work)
+        .await
+        .and_then(|e| ok_or(e, "creating the Python environment"))?;
+    let python = venv.join("bin/python").display().to_string();
+    if has_requirements {
+        exec.set(|p| p.message = format!("installing {REQUIREMENTS}"));
+        log.note(&format!(
+            "[sandbox-agent] installing {REQUIREMENTS} with {}",
+            if uv.is_some() { "uv" } else { "pip" }
+        ));
+        let req = requirements.display().to_string();
+        let (cmd, args) = match &uv {
+            Some(uv) => (
+                uv.clone(),
+                vec![
+                    "pip".into(),
+                    "install".into(),
+                    "--python".into(),
+                    python.clone(),
+                    "-r".into(),
+                    req,
+                ],
+            ),
+            None => (
+                python.clone(),
+                vec![
+                    "-m".into(),
+                    "pip".into(),
+                    "install".into(),
+                    "--disable-pip-version-check".into(),
+                    "--no-input".into(),
+                    "-r".into(),
+                    req,
+                ],
+            ),
+        };
+        step(ctx, exec, log, stop, &env, "requirements", cmd, args, &work)
+            .await
+            .and_then(|e| ok_or(e, &format!("installing {REQUIREMENTS}")))?;
+    }
+
+    exec.set(|p| {
+        p.state = ExecState::Running;
+        p.message = String::new();
+    });
+    step(
+        ctx,
+        exec,
+        log,
+        stop,
+        &env,
+        "main",
+        python,
+        vec![super::MAIN_SCRIPT.into()],
+        &work,
+    )
+    .await
+}
+
+fn ok_or(e: Exit, what: &str) -> Result<(), Halt> {
+    if e == Exit::Code(0) {
+        Ok(())
+    } else {
+        Err(Halt::Failed(format!("{what} failed ({e})")))
+    }
+}
+
+/// Runs one step as a job, its output into the log.
+#[allow(clippy::too_many_arguments)]
+async fn step(
+    ctx: &RunCtx,
+    exec: &Execution,
+    log: &Arc<ExecLog>,
+    stop: &CancellationToken,
+    env: &BTreeMap<String, String>,
+    step: &str,
+    command: String,
+    args: Vec<String>,
+    cwd: &Path,
+) -> Result<Exit, Halt> {
+    if stop.is_cancelled() {
+        return Err(Halt::Stopped("cancelled".into()));
+    }
+    let spec = JobSpec {
+        group: exec.name.clone(),
+        command: command.clone(),
+        args,
+        env: env.clone(),
+        cwd: cwd.to_owned(),
+        limits: ResourceLimits::default(),
+    };
+    let mut job = ctx.sup.spawn_job(&spec).await.map_err(|e| {
+        Halt::Failed(format!(
+            "cannot start {command:?} ({step}): {e}; is it installed in the sandbox?"
+        ))
+    })?;
+    tracing::debug!(step, pid = job.pid(), "step started");
+    let pump = job.take_output().map(|fd| tokio::spawn(pump(fd, log.clone())));
+    let end = job.wait(stop, ctx.cfg.grace()).await;
+    if let Some(mut p) = pump
+        && tokio::time::timeout(PUMP_DRAIN, &mut p).await.is_err()
+    {
+        p.abort();
+    }
+    match end {
+        JobEnd::Exited(e) => Ok(e),
+        JobEnd::Stopped(_) => Err(Halt::Stopped("cancelled; its processes were killed".into())),
+    }
+}
+
+/// Copies a step's output into the log until the pipe closes.
+async fn pump(fd: OwnedFd, log: Arc<ExecLog>) {
+    let Ok(mut rx) = tokio::net::unix::pipe::Receiver::from_owned_fd(fd) else {
+        return;
+    };
+    let mut buf = vec![0u8; 64 << 10];
+    loop {
+        match rx.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => {
+                if let Err(e) = log.append(&buf[..n]) {
+                    tracing::warn!(error = %e, "writing the execution log");
+                }
+            }
+        }
+    }
+}
+
+/// The environment every step sees.
+fn environment(ctx: &RunCtx, exec: &Execution, venv: &Path) -> BTreeMap<String, String> {
+    let mut env = BTreeMap::new();
+    for k in &ctx.cfg.pass_env {
+        if let Ok(v) = std::env::var(k) {
+            env.insert(k.clone(), v);
+        }
+    }
+    let path = std::env::var("PATH").unwrap_or_else(|_| DEFAULT_PATH.into());
+    env.insert(
+        "PATH".into(),
+        format!("{}:{path}", venv.join("bin").display()),
+    );
+    env.insert(
+        "HOME".into(),
+        std::env::var("HOME").unwrap_or_else(|_| "/root".into()),
+    );
+    env.insert("LANG".into(), "C.UTF-8".into());
+    // Unbuffered: stdout and stderr reach the log in the order written.
+    env.insert("PYTHONUNBUFFERED".into(), "1".into());
+    env.insert("PYTHONIOENCODING".into(), "utf-8".into());
+    env.insert("VIRTUAL_ENV".into(), venv.display().to_string());
+    env.insert("UV_PYTHON_DOWNLOADS".into(), "never".into());
+    env.insert("DEBIAN_FRONTEND".into(), "noninteractive".into());
+    env.insert(
+        "AGENT_WORKSPACE".into(),
+        ctx.workspace.display().to_string(),
+    );
+    env.insert("SANDBOX_EXECUTION_NAME".into(), exec.name.clone());
+    env.insert(
+        "SANDBOX_EXECUTION_DIR".into(),
+        exec.work().display().to_string(),
+    );
+    env.insert("SANDBOX_MCP_SERVERS".into(), ctx.servers.join(","));
+    if let Some(m) = &ctx.mcp {
+        env.insert("SANDBOX_MCP_URL".into(), m.base_url.clone());
+        env.insert("SANDBOX_MCP_TOKEN".into(), m.token.clone());
+        for s in &ctx.servers {
+            env.insert(
+                format!("SANDBOX_MCP_URL_{}", env_key(s)),
+                format!("{}/{s}/mcp", m.base_url),
+            );
+        }
+    }
+    for (k, v) in &ctx.cfg.env {
+        env.insert(k.clone(), v.clone());
+    }
+    env
+}
+
+/// `desktop-commander` → `DESKTOP_COMMANDER`.
+pub fn env_key(server: &str) -> String {
+    server
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_uppercase()
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
+/// `uv` to use: the configured path, the one on PATH ("auto"), or none.
+fn find_uv(setting: &str, env: &BTreeMap<String, String>) -> Option<String> {
+    match setting {
+        "off" => None,
+        "auto" => which("uv", env.get("PATH").map(String::as_str).unwrap_or("")),
+        path => Some(path.to_owned()),
+    }
+}
+
+fn which(name: &str, path: &str) -> Option<String> {
+    use std::os::unix::fs::PermissionsExt;
+    path.split(':')
+        .filter(|d| !d.is_empty())
+        .map(|d| Path::new(d).join(name))
+        .find(|p| {
+            std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
+        .map(|p| p.display().to_string())
+}
+
+/// The non-empty, non-comment lines of a list file (absent: none).
+fn read_list(path: &Path) -> Result<Vec<String>, String> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(format!("reading {}: {e}", path.display())),
+    };
+    let mut out = Vec::new();
+    for line in text.lines() {
+        let l = line.split('#').next().unwrap_or("").trim();
+        if l.is_empty() {
+            continue;
+        }
+        for word in l.split_whitespace() {
+            if !valid_package(word) {
+                return Err(format!(
+                    "{PACKAGES}: {word:?} is not a Debian package name (lowercase letters, digits, + - . ; starting with a letter or digit)"
+                ));
+            }
+            out.push(word.to_owned());
+        }
+    }
+    Ok(out)
+}
+
+/// Debian policy §5.6.1: `[a-z0-9][a-z0-9+.-]+` (so never an option).
+fn valid_package(p: &str) -> bool {
+    p.len() >= 2
+        && p.as_bytes()[0].is_ascii_alphanumeric()
+        && p.bytes().all(|b| {
+            b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'+' | b'-' | b'.')
+        })
+}
+
+async fn install_packages(
+    ctx: &RunCtx,
+    exec: &Execution,
+    log: &Arc<ExecLog>,
+    stop: &CancellationToken,
+    env: &BTreeMap<String, String>,
+    packages: &[String],
+) -> Result<(), Halt> {
+    let status = tokio::fs::read_to_string(DPKG_STATUS)
+        .await
+        .unwrap_or_default();
+    let installed = installed_packages(&status);
+    let missing: Vec<String> = packages
+        .iter()
+        .filter(|p| !installed.contains(p.as_str()))
+        .cloned()
+        .collect();
+    if missing.is_empty() {
+        log.note(&format!(
+            "[sandbox-agent] {PACKAGES}: already installed: {}",
+            packages.join(" ")
+        ));
+        return Ok(());
+    }
+    let path = env.get("PATH").map(String::as_str).unwrap_or("");
+    let why_not = if ctx.cfg.packages == "off" {
+        Some("exec.packages is \"off\" in this sandbox".to_owned())
+    } else if !rustix::process::geteuid().is_root() {
+        Some("the agent does not run as root".to_owned())
+    } else if which("apt-get", path).is_none() {
+        Some("there is no apt-get in this sandbox".to_owned())
+    } else {
+        None
+    };
+    if let Some(why) = why_not {
+        return Err(Halt::Failed(format!(
+            "{PACKAGES} asks for {} (not installed), but this sandbox cannot install Debian packages: {why}",
+            missing.join(" ")
+        )));
+    }
+    log.note(&format!(
+        "[sandbox-agent] installing Debian packages: {}",
+        missing.join(" ")
+    ));
+    let install = |update: bool| {
+        let mut args: Vec<String> = if update {
+            vec!["update".into(), "-q".into()]
+        } else {
+            vec![
+                "install".into(),
+                "-y".into(),
+                "-q".into(),
+                "--no-install-recommends".into(),
+                "--".into(),
+            ]
+        };
+        if !update {
+            args.extend(missing.iter().cloned());
+        }
+        args
+    };
+    let work = exec.work();
+    let first = step(ctx, exec, log, stop, env, "apt", "apt-get".into(), install(false), &work).await?;
+    if first == Exit::Code(0) {
+        return Ok(());
+    }
+    // A fresh image has no package lists yet: update once, then retry.
+    log.note("[sandbox-agent] apt-get install failed; running apt-get update and retrying");
+    step(ctx, exec, log, stop, env, "apt", "apt-get".into(), install(true), &work)
+        .await
+        .and_then(|e| ok_or(e, "apt-get update"))?;
+    step(ctx, exec, log, stop, env, "apt", "apt-get".into(), install(false), &work)
+        .await
+        .and_then(|e| ok_or(e, &format!("installing {PACKAGES}")))
+}
+
+/// dpkg's database of installed packages.
+const DPKG_STATUS: &str = "/var/lib/dpkg/status";
+
+/// The packages dpkg's status file lists as installed. (Read directly: a
+/// `dpkg-query` child would race the agent's reaper for its exit status.)
+fn installed_packages(status: &str) -> std::collections::HashSet<&str> {
+    let mut out = std::collections::HashSet::new();
+    for para in status.split("\n\n") {
+        let mut name = None;
+        let mut installed = false;
+        for line in para.lines() {
+            if let Some(n) = line.strip_prefix("Package: ") {
+                name = Some(n.trim());
+            } else if let Some(st) = line.strip_prefix("Status: ") {
+                installed = st.trim_end().ends_with(" installed");
+            }
+        }
+        if let (Some(n), true) = (name, installed) {
+            out.insert(n);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn package_names_follow_debian_policy() {
+        for ok in ["curl", "jq", "libc6", "g++", "python3.11", "lib32z1-dev"] {
+            assert!(valid_package(ok), "{ok}");
+        }
+        for bad in ["-o", "--allow-unauthenticated", "Curl", "a", "x;rm", "c url"] {
+            assert!(!valid_package(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn installed_means_the_status_says_so() {
+        let st = "Package: curl\nStatus: install ok installed\nVersion: 1\n\nPackage: jq\nStatus: deinstall ok config-files\n\nPackage: git\nArchitecture: amd64\nStatus: install ok installed\n";
+        let i = installed_packages(st);
+        assert!(i.contains("curl") && i.contains("git") && !i.contains("jq"));
+    }
+
+    #[test]
+    fn server_names_become_variable_names() {
+        assert_eq!(env_key("desktop-commander"), "DESKTOP_COMMANDER");
+        assert_eq!(env_key("google_cloud"), "GOOGLE_CLOUD");
+    }
+}
