@@ -19,6 +19,7 @@ command -v pigz >/dev/null || apt_pkgs+=(pigz)             # benchmark reference
 command -v zstd >/dev/null || apt_pkgs+=(zstd)             # tests read zstd dumps with GNU tar
 command -v tar >/dev/null || apt_pkgs+=(tar)
 command -v curl >/dev/null || apt_pkgs+=(curl)            # raw HTTP checks of the MCP data plane
+command -v jq >/dev/null || apt_pkgs+=(jq)                # packages.txt of the execution test
 command -v git >/dev/null || apt_pkgs+=(git)              # the git MCP server
 command -v node >/dev/null || apt_pkgs+=(nodejs npm)        # npm MCP servers
 python3 -c 'import venv, ensurepip' 2>/dev/null || apt_pkgs+=(python3-venv)  # PyPI MCP servers
@@ -41,6 +42,15 @@ done
 python3 -c 'import grpc, grpc_reflection, grpc_health, mcp' 2>/dev/null \
   || python3 -m pip install -q -r tests/clients/requirements.txt \
   || python3 -m pip install -q --break-system-packages -r tests/clients/requirements.txt
+
+# uv, which executions use for their venvs when it is on PATH (PyPI wheel).
+command -v uv >/dev/null \
+  || python3 -m pip install -q uv==0.13.9 \
+  || python3 -m pip install -q --break-system-packages uv==0.13.9
+# Wheels the execution tests install offline (PIP_FIND_LINKS/UV_FIND_LINKS).
+SANDBOX_AGENT_WHEELS=${SANDBOX_AGENT_WHEELS:-/opt/sandbox-agent/wheels}
+ls "$SANDBOX_AGENT_WHEELS"/psutil-7.2.2-*.whl "$SANDBOX_AGENT_WHEELS"/requests-2.34.2-*.whl >/dev/null 2>&1 \
+  || $SUDO python3 -m pip download -q -d "$SANDBOX_AGENT_WHEELS" requests==2.34.2 psutil==7.2.2
 
 command -v cargo-fuzz >/dev/null || cargo install --locked cargo-fuzz
 # The host side of the test VM's virtio-vsock device.

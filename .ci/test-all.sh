@@ -22,6 +22,7 @@ step "prerequisites"
 ./.ci/install-prereqs.sh
 export SANDBOX_AGENT_MCP2_PYTHON=${SANDBOX_AGENT_MCP2_PYTHON:-/opt/sandbox-agent/clients/mcp2/bin/python}
 export SANDBOX_AGENT_SERVERS_DIR=${SANDBOX_AGENT_SERVERS_DIR:-/opt/sandbox-agent/servers}
+export SANDBOX_AGENT_WHEELS=${SANDBOX_AGENT_WHEELS:-/opt/sandbox-agent/wheels}
 
 step "cargo fmt --check"
 cargo fmt --all --check

@@ -6,6 +6,7 @@
 mod common;
 
 mod control_plane;
+mod exec;
 mod gateway;
 mod hvsock;
 mod lifecycle;

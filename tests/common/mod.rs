@@ -67,6 +67,10 @@ impl Agent {
             cmd.arg("--mcp-listen")
                 .arg(format!("unix://{}", dir.path().join("mcp.sock").display()));
         }
+        if !extra.contains(&"--exec-root") {
+            // Not the shared default under /var/lib: one per agent.
+            cmd.arg("--exec-root").arg(dir.path().join("exec"));
+        }
         cmd.arg("--listen")
             .arg(format!("unix://{}", socket.display()))
             .arg("--workspace")

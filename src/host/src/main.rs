@@ -279,7 +279,23 @@ fn main() -> anyhow::Result<()> {
             .route("/local-sandbox/{id}/upload-url", post(api::upload_url))
             .route("/local-sandbox/{id}/initialize", post(api::initialize))
             .route("/local-sandbox/{id}/dump", get(api::dump_url))
+            .route(
+                "/local-sandbox/{id}/execution-upload-url",
+                post(api::execution_upload_url),
+            )
+            .route("/local-sandbox/{id}/execute", post(api::execute))
+            .route(
+                "/local-sandbox/{id}/execution-status",
+                get(api::execution_status),
+            )
+            .route("/local-sandbox/{id}/execution-logs", get(api::execution_logs))
+            .route(
+                "/local-sandbox/{id}/export-artifacts",
+                post(api::export_artifacts),
+            )
             .route("/transfer/upload/{id}", put(api::upload))
+            .route("/transfer/exec-upload/{id}/{name}", put(api::exec_upload))
+            .route("/transfer/exec-export/{id}/{name}", get(api::exec_download))
             .route("/transfer/dump/{id}", get(api::download))
             .route("/openapi.json", get(openapi))
             .fallback(mcp_proxy::proxy)

@@ -143,6 +143,12 @@ pub(crate) enum Verb {
     },
     /// Sandbox status, lease and servers.
     Status,
+    /// Run Python scripts inside the leased sandbox (Klavis's execution
+    /// API): upload, run, status, logs, export, cancel.
+    Exec {
+        #[command(subcommand)]
+        verb: ExecVerb,
+    },
     /// List, start, stop or restart MCP servers.
     Servers {
         #[command(subcommand)]
@@ -176,6 +182,43 @@ pub(crate) enum Verb {
         #[arg(long)]
         stream: Option<String>,
     },
+}
+
+#[derive(Subcommand, Debug)]
+pub(crate) enum ExecVerb {
+    /// Upload a directory holding main.py (and optionally requirements.txt
+    /// and packages.txt), or a .tar/.tar.gz/.tar.zst of one, as execution
+    /// NAME. Re-using a name replaces it (a running one is killed).
+    Upload { name: String, path: PathBuf },
+    /// Start execution NAME in the background (uploading PATH first when
+    /// given). With -f, follow its log and exit 0 only if it completes.
+    Run {
+        name: String,
+        path: Option<PathBuf>,
+        #[arg(short, long)]
+        follow: bool,
+    },
+    /// The status of NAME, or of every execution of the lease.
+    Status { name: Option<String> },
+    /// Print NAME's log (stdout and stderr as written) from a byte cursor.
+    Logs {
+        name: String,
+        /// Keep following until the execution ends; exit 1 if it failed.
+        #[arg(short, long)]
+        follow: bool,
+        /// Byte offset to start from.
+        #[arg(long, default_value_t = 0)]
+        cursor: u64,
+    },
+    /// Save NAME's directory (its working directory) as a tar.gz.
+    Export {
+        name: String,
+        /// Output file, or - for standard output.
+        #[arg(short, long)]
+        output: String,
+    },
+    /// Kill a queued or running execution with its whole process tree.
+    Cancel { name: String },
 }
 
 #[derive(Subcommand, Debug)]

@@ -10,6 +10,7 @@
 
 mod agent;
 mod cli;
+mod exec;
 mod lease;
 mod mcp;
 mod output;
@@ -21,7 +22,7 @@ use std::time::Duration;
 
 use anyhow::{Context, anyhow};
 use clap::Parser;
-use cli::{Args, ServersVerb, Verb};
+use cli::{Args, ExecVerb, ServersVerb, Verb};
 use sandbox_client::auth::Token;
 use sandbox_client::transport::HvsockOptions;
 use sandbox_client::{Client, ConnectOptions};
@@ -137,6 +138,22 @@ async fn run(args: Args) -> anyhow::Result<ExitCode> {
         Verb::Reset { lease_id } => lease::reset(&client, lease_id.as_deref(), args.json).await,
         Verb::Shutdown { reason } => lease::shutdown(&client, reason, args.json).await,
         Verb::Status => lease::status(&client, args.json).await,
+        Verb::Exec { verb } => match verb {
+            ExecVerb::Upload { name, path } => exec::upload(&client, name, path, args.json).await,
+            ExecVerb::Run { name, path, follow } => {
+                exec::run(&client, name, path.as_deref(), *follow, args.json).await
+            }
+            ExecVerb::Status { name } => exec::status(&client, name.as_deref(), args.json).await,
+            ExecVerb::Logs {
+                name,
+                follow,
+                cursor,
+            } => exec::logs(&client, name, *cursor, *follow, args.json).await,
+            ExecVerb::Export { name, output } => {
+                exec::export(&client, name, output, args.json).await
+            }
+            ExecVerb::Cancel { name } => exec::cancel(&client, name, args.json).await,
+        },
         Verb::Servers { verb } => {
             let v = match verb {
                 None | Some(ServersVerb::List) => servers::ServerVerb::List,

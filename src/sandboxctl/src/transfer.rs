@@ -49,22 +49,21 @@ fn rate(n: u64, d: Duration) -> String {
     format!("{}/s", bytes((n as f64 / d.as_secs_f64().max(1e-3)) as u64))
 }
 
-pub async fn upload(
-    client: &Client,
-    path: &Path,
-    merge: bool,
-    json_out: bool,
-) -> anyhow::Result<ExitCode> {
+/// Archive bytes read from a directory (packed and compressed with zstd on
+/// the fly: nothing is written to disk) or from an archive file.
+pub(crate) struct Source {
+    pub compression: proto::Compression,
+    /// Size and sha256 when the source is a file.
+    pub size: Option<u64>,
+    pub sha256: String,
+    pub chunks: tokio::sync::mpsc::Receiver<bytes::Bytes>,
+    pub producer: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+pub(crate) fn source(path: &Path) -> anyhow::Result<Source> {
     let md = std::fs::metadata(path).with_context(|| format!("cannot read {}", path.display()))?;
-    let mode = if merge {
-        proto::InitializeMode::Merge
-    } else {
-        proto::InitializeMode::Replace
-    } as i32;
-    let (tx, rx) = tokio::sync::mpsc::channel::<proto::InitializeRequest>(8);
-    let start = Instant::now();
-    let (header, bar, producer) = if md.is_dir() {
-        // Packed and compressed on the fly: nothing is written to disk.
+    let (tx, rx) = tokio::sync::mpsc::channel::<bytes::Bytes>(8);
+    if md.is_dir() {
         let dir = rustix::fs::open(
             path,
             rustix::fs::OFlags::DIRECTORY
@@ -73,16 +72,8 @@ pub async fn upload(
             rustix::fs::Mode::empty(),
         )
         .with_context(|| format!("cannot open directory {}", path.display()))?;
-        let header = proto::InitializeHeader {
-            compression: proto::Compression::Zstd as i32,
-            mode,
-            ..Default::default()
-        };
-        let bar = progress(None, "uploading");
         let producer = tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
-            let sink = ChunkSink::new(tx, MAX_CHUNK_BYTES, |b| proto::InitializeRequest {
-                msg: Some(Msg::Chunk(b)),
-            });
+            let sink = ChunkSink::new(tx, MAX_CHUNK_BYTES, |b| b);
             let closed = sink.closed();
             let enc = Encoder::new(sink, Compression::Zstd, 3, 0)?;
             let opts = PackOptions {
@@ -102,47 +93,74 @@ pub async fn upload(
                 .context("the agent stopped receiving")?;
             Ok(())
         });
-        (header, bar, producer)
-    } else {
-        let size = md.len();
-        let sha = sha256_file(path)?;
-        let header = proto::InitializeHeader {
-            compression: proto::Compression::Auto as i32,
-            mode,
-            expected_sha256: sha,
-            size_hint: size,
-        };
-        let bar = progress(Some(size), "uploading");
-        let path: PathBuf = path.to_owned();
-        let producer = tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
-            let mut f = std::fs::File::open(&path)
-                .with_context(|| format!("cannot open {}", path.display()))?;
-            loop {
-                let mut buf = vec![0u8; MAX_CHUNK_BYTES];
-                let n = f
-                    .read(&mut buf)
-                    .with_context(|| format!("reading {}", path.display()))?;
-                if n == 0 {
-                    return Ok(());
-                }
-                buf.truncate(n);
-                if tx
-                    .blocking_send(proto::InitializeRequest {
-                        msg: Some(Msg::Chunk(buf.into())),
-                    })
-                    .is_err()
-                {
-                    return Ok(());
-                }
-            }
+        return Ok(Source {
+            compression: proto::Compression::Zstd,
+            size: None,
+            sha256: String::new(),
+            chunks: rx,
+            producer,
         });
-        (header, bar, producer)
+    }
+    let size = md.len();
+    let sha256 = sha256_file(path)?;
+    let path: PathBuf = path.to_owned();
+    let producer = tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
+        let mut f =
+            std::fs::File::open(&path).with_context(|| format!("cannot open {}", path.display()))?;
+        loop {
+            let mut buf = vec![0u8; MAX_CHUNK_BYTES];
+            let n = f
+                .read(&mut buf)
+                .with_context(|| format!("reading {}", path.display()))?;
+            if n == 0 {
+                return Ok(());
+            }
+            buf.truncate(n);
+            if tx.blocking_send(buf.into()).is_err() {
+                return Ok(());
+            }
+        }
+    });
+    Ok(Source {
+        compression: proto::Compression::Auto,
+        size: Some(size),
+        sha256,
+        chunks: rx,
+        producer,
+    })
+}
+
+pub async fn upload(
+    client: &Client,
+    path: &Path,
+    merge: bool,
+    json_out: bool,
+) -> anyhow::Result<ExitCode> {
+    let mode = if merge {
+        proto::InitializeMode::Merge
+    } else {
+        proto::InitializeMode::Replace
+    } as i32;
+    let start = Instant::now();
+    let src = source(path)?;
+    let header = proto::InitializeHeader {
+        compression: src.compression as i32,
+        mode,
+        expected_sha256: src.sha256.clone(),
+        size_hint: src.size.unwrap_or(0),
     };
+    let bar = progress(src.size, "uploading");
+    let producer = src.producer;
+    let rx = src.chunks;
     let counter = bar.clone();
     let requests = tokio_stream::once(proto::InitializeRequest {
         msg: Some(Msg::Header(header)),
     })
-    .chain(tokio_stream::wrappers::ReceiverStream::new(rx))
+    .chain(
+        tokio_stream::wrappers::ReceiverStream::new(rx).map(|b| proto::InitializeRequest {
+            msg: Some(Msg::Chunk(b)),
+        }),
+    )
     .map(move |m| {
         if let Some(Msg::Chunk(b)) = &m.msg {
             counter.inc(b.len() as u64);
@@ -230,12 +248,26 @@ pub async fn dump(
         sub_path,
     };
     let start = Instant::now();
-    let mut stream = client
+    let stream = client
         .workspace()
         .dump(req)
         .await
         .map_err(|s| rpc_error("Workspace.Dump", s))?
         .into_inner();
+    save(stream, "Workspace.Dump", "dumped", output, start, json_out).await
+}
+
+/// Writes an archive stream (chunks, then a trailer) to `output` (a file,
+/// which appears only once complete and verified, or - for stdout) and
+/// reports it.
+pub(crate) async fn save(
+    mut stream: tonic::Streaming<proto::DumpResponse>,
+    rpc: &'static str,
+    verb: &str,
+    output: &str,
+    start: Instant,
+    json_out: bool,
+) -> anyhow::Result<ExitCode> {
     let to_stdout = output == "-";
     // A file only appears complete: write aside, rename at the end.
     let final_path = PathBuf::from(output);
@@ -254,7 +286,7 @@ pub async fn dump(
     let mut received = 0u64;
     let result: anyhow::Result<proto::DumpTrailer> = async {
         while let Some(msg) = stream.next().await {
-            match msg.map_err(|s| rpc_error("Workspace.Dump", s))?.msg {
+            match msg.map_err(|s| rpc_error(rpc, s))?.msg {
                 Some(proto::dump_response::Msg::Chunk(b)) => {
                     h.update(&b);
                     received += b.len() as u64;
@@ -268,7 +300,7 @@ pub async fn dump(
                 None => {}
             }
         }
-        bail!("the dump stream ended without a trailer after {received} bytes; the archive is incomplete")
+        bail!("the {rpc} stream ended without a trailer after {received} bytes; the archive is incomplete")
     }
     .await;
     bar.finish_and_clear();
@@ -313,7 +345,7 @@ pub async fn dump(
         eprintln!("{summary}");
     } else {
         eprintln!(
-            "dumped {} files, {} dirs, {} symlinks ({} of content → {} archive, {}) in {:.2} s; sha256 {}",
+            "{verb} {} files, {} dirs, {} symlinks ({} of content → {} archive, {}) in {:.2} s; sha256 {}",
             trailer.files,
             trailer.dirs,
             trailer.symlinks,

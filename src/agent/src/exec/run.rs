@@ -139,13 +139,14 @@ async fn steps(
             vec![
                 "venv".into(),
                 "--quiet".into(),
+                "--clear".into(),
                 "--python".into(),
                 ctx.cfg.python.clone(),
                 venv_s.clone(),
             ],
         ),
         None => {
-            let mut a = vec!["-m".into(), "venv".into()];
+            let mut a = vec!["-m".into(), "venv".into(), "--clear".into()];
             if !has_requirements {
                 a.push("--without-pip".into());
             }

@@ -10,8 +10,10 @@
 //!   models check them, with the same 422 bodies.
 //! - `sandboxes`: acquire, list, get, reset, release.
 //! - `transfer`: signed upload/download URLs and the streams behind them.
+//! - `exec`: the execution endpoints over the agent's `Exec` service.
 //! - `reaper`: TTL expiry and dead agents.
 
+mod exec;
 mod reaper;
 mod sandboxes;
 mod transfer;
@@ -31,6 +33,10 @@ use crate::pool::Pool;
 use crate::signed::Signer;
 use crate::store::{SandboxRow, Store};
 
+pub use exec::{
+    exec_download, exec_upload, execute, execution_logs, execution_status, execution_upload_url,
+    export_artifacts,
+};
 pub use reaper::reap;
 pub use sandboxes::{acquire, get, list, release, release_in_background, reset};
 pub use transfer::{download, dump_url, initialize, upload, upload_url};

@@ -27,10 +27,11 @@ fn unix_now() -> u64 {
     (now_ms() / 1000) as u64
 }
 
-fn signed_url(h: &Host, action: &str, id: &str) -> String {
+/// `<public_url>/transfer/<path>?<signature of action on sandbox id>`.
+pub(super) fn signed_url(h: &Host, action: &str, id: &str, path: &str) -> String {
     let expires = unix_now() + URL_MINUTES * 60;
     format!(
-        "{}/transfer/{action}/{id}?{}",
+        "{}/transfer/{path}?{}",
         h.public_url,
         h.signer.sign(action, id, expires)
     )
@@ -70,7 +71,7 @@ fn transfer_url(
     check_region(q)?;
     sandbox_of(h, headers, id)?;
     Ok(
-        Json(json!({key: signed_url(h, action, id), "expires_in_minutes": URL_MINUTES}))
+        Json(json!({key: signed_url(h, action, id, &format!("{action}/{id}")), "expires_in_minutes": URL_MINUTES}))
             .into_response(),
     )
 }
@@ -82,7 +83,12 @@ pub struct SignedQuery {
 }
 
 /// The live sandbox a signed transfer URL names, or 403/404.
-fn check_signed(h: &Host, action: &str, id: &str, q: &SignedQuery) -> Result<SandboxRow, ApiError> {
+pub(super) fn check_signed(
+    h: &Host,
+    action: &str,
+    id: &str,
+    q: &SignedQuery,
+) -> Result<SandboxRow, ApiError> {
     let (Some(expires), Some(sig)) = (q.expires, q.signature.as_deref()) else {
         return Err(detail(
             StatusCode::FORBIDDEN,
@@ -118,8 +124,24 @@ pub async fn upload(
     body: Body,
 ) -> ApiResult {
     check_signed(&h, "upload", &id, &q)?;
-    let final_path = h.uploads.join(format!("{id}.tar.gz"));
-    let part = h.uploads.join(format!("{id}.tar.gz.part"));
+    let total = store_upload(&h, &h.uploads.join(format!("{id}.tar.gz")), body).await?;
+    info!(sandbox = %id, bytes = total, "archive uploaded");
+    Ok(StatusCode::OK.into_response())
+}
+
+/// Streams `body` to `final_path` through a temporary file of its own
+/// (bounded by `max_upload_bytes`); only a complete upload is renamed into
+/// place, so a broken or concurrent one never leaves a mixed file.
+pub(super) async fn store_upload(
+    h: &Host,
+    final_path: &std::path::Path,
+    body: Body,
+) -> Result<u64, ApiError> {
+    let mut rnd = [0u8; 8];
+    let _ = getrandom::fill(&mut rnd);
+    let mut part = final_path.as_os_str().to_owned();
+    part.push(format!(".{}.part", hex::encode(rnd)));
+    let part = std::path::PathBuf::from(part);
     let stored = async {
         let mut f = tokio::fs::File::create(&part).await.map_err(internal)?;
         let mut stream = body.into_data_stream();
@@ -139,22 +161,16 @@ pub async fn upload(
                 .map_err(|e| internal(format!("storing the upload: {e}")))?;
         }
         f.sync_all().await.map_err(internal)?;
-        tokio::fs::rename(&part, &final_path)
+        tokio::fs::rename(&part, final_path)
             .await
             .map_err(internal)?;
         Ok(total)
     }
     .await;
-    match stored {
-        Ok(total) => {
-            info!(sandbox = %id, bytes = total, "archive uploaded");
-            Ok(StatusCode::OK.into_response())
-        }
-        Err(e) => {
-            let _ = tokio::fs::remove_file(&part).await;
-            Err(e)
-        }
+    if stored.is_err() {
+        let _ = tokio::fs::remove_file(&part).await;
     }
+    stored
 }
 
 /// `POST /local-sandbox/{id}/initialize`: streams the stored archive into

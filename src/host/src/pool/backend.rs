@@ -77,6 +77,8 @@ pub(super) fn process_command(
         .arg(format!("unix://{}", dir.join("mcp.sock").display()))
         .arg("--workspace")
         .arg(dir.join("ws"))
+        .arg("--exec-root")
+        .arg(dir.join("exec"))
         .arg("--name")
         .arg(id)
         .env("SANDBOX_AGENT_CONFIG", "/dev/null");

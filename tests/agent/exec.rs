@@ -1,0 +1,372 @@
+//! Script executions (the Exec service) through the real agent binary: a
+//! failing script, multibyte output read in tiny cursor steps while it is
+//! written, the log cap with the agent's memory staying flat, bad requests,
+//! replacing a running execution, and a release that must kill a script
+//! and its children.
+
+use std::io::Write;
+use std::time::Duration;
+
+use crate::common::mcp::*;
+use crate::common::*;
+use sandbox_client::proto;
+use tonic::Code;
+
+async fn client(agent: &Agent) -> sandbox_client::Client {
+    sandbox_client::connect(&agent.unix_uri())
+        .await
+        .expect("connect")
+}
+
+async fn acquire(c: &sandbox_client::Client, id: &str) {
+    c.agent()
+        .acquire(proto::AcquireRequest {
+            lease_id: id.into(),
+            server_names: vec!["filesystem".into()],
+            ..Default::default()
+        })
+        .await
+        .expect("Acquire");
+}
+
+/// A tar.gz of `files`.
+fn targz(files: &[(&str, &str)]) -> Vec<u8> {
+    let enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    let mut b = tar::Builder::new(enc);
+    for (name, body) in files {
+        let mut h = tar::Header::new_gnu();
+        h.set_size(body.len() as u64);
+        h.set_mode(0o644);
+        h.set_cksum();
+        b.append_data(&mut h, name, body.as_bytes()).expect("append");
+    }
+    b.into_inner().expect("tar").finish().expect("gzip")
+}
+
+async fn upload(
+    c: &sandbox_client::Client,
+    name: &str,
+    archive: Vec<u8>,
+) -> Result<proto::ExecUploadResponse, tonic::Status> {
+    use proto::exec_upload_request::Msg;
+    let msgs = vec![
+        proto::ExecUploadRequest {
+            msg: Some(Msg::Header(proto::ExecUploadHeader {
+                execution_name: name.into(),
+                ..Default::default()
+            })),
+        },
+        proto::ExecUploadRequest {
+            msg: Some(Msg::Chunk(archive.into())),
+        },
+    ];
+    c.exec()
+        .upload(tokio_stream::iter(msgs))
+        .await
+        .map(|r| r.into_inner())
+}
+
+async fn start(c: &sandbox_client::Client, name: &str) -> proto::ExecStatus {
+    c.exec()
+        .start(proto::ExecStartRequest {
+            execution_name: name.into(),
+            ..Default::default()
+        })
+        .await
+        .expect("Start")
+        .into_inner()
+}
+
+async fn status(c: &sandbox_client::Client, name: &str) -> proto::ExecStatus {
+    c.exec()
+        .status(proto::ExecStatusRequest {
+            execution_name: name.into(),
+            ..Default::default()
+        })
+        .await
+        .expect("Status")
+        .into_inner()
+}
+
+/// Polls Logs with `max_bytes` from cursor 0 until the answer says the log
+/// is complete; returns the text and the number of polls.
+async fn read_all(c: &sandbox_client::Client, name: &str, max_bytes: u32) -> (String, usize, String) {
+    let (mut text, mut cursor, mut polls) = (String::new(), 0, 0);
+    loop {
+        let r = c
+            .exec()
+            .logs(proto::ExecLogsRequest {
+                execution_name: name.into(),
+                cursor,
+                max_bytes,
+                ..Default::default()
+            })
+            .await
+            .expect("Logs")
+            .into_inner();
+        polls += 1;
+        text.push_str(&r.logs);
+        cursor = r.next_cursor;
+        if r.complete {
+            return (text, polls, r.klavis_status);
+        }
+        if r.logs.is_empty() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_failing_script_is_failed_with_its_output_in_the_log() {
+    let agent = agent_with("", "");
+    let c = client(&agent).await;
+    acquire(&c, "lease-x").await;
+    let main = "import sys\nprint('before the failure')\nprint('oops', file=sys.stderr)\nsys.exit(3)\n";
+    let up = upload(&c, "bad", targz(&[("main.py", main)]))
+        .await
+        .expect("Upload");
+    assert_eq!((up.files, up.replaced), (1, false));
+    assert_eq!(status(&c, "bad").await.klavis_status, "pending");
+    start(&c, "bad").await;
+    let (text, _, last) = read_all(&c, "bad", 0).await;
+    assert_eq!(last, "failed", "{text}");
+    assert!(
+        text.contains("before the failure\noops\n"),
+        "stdout and stderr as written: {text}"
+    );
+    assert!(text.contains("main.py ended with exit code 3"), "{text}");
+    let st = status(&c, "bad").await;
+    assert_eq!(st.klavis_status, "failed");
+    assert_eq!(st.exit_code, Some(3));
+    assert!(st.message.contains("exit code 3"), "{st:?}");
+    // Started again, it runs again with a fresh log.
+    start(&c, "bad").await;
+    let (again, _, _) = read_all(&c, "bad", 0).await;
+    assert_eq!(again.matches("before the failure").count(), 1, "{again}");
+}
+
+#[tokio::test]
+async fn multibyte_output_reassembles_exactly_through_tiny_polls() {
+    let agent = agent_with("", "");
+    let c = client(&agent).await;
+    acquire(&c, "lease-mb").await;
+    // Written in pieces that split characters between writes, with pauses,
+    // so polls meet the log while a character is half written.
+    let main = r#"
+import sys, time
+text = ("héllo wörld — ✓ 😀 naïve 日本語 ∑ \n" * 40).encode()
+for i in range(0, len(text), 5):
+    sys.stdout.buffer.write(text[i:i + 5])
+    sys.stdout.buffer.flush()
+    if i % 200 == 0:
+        time.sleep(0.01)
+"#;
+    upload(&c, "mb", targz(&[("main.py", main)]))
+        .await
+        .expect("Upload");
+    start(&c, "mb").await;
+    let expected = "héllo wörld — ✓ 😀 naïve 日本語 ∑ \n".repeat(40);
+    let (text, polls, last) = read_all(&c, "mb", 5).await;
+    assert_eq!(last, "completed");
+    assert!(polls > 300, "{polls} polls");
+    let body = text
+        .strip_suffix("[sandbox-agent] main.py exited with code 0\n")
+        .unwrap_or_else(|| panic!("{text}"));
+    assert_eq!(body, expected);
+    assert!(!text.contains('\u{FFFD}'));
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+#[tokio::test]
+async fn a_large_output_is_capped_with_a_marker_and_memory_stays_flat() {
+    let agent = agent_with("", "[exec]\nlog_max_bytes = 65536\n");
+    let c = client(&agent).await;
+    acquire(&c, "lease-big").await;
+    // 400 MB of output: far beyond the cap, and beyond any memory budget.
+    let main = "import sys\nline = b'x' * 1023 + b'\\n'\nfor _ in range(400 * 1024):\n    sys.stdout.buffer.write(line)\n";
+    upload(&c, "big", targz(&[("main.py", main)]))
+        .await
+        .expect("Upload");
+    let before = rss_kib(agent.child.id());
+    start(&c, "big").await;
+    let mut peak = before;
+    let st = eventually_async(Duration::from_secs(120), "the big script ends", async || {
+        peak = peak.max(rss_kib(agent.child.id()));
+        let s = status(&c, "big").await;
+        when(s.finished_at_ms > 0, || format!("{s:?}")).map(|()| s)
+    })
+    .await;
+    assert_eq!(st.klavis_status, "completed", "{st:?}");
+    assert!(st.log_capped && st.log_bytes <= 65536, "{st:?}");
+    let (text, _, _) = read_all(&c, "big", 0).await;
+    assert!(
+        text.contains("the log reached its limit of 65536 bytes"),
+        "{}",
+        &text[text.len().saturating_sub(400)..]
+    );
+    assert!(text.contains("bytes of output were discarded"));
+    let log = std::fs::metadata(agent.dir.path().join("exec/big/output.log")).expect("log file");
+    assert!(log.len() <= 65536, "{} bytes on disk", log.len());
+    assert!(
+        peak < before + 64 * 1024,
+        "agent RSS grew from {before} KiB to {peak} KiB"
+    );
+}
+
+#[tokio::test]
+async fn bad_requests_get_clear_errors() {
+    let agent = agent_with("", "");
+    let c = client(&agent).await;
+    let e = upload(&c, "x", targz(&[("main.py", "print(1)")]))
+        .await
+        .expect_err("not leased");
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    assert!(e.message().contains("not leased"), "{}", e.message());
+    acquire(&c, "lease-e").await;
+    let e = c
+        .exec()
+        .status(proto::ExecStatusRequest {
+            execution_name: "nope".into(),
+            ..Default::default()
+        })
+        .await
+        .expect_err("unknown");
+    assert_eq!(e.code(), Code::NotFound);
+    assert!(e.message().contains("no execution named \"nope\""), "{}", e.message());
+    let e = upload(&c, "../up", targz(&[("main.py", "")]))
+        .await
+        .expect_err("bad name");
+    assert_eq!(e.code(), Code::InvalidArgument);
+    let e = upload(&c, "nomain", targz(&[("run.py", "print(1)")]))
+        .await
+        .expect_err("no main.py");
+    assert_eq!(e.code(), Code::InvalidArgument);
+    assert!(e.message().contains("main.py"), "{}", e.message());
+    let e = upload(&c, "junk", b"this is not an archive".to_vec())
+        .await
+        .expect_err("junk");
+    assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    let e = c
+        .exec()
+        .status(proto::ExecStatusRequest {
+            lease_id: "another".into(),
+            execution_name: "x".into(),
+        })
+        .await
+        .expect_err("another lease");
+    assert_eq!(e.code(), Code::NotFound);
+    // Nothing half-made is left behind by the failed uploads.
+    let left: Vec<_> = std::fs::read_dir(agent.dir.path().join("exec"))
+        .map(|d| d.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "{left:?}");
+}
+
+/// Pids of processes whose command line contains `marker`.
+fn with_marker(marker: &str) -> Vec<u32> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").expect("/proc").flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        if std::fs::read(format!("/proc/{pid}/cmdline"))
+            .is_ok_and(|c| String::from_utf8_lossy(&c).contains(marker))
+            && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .is_ok_and(|s| s.rsplit_once(") ").is_some_and(|(_, r)| r.starts_with('Z')))
+        {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+/// A script that leaves a child and a grandchild (in a new session, so
+/// only a tree kill finds it) sleeping for `secs` seconds, a number no
+/// other process uses: every one of them has it on its command line.
+fn sleeper(secs: &str) -> String {
+    format!(
+        r#"
+import subprocess, time
+subprocess.Popen(["sleep", "{secs}"])
+subprocess.Popen(["setsid", "sh", "-c", "sleep {secs} & sleep {secs}; wait"])
+print("children started", flush=True)
+time.sleep(1000)
+"#
+    )
+}
+
+#[tokio::test]
+async fn release_kills_a_running_script_and_all_its_children() {
+    release_kills_the_tree("").await;
+}
+
+#[tokio::test]
+async fn release_kills_the_tree_without_cgroups_too() {
+    release_kills_the_tree("[supervisor]\ncgroup = \"off\"\n").await;
+}
+
+async fn release_kills_the_tree(config: &str) {
+    let agent = agent_with("", config);
+    let c = client(&agent).await;
+    acquire(&c, "lease-k").await;
+    let marker = format!("{}", 900_000 + std::process::id() % 90_000);
+    upload(&c, "sleepy", targz(&[("main.py", &sleeper(&marker))]))
+        .await
+        .expect("Upload");
+    start(&c, "sleepy").await;
+    eventually(Duration::from_secs(60), "the children run", || {
+        let n = with_marker(&marker).len();
+        when(n >= 4, || format!("{n} processes"))
+    });
+    // Re-using the name kills the running one first.
+    let up = upload(&c, "sleepy", targz(&[("main.py", &sleeper(&marker))]))
+        .await
+        .expect("replace");
+    assert!(up.replaced && up.killed_running, "{up:?}");
+    assert!(
+        with_marker(&marker).is_empty(),
+        "the replaced run left {:?}",
+        with_marker(&marker)
+    );
+    start(&c, "sleepy").await;
+    eventually(Duration::from_secs(60), "the children run again", || {
+        let n = with_marker(&marker).len();
+        when(n >= 4, || format!("{n} processes"))
+    });
+    c.agent()
+        .release(proto::ReleaseRequest {
+            lease_id: "lease-k".into(),
+            is_ttl: false,
+        })
+        .await
+        .expect("Release");
+    let left = with_marker(&marker);
+    assert!(left.is_empty(), "left running after Release: {left:?}");
+    assert!(
+        std::fs::read_dir(agent.dir.path().join("exec"))
+            .map(|d| d.count() == 0)
+            .unwrap_or(true),
+        "execution directories removed"
+    );
+    let e = c
+        .exec()
+        .status(proto::ExecStatusRequest {
+            execution_name: "sleepy".into(),
+            ..Default::default()
+        })
+        .await
+        .expect_err("gone with the lease");
+    assert_eq!(e.code(), Code::FailedPrecondition);
+    let _ = std::io::stderr().flush();
+}
