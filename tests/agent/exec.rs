@@ -320,7 +320,9 @@ async fn release_kills_the_tree(config: &str) {
     let agent = agent_with("", config);
     let c = client(&agent).await;
     acquire(&c, "lease-k").await;
-    let marker = format!("{}", 900_000 + std::process::id() % 90_000);
+    // Distinct per test process and per variant (they run in parallel).
+    let variant = if config.is_empty() { 0 } else { 45_000 };
+    let marker = format!("{}", 900_000 + variant + std::process::id() % 45_000);
     upload(&c, "sleepy", targz(&[("main.py", &sleeper(&marker))]))
         .await
         .expect("Upload");
