@@ -12,6 +12,7 @@ use super::mcp::shipped_manifest;
 
 pub use super::HOST;
 pub const CLIENT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/clients/host_client.py");
+pub const EXEC_CLIENT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/clients/exec_client.py");
 pub const KEY_A: &str = "key-a-0123456789abcdef";
 pub const KEY_B: &str = "key-b-0123456789abcdef";
 
@@ -24,6 +25,11 @@ pub struct Host {
 impl Host {
     /// A host with the process backend running the shipped manifest.
     pub fn start(dir: &Path, extra: &[&str]) -> Host {
+        Host::start_env(dir, extra, &[])
+    }
+
+    /// [`Host::start`] with extra environment.
+    pub fn start_env(dir: &Path, extra: &[&str], env: &[(&str, &str)]) -> Host {
         let manifest = dir.join("servers.toml");
         if !manifest.exists() {
             // The state root stays as shipped: the host gives each agent its own.
@@ -40,11 +46,17 @@ impl Host {
             manifest.display().to_string(),
         ];
         args.extend(extra.iter().map(|s| s.to_string()));
-        Host::start_with(dir, &args)
+        Host::start_with_env(dir, &args, env)
     }
 
     /// A host with one idle sandbox, the test's API keys, and `args`.
     pub fn start_with(dir: &Path, args: &[String]) -> Host {
+        Host::start_with_env(dir, args, &[])
+    }
+
+    /// Like [`Host::start_with`], with extra environment for the host (and
+    /// so for its agents).
+    pub fn start_with_env(dir: &Path, args: &[String], env: &[(&str, &str)]) -> Host {
         let keys = dir.join("keys");
         std::fs::write(&keys, format!("{KEY_A} alice\n{KEY_B} bob\n")).expect("keys");
         let data = dir.join("data");
@@ -62,6 +74,7 @@ impl Host {
             .arg("--api-key-file")
             .arg(&keys)
             .args(args)
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(log)
             .spawn()
