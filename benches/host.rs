@@ -7,7 +7,10 @@
 //! - the reference: the same Acquire + Release straight to an agent over
 //!   gRPC, without the host, as a ratio;
 //! - the Klavis notebook's whole cycle (acquire, upload-url, PUT a 3-file
-//!   tar.gz, initialize, dump, download, release) with each pool.
+//!   tar.gz, initialize, dump, download, release) with each pool;
+//! - executions: execute → `completed` of a trivial script (polling the
+//!   log), beside `python3 main.py` run directly, and one execution-logs
+//!   poll beside one `GET /local-sandbox/{id}`.
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -272,6 +275,98 @@ async fn direct_rounds(dir: &Path) -> f64 {
     median(&mut t)
 }
 
+fn exec_archive(script: &str) -> Bytes {
+    let mut t = tar::Builder::new(Vec::new());
+    let mut h = tar::Header::new_gnu();
+    h.set_size(script.len() as u64);
+    h.set_mode(0o644);
+    h.set_cksum();
+    t.append_data(&mut h, "main.py", script.as_bytes())
+        .expect("tar");
+    let tar = t.into_inner().expect("tar");
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    std::io::Write::write_all(&mut gz, &tar).expect("gzip");
+    Bytes::from(gz.finish().expect("gzip"))
+}
+
+const TRIVIAL: &str = "print('hello')\n";
+
+/// Executions on one lease, medians: (execute → completed, direct
+/// `python3 main.py`, one log poll, one GET of the sandbox).
+async fn exec_rounds(h: &Host, dir: &Path) -> (f64, f64, f64, f64) {
+    let a = api(
+        "POST",
+        &format!("{}/local-sandbox", h.base),
+        r#"{"server_names": ["filesystem"]}"#,
+    )
+    .await;
+    let id = a["local_sandbox_id"].as_str().expect("id").to_owned();
+    let b = format!("{}/local-sandbox/{id}", h.base);
+    let tgz = exec_archive(TRIVIAL);
+    let (mut run, mut poll, mut get) = (Vec::new(), Vec::new(), Vec::new());
+    for i in 0..rounds() {
+        let body = format!(r#"{{"execution_name": "bench-{i}"}}"#);
+        let u = api("POST", &format!("{b}/execution-upload-url"), &body).await;
+        let (s, _) = call(
+            "PUT",
+            u["upload_url"].as_str().expect("url"),
+            false,
+            tgz.clone(),
+            false,
+        )
+        .await;
+        assert_eq!(s, 200);
+        let start = Instant::now();
+        api("POST", &format!("{b}/execute"), &body).await;
+        loop {
+            let l = api(
+                "GET",
+                &format!("{b}/execution-logs?execution_name=bench-{i}&cursor=0"),
+                "",
+            )
+            .await;
+            match l["status"].as_str() {
+                Some("completed") => break,
+                Some("failed") => panic!("the bench script failed: {l}"),
+                _ => tokio::time::sleep(Duration::from_millis(5)).await,
+            }
+        }
+        run.push(start.elapsed().as_secs_f64() * 1000.0);
+        for _ in 0..5 {
+            let t = Instant::now();
+            api(
+                "GET",
+                &format!("{b}/execution-logs?execution_name=bench-{i}&cursor=0"),
+                "",
+            )
+            .await;
+            poll.push(t.elapsed().as_secs_f64() * 1000.0);
+            let t = Instant::now();
+            api("GET", &b, "").await;
+            get.push(t.elapsed().as_secs_f64() * 1000.0);
+        }
+    }
+    api("DELETE", &b, "").await;
+    let script = dir.join("direct-main.py");
+    std::fs::write(&script, TRIVIAL).expect("script");
+    let mut direct = Vec::new();
+    for _ in 0..rounds() {
+        let t = Instant::now();
+        let out = Command::new("python3")
+            .arg(&script)
+            .output()
+            .expect("python3");
+        assert!(out.status.success());
+        direct.push(t.elapsed().as_secs_f64() * 1000.0);
+    }
+    (
+        median(&mut run),
+        median(&mut direct),
+        median(&mut poll),
+        median(&mut get),
+    )
+}
+
 fn main() {
     let dir = tempfile::tempdir().expect("tempdir");
     let rt = tokio::runtime::Runtime::new().expect("runtime");
@@ -288,6 +383,8 @@ fn main() {
         tokio::time::sleep(Duration::from_secs(3)).await;
         let bare_ms = acquire_rounds(&bare, Duration::from_millis(1500)).await;
         let bare_cycle = cycle_rounds(&bare, Duration::from_millis(1500)).await;
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let (exec_ms, python_ms, poll_ms, get_ms) = exec_rounds(&bare, dir.path()).await;
         drop(bare);
 
         let cold = start(dir.path(), "cold", 0, "");
@@ -309,5 +406,10 @@ fn main() {
         println!("| reference: Acquire straight to a running agent over gRPC | {direct_ms:.0} ms | 1.00x |");
         println!("| notebook cycle (acquire → upload → initialize → dump → download → release), warm leases | {warm_cycle:.0} ms | |");
         println!("| notebook cycle, bare agents | {bare_cycle:.0} ms | |");
+        println!();
+        println!("| executions (one lease, {} rounds) | median | vs reference |", rounds());
+        println!("|---|---|---|");
+        println!("| execute → `completed` of `print('hello')` (venv, run, log polled every 5 ms) | {exec_ms:.0} ms | {:.2}x `python3 main.py` run directly ({python_ms:.0} ms) |", exec_ms / python_ms);
+        println!("| one execution-logs poll | {poll_ms:.2} ms | {:.2}x one `GET /local-sandbox/{{id}}` ({get_ms:.2} ms) |", poll_ms / get_ms);
     });
 }

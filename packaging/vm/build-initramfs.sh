@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds a bootable initramfs from the current tree:
 #
-#   packaging/vm/build-initramfs.sh OUT.cpio.gz [--node-servers DIR]
+#   packaging/vm/build-initramfs.sh OUT.cpio.gz [--node-servers DIR] [--python]
 #
 # Contents: the static musl sandbox-agent as /init (PID 1), busybox-static
 # (for debugging from the console), the virtio/vsock modules of Debian's
@@ -16,6 +16,11 @@
 # then about 40 MB larger and wants 1 GiB of guest memory (run-qemu.sh
 # --memory 1024), since an initramfs lives in RAM.
 #
+# --python adds this machine's Debian python3 (/usr/bin/python3.X, the
+# shared libraries it links, and its standard library without tests, IDLE,
+# tkinter and bytecode caches; about 25 MB), so the image can run script
+# executions (the Exec service: `python -m venv`, then main.py).
+#
 # The kernel package is downloaded, not installed (apt-get download +
 # dpkg-deb -x) into $SANDBOX_AGENT_VM_CACHE (default target/vm), and its
 # vmlinuz is copied next to OUT as OUT's name with .vmlinuz (run-qemu.sh
@@ -25,11 +30,12 @@
 set -euo pipefail
 
 die() { echo "build-initramfs: $*" >&2; exit 1; }
-usage="usage: $0 OUT.cpio.gz [--node-servers DIR]"
-out="" node_servers=""
+usage="usage: $0 OUT.cpio.gz [--node-servers DIR] [--python]"
+out="" node_servers="" python=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --node-servers) [ $# -ge 2 ] || die "$usage"; node_servers=$2; shift 2 ;;
+    --python) python=1; shift ;;
     -*) die "unknown option $1; $usage" ;;
     *) [ -z "$out" ] || die "$usage"; out=$1; shift ;;
   esac
@@ -39,6 +45,12 @@ if [ -n "$node_servers" ]; then
   [ -d "$node_servers/node/node_modules" ] \
     || die "--node-servers $node_servers: no node/node_modules there (packaging/install-servers.sh --prefix $node_servers filesystem)"
   command -v node >/dev/null || die "--node-servers needs node on this machine"
+fi
+if [ -n "$python" ]; then
+  pybin=$(readlink -f /usr/bin/python3 2>/dev/null || true)
+  [ -x "$pybin" ] || die "--python needs Debian's python3 at /usr/bin/python3 (apt-get install python3)"
+  pyver=$(basename "$pybin")
+  [ -d "/usr/lib/$pyver" ] || die "--python: no standard library at /usr/lib/$pyver"
 fi
 case "$out" in *.cpio.gz) ;; *) die "OUT must end in .cpio.gz (got $out)";; esac
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -162,6 +174,18 @@ install_dir = "/opt/sandbox-agent/servers"
 [servers.notes]
 command = "/opt/mcp/mcp_notes"
 TOML
+
+if [ -n "$python" ]; then
+  install -D -m 0755 "$pybin" "$stage/usr/bin/$pyver"
+  ln -s "$pyver" "$stage/usr/bin/python3"
+  for lib in $(ldd "$pybin" | grep -o '/[^ ]*'); do
+    [ -e "$stage$lib" ] || install -D -m 0755 "$(readlink -f "$lib")" "$stage$lib"
+  done
+  mkdir -p "$stage/usr/lib/$pyver"
+  (cd "/usr/lib/$pyver" && tar -cf - --exclude=test --exclude=tests --exclude=__pycache__ \
+      --exclude=idlelib --exclude=tkinter --exclude=turtledemo --exclude=lib2to3 \
+      --exclude='config-*' --exclude=pydoc_data .) | tar -xf - -C "$stage/usr/lib/$pyver"
+fi
 
 if [ -n "$node_servers" ]; then
   # node and the libraries the dynamic loader resolves for it, at the same

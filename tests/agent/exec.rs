@@ -38,7 +38,8 @@ fn targz(files: &[(&str, &str)]) -> Vec<u8> {
         h.set_size(body.len() as u64);
         h.set_mode(0o644);
         h.set_cksum();
-        b.append_data(&mut h, name, body.as_bytes()).expect("append");
+        b.append_data(&mut h, name, body.as_bytes())
+            .expect("append");
     }
     b.into_inner().expect("tar").finish().expect("gzip")
 }
@@ -90,7 +91,11 @@ async fn status(c: &sandbox_client::Client, name: &str) -> proto::ExecStatus {
 
 /// Polls Logs with `max_bytes` from cursor 0 until the answer says the log
 /// is complete; returns the text and the number of polls.
-async fn read_all(c: &sandbox_client::Client, name: &str, max_bytes: u32) -> (String, usize, String) {
+async fn read_all(
+    c: &sandbox_client::Client,
+    name: &str,
+    max_bytes: u32,
+) -> (String, usize, String) {
     let (mut text, mut cursor, mut polls) = (String::new(), 0, 0);
     loop {
         let r = c
@@ -121,7 +126,8 @@ async fn a_failing_script_is_failed_with_its_output_in_the_log() {
     let agent = agent_with("", "");
     let c = client(&agent).await;
     acquire(&c, "lease-x").await;
-    let main = "import sys\nprint('before the failure')\nprint('oops', file=sys.stderr)\nsys.exit(3)\n";
+    let main =
+        "import sys\nprint('before the failure')\nprint('oops', file=sys.stderr)\nsys.exit(3)\n";
     let up = upload(&c, "bad", targz(&[("main.py", main)]))
         .await
         .expect("Upload");
@@ -201,11 +207,15 @@ async fn a_large_output_is_capped_with_a_marker_and_memory_stays_flat() {
     let before = rss_kib(agent.child.id());
     start(&c, "big").await;
     let mut peak = before;
-    let st = eventually_async(Duration::from_secs(120), "the big script ends", async || {
-        peak = peak.max(rss_kib(agent.child.id()));
-        let s = status(&c, "big").await;
-        when(s.finished_at_ms > 0, || format!("{s:?}")).map(|()| s)
-    })
+    let st = eventually_async(
+        Duration::from_secs(120),
+        "the big script ends",
+        async || {
+            peak = peak.max(rss_kib(agent.child.id()));
+            let s = status(&c, "big").await;
+            when(s.finished_at_ms > 0, || format!("{s:?}")).map(|()| s)
+        },
+    )
     .await;
     assert_eq!(st.klavis_status, "completed", "{st:?}");
     assert!(st.log_capped && st.log_bytes <= 65536, "{st:?}");
@@ -243,7 +253,11 @@ async fn bad_requests_get_clear_errors() {
         .await
         .expect_err("unknown");
     assert_eq!(e.code(), Code::NotFound);
-    assert!(e.message().contains("no execution named \"nope\""), "{}", e.message());
+    assert!(
+        e.message().contains("no execution named \"nope\""),
+        "{}",
+        e.message()
+    );
     let e = upload(&c, "../up", targz(&[("main.py", "")]))
         .await
         .expect_err("bad name");

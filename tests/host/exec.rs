@@ -11,10 +11,9 @@ fn wheels() -> String {
     let dir = std::env::var("SANDBOX_AGENT_WHEELS")
         .unwrap_or_else(|_| "/opt/sandbox-agent/wheels".to_owned());
     assert!(
-        std::fs::read_dir(&dir).is_ok_and(|d| d.flatten().any(|e| e
-            .file_name()
-            .to_string_lossy()
-            .starts_with("psutil-"))),
+        std::fs::read_dir(&dir).is_ok_and(|d| d
+            .flatten()
+            .any(|e| e.file_name().to_string_lossy().starts_with("psutil-"))),
         "no wheels in {dir}: run .ci/install-prereqs.sh"
     );
     dir
@@ -77,7 +76,12 @@ fn the_execution_notebook_runs_against_the_host() {
         .iter()
         .filter_map(|m| m.as_str())
         .collect();
-    for f in ["./main.py", "./report.json", "./requirements.txt", "./packages.txt"] {
+    for f in [
+        "./main.py",
+        "./report.json",
+        "./requirements.txt",
+        "./packages.txt",
+    ] {
         assert!(artifacts.contains(&f), "{f} not in {artifacts:?}");
     }
     assert_eq!(v["report"]["origin"], "127.0.0.1");
@@ -120,7 +124,12 @@ fn unknown_executions_are_404_and_bad_bodies_422() {
         Some(r#"{"execution_name": "never-uploaded"}"#),
     );
     assert_eq!(code, 404, "{v}");
-    assert!(v["detail"].as_str().is_some_and(|d| d.contains("execution-upload-url")), "{v}");
+    assert!(
+        v["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("execution-upload-url")),
+        "{v}"
+    );
     let (code, v) = http(
         "POST",
         &format!("{b}/export-artifacts"),
@@ -129,12 +138,42 @@ fn unknown_executions_are_404_and_bad_bodies_422() {
     );
     assert_eq!(code, 404, "{v}");
     for (method, path, body, loc) in [
-        ("POST", "execute", Some("{}"), json!(["body", "execution_name"])),
-        ("POST", "execution-upload-url", Some(r#"{"execution_name": 3}"#), json!(["body", "execution_name"])),
-        ("POST", "export-artifacts", Some(r#"{"execution_name": "a/b"}"#), json!(["body", "execution_name"])),
-        ("GET", "execution-status", None, json!(["query", "execution_name"])),
-        ("GET", "execution-logs?execution_name=x&cursor=-1", None, json!(["query", "cursor"])),
-        ("GET", "execution-logs?execution_name=x&cursor=abc", None, json!(["query", "cursor"])),
+        (
+            "POST",
+            "execute",
+            Some("{}"),
+            json!(["body", "execution_name"]),
+        ),
+        (
+            "POST",
+            "execution-upload-url",
+            Some(r#"{"execution_name": 3}"#),
+            json!(["body", "execution_name"]),
+        ),
+        (
+            "POST",
+            "export-artifacts",
+            Some(r#"{"execution_name": "a/b"}"#),
+            json!(["body", "execution_name"]),
+        ),
+        (
+            "GET",
+            "execution-status",
+            None,
+            json!(["query", "execution_name"]),
+        ),
+        (
+            "GET",
+            "execution-logs?execution_name=x&cursor=-1",
+            None,
+            json!(["query", "cursor"]),
+        ),
+        (
+            "GET",
+            "execution-logs?execution_name=x&cursor=abc",
+            None,
+            json!(["query", "cursor"]),
+        ),
     ] {
         let (code, v) = http(method, &format!("{b}/{path}"), Some(KEY_A), body);
         assert_eq!(code, 422, "{path}: {v}");
@@ -155,7 +194,10 @@ fn unknown_executions_are_404_and_bad_bodies_422() {
         Some(KEY_A),
         Some(r#"{"execution_name": "one"}"#),
     );
-    let url = u["upload_url"].as_str().expect("url").replace("/one?", "/two?");
+    let url = u["upload_url"]
+        .as_str()
+        .expect("url")
+        .replace("/one?", "/two?");
     let (code, _) = http("PUT", &url, None, Some("x"));
     assert_eq!(code, 403);
     release(&host, KEY_A, id);

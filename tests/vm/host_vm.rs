@@ -2,8 +2,9 @@
 //! image of `packaging/vm` (built here with the npm filesystem and memory
 //! servers), its agent reached over real virtio-vsock through
 //! vhost-device-vsock. The Klavis notebook's flow with httpx, the official
-//! MCP client through mcp_server_url, ALL, a server the image lacks, and
-//! nothing left running after the host stops.
+//! MCP client through mcp_server_url, a script execution (the image carries
+//! python3), ALL, a server the image lacks, and nothing left running after
+//! the host stops.
 //!
 //! Needs what `tests/vm.rs` needs, plus the npm servers under
 //! `SANDBOX_AGENT_SERVERS_DIR`; the README's test command installs them.
@@ -26,7 +27,11 @@ fn the_qemu_backend_serves_the_api_from_vms() {
         Err(_) => crate::common::vm::build_initramfs(
             dir.path(),
             "node",
-            &["--node-servers", &crate::common::mcp::servers_dir()],
+            &[
+                "--node-servers",
+                &crate::common::mcp::servers_dir(),
+                "--python",
+            ],
         ),
     };
     let args: Vec<String> = vec![
@@ -47,6 +52,9 @@ fn the_qemu_backend_serves_the_api_from_vms() {
 
     // The official MCP client, through the host, into the VM.
     assert_mcp_client_works(&host);
+
+    // A script execution inside a VM.
+    run_an_execution(&host, dir.path());
 
     // ALL is every server of the image.
     let a = acquire(
@@ -101,4 +109,87 @@ fn the_qemu_backend_serves_the_api_from_vms() {
     // image, the others the slot's directory).
     host.stop();
     crate::common::host::assert_nothing_left(&host, &[&image.display().to_string()]);
+}
+
+/// Klavis's execution endpoints against a VM: upload, execute, poll the
+/// logs to `completed`, status, export (with the file the script wrote).
+fn run_an_execution(host: &Host, dir: &std::path::Path) {
+    let b = &host.base;
+    let a = acquire(host, KEY_A, r#"{"server_names": ["filesystem"]}"#);
+    let id = a["local_sandbox_id"].as_str().expect("id").to_owned();
+    let main = "import os, platform\nprint('python', platform.python_version(), 'on', platform.node())\nopen('hello.txt', 'w').write('from the VM')\nopen(os.path.join(os.environ['AGENT_WORKSPACE'], 'ws.txt'), 'w').write('x')\nprint('done')\n";
+    let archive = dir.join("exec.tar.gz");
+    {
+        let f = std::fs::File::create(&archive).expect("archive");
+        let mut t = tar::Builder::new(flate2::write::GzEncoder::new(
+            f,
+            flate2::Compression::fast(),
+        ));
+        let mut h = tar::Header::new_gnu();
+        h.set_size(main.len() as u64);
+        h.set_mode(0o644);
+        h.set_cksum();
+        t.append_data(&mut h, "main.py", main.as_bytes())
+            .expect("append");
+        t.into_inner().expect("tar").finish().expect("gzip");
+    }
+    let name = r#"{"execution_name": "vm-run"}"#;
+    let (code, u) = http(
+        "POST",
+        &format!("{b}/local-sandbox/{id}/execution-upload-url"),
+        Some(KEY_A),
+        Some(name),
+    );
+    assert_eq!(code, 200, "{u}");
+    let put = std::process::Command::new("curl")
+        .args(["-sf", "-X", "PUT", "--data-binary"])
+        .arg(format!("@{}", archive.display()))
+        .arg(u["upload_url"].as_str().expect("url"))
+        .status()
+        .expect("curl");
+    assert!(put.success());
+    let (code, v) = http(
+        "POST",
+        &format!("{b}/local-sandbox/{id}/execute"),
+        Some(KEY_A),
+        Some(name),
+    );
+    assert_eq!(code, 200, "{v}");
+    let (mut cursor, mut logs) = (0u64, String::new());
+    let last =
+        crate::common::eventually(Duration::from_secs(300), "the VM's execution ends", || {
+            let (code, v) = http(
+                "GET",
+                &format!(
+                    "{b}/local-sandbox/{id}/execution-logs?execution_name=vm-run&cursor={cursor}"
+                ),
+                Some(KEY_A),
+                None,
+            );
+            assert_eq!(code, 200, "{v}");
+            logs.push_str(v["logs"].as_str().unwrap_or_default());
+            cursor = v["cursor"].as_u64().unwrap_or(cursor);
+            let st = v["status"].as_str().unwrap_or_default().to_owned();
+            crate::common::when(st == "completed" || st == "failed", || st.clone()).map(|()| st)
+        });
+    assert_eq!(last, "completed", "{logs}");
+    assert!(
+        logs.contains("on sandbox") && logs.contains("done"),
+        "{logs}"
+    );
+    let (code, v) = http(
+        "POST",
+        &format!("{b}/local-sandbox/{id}/export-artifacts"),
+        Some(KEY_A),
+        Some(name),
+    );
+    assert_eq!(code, 200, "{v}");
+    let out = std::process::Command::new("sh")
+        .arg("-c")
+        .arg("curl -sf \"$0\" | tar -xzO ./hello.txt")
+        .arg(v["download_url"].as_str().expect("url"))
+        .output()
+        .expect("curl | tar");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "from the VM");
+    release(host, KEY_A, &id);
 }

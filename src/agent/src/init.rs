@@ -78,6 +78,8 @@ pub enum InitError {
     Uname(nix::Error),
     #[error("no {want} under {}", root.display())]
     NoModule { want: String, root: PathBuf },
+    #[error("bringing up the loopback interface: {0}")]
+    Loopback(std::io::Error),
 }
 
 fn step(what: impl Into<String>, result: Result<(), InitError>) -> Step {
@@ -158,7 +160,36 @@ pub fn boot(cfg: &InitConfig) -> Vec<Step> {
     for m in &cfg.modules {
         steps.push(step(format!("load module {m}"), load_module(m)));
     }
+    // Scripts reach the MCP data plane on 127.0.0.1 (exec.mcp_listen).
+    steps.push(step("loopback interface up", loopback_up()));
     steps
+}
+
+/// Brings `lo` up (the kernel leaves it down; up, it carries 127.0.0.1).
+fn loopback_up() -> Result<(), InitError> {
+    use nix::libc;
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    let err = |_| InitError::Loopback(std::io::Error::last_os_error());
+    // SAFETY: socket(2) and two ioctl(2)s on a socket owned here, with a
+    // zeroed `ifreq` whose name is the NUL-terminated "lo".
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
+        if fd < 0 {
+            return Err(err(()));
+        }
+        let fd = OwnedFd::from_raw_fd(fd);
+        let mut req: libc::ifreq = std::mem::zeroed();
+        req.ifr_name[0] = b'l' as libc::c_char;
+        req.ifr_name[1] = b'o' as libc::c_char;
+        if libc::ioctl(fd.as_raw_fd(), libc::SIOCGIFFLAGS as _, &mut req) < 0 {
+            return Err(err(()));
+        }
+        req.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short;
+        if libc::ioctl(fd.as_raw_fd(), libc::SIOCSIFFLAGS as _, &req) < 0 {
+            return Err(err(()));
+        }
+    }
+    Ok(())
 }
 
 /// A directory is a mount point when it is on another device than its

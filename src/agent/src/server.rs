@@ -116,8 +116,16 @@ pub async fn bind(settings: &Settings) -> Result<Bound, ServeError> {
         listeners.push(Listener::bind(ep).await?);
     }
     let mcp_listeners = crate::gateway::bind(&settings.mcp_listen).await?;
+    // Optional: without it scripts only lack the MCP variables, so a
+    // failure (no loopback interface) is a warning, not a refusal to start.
     let exec_mcp = match &settings.exec_mcp_listen {
-        Some(ep) => Some(Listener::bind(ep).await?),
+        Some(ep) => match Listener::bind(ep).await {
+            Ok(l) => Some(l),
+            Err(e) => {
+                warn!(endpoint = %ep, error = %e, "cannot bind exec.mcp_listen; scripts will get no SANDBOX_MCP_* variables");
+                None
+            }
+        },
         None => None,
     };
     Ok(Bound {

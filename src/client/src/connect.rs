@@ -20,8 +20,8 @@ use tonic::transport::{Channel, Uri};
 
 use crate::auth::{BearerInterceptor, Token};
 use crate::proto::agent_client::AgentClient;
-use crate::proto::health::health_client::HealthClient;
 use crate::proto::exec_client::ExecClient;
+use crate::proto::health::health_client::HealthClient;
 use crate::proto::servers_client::ServersClient;
 use crate::proto::workspace_client::WorkspaceClient;
 use crate::transport::{self, DialError, Endpoint, HvsockOptions, UriError};

@@ -34,10 +34,8 @@ pub async fn upload(
         })),
     };
     let requests = tokio_stream::once(header).chain(
-        tokio_stream::wrappers::ReceiverStream::new(src.chunks).map(|b| {
-            proto::ExecUploadRequest {
-                msg: Some(Msg::Chunk(b)),
-            }
+        tokio_stream::wrappers::ReceiverStream::new(src.chunks).map(|b| proto::ExecUploadRequest {
+            msg: Some(Msg::Chunk(b)),
         }),
     );
     let mut exec = client.exec();
@@ -125,7 +123,10 @@ fn print_status(st: &proto::ExecStatus, json_out: bool) {
     };
     let secs = match (st.started_at_ms, st.finished_at_ms) {
         (0, _) => String::new(),
-        (s, 0) => format!(", running for {:.1} s", (sandbox_client::now_ms() - s) as f64 / 1e3),
+        (s, 0) => format!(
+            ", running for {:.1} s",
+            (sandbox_client::now_ms() - s) as f64 / 1e3
+        ),
         (s, f) => format!(", took {:.1} s", (f - s) as f64 / 1e3),
     };
     println!(

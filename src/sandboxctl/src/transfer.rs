@@ -105,8 +105,8 @@ pub(crate) fn source(path: &Path) -> anyhow::Result<Source> {
     let sha256 = sha256_file(path)?;
     let path: PathBuf = path.to_owned();
     let producer = tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
-        let mut f =
-            std::fs::File::open(&path).with_context(|| format!("cannot open {}", path.display()))?;
+        let mut f = std::fs::File::open(&path)
+            .with_context(|| format!("cannot open {}", path.display()))?;
         loop {
             let mut buf = vec![0u8; MAX_CHUNK_BYTES];
             let n = f

@@ -272,7 +272,9 @@ pub enum ExecError {
     NoMain,
     #[error("execution archive: {0}")]
     Archive(WsError),
-    #[error("execution {name:?} is {state}; cancel it or wait for it to end before starting it again")]
+    #[error(
+        "execution {name:?} is {state}; cancel it or wait for it to end before starting it again"
+    )]
     Active { name: String, state: &'static str },
     #[error(transparent)]
     Log(#[from] ReadError),
@@ -574,8 +576,8 @@ impl Executions {
         compression: Compression,
     ) -> Result<Extracted, ExecError> {
         let work = up.stage.join("work");
-        let dir = std::fs::File::open(&work)
-            .map_err(io_err(format!("opening {}", work.display())))?;
+        let dir =
+            std::fs::File::open(&work).map_err(io_err(format!("opening {}", work.display())))?;
         let opts = extract::ExtractOptions {
             limits: &self.cfg.archive,
             compression,
@@ -665,7 +667,11 @@ impl Executions {
         {
             return Err(ExecError::Released);
         }
-        let state = exec.progress.lock().unwrap_or_else(|p| p.into_inner()).state;
+        let state = exec
+            .progress
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .state;
         if state.active() {
             return Err(ExecError::Active {
                 name: name.to_owned(),
@@ -755,8 +761,8 @@ impl Executions {
     ) -> Result<(W, pack::PackStats), ExecError> {
         let e = self.get(lease_id, name)?;
         let work = e.work();
-        let dir = std::fs::File::open(&work)
-            .map_err(io_err(format!("opening {}", work.display())))?;
+        let dir =
+            std::fs::File::open(&work).map_err(io_err(format!("opening {}", work.display())))?;
         let opts = pack::PackOptions {
             cancelled,
             ..Default::default()

@@ -82,7 +82,9 @@ pub(super) async fn run(
         Err(Halt::Stopped(m)) | Err(Halt::Failed(m)) => (ExecState::Failed, m, None),
     };
     let line = match state {
-        ExecState::Completed => format!("[sandbox-agent] {} exited with code 0", super::MAIN_SCRIPT),
+        ExecState::Completed => {
+            format!("[sandbox-agent] {} exited with code 0", super::MAIN_SCRIPT)
+        }
         _ => format!("[sandbox-agent] failed: {message}"),
     };
     log.note(&line);
@@ -251,7 +253,9 @@ async fn step(
         ))
     })?;
     tracing::debug!(step, pid = job.pid(), "step started");
-    let pump = job.take_output().map(|fd| tokio::spawn(pump(fd, log.clone())));
+    let pump = job
+        .take_output()
+        .map(|fd| tokio::spawn(pump(fd, log.clone())));
     let end = job.wait(stop, ctx.cfg.grace()).await;
     if let Some(mut p) = pump
         && tokio::time::timeout(PUMP_DRAIN, &mut p).await.is_err()
@@ -462,18 +466,49 @@ async fn install_packages(
         args
     };
     let work = exec.work();
-    let first = step(ctx, exec, log, stop, env, "apt", "apt-get".into(), install(false), &work).await?;
+    let first = step(
+        ctx,
+        exec,
+        log,
+        stop,
+        env,
+        "apt",
+        "apt-get".into(),
+        install(false),
+        &work,
+    )
+    .await?;
     if first == Exit::Code(0) {
         return Ok(());
     }
     // A fresh image has no package lists yet: update once, then retry.
     log.note("[sandbox-agent] apt-get install failed; running apt-get update and retrying");
-    step(ctx, exec, log, stop, env, "apt", "apt-get".into(), install(true), &work)
-        .await
-        .and_then(|e| ok_or(e, "apt-get update"))?;
-    step(ctx, exec, log, stop, env, "apt", "apt-get".into(), install(false), &work)
-        .await
-        .and_then(|e| ok_or(e, &format!("installing {PACKAGES}")))
+    step(
+        ctx,
+        exec,
+        log,
+        stop,
+        env,
+        "apt",
+        "apt-get".into(),
+        install(true),
+        &work,
+    )
+    .await
+    .and_then(|e| ok_or(e, "apt-get update"))?;
+    step(
+        ctx,
+        exec,
+        log,
+        stop,
+        env,
+        "apt",
+        "apt-get".into(),
+        install(false),
+        &work,
+    )
+    .await
+    .and_then(|e| ok_or(e, &format!("installing {PACKAGES}")))
 }
 
 /// dpkg's database of installed packages.
@@ -509,7 +544,14 @@ mod tests {
         for ok in ["curl", "jq", "libc6", "g++", "python3.11", "lib32z1-dev"] {
             assert!(valid_package(ok), "{ok}");
         }
-        for bad in ["-o", "--allow-unauthenticated", "Curl", "a", "x;rm", "c url"] {
+        for bad in [
+            "-o",
+            "--allow-unauthenticated",
+            "Curl",
+            "a",
+            "x;rm",
+            "c url",
+        ] {
             assert!(!valid_package(bad), "{bad}");
         }
     }

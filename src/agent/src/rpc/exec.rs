@@ -100,7 +100,10 @@ fn read_logs(
     // log is always reported with the end state. Until this answer reaches
     // the end of the log, an ended run still reads as `running`: a client
     // that stops polling at `completed` or `failed` has then read it all.
-    let (st, klavis) = match (complete, view.state.active() || view.state == ExecState::Uploaded) {
+    let (st, klavis) = match (
+        complete,
+        view.state.active() || view.state == ExecState::Uploaded,
+    ) {
         (false, false) => (ExecState::Running, ExecState::Running.klavis()),
         (true, _) => {
             let v = exec.view_of(&r.lease_id, &r.execution_name)?;
@@ -363,13 +366,11 @@ impl proto::exec_server::Exec for ExecService {
             let closed = sink.closed();
             let result = Encoder::new(sink, Compression::Gzip, 0, limits.dump_threads)
                 .map_err(|e| ExecError::Archive(WsError::invalid(e.to_string())))
-                .and_then(|enc| {
-                    exec.export(&r.lease_id, &r.execution_name, enc, Some(&closed))
-                })
+                .and_then(|enc| exec.export(&r.lease_id, &r.execution_name, enc, Some(&closed)))
                 .and_then(|(enc, stats)| {
-                    let sink = enc.finish().map_err(|e| {
-                        ExecError::Archive(WsError::io("finishing compression", e))
-                    })?;
+                    let sink = enc
+                        .finish()
+                        .map_err(|e| ExecError::Archive(WsError::io("finishing compression", e)))?;
                     let (bytes, sha, tx) = sink.finish().map_err(|_| {
                         ExecError::Archive(WsError::Cancelled("the client went away".into()))
                     })?;

@@ -242,9 +242,7 @@ impl Spawner {
             ..*launch
         };
         let mut cmd_io = Some((w.try_clone()?, w));
-        let (child, exit) = self
-            .fork_with(&launch, cgroup_procs, &mut cmd_io)
-            .await?;
+        let (child, exit) = self.fork_with(&launch, cgroup_procs, &mut cmd_io).await?;
         Ok(SpawnedCombined {
             pid: child.id() as i32,
             output: r,
