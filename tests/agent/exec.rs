@@ -343,7 +343,7 @@ async fn release_kills_the_tree(config: &str) {
     start(&c, "sleepy").await;
     eventually(Duration::from_secs(60), "the children run", || {
         let n = with_marker(&marker).len();
-        when(n >= 4, || format!("{n} processes"))
+        when(n >= 3, || format!("{n} processes"))
     });
     // Re-using the name kills the running one first.
     let up = upload(&c, "sleepy", targz(&[("main.py", &sleeper(&marker))]))
@@ -358,8 +358,38 @@ async fn release_kills_the_tree(config: &str) {
     start(&c, "sleepy").await;
     eventually(Duration::from_secs(60), "the children run again", || {
         let n = with_marker(&marker).len();
-        when(n >= 4, || format!("{n} processes"))
+        when(n >= 3, || format!("{n} processes"))
     });
+    // Reset ends every execution too, and keeps the lease open to new ones.
+    c.agent()
+        .reset(proto::ResetRequest {
+            lease_id: "lease-k".into(),
+        })
+        .await
+        .expect("Reset");
+    let left = with_marker(&marker);
+    assert!(left.is_empty(), "left running after Reset: {left:?}");
+    let e = c
+        .exec()
+        .status(proto::ExecStatusRequest {
+            execution_name: "sleepy".into(),
+            ..Default::default()
+        })
+        .await
+        .expect_err("gone with the reset");
+    assert_eq!(e.code(), Code::NotFound);
+    upload(&c, "sleepy", targz(&[("main.py", &sleeper(&marker))]))
+        .await
+        .expect("upload after the reset");
+    start(&c, "sleepy").await;
+    eventually(
+        Duration::from_secs(60),
+        "the children run once more",
+        || {
+            let n = with_marker(&marker).len();
+            when(n >= 3, || format!("{n} processes"))
+        },
+    );
     c.agent()
         .release(proto::ReleaseRequest {
             lease_id: "lease-k".into(),
