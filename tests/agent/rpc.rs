@@ -115,6 +115,7 @@ async fn reflection_lists_every_service() {
             "grpc.health.v1.Health",
             "grpc.reflection.v1.ServerReflection",
             "sandbox.agent.v1.Agent",
+            "sandbox.agent.v1.Exec",
             "sandbox.agent.v1.Servers",
             "sandbox.agent.v1.Workspace",
         ]

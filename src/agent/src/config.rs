@@ -368,7 +368,9 @@ impl Config {
                         "{uri} must be a loopback tcp:// address (scripts reach it from inside the sandbox)"
                     )));
                 }
-                if seen.contains(&ep) {
+                // Port 0 (the default) never clashes; a fixed port must not
+                // be another listener's.
+                if seen.contains(&ep) && !matches!(ep, Endpoint::Tcp { port: 0, .. }) {
                     return Err(ConfigError::Duplicate(ep.to_string()));
                 }
                 Some(ep)

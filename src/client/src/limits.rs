@@ -13,3 +13,19 @@ pub const MCP_VSOCK_PORT: u32 = 1025;
 pub const MIN_TTL_SECONDS: u32 = 60;
 pub const MAX_TTL_SECONDS: u32 = 86_400;
 pub const DEFAULT_TTL_SECONDS: u32 = 7_200;
+
+/// Longest execution name (the Exec service; Klavis `execution_name`).
+pub const MAX_EXECUTION_NAME_LEN: usize = 128;
+
+/// Whether `name` is an acceptable execution name: 1 to
+/// [`MAX_EXECUTION_NAME_LEN`] bytes of `[A-Za-z0-9._-]`, not `.` or `..`
+/// (it names a directory in the sandbox).
+pub fn valid_execution_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= MAX_EXECUTION_NAME_LEN
+        && name != "."
+        && name != ".."
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}

@@ -42,8 +42,8 @@ pub const MAIN_SCRIPT: &str = "main.py";
 pub const REQUIREMENTS: &str = "requirements.txt";
 /// Debian packages, one per line, installed with apt-get.
 pub const PACKAGES: &str = "packages.txt";
-/// Longest execution name.
-pub const MAX_NAME_LEN: usize = 128;
+pub use sandbox_client::limits::MAX_EXECUTION_NAME_LEN as MAX_NAME_LEN;
+use sandbox_client::limits::valid_execution_name;
 
 /// `[exec]` in agent.toml.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -284,7 +284,9 @@ pub enum ExecError {
         #[source]
         source: std::io::Error,
     },
-    #[error("the sandbox was released while the archive was being stored")]
+    #[error(
+        "the lease was released or reset meanwhile, which ends its executions; upload the archive again"
+    )]
     Released,
 }
 
@@ -295,14 +297,7 @@ fn io_err(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> ExecErro
 
 /// Checks an execution name (it becomes a directory name).
 pub fn check_name(name: &str) -> Result<(), ExecError> {
-    let ok = !name.is_empty()
-        && name.len() <= MAX_NAME_LEN
-        && name != "."
-        && name != ".."
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
-    if ok {
+    if valid_execution_name(name) {
         Ok(())
     } else {
         Err(ExecError::BadName(name.to_owned()))

@@ -104,6 +104,16 @@ pub(super) async fn run(
     log.close();
 }
 
+/// What every step of one run shares.
+struct Steps<'a> {
+    ctx: &'a RunCtx,
+    exec: &'a Execution,
+    log: &'a Arc<ExecLog>,
+    stop: &'a CancellationToken,
+    env: BTreeMap<String, String>,
+    work: PathBuf,
+}
+
 async fn steps(
     ctx: &RunCtx,
     exec: &Execution,
@@ -114,41 +124,47 @@ async fn steps(
         p = ctx.slots.clone().acquire_owned() => p.map_err(|_| Halt::Failed("the agent is shutting down".into()))?,
         _ = stop.cancelled() => return Err(Halt::Stopped("cancelled while queued".into())),
     };
-    let work = exec.work();
     let venv = exec.dir.join("venv");
-    let env = environment(ctx, exec, &venv);
+    let s = Steps {
+        ctx,
+        exec,
+        log,
+        stop,
+        env: environment(ctx, exec, &venv),
+        work: exec.work(),
+    };
     exec.set(|p| {
         p.state = ExecState::Installing;
         p.message = String::new();
     });
 
     // packages.txt
-    let packages = read_list(&work.join(PACKAGES)).map_err(Halt::Failed)?;
+    let packages = read_list(&s.work.join(PACKAGES)).map_err(Halt::Failed)?;
     if !packages.is_empty() {
         exec.set(|p| p.message = format!("installing {PACKAGES}"));
-        install_packages(ctx, exec, log, stop, &env, &packages).await?;
+        install_packages(&s, &packages).await?;
     }
 
     // The venv, and requirements.txt.
     exec.set(|p| p.message = "creating the Python environment".into());
-    let uv = find_uv(&ctx.cfg.uv, &env);
-    let requirements = work.join(REQUIREMENTS);
+    let uv = find_uv(&ctx.cfg.uv, &s.env);
+    let requirements = s.work.join(REQUIREMENTS);
     let has_requirements = std::fs::metadata(&requirements).is_ok_and(|m| m.len() > 0);
     let venv_s = venv.display().to_string();
     let (cmd, args) = match &uv {
         Some(uv) => (
             uv.clone(),
-            vec![
-                "venv".into(),
-                "--quiet".into(),
-                "--clear".into(),
-                "--python".into(),
-                ctx.cfg.python.clone(),
-                venv_s.clone(),
-            ],
+            strings(&[
+                "venv",
+                "--quiet",
+                "--clear",
+                "--python",
+                &ctx.cfg.python,
+                &venv_s,
+            ]),
         ),
         None => {
-            let mut a = vec!["-m".into(), "venv".into(), "--clear".into()];
+            let mut a = strings(&["-m", "venv", "--clear"]);
             if !has_requirements {
                 a.push("--without-pip".into());
             }
@@ -156,9 +172,8 @@ async fn steps(
             (ctx.cfg.python.clone(), a)
         }
     };
-    step(ctx, exec, log, stop, &env, "venv", cmd, args, &work)
-        .await
-        .and_then(|e| ok_or(e, "creating the Python environment"))?;
+    s.must("venv", cmd, args, "creating the Python environment")
+        .await?;
     let python = venv.join("bin/python").display().to_string();
     if has_requirements {
         exec.set(|p| p.message = format!("installing {REQUIREMENTS}"));
@@ -170,101 +185,90 @@ async fn steps(
         let (cmd, args) = match &uv {
             Some(uv) => (
                 uv.clone(),
-                vec![
-                    "pip".into(),
-                    "install".into(),
-                    "--python".into(),
-                    python.clone(),
-                    "-r".into(),
-                    req,
-                ],
+                strings(&["pip", "install", "--python", &python, "-r", &req]),
             ),
             None => (
                 python.clone(),
-                vec![
-                    "-m".into(),
-                    "pip".into(),
-                    "install".into(),
-                    "--disable-pip-version-check".into(),
-                    "--no-input".into(),
-                    "-r".into(),
-                    req,
-                ],
+                strings(&[
+                    "-m",
+                    "pip",
+                    "install",
+                    "--disable-pip-version-check",
+                    "--no-input",
+                    "-r",
+                    &req,
+                ]),
             ),
         };
-        step(ctx, exec, log, stop, &env, "requirements", cmd, args, &work)
-            .await
-            .and_then(|e| ok_or(e, &format!("installing {REQUIREMENTS}")))?;
+        s.must(
+            "requirements",
+            cmd,
+            args,
+            &format!("installing {REQUIREMENTS}"),
+        )
+        .await?;
     }
 
     exec.set(|p| {
         p.state = ExecState::Running;
         p.message = String::new();
     });
-    step(
-        ctx,
-        exec,
-        log,
-        stop,
-        &env,
-        "main",
-        python,
-        vec![super::MAIN_SCRIPT.into()],
-        &work,
-    )
-    .await
+    s.run("main", python, vec![super::MAIN_SCRIPT.into()]).await
 }
 
-fn ok_or(e: Exit, what: &str) -> Result<(), Halt> {
-    if e == Exit::Code(0) {
-        Ok(())
-    } else {
-        Err(Halt::Failed(format!("{what} failed ({e})")))
-    }
+fn strings(a: &[&str]) -> Vec<String> {
+    a.iter().map(|s| s.to_string()).collect()
 }
 
-/// Runs one step as a job, its output into the log.
-#[allow(clippy::too_many_arguments)]
-async fn step(
-    ctx: &RunCtx,
-    exec: &Execution,
-    log: &Arc<ExecLog>,
-    stop: &CancellationToken,
-    env: &BTreeMap<String, String>,
-    step: &str,
-    command: String,
-    args: Vec<String>,
-    cwd: &Path,
-) -> Result<Exit, Halt> {
-    if stop.is_cancelled() {
-        return Err(Halt::Stopped("cancelled".into()));
+impl Steps<'_> {
+    /// Runs one step as a job in the execution directory, its output into
+    /// the log; the exit status.
+    async fn run(&self, step: &str, command: String, args: Vec<String>) -> Result<Exit, Halt> {
+        if self.stop.is_cancelled() {
+            return Err(Halt::Stopped("cancelled".into()));
+        }
+        let spec = JobSpec {
+            group: self.exec.name.clone(),
+            command: command.clone(),
+            args,
+            env: self.env.clone(),
+            cwd: self.work.clone(),
+            limits: ResourceLimits::default(),
+        };
+        let mut job = self.ctx.sup.spawn_job(&spec).await.map_err(|e| {
+            Halt::Failed(format!(
+                "cannot start {command:?} ({step}): {e}; is it installed in the sandbox?"
+            ))
+        })?;
+        tracing::debug!(step, pid = job.pid(), "step started");
+        let pump = job
+            .take_output()
+            .map(|fd| tokio::spawn(pump(fd, self.log.clone())));
+        let end = job.wait(self.stop, self.ctx.cfg.grace()).await;
+        if let Some(mut p) = pump
+            && tokio::time::timeout(PUMP_DRAIN, &mut p).await.is_err()
+        {
+            p.abort();
+        }
+        match end {
+            JobEnd::Exited(e) => Ok(e),
+            JobEnd::Stopped(_) => Err(Halt::Stopped("cancelled; its processes were killed".into())),
+        }
     }
-    let spec = JobSpec {
-        group: exec.name.clone(),
-        command: command.clone(),
-        args,
-        env: env.clone(),
-        cwd: cwd.to_owned(),
-        limits: ResourceLimits::default(),
-    };
-    let mut job = ctx.sup.spawn_job(&spec).await.map_err(|e| {
-        Halt::Failed(format!(
-            "cannot start {command:?} ({step}): {e}; is it installed in the sandbox?"
-        ))
-    })?;
-    tracing::debug!(step, pid = job.pid(), "step started");
-    let pump = job
-        .take_output()
-        .map(|fd| tokio::spawn(pump(fd, log.clone())));
-    let end = job.wait(stop, ctx.cfg.grace()).await;
-    if let Some(mut p) = pump
-        && tokio::time::timeout(PUMP_DRAIN, &mut p).await.is_err()
-    {
-        p.abort();
-    }
-    match end {
-        JobEnd::Exited(e) => Ok(e),
-        JobEnd::Stopped(_) => Err(Halt::Stopped("cancelled; its processes were killed".into())),
+
+    /// [`Steps::run`], where anything but exit code 0 fails the run
+    /// (`what` failed).
+    async fn must(
+        &self,
+        step: &str,
+        command: String,
+        args: Vec<String>,
+        what: &str,
+    ) -> Result<(), Halt> {
+        match self.run(step, command, args).await? {
+            Exit::Code(0) => Ok(()),
+            e => Err(Halt::Failed(format!("{what} failed ({e})"))),
+        }
     }
 }
 
@@ -404,14 +408,7 @@ fn valid_package(p: &str) -> bool {
         })
 }
 
-async fn install_packages(
-    ctx: &RunCtx,
-    exec: &Execution,
-    log: &Arc<ExecLog>,
-    stop: &CancellationToken,
-    env: &BTreeMap<String, String>,
-    packages: &[String],
-) -> Result<(), Halt> {
+async fn install_packages(s: &Steps<'_>, packages: &[String]) -> Result<(), Halt> {
     let status = tokio::fs::read_to_string(DPKG_STATUS)
         .await
         .unwrap_or_default();
@@ -422,14 +419,14 @@ async fn install_packages(
         .cloned()
         .collect();
     if missing.is_empty() {
-        log.note(&format!(
+        s.log.note(&format!(
             "[sandbox-agent] {PACKAGES}: already installed: {}",
             packages.join(" ")
         ));
         return Ok(());
     }
-    let path = env.get("PATH").map(String::as_str).unwrap_or("");
-    let why_not = if ctx.cfg.packages == "off" {
+    let path = s.env.get("PATH").map(String::as_str).unwrap_or("");
+    let why_not = if s.ctx.cfg.packages == "off" {
         Some("exec.packages is \"off\" in this sandbox".to_owned())
     } else if !rustix::process::geteuid().is_root() {
         Some("the agent does not run as root".to_owned())
@@ -444,71 +441,23 @@ async fn install_packages(
             missing.join(" ")
         )));
     }
-    log.note(&format!(
+    s.log.note(&format!(
         "[sandbox-agent] installing Debian packages: {}",
         missing.join(" ")
     ));
-    let install = |update: bool| {
-        let mut args: Vec<String> = if update {
-            vec!["update".into(), "-q".into()]
-        } else {
-            vec![
-                "install".into(),
-                "-y".into(),
-                "-q".into(),
-                "--no-install-recommends".into(),
-                "--".into(),
-            ]
-        };
-        if !update {
-            args.extend(missing.iter().cloned());
-        }
-        args
-    };
-    let work = exec.work();
-    let first = step(
-        ctx,
-        exec,
-        log,
-        stop,
-        env,
-        "apt",
-        "apt-get".into(),
-        install(false),
-        &work,
-    )
-    .await?;
-    if first == Exit::Code(0) {
+    let mut install = strings(&["install", "-y", "-q", "--no-install-recommends", "--"]);
+    install.extend(missing.iter().cloned());
+    let apt = || "apt-get".to_owned();
+    if s.run("apt", apt(), install.clone()).await? == Exit::Code(0) {
         return Ok(());
     }
     // A fresh image has no package lists yet: update once, then retry.
-    log.note("[sandbox-agent] apt-get install failed; running apt-get update and retrying");
-    step(
-        ctx,
-        exec,
-        log,
-        stop,
-        env,
-        "apt",
-        "apt-get".into(),
-        install(true),
-        &work,
-    )
-    .await
-    .and_then(|e| ok_or(e, "apt-get update"))?;
-    step(
-        ctx,
-        exec,
-        log,
-        stop,
-        env,
-        "apt",
-        "apt-get".into(),
-        install(false),
-        &work,
-    )
-    .await
-    .and_then(|e| ok_or(e, &format!("installing {PACKAGES}")))
+    s.log
+        .note("[sandbox-agent] apt-get install failed; running apt-get update and retrying");
+    s.must("apt", apt(), strings(&["update", "-q"]), "apt-get update")
+        .await?;
+    s.must("apt", apt(), install, &format!("installing {PACKAGES}"))
+        .await
 }
 
 /// dpkg's database of installed packages.

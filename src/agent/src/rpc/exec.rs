@@ -6,7 +6,7 @@ use tokio::sync::mpsc;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::BoxStream;
-use super::workspace::{compression, ws_status};
+use super::workspace::{compression, trailer, ws_status};
 use crate::exec::log::ReadError;
 use crate::exec::{ExecError, ExecState, ExecView, Executions};
 use crate::workspace::codec::Encoder;
@@ -378,21 +378,7 @@ impl proto::exec_server::Exec for ExecService {
                 });
             match result {
                 Ok((bytes, sha, tx, stats)) => {
-                    let trailer = proto::DumpTrailer {
-                        sha256: sha,
-                        archive_bytes: bytes,
-                        files: stats.files,
-                        dirs: stats.dirs,
-                        symlinks: stats.symlinks,
-                        skipped_special: stats.skipped_special,
-                        changed_files: stats.changed,
-                        changed_truncated: stats.changed_truncated,
-                        content_bytes: stats.content_bytes,
-                        duration_ms: start.elapsed().as_millis() as u64,
-                    };
-                    let _ = tx.blocking_send(Ok(proto::DumpResponse {
-                        msg: Some(proto::dump_response::Msg::Trailer(trailer)),
-                    }));
+                    let _ = tx.blocking_send(Ok(trailer(bytes, sha, stats, start)));
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "export failed");

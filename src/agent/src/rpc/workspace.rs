@@ -222,21 +222,7 @@ impl proto::workspace_server::Workspace for WorkspaceService {
                         changed = stats.changed.len(),
                         "workspace dumped"
                     );
-                    let trailer = proto::DumpTrailer {
-                        sha256: sha,
-                        archive_bytes: bytes,
-                        files: stats.files,
-                        dirs: stats.dirs,
-                        symlinks: stats.symlinks,
-                        skipped_special: stats.skipped_special,
-                        changed_files: stats.changed,
-                        changed_truncated: stats.changed_truncated,
-                        content_bytes: stats.content_bytes,
-                        duration_ms: start.elapsed().as_millis() as u64,
-                    };
-                    let _ = tx.blocking_send(Ok(proto::DumpResponse {
-                        msg: Some(proto::dump_response::Msg::Trailer(trailer)),
-                    }));
+                    let _ = tx.blocking_send(Ok(trailer(bytes, sha, stats, start)));
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "dump failed");
@@ -263,6 +249,29 @@ impl proto::workspace_server::Workspace for WorkspaceService {
             removed_entries: removed,
             duration_ms: start.elapsed().as_millis() as u64,
         }))
+    }
+}
+
+/// The last message of an archive stream (Dump, and Exec.Export).
+pub(super) fn trailer(
+    bytes: u64,
+    sha256: String,
+    stats: crate::workspace::pack::PackStats,
+    start: std::time::Instant,
+) -> proto::DumpResponse {
+    proto::DumpResponse {
+        msg: Some(proto::dump_response::Msg::Trailer(proto::DumpTrailer {
+            sha256,
+            archive_bytes: bytes,
+            files: stats.files,
+            dirs: stats.dirs,
+            symlinks: stats.symlinks,
+            skipped_special: stats.skipped_special,
+            changed_files: stats.changed,
+            changed_truncated: stats.changed_truncated,
+            content_bytes: stats.content_bytes,
+            duration_ms: start.elapsed().as_millis() as u64,
+        })),
     }
 }
 

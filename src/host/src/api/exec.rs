@@ -12,15 +12,15 @@ use std::collections::HashMap;
 use axum::Json;
 use axum::body::{Body, Bytes};
 use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, StatusCode, header};
-use axum::response::{IntoResponse, Response};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::IntoResponse;
 use futures_util::StreamExt;
 use sandbox_client::proto;
 use serde_json::{Value, json};
 
 use super::sandboxes::agent_of;
-use super::transfer::{SignedQuery, check_signed, signed_url, store_upload};
-use super::validation::{check_region, query_error};
+use super::transfer::{SignedQuery, archive_response, check_signed, signed_url, store_upload};
+use super::validation::{body_object, check_region, query_error};
 use super::*;
 
 /// The directory of a sandbox's execution archives.
@@ -36,14 +36,7 @@ fn action(kind: &str, name: &str) -> String {
 /// Klavis's execution names are free strings; the agent takes
 /// `[A-Za-z0-9._-]{1,128}`. Others are refused here with the 422 shape.
 fn check_name(loc: &str, name: &str) -> Result<(), ApiError> {
-    let ok = !name.is_empty()
-        && name.len() <= 128
-        && name != "."
-        && name != ".."
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
-    if ok {
+    if sandbox_client::limits::valid_execution_name(name) {
         return Ok(());
     }
     let msg = "String should match pattern '^[A-Za-z0-9._-]{1,128}$' (not '.' or '..')";
@@ -61,21 +54,9 @@ fn check_name(loc: &str, name: &str) -> Result<(), ApiError> {
 
 /// `{"execution_name": str}`, checked as the Klavis (pydantic) models are.
 fn body_name(body: &Bytes) -> Result<String, ApiError> {
-    let v: Value = serde_json::from_slice(body).map_err(|e| {
-        invalid(vec![verr(
-            &[json!("body"), json!(e.column())],
-            format!("JSON decode error: {e}"),
-            "json_invalid",
-            &json!({}),
-        )])
-    })?;
+    let v = body_object(body)?;
     let Some(o) = v.as_object() else {
-        return Err(invalid(vec![verr(
-            &[json!("body")],
-            "Input should be a valid dictionary or object to extract fields from",
-            "model_attributes_type",
-            &v,
-        )]));
+        return Err(internal("a checked body is an object"));
     };
     let name = match o.get("execution_name") {
         None => {
@@ -341,21 +322,5 @@ pub async fn exec_download(
         .await
         .map_err(|e| agent_error("export-artifacts", e))?
         .into_inner();
-    let bytes = stream.filter_map(|m| async move {
-        match m {
-            Ok(proto::DumpResponse {
-                msg: Some(proto::dump_response::Msg::Chunk(b)),
-            }) => Some(Ok::<_, std::io::Error>(b)),
-            Ok(_) => None,
-            Err(e) => Some(Err(std::io::Error::other(e.message().to_owned()))),
-        }
-    });
-    Response::builder()
-        .header(header::CONTENT_TYPE, "application/gzip")
-        .header(
-            header::CONTENT_DISPOSITION,
-            format!("attachment; filename=\"{name}-artifacts.tar.gz\""),
-        )
-        .body(Body::from_stream(bytes))
-        .map_err(internal)
+    archive_response(stream, Some(&format!("{name}-artifacts.tar.gz")))
 }

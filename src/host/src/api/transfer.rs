@@ -234,6 +234,16 @@ pub async fn download(
         .await
         .map_err(|e| agent_error("dump", e))?
         .into_inner();
+    archive_response(stream, None)
+}
+
+/// An agent's archive stream (chunks, then a trailer) as a streamed
+/// `application/gzip` answer; an error mid-stream breaks the body, so the
+/// client never takes a truncated archive for a whole one.
+pub(super) fn archive_response(
+    stream: tonic::Streaming<proto::DumpResponse>,
+    filename: Option<&str>,
+) -> ApiResult {
     let bytes = stream.filter_map(|m| async move {
         match m {
             Ok(proto::DumpResponse {
@@ -243,8 +253,12 @@ pub async fn download(
             Err(e) => Some(Err(std::io::Error::other(e.message().to_owned()))),
         }
     });
-    Response::builder()
-        .header(header::CONTENT_TYPE, "application/gzip")
-        .body(Body::from_stream(bytes))
-        .map_err(internal)
+    let mut r = Response::builder().header(header::CONTENT_TYPE, "application/gzip");
+    if let Some(f) = filename {
+        r = r.header(
+            header::CONTENT_DISPOSITION,
+            format!("attachment; filename=\"{f}\""),
+        );
+    }
+    r.body(Body::from_stream(bytes)).map_err(internal)
 }

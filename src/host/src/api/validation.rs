@@ -19,24 +19,9 @@ pub(super) struct AcquireBody {
 
 /// Validates `POST /local-sandbox` like the Klavis (pydantic) model does.
 pub(super) fn parse_acquire(body: &[u8]) -> Result<AcquireBody, ApiError> {
-    let v: Value = match serde_json::from_slice(body) {
-        Ok(v) => v,
-        Err(e) => {
-            return Err(invalid(vec![verr(
-                &[json!("body"), json!(e.column())],
-                format!("JSON decode error: {e}"),
-                "json_invalid",
-                &json!({}),
-            )]));
-        }
-    };
+    let v = body_object(body)?;
     let Some(o) = v.as_object() else {
-        return Err(invalid(vec![verr(
-            &[json!("body")],
-            "Input should be a valid dictionary or object to extract fields from",
-            "model_attributes_type",
-            &v,
-        )]));
+        return Err(internal("a checked body is an object"));
     };
     let mut errors = Vec::new();
     let servers = match o.get("server_names") {
@@ -158,6 +143,28 @@ pub(super) fn parse_acquire(body: &[u8]) -> Result<AcquireBody, ApiError> {
         email,
         ttl,
     })
+}
+
+/// A JSON request body that must be an object, with pydantic's 422s for
+/// invalid JSON and for any other value.
+pub(super) fn body_object(body: &[u8]) -> Result<Value, ApiError> {
+    let v: Value = serde_json::from_slice(body).map_err(|e| {
+        invalid(vec![verr(
+            &[json!("body"), json!(e.column())],
+            format!("JSON decode error: {e}"),
+            "json_invalid",
+            &json!({}),
+        )])
+    })?;
+    if !v.is_object() {
+        return Err(invalid(vec![verr(
+            &[json!("body")],
+            "Input should be a valid dictionary or object to extract fields from",
+            "model_attributes_type",
+            &v,
+        )]));
+    }
+    Ok(v)
 }
 
 pub(super) fn benchmark_proto(b: &Option<String>) -> i32 {
