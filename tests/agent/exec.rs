@@ -416,3 +416,67 @@ async fn release_kills_the_tree(config: &str) {
     assert_eq!(e.code(), Code::FailedPrecondition);
     let _ = std::io::stderr().flush();
 }
+
+#[tokio::test]
+async fn packages_the_sandbox_may_not_install_fail_clearly() {
+    // Installing is off here; packages already installed still pass.
+    let agent = agent_with("", "[exec]\npackages = \"off\"\n");
+    let c = client(&agent).await;
+    acquire(&c, "lease-p").await;
+    let main = "print('ran')\n";
+    upload(
+        &c,
+        "have",
+        targz(&[("main.py", main), ("packages.txt", "# present\ncurl\n")]),
+    )
+    .await
+    .expect("Upload");
+    start(&c, "have").await;
+    let (text, _, last) = read_all(&c, "have", 0).await;
+    assert_eq!(last, "completed", "{text}");
+    assert!(text.contains("already installed: curl\nran\n"), "{text}");
+
+    let missing = "sandbox-agent-no-such-package";
+    upload(
+        &c,
+        "lack",
+        targz(&[
+            ("main.py", main),
+            ("packages.txt", &format!("curl {missing}\n")),
+        ]),
+    )
+    .await
+    .expect("Upload");
+    start(&c, "lack").await;
+    let (text, _, last) = read_all(&c, "lack", 0).await;
+    assert_eq!(last, "failed", "{text}");
+    assert!(!text.contains("ran\n"), "main.py must not run: {text}");
+    let st = status(&c, "lack").await;
+    assert!(
+        st.message.contains(missing)
+            && !st.message.contains("curl ")
+            && st.message.contains("exec.packages is \"off\""),
+        "{st:?}"
+    );
+    assert!(text.contains(&st.message), "{text}");
+
+    // A name that is not a Debian package name (an apt-get option, say).
+    upload(
+        &c,
+        "opt",
+        targz(&[("main.py", main), ("packages.txt", "-o\n")]),
+    )
+    .await
+    .expect("Upload");
+    start(&c, "opt").await;
+    let (_, _, last) = read_all(&c, "opt", 0).await;
+    assert_eq!(last, "failed");
+    assert!(
+        status(&c, "opt")
+            .await
+            .message
+            .contains("not a Debian package name"),
+        "{:?}",
+        status(&c, "opt").await
+    );
+}
