@@ -8,8 +8,11 @@
 //! <root>/<name>/output.log   stdout+stderr, capped ([`log::ExecLog`])
 //! ```
 //!
-//! - [`Executions::upload`] extracts an archive into a fresh directory and
-//!   swaps it in for the name (killing a running execution of that name).
+//! - [`upload`]: [`Executions::begin_upload`], `extract`, `commit_upload`
+//!   put an archive in a fresh directory and swap it in for the name
+//!   (killing a running execution of that name).
+//! - [`config`] (`[exec]`, limits beside their defaults) and [`error`]
+//!   (`ExecError` by cause).
 //! - [`Executions::start`] runs it in the background ([`run`]): packages,
 //!   venv, requirements, `python main.py`, each step a supervisor
 //!   [`crate::supervisor::job::Job`] so the supervisor's fork, reaping and
@@ -18,23 +21,28 @@
 //!   execution's tree and removes every directory; [`Executions::open`]
 //!   (Acquire) admits new ones for a lease.
 
+mod config;
+mod error;
 pub mod log;
 mod run;
+mod upload;
+
+pub use config::{ExecConfig, ExecConfigError};
+use error::io_err;
+pub use error::{ExecError, check_name};
+pub use upload::{Extracted, Replaced, Upload};
 
 use std::collections::BTreeMap;
-use std::io::Read;
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use crate::supervisor::{Supervisor, now_ms};
-use crate::workspace::{ArchiveLimits, Compression, WsError, extract, pack};
-use log::{ExecLog, ReadError};
+use crate::workspace::pack;
+use log::ExecLog;
 
 /// The script every archive must hold at its top level.
 pub const MAIN_SCRIPT: &str = "main.py";
@@ -43,164 +51,6 @@ pub const REQUIREMENTS: &str = "requirements.txt";
 /// Debian packages, one per line, installed with apt-get.
 pub const PACKAGES: &str = "packages.txt";
 pub use sandbox_client::limits::MAX_EXECUTION_NAME_LEN as MAX_NAME_LEN;
-use sandbox_client::limits::valid_execution_name;
-
-/// `[exec]` in agent.toml.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct ExecConfig {
-    /// Where execution directories live. Must be outside the workspace;
-    /// everything in it is removed at Release.
-    pub root: PathBuf,
-    /// The interpreter venvs are made from.
-    pub python: String,
-    /// `uv` for venvs and installs: "auto" (uv on PATH if there is one),
-    /// "off" (python -m venv + pip), or a path.
-    pub uv: String,
-    /// Installing packages.txt with apt-get: "auto" (when the agent is
-    /// root and apt-get exists) or "off". Packages already installed are
-    /// accepted either way.
-    pub packages: String,
-    /// An execution (installs included) is killed after this long.
-    pub timeout_ms: u64,
-    /// SIGTERM → SIGKILL grace when an execution is killed.
-    pub stop_grace_ms: u64,
-    /// Largest log kept per execution (on disk); later output is dropped
-    /// after a marker line.
-    pub log_max_bytes: u64,
-    /// Largest part of a log one Logs answer carries.
-    pub log_read_bytes: u32,
-    /// Executions a lease may hold (uploaded, running or finished).
-    pub max_executions: usize,
-    /// Executions that run at once; more wait as QUEUED.
-    pub max_running: usize,
-    /// A loopback listener of the MCP data plane for scripts (token
-    /// required, the token is in the script's environment); "" disables it.
-    pub mcp_listen: String,
-    /// Extra environment of every execution.
-    pub env: BTreeMap<String, String>,
-    /// Variables copied from the agent's own environment when set (package
-    /// indexes and proxies).
-    pub pass_env: Vec<String>,
-    /// Limits of execution archives.
-    pub archive: ArchiveLimits,
-}
-
-impl Default for ExecConfig {
-    fn default() -> Self {
-        ExecConfig {
-            root: PathBuf::from("/var/lib/sandbox-agent/executions"),
-            python: "python3".into(),
-            uv: "auto".into(),
-            packages: "auto".into(),
-            timeout_ms: 3_600_000,
-            stop_grace_ms: 2_000,
-            log_max_bytes: 16 << 20,
-            log_read_bytes: 1 << 20,
-            max_executions: 32,
-            max_running: 4,
-            mcp_listen: "tcp://127.0.0.1:0".into(),
-            env: BTreeMap::new(),
-            pass_env: [
-                "PIP_INDEX_URL",
-                "PIP_EXTRA_INDEX_URL",
-                "PIP_FIND_LINKS",
-                "PIP_NO_INDEX",
-                "UV_INDEX_URL",
-                "UV_DEFAULT_INDEX",
-                "UV_EXTRA_INDEX_URL",
-                "UV_FIND_LINKS",
-                "UV_NO_INDEX",
-                "UV_OFFLINE",
-                "HTTP_PROXY",
-                "HTTPS_PROXY",
-                "NO_PROXY",
-                "http_proxy",
-                "https_proxy",
-                "no_proxy",
-                "SSL_CERT_FILE",
-            ]
-            .map(String::from)
-            .to_vec(),
-            archive: ArchiveLimits {
-                max_archive_bytes: 1 << 30,
-                max_expanded_bytes: 4 << 30,
-                max_entries: 100_000,
-                ..ArchiveLimits::default()
-            },
-        }
-    }
-}
-
-/// An `[exec]` setting out of its bounds.
-#[derive(Debug, thiserror::Error)]
-pub enum ExecConfigError {
-    #[error("exec.{0} must be greater than 0")]
-    Zero(&'static str),
-    #[error("exec.log_max_bytes must be at least 4096")]
-    SmallLog,
-    #[error("exec.{key} must be \"auto\", \"off\"{paths}; got {got:?}")]
-    Switch {
-        key: &'static str,
-        paths: &'static str,
-        got: String,
-    },
-    #[error(
-        "exec.root {root} and the workspace {workspace} overlap; executions must live outside the workspace"
-    )]
-    Overlap { root: String, workspace: String },
-    #[error("exec.root must be an absolute path (got {0})")]
-    Relative(String),
-    #[error(transparent)]
-    Archive(#[from] crate::workspace::limits::LimitsError),
-}
-
-impl ExecConfig {
-    pub fn validate(&self, workspace: &Path) -> Result<(), ExecConfigError> {
-        for (k, v) in [
-            ("timeout_ms", self.timeout_ms),
-            ("log_read_bytes", self.log_read_bytes.into()),
-            ("max_executions", self.max_executions as u64),
-            ("max_running", self.max_running as u64),
-        ] {
-            if v == 0 {
-                return Err(ExecConfigError::Zero(k));
-            }
-        }
-        if self.log_max_bytes < 4096 {
-            return Err(ExecConfigError::SmallLog);
-        }
-        if !matches!(self.packages.as_str(), "auto" | "off") {
-            return Err(ExecConfigError::Switch {
-                key: "packages",
-                paths: "",
-                got: self.packages.clone(),
-            });
-        }
-        if self.uv.is_empty() {
-            return Err(ExecConfigError::Switch {
-                key: "uv",
-                paths: " or a path",
-                got: self.uv.clone(),
-            });
-        }
-        if self.root.is_relative() {
-            return Err(ExecConfigError::Relative(self.root.display().to_string()));
-        }
-        if self.root.starts_with(workspace) || workspace.starts_with(&self.root) {
-            return Err(ExecConfigError::Overlap {
-                root: self.root.display().to_string(),
-                workspace: workspace.display().to_string(),
-            });
-        }
-        self.archive.validate()?;
-        Ok(())
-    }
-
-    fn grace(&self) -> Duration {
-        Duration::from_millis(self.stop_grace_ms)
-    }
-}
 
 /// Where an execution is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -246,62 +96,6 @@ pub struct ExecView {
     pub log_bytes: u64,
     pub log_capped: bool,
     pub directory: PathBuf,
-}
-
-/// Why an execution request failed. `rpc::exec` maps each to a code.
-#[derive(Debug, thiserror::Error)]
-pub enum ExecError {
-    #[error("the sandbox is not leased; acquire it before running executions")]
-    NotLeased,
-    #[error("lease {asked} is not this sandbox's lease{}", current.as_ref().map(|c| format!(" (it holds {c})")).unwrap_or_default())]
-    OtherLease {
-        asked: String,
-        current: Option<String>,
-    },
-    #[error(
-        "invalid execution name {0:?}: use 1 to {MAX_NAME_LEN} characters of A-Z a-z 0-9 . _ - (not \".\" or \"..\")"
-    )]
-    BadName(String),
-    #[error("no execution named {name:?} in this sandbox{}", if known.is_empty() { "; upload its archive first".to_owned() } else { format!(" (it has: {known})") })]
-    Unknown { name: String, known: String },
-    #[error(
-        "this lease already holds {max} executions (exec.max_executions); re-use a name to replace one"
-    )]
-    TooMany { max: usize },
-    #[error("the archive has no regular file {MAIN_SCRIPT} at its top level")]
-    NoMain,
-    #[error("execution archive: {0}")]
-    Archive(WsError),
-    #[error(
-        "execution {name:?} is {state}; cancel it or wait for it to end before starting it again"
-    )]
-    Active { name: String, state: &'static str },
-    #[error(transparent)]
-    Log(#[from] ReadError),
-    #[error("{context}: {source}")]
-    Io {
-        context: String,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error(
-        "the lease was released or reset meanwhile, which ends its executions; upload the archive again"
-    )]
-    Released,
-}
-
-fn io_err(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> ExecError {
-    let context = context.into();
-    move |source| ExecError::Io { context, source }
-}
-
-/// Checks an execution name (it becomes a directory name).
-pub fn check_name(name: &str) -> Result<(), ExecError> {
-    if valid_execution_name(name) {
-        Ok(())
-    } else {
-        Err(ExecError::BadName(name.to_owned()))
-    }
 }
 
 /// How a script reaches the lease's MCP servers.
@@ -405,36 +199,6 @@ pub struct Executions {
     slots: Arc<Semaphore>,
 }
 
-/// An upload in progress: its staging directory, removed unless committed.
-pub struct Upload {
-    name: String,
-    generation: u64,
-    stage: PathBuf,
-    committed: bool,
-}
-
-impl Drop for Upload {
-    fn drop(&mut self) {
-        if !self.committed {
-            let _ = std::fs::remove_dir_all(&self.stage);
-        }
-    }
-}
-
-/// What an upload replaced.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Replaced {
-    pub replaced: bool,
-    pub killed_running: bool,
-}
-
-/// Result of extracting an upload.
-#[derive(Debug, Clone, Default)]
-pub struct Extracted {
-    pub files: u64,
-    pub bytes_written: u64,
-}
-
 impl Executions {
     pub fn new(cfg: ExecConfig, sup: Arc<Supervisor>, workspace: PathBuf) -> Arc<Executions> {
         let slots = Arc::new(Semaphore::new(cfg.max_running));
@@ -528,126 +292,6 @@ impl Executions {
             })
     }
 
-    /// Begins storing an archive for `name`: checks the lease, the name and
-    /// the count, and makes a staging directory.
-    pub fn begin_upload(&self, lease_id: &str, name: &str) -> Result<Upload, ExecError> {
-        check_name(name)?;
-        let generation = {
-            let i = self.inner();
-            self.check_lease(&i, lease_id)?;
-            if !i.execs.contains_key(name) && i.execs.len() >= self.cfg.max_executions {
-                return Err(ExecError::TooMany {
-                    max: self.cfg.max_executions,
-                });
-            }
-            i.generation
-        };
-        std::fs::create_dir_all(&self.cfg.root).map_err(io_err(format!(
-            "creating exec.root {}",
-            self.cfg.root.display()
-        )))?;
-        let mut rnd = [0u8; 8];
-        let _ = getrandom::fill(&mut rnd);
-        let stage = self
-            .cfg
-            .root
-            .join(format!(".upload-{}-{}", name, hex::encode(rnd)));
-        std::fs::create_dir_all(stage.join("work"))
-            .map_err(io_err(format!("creating {}", stage.display())))?;
-        Ok(Upload {
-            name: name.to_owned(),
-            generation,
-            stage,
-            committed: false,
-        })
-    }
-
-    /// Extracts the archive read from `src` into the upload's staging
-    /// directory and checks it holds `main.py`. Blocking.
-    pub fn extract(
-        &self,
-        up: &Upload,
-        src: impl Read + Send + 'static,
-        compression: Compression,
-    ) -> Result<Extracted, ExecError> {
-        let work = up.stage.join("work");
-        let dir =
-            std::fs::File::open(&work).map_err(io_err(format!("opening {}", work.display())))?;
-        let opts = extract::ExtractOptions {
-            limits: &self.cfg.archive,
-            compression,
-            owner: None,
-            merge: false,
-        };
-        let stats = extract::extract(src, dir.as_fd(), &opts).map_err(ExecError::Archive)?;
-        let main = std::fs::symlink_metadata(work.join(MAIN_SCRIPT));
-        if !main.is_ok_and(|m| m.is_file()) {
-            return Err(ExecError::NoMain);
-        }
-        Ok(Extracted {
-            files: stats.files,
-            bytes_written: stats.bytes_written,
-        })
-    }
-
-    /// Puts an extracted upload in place of any execution of its name,
-    /// killing that one first if it runs.
-    pub async fn commit_upload(&self, mut up: Upload) -> Result<Replaced, ExecError> {
-        let old = {
-            let i = self.inner();
-            if i.generation != up.generation || i.lease.is_none() {
-                return Err(ExecError::Released);
-            }
-            i.execs.get(&up.name).cloned()
-        };
-        let mut out = Replaced::default();
-        if let Some(old) = &old {
-            out.replaced = true;
-            out.killed_running = old.stop().await;
-        }
-        let dir = self.cfg.root.join(&up.name);
-        let stage = up.stage.clone();
-        let target = dir.clone();
-        tokio::task::spawn_blocking(move || -> std::io::Result<()> {
-            match std::fs::remove_dir_all(&target) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err(e),
-            }
-            std::fs::rename(&stage, &target)
-        })
-        .await
-        .map_err(|e| ExecError::Io {
-            context: "replacing the execution directory".into(),
-            source: std::io::Error::other(e),
-        })?
-        .map_err(io_err(format!("putting the upload at {}", dir.display())))?;
-        up.committed = true;
-        let exec = Arc::new(Execution {
-            name: up.name.clone(),
-            dir,
-            uploaded_at_ms: now_ms(),
-            progress: Mutex::new(Progress {
-                state: ExecState::Uploaded,
-                message: String::new(),
-                exit_code: None,
-                signal: None,
-                started_at_ms: 0,
-                finished_at_ms: 0,
-            }),
-            log: Mutex::new(None),
-            running: tokio::sync::Mutex::new(None),
-        });
-        let mut i = self.inner();
-        if i.generation != up.generation {
-            // Released meanwhile: close() may have missed the directory.
-            let _ = std::fs::remove_dir_all(&exec.dir);
-            return Err(ExecError::Released);
-        }
-        i.execs.insert(up.name.clone(), exec);
-        Ok(out)
-    }
-
     /// Starts an uploaded (or finished) execution in the background.
     pub async fn start(&self, lease_id: &str, name: &str) -> Result<ExecView, ExecError> {
         let exec = self.get(lease_id, name)?;
@@ -734,11 +378,6 @@ impl Executions {
         Ok((e.view(), e.log()))
     }
 
-    /// The current view of an execution, for followers.
-    pub fn view_of(&self, lease_id: &str, name: &str) -> Result<ExecView, ExecError> {
-        self.status(lease_id, name)
-    }
-
     /// Kills a queued or running execution; it ends failed ("cancelled").
     pub async fn cancel(&self, lease_id: &str, name: &str) -> Result<ExecView, ExecError> {
         let e = self.get(lease_id, name)?;
@@ -794,17 +433,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn names_are_single_safe_path_components() {
-        for ok in ["init", "eval_1", "demo-run", "a.b", "X"] {
-            assert!(check_name(ok).is_ok(), "{ok}");
-        }
-        let long = "a".repeat(MAX_NAME_LEN + 1);
-        for bad in ["", ".", "..", "a/b", "a b", "é", long.as_str()] {
-            assert!(check_name(bad).is_err(), "{bad}");
-        }
-    }
-
-    #[test]
     fn klavis_sees_four_statuses() {
         use ExecState::*;
         let k: Vec<_> = [Uploaded, Queued, Installing, Running, Completed, Failed]
@@ -821,21 +449,5 @@ mod tests {
                 "failed"
             ]
         );
-    }
-
-    #[test]
-    fn the_root_must_lie_outside_the_workspace() {
-        let mut c = ExecConfig {
-            root: "/ws/exec".into(),
-            ..ExecConfig::default()
-        };
-        assert!(matches!(
-            c.validate(Path::new("/ws")),
-            Err(ExecConfigError::Overlap { .. })
-        ));
-        c.root = "/var/x".into();
-        assert!(c.validate(Path::new("/ws")).is_ok());
-        c.packages = "yes".into();
-        assert!(c.validate(Path::new("/ws")).is_err());
     }
 }

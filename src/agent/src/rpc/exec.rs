@@ -6,7 +6,7 @@ use tokio::sync::mpsc;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::BoxStream;
-use super::workspace::{compression, trailer, ws_status};
+use super::workspace::{Part, compression, forward, trailer, ws_status};
 use crate::exec::log::ReadError;
 use crate::exec::{ExecError, ExecState, ExecView, Executions};
 use crate::workspace::codec::Encoder;
@@ -106,7 +106,7 @@ fn read_logs(
     ) {
         (false, false) => (ExecState::Running, ExecState::Running.klavis()),
         (true, _) => {
-            let v = exec.view_of(&r.lease_id, &r.execution_name)?;
+            let v = exec.status(&r.lease_id, &r.execution_name)?;
             (v.state, v.state.klavis())
         }
         (false, true) => (view.state, view.state.klavis()),
@@ -171,36 +171,11 @@ impl proto::exec_server::Exec for ExecService {
             drop(o);
             (up, r)
         });
-        let forward = async move {
-            loop {
-                let feed = match stream.message().await {
-                    Ok(Some(proto::ExecUploadRequest {
-                        msg: Some(Msg::Chunk(b)),
-                    })) if b.len() > MAX_CHUNK_BYTES => Err(WsError::invalid(format!(
-                        "a chunk of {} bytes is larger than the {MAX_CHUNK_BYTES}-byte limit",
-                        b.len()
-                    ))),
-                    Ok(Some(proto::ExecUploadRequest {
-                        msg: Some(Msg::Chunk(b)),
-                    })) => Ok(b),
-                    Ok(Some(proto::ExecUploadRequest {
-                        msg: Some(Msg::Header(_)),
-                    })) => Err(WsError::invalid("a second ExecUploadHeader arrived")),
-                    Ok(Some(proto::ExecUploadRequest { msg: None })) => continue,
-                    Ok(None) => break,
-                    Err(s) => Err(WsError::Cancelled(format!(
-                        "the upload stream broke: {}",
-                        s.message()
-                    ))),
-                };
-                let stop = feed.is_err();
-                if tx.send(feed).await.is_err() || stop {
-                    break;
-                }
-            }
-            drop(tx);
-            std::future::pending::<()>().await
-        };
+        let forward = forward(stream, tx, "ExecUploadHeader", |m| match m.msg {
+            Some(Msg::Header(_)) => Part::Header,
+            Some(Msg::Chunk(b)) => Part::Chunk(b),
+            None => Part::Empty,
+        });
         let (up, extracted) = tokio::select! {
             r = task => r.map_err(|e| Status::internal(format!("the extraction task failed: {e}")))?,
             _ = forward => return Err(Status::internal("the upload stream ended unexpectedly")),

@@ -111,39 +111,11 @@ impl proto::workspace_server::Workspace for WorkspaceService {
             }
             r
         });
-        let forward = async move {
-            loop {
-                let feed = match stream.message().await {
-                    Ok(Some(proto::InitializeRequest {
-                        msg: Some(Msg::Chunk(b)),
-                    })) if b.len() > MAX_CHUNK_BYTES => Err(WsError::invalid(format!(
-                        "a chunk of {} bytes is larger than the {MAX_CHUNK_BYTES}-byte limit",
-                        b.len()
-                    ))),
-                    Ok(Some(proto::InitializeRequest {
-                        msg: Some(Msg::Chunk(b)),
-                    })) => Ok(b),
-                    Ok(Some(proto::InitializeRequest {
-                        msg: Some(Msg::Header(_)),
-                    })) => Err(WsError::invalid(
-                        "a second InitializeHeader arrived; send one header, then chunks",
-                    )),
-                    Ok(Some(proto::InitializeRequest { msg: None })) => continue,
-                    Ok(None) => break,
-                    Err(s) => Err(WsError::Cancelled(format!(
-                        "the upload stream broke: {}",
-                        s.message()
-                    ))),
-                };
-                let stop = feed.is_err();
-                if tx.send(feed).await.is_err() || stop {
-                    break;
-                }
-            }
-            // End of input for the extractor; then wait for its result.
-            drop(tx);
-            std::future::pending::<()>().await
-        };
+        let forward = forward(stream, tx, "InitializeHeader", |m| match m.msg {
+            Some(Msg::Header(_)) => Part::Header,
+            Some(Msg::Chunk(b)) => Part::Chunk(b),
+            None => Part::Empty,
+        });
         let result = tokio::select! {
             r = task => r,
             _ = forward => unreachable_forward(),
@@ -250,6 +222,52 @@ impl proto::workspace_server::Workspace for WorkspaceService {
             duration_ms: start.elapsed().as_millis() as u64,
         }))
     }
+}
+
+/// One message of an upload stream (Initialize, Exec.Upload).
+pub(super) enum Part {
+    Header,
+    Chunk(bytes::Bytes),
+    Empty,
+}
+
+/// Feeds an upload stream's chunks to the blocking extractor through
+/// `tx`, turning a second header, an oversized chunk or a broken stream
+/// into the extractor's error; then closes `tx` and never completes (the
+/// caller selects it against the extractor's result).
+pub(super) async fn forward<M>(
+    mut stream: Streaming<M>,
+    tx: mpsc::Sender<crate::workspace::stream::Feed>,
+    header: &'static str,
+    part: fn(M) -> Part,
+) {
+    loop {
+        let feed = match stream.message().await {
+            Ok(Some(m)) => match part(m) {
+                Part::Chunk(b) if b.len() > MAX_CHUNK_BYTES => Err(WsError::invalid(format!(
+                    "a chunk of {} bytes is larger than the {MAX_CHUNK_BYTES}-byte limit",
+                    b.len()
+                ))),
+                Part::Chunk(b) => Ok(b),
+                Part::Header => Err(WsError::invalid(format!(
+                    "a second {header} arrived; send one header, then chunks"
+                ))),
+                Part::Empty => continue,
+            },
+            Ok(None) => break,
+            Err(s) => Err(WsError::Cancelled(format!(
+                "the upload stream broke: {}",
+                s.message()
+            ))),
+        };
+        let stop = feed.is_err();
+        if tx.send(feed).await.is_err() || stop {
+            break;
+        }
+    }
+    // End of input for the extractor; then wait for its result.
+    drop(tx);
+    std::future::pending::<()>().await
 }
 
 /// The last message of an archive stream (Dump, and Exec.Export).
