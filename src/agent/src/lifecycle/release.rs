@@ -53,17 +53,19 @@ impl Lifecycle {
         }
         .instrument(span.clone())
         .await?;
-        if let Some(c) = self.current().take() {
-            c.ttl.cancel();
-        }
-        for n in &all {
-            self.sup.forget(n);
-        }
+        // The record first: whoever sees the sandbox idle also sees how
+        // its last lease ended.
         *self.last_release.lock().unwrap_or_else(|p| p.into_inner()) = Some(ReleaseRecord {
             lease_id: cur_id.clone(),
             is_ttl,
             at_ms: now_ms(),
         });
+        for n in &all {
+            self.sup.forget(n);
+        }
+        if let Some(c) = self.current().take() {
+            c.ttl.cancel();
+        }
         span.in_scope(|| info!(ms = started.elapsed().as_millis() as u64, "released"));
         Ok(format!(
             "lease {cur_id} released{}; the sandbox is idle",
