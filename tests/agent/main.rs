@@ -10,6 +10,7 @@ mod exec;
 mod gateway;
 mod hvsock;
 mod lifecycle;
+mod narrow;
 mod packaging;
 mod recovery;
 mod rpc;

@@ -13,6 +13,7 @@ use crate::common::host::{
 };
 use crate::common::mcp::shipped_manifest;
 use crate::common::{eventually, when};
+use crate::warm::{agent_state, slot_dirs, wait_warm};
 use serde_json::json;
 
 #[test]
@@ -271,122 +272,6 @@ fn concurrent_cycles_leave_nothing_behind() {
 }
 
 /// The idle slots' directories.
-fn slot_dirs(host: &Host) -> Vec<PathBuf> {
-    std::fs::read_dir(host.data.join("slots"))
-        .map(|d| d.flatten().map(|e| e.path()).collect())
-        .unwrap_or_default()
-}
-
-/// The lease an agent holds, and the pid of each server it runs.
-async fn agent_state(slot: &Path) -> Option<(String, Vec<(String, u32)>)> {
-    let c = sandbox_client::connect(&format!("unix://{}", slot.join("agent.sock").display()))
-        .await
-        .ok()?;
-    let info = c
-        .agent()
-        .get_info(sandbox_client::proto::GetInfoRequest {})
-        .await
-        .ok()?
-        .into_inner();
-    let lease = info.lease?.lease_id;
-    let servers = c
-        .servers()
-        .list(sandbox_client::proto::ListServersRequest {})
-        .await
-        .ok()?
-        .into_inner()
-        .servers
-        .into_iter()
-        .filter(|s| s.in_lease && s.pid != 0)
-        .map(|s| (s.name, s.pid))
-        .collect();
-    Some((lease, servers))
-}
-
-/// Waits until exactly one slot exists and its agent holds a lease with
-/// `server` running; returns (slot dir, lease id, server pid).
-fn wait_warm(host: &Host, server: &str, not: &[PathBuf]) -> (PathBuf, String, u32) {
-    let rt = tokio::runtime::Runtime::new().expect("runtime");
-    let what = format!("a warm lease of {server}");
-    eventually(Duration::from_secs(60), &what, || {
-        for dir in slot_dirs(host).into_iter().filter(|d| !not.contains(d)) {
-            if let Some((lease, servers)) = rt.block_on(agent_state(&dir))
-                && let Some((_, pid)) = servers.iter().find(|(n, _)| n == server)
-            {
-                return Ok((dir, lease, *pid));
-            }
-        }
-        Err("no slot holds it".into())
-    })
-}
-
-#[test]
-fn warm_leases_serve_matching_acquires_and_give_way_to_others() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    // This host's sandboxes carry every Klavis server but playwright.
-    let shipped = shipped_manifest(Path::new("/var/lib/sandbox-agent"));
-    let cut = shipped
-        .find("[servers.playwright]")
-        .expect("playwright entry");
-    std::fs::write(dir.path().join("servers.toml"), &shipped[..cut]).expect("manifest");
-    let host = Host::start(dir.path(), &["--warm-servers", "filesystem"]);
-    let b = host.base.clone();
-
-    // The idle sandbox already runs filesystem under a lease of its own.
-    let (slot, lease, pid) = wait_warm(&host, "filesystem", &[]);
-
-    // A Klavis server these sandboxes lack: a 400 that names it, before any
-    // slot is taken, so the warm lease stays as it was.
-    let (code, v) = http(
-        "POST",
-        &format!("{b}/local-sandbox"),
-        Some(KEY_A),
-        Some(r#"{"server_names": ["filesystem", "playwright"]}"#),
-    );
-    assert_eq!(code, 400, "{v}");
-    let said = v["detail"].as_str().unwrap_or_default();
-    assert!(
-        said.contains("unknown server playwright") && said.contains("filesystem"),
-        "{v}"
-    );
-    let rt = tokio::runtime::Runtime::new().expect("runtime");
-    assert_eq!(
-        rt.block_on(agent_state(&slot)),
-        Some((lease.clone(), vec![("filesystem".to_owned(), pid)])),
-        "the warm lease survives a refused Acquire"
-    );
-
-    let a = acquire(&host, KEY_A, r#"{"server_names": ["filesystem"]}"#);
-    // That lease became the sandbox, and its server was not restarted.
-    assert_eq!(a["local_sandbox_id"], lease.as_str(), "{a}");
-    assert_eq!(a["servers"][0]["server_name"], "filesystem", "{a}");
-    let (_, servers) = rt.block_on(agent_state(&slot)).expect("agent state");
-    assert_eq!(servers, [("filesystem".to_owned(), pid)]);
-    assert_mcp_initializes(&b, "filesystem", &lease);
-
-    // Another request on a warm slot: its warm lease ends first, and the
-    // sandbox runs only what was asked for.
-    let (slot2, lease2, _) = wait_warm(&host, "filesystem", std::slice::from_ref(&slot));
-    let a = acquire(
-        &host,
-        KEY_A,
-        r#"{"server_names": ["localmemory"], "benchmark": null}"#,
-    );
-    let id2 = a["local_sandbox_id"].as_str().expect("id").to_owned();
-    assert_ne!(id2, lease2, "a new lease, not the warm one");
-    let (held, servers) = rt.block_on(agent_state(&slot2)).expect("agent state");
-    assert_eq!(held, id2);
-    assert_eq!(
-        servers.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(),
-        ["localmemory"]
-    );
-    for id in [&lease, &id2] {
-        release(&host, KEY_A, id);
-    }
-    let (_, list) = http("GET", &format!("{b}/local-sandbox"), Some(KEY_A), None);
-    assert_eq!(list["total_count"], 0, "{list}");
-}
-
 #[test]
 fn bad_query_parameters_are_422() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -513,9 +398,10 @@ stop_grace_ms = 4000
     let manifest = format!("{}{stubborn}{}", &shipped[..from], &shipped[to..]);
     std::fs::write(dir.path().join("servers.toml"), manifest).expect("manifest");
     let mut host = Host::start(dir.path(), &["--warm-servers", "git"]);
-    let (slot, lease, _) = wait_warm(&host, "git", &[]);
+    let (slot, _, _) = wait_warm(&host, "git", &[]);
     let a = acquire(&host, KEY_A, r#"{"server_names": ["git"]}"#);
-    assert_eq!(a["local_sandbox_id"], lease.as_str(), "{a}");
+    let lease = a["local_sandbox_id"].as_str().expect("id").to_owned();
+    assert_eq!(slot_of(&host, &lease).0, slot, "the warm slot serves it");
     // The pool refills with another warm slot.
     wait_warm(&host, "git", std::slice::from_ref(&slot));
     release(&host, KEY_A, &lease);

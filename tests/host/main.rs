@@ -7,3 +7,4 @@ mod common;
 
 mod exec;
 mod host;
+mod warm;

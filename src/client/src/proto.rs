@@ -24,3 +24,29 @@ pub const SERVICE_NAMES: [&str; 4] = [
     "sandbox.agent.v1.Servers",
     "sandbox.agent.v1.Exec",
 ];
+
+impl Benchmark {
+    /// The names Klavis's API gives the profiles, in its order.
+    pub const KLAVIS_NAMES: [&str; 3] = ["MCP_Atlas", "Toolathlon", "MCP_Mark"];
+
+    /// The profile Klavis names `name` (`MCP_Atlas`, `Toolathlon`,
+    /// `MCP_Mark`); `None` for any other string.
+    pub fn from_klavis(name: &str) -> Option<Benchmark> {
+        match name {
+            "MCP_Atlas" => Some(Benchmark::McpAtlas),
+            "Toolathlon" => Some(Benchmark::Toolathlon),
+            "MCP_Mark" => Some(Benchmark::McpMark),
+            _ => None,
+        }
+    }
+
+    /// Klavis's name of the profile; `None` for `Unspecified`.
+    pub fn klavis_name(self) -> Option<&'static str> {
+        match self {
+            Benchmark::Unspecified => None,
+            Benchmark::McpAtlas => Some("MCP_Atlas"),
+            Benchmark::Toolathlon => Some("Toolathlon"),
+            Benchmark::McpMark => Some("MCP_Mark"),
+        }
+    }
+}

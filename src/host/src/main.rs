@@ -3,11 +3,12 @@
 //!
 //! Modules: `api` (the REST endpoints and the TTL reaper), `mcp_proxy`
 //! (MCP URLs → the agent's data plane), `pool` (the process and qemu
-//! backends and the warm pool), `store` (SQLite state), `signed` (transfer
-//! URLs).
+//! backends and the warm pool), `metrics` (`/metrics` for Prometheus),
+//! `store` (SQLite state), `signed` (transfer URLs).
 
 mod api;
 mod mcp_proxy;
+mod metrics;
 mod pool;
 mod signed;
 mod store;
@@ -28,7 +29,7 @@ const RELEASE_DRAIN: std::time::Duration = std::time::Duration::from_secs(60);
 /// Reference host: the Klavis Local Sandbox REST API over a pool of
 /// sandbox agents (local processes or QEMU VMs).
 #[derive(Parser, Debug)]
-#[command(name = "sandbox-host", version)]
+#[command(name = "sandbox-host", version, args_override_self = true)]
 struct Args {
     /// Address to serve the REST API and the MCP URLs on.
     #[arg(long, default_value = "127.0.0.1:8080", value_name = "HOST:PORT")]
@@ -47,12 +48,19 @@ struct Args {
     /// `qemu` (a VM each, booted from --vm-image).
     #[arg(long, value_enum, default_value = "process")]
     backend: BackendKind,
-    /// Idle sandboxes kept ready.
+    /// Idle sandboxes kept ready (warm or bare).
     #[arg(long, default_value_t = 2)]
     pool_size: usize,
-    /// Servers that idle sandboxes start in advance (`ALL`, or names
-    /// separated by commas); an Acquire of exactly these, without benchmark,
-    /// email or auth data, then starts nothing. Empty: none.
+    /// A warm profile (repeatable): `[BENCHMARK:]SERVERS[=COUNT]`, e.g.
+    /// `ALL=2` or `MCP_Atlas:filesystem,git,terminal=1`. COUNT idle
+    /// sandboxes (default 1) keep those servers started under the
+    /// benchmark; an Acquire of any subset of them with the same benchmark
+    /// is answered at once, the servers it did not ask for stopping after
+    /// the answer. The counts must fit in --pool-size; the rest stay bare.
+    #[arg(long = "warm", value_name = "SPEC")]
+    warm: Vec<String>,
+    /// Shorthand for `--warm NAMES=<pool-size>`: every idle sandbox warm
+    /// with these servers (no benchmark). Empty: none.
     #[arg(long, default_value = "", value_name = "NAMES")]
     warm_servers: String,
     /// qemu backend: the initramfs from packaging/vm/build-initramfs.sh
@@ -161,6 +169,22 @@ fn backend(args: &Args) -> anyhow::Result<pool::Backend> {
     }
 }
 
+/// The warm profiles of `--warm` and `--warm-servers`, checked.
+fn warm_profiles(args: &Args) -> anyhow::Result<Vec<pool::WarmProfile>> {
+    let mut out = Vec::new();
+    for spec in &args.warm {
+        out.push(pool::WarmProfile::parse(spec, 1, api::SERVER_NAMES).context("--warm")?);
+    }
+    if !args.warm_servers.trim().is_empty() {
+        out.push(
+            pool::WarmProfile::parse(&args.warm_servers, args.pool_size, api::SERVER_NAMES)
+                .context("--warm-servers")?,
+        );
+    }
+    pool::WarmProfile::check_fit(&out, args.pool_size)?;
+    Ok(out)
+}
+
 fn keys(args: &Args) -> anyhow::Result<HashMap<String, String>> {
     let mut keys = HashMap::new();
     for k in &args.api_keys {
@@ -216,17 +240,7 @@ fn main() -> anyhow::Result<()> {
     let uploads = args.data_dir.join("uploads");
     std::fs::create_dir_all(&uploads)?;
     let backend = backend(&args)?;
-    let warm = pool::WarmProfile::parse(&args.warm_servers);
-    if let Some(pool::WarmProfile::Servers(names)) = &warm
-        && let Some(bad) = names
-            .iter()
-            .find(|n| !api::SERVER_NAMES.contains(&n.as_str()))
-    {
-        anyhow::bail!(
-            "--warm-servers: {bad:?} is not a Local Sandbox server name ({})",
-            api::SERVER_NAMES.join(", ")
-        );
-    }
+    let warm = warm_profiles(&args)?;
     let store = store::Store::open(&args.data_dir.join("host.db"))?;
     let signing_key = signing_key(&args.data_dir)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -259,6 +273,7 @@ fn main() -> anyhow::Result<()> {
             .trim_end_matches('/')
             .to_owned();
         let host = Arc::new(api::Host {
+            metrics: metrics::Metrics::new(&pool),
             store,
             pool: pool.clone(),
             signer: signed::Signer::new(signing_key),
@@ -298,6 +313,7 @@ fn main() -> anyhow::Result<()> {
             .route("/transfer/exec-export/{id}/{name}", get(api::exec_download))
             .route("/transfer/dump/{id}", get(api::download))
             .route("/openapi.json", get(openapi))
+            .route("/metrics", get(api::metrics))
             .fallback(mcp_proxy::proxy)
             .with_state(host);
         println!("sandbox-host: base URL {public_url}");

@@ -34,21 +34,17 @@ pub struct AcquireArgs<'a> {
 }
 
 fn benchmark(b: &str) -> anyhow::Result<proto::Benchmark> {
-    Ok(match b {
-        "MCP_Atlas" => proto::Benchmark::McpAtlas,
-        "Toolathlon" => proto::Benchmark::Toolathlon,
-        "MCP_Mark" => proto::Benchmark::McpMark,
-        other => bail!("unknown benchmark {other:?}; use MCP_Atlas, Toolathlon or MCP_Mark"),
-    })
+    match proto::Benchmark::from_klavis(b) {
+        Some(p) => Ok(p),
+        None => bail!("unknown benchmark {b:?}; use MCP_Atlas, Toolathlon or MCP_Mark"),
+    }
 }
 
 pub(crate) fn benchmark_name(v: i32) -> Value {
-    match proto::Benchmark::try_from(v) {
-        Ok(proto::Benchmark::McpAtlas) => json!("MCP_Atlas"),
-        Ok(proto::Benchmark::Toolathlon) => json!("Toolathlon"),
-        Ok(proto::Benchmark::McpMark) => json!("MCP_Mark"),
-        _ => Value::Null,
-    }
+    proto::Benchmark::try_from(v)
+        .ok()
+        .and_then(proto::Benchmark::klavis_name)
+        .map_or(Value::Null, |n| json!(n))
 }
 
 fn new_lease_id() -> String {

@@ -47,7 +47,7 @@ pub(super) struct Resolved {
     pub ttl_seconds: u32,
 }
 
-fn valid_lease_id(id: &str) -> bool {
+pub(super) fn valid_lease_id(id: &str) -> bool {
     !id.is_empty()
         && id.len() <= MAX_LEASE_ID_LEN
         && id
@@ -91,19 +91,7 @@ pub(super) fn resolve(
     if !unknown.is_empty() {
         return Err(unknown_servers(manifest, unknown));
     }
-    let ttl_seconds = match p.ttl {
-        Ttl::Default => cfg.default_ttl_seconds,
-        Ttl::Never => 0,
-        Ttl::Seconds(s) if (cfg.min_ttl_seconds..=cfg.max_ttl_seconds).contains(&s) => s,
-        Ttl::Seconds(got) => {
-            return Err(LcError::TtlOutOfRange {
-                got,
-                min: cfg.min_ttl_seconds,
-                max: cfg.max_ttl_seconds,
-                default: cfg.default_ttl_seconds,
-            });
-        }
-    };
+    let ttl_seconds = resolve_ttl(p.ttl, cfg)?;
     if let Some(extra) = p.credentials.keys().find(|k| !names.contains(k)) {
         return Err(LcError::CredentialsForOther {
             server: extra.clone(),
@@ -111,6 +99,21 @@ pub(super) fn resolve(
         });
     }
     Ok(Resolved { names, ttl_seconds })
+}
+
+/// The TTL in seconds (0: none) within the configured bounds.
+pub(super) fn resolve_ttl(ttl: Ttl, cfg: &LifecycleConfig) -> Result<u32, LcError> {
+    match ttl {
+        Ttl::Default => Ok(cfg.default_ttl_seconds),
+        Ttl::Never => Ok(0),
+        Ttl::Seconds(s) if (cfg.min_ttl_seconds..=cfg.max_ttl_seconds).contains(&s) => Ok(s),
+        Ttl::Seconds(got) => Err(LcError::TtlOutOfRange {
+            got,
+            min: cfg.min_ttl_seconds,
+            max: cfg.max_ttl_seconds,
+            default: cfg.default_ttl_seconds,
+        }),
+    }
 }
 
 pub(super) fn unknown_servers(manifest: &Manifest, names: Vec<String>) -> LcError {
@@ -122,7 +125,7 @@ pub(super) fn unknown_servers(manifest: &Manifest, names: Vec<String>) -> LcErro
 }
 
 /// A random UUID (v4) naming one server within a lease (Klavis server `id`).
-fn random_id() -> String {
+pub(super) fn random_id() -> String {
     let mut b = [0u8; 16];
     if getrandom::fill(&mut b).is_err() {
         // Only identifies a server within a lease; uniqueness, not secrecy.
@@ -218,7 +221,7 @@ impl Lifecycle {
         Ok((lease, self.view().status))
     }
 
-    fn arm_ttl(&self, lease_id: String, after: Duration, cancel: CancellationToken) {
+    pub(super) fn arm_ttl(&self, lease_id: String, after: Duration, cancel: CancellationToken) {
         let me = self.me.clone();
         tokio::spawn(async move {
             tokio::select! {

@@ -55,6 +55,10 @@ pub enum LcError {
     AlreadyLeased { lease: String, acquired_at_ms: u64 },
     #[error("the sandbox is idle; there is no lease to reset")]
     NotLeased,
+    #[error(
+        "the lease cannot be narrowed to what was asked: {why}; release it and acquire instead"
+    )]
+    NotNarrowable { why: String },
     #[error(transparent)]
     Launch(#[from] LaunchError),
     // ---- what the request names does not exist (NOT_FOUND)

@@ -6,6 +6,8 @@
 //! - **Release** kills every execution, stops every server, clears the workspace and the servers'
 //!   state paths, and returns to idle. Idempotent.
 //! - **Reset** goes back to the state right after Acquire, keeping the lease.
+//! - **Narrow** hands a warm (pre-acquired) lease to a tenant: renamed,
+//!   trimmed to the servers asked for; the rest stop after the answer.
 //! - **TTL**: a timer releases the lease by itself (recorded as `is_ttl`).
 //!
 //! Operations are serialized by one async mutex; reads ([`Lifecycle::view`])
@@ -13,6 +15,7 @@
 
 mod acquire;
 mod error;
+mod narrow;
 mod release;
 mod seed;
 mod servers;
@@ -31,6 +34,7 @@ use crate::workspace::Workspace;
 
 pub use acquire::{AcquireParams, Selection, Ttl};
 pub use error::{LcError, MAX_LEASE_ID_LEN, ReadyError};
+pub use narrow::NarrowParams;
 pub use servers::ServerView;
 
 /// `[lifecycle]` in agent.toml.

@@ -9,7 +9,7 @@ use tonic::{Request, Response, Status};
 use super::lc_status;
 use super::servers::server_status;
 use crate::info;
-use crate::lifecycle::{self, AcquireParams, Lifecycle, Selection, Ttl};
+use crate::lifecycle::{self, AcquireParams, Lifecycle, NarrowParams, Selection, Ttl};
 use crate::supervisor::manifest::{Benchmark, Credentials};
 use sandbox_client::proto;
 
@@ -35,6 +35,36 @@ impl AgentService {
             .into_iter()
             .map(server_status)
             .collect()
+    }
+}
+
+impl AgentService {
+    /// The answer to an Acquire or a Narrow.
+    fn acquired(
+        &self,
+        l: &lifecycle::Lease,
+        st: lifecycle::SandboxStatus,
+    ) -> proto::AcquireResponse {
+        proto::AcquireResponse {
+            status: status(st),
+            message: format!(
+                "{} server{} ready: {}",
+                l.servers.len(),
+                if l.servers.len() == 1 { "" } else { "s" },
+                l.servers.join(", ")
+            ),
+            lease: Some(lease(l)),
+            servers: self.servers(&l.servers),
+        }
+    }
+}
+
+/// AcquireRequest.ttl_seconds: absent is the default, 0 is none.
+fn ttl(t: Option<u32>) -> Ttl {
+    match t {
+        None => Ttl::Default,
+        Some(0) => Ttl::Never,
+        Some(s) => Ttl::Seconds(s),
     }
 }
 
@@ -182,27 +212,29 @@ impl proto::agent_server::Agent for AgentService {
             lease_id: r.lease_id,
             servers,
             benchmark: benchmark_from_proto(r.benchmark)?,
-            ttl: match r.ttl_seconds {
-                None => Ttl::Default,
-                Some(0) => Ttl::Never,
-                Some(s) => Ttl::Seconds(s),
-            },
+            ttl: ttl(r.ttl_seconds),
             test_account_email: r.test_account_email,
             credentials,
         };
         let (l, st) = self.lc.acquire(params).await.map_err(lc_status)?;
-        let servers = self.servers(&l.servers);
-        Ok(Response::new(proto::AcquireResponse {
-            status: status(st),
-            message: format!(
-                "{} server{} ready: {}",
-                l.servers.len(),
-                if l.servers.len() == 1 { "" } else { "s" },
-                l.servers.join(", ")
-            ),
-            lease: Some(lease(&l)),
-            servers,
-        }))
+        Ok(Response::new(self.acquired(&l, st)))
+    }
+
+    async fn narrow(
+        &self,
+        req: Request<proto::NarrowRequest>,
+    ) -> Result<Response<proto::AcquireResponse>, Status> {
+        let r = req.into_inner();
+        let params = NarrowParams {
+            lease_id: r.lease_id,
+            new_lease_id: r.new_lease_id,
+            servers: r.server_names,
+            benchmark: benchmark_from_proto(r.benchmark)?,
+            ttl: ttl(r.ttl_seconds),
+            test_account_email: r.test_account_email,
+        };
+        let (l, st) = self.lc.narrow(params).await.map_err(lc_status)?;
+        Ok(Response::new(self.acquired(&l, st)))
     }
 
     async fn release(

@@ -32,9 +32,10 @@ fn lc_status(e: LcError) -> Status {
         | LcError::UnknownServers { .. }
         | LcError::TtlOutOfRange { .. }
         | LcError::CredentialsForOther { .. } => Status::invalid_argument(message),
-        LcError::AlreadyLeased { .. } | LcError::NotLeased | LcError::Launch(_) => {
-            Status::failed_precondition(message)
-        }
+        LcError::AlreadyLeased { .. }
+        | LcError::NotLeased
+        | LcError::NotNarrowable { .. }
+        | LcError::Launch(_) => Status::failed_precondition(message),
         LcError::NoSuchLease { .. } | LcError::Supervisor(_) => Status::not_found(message),
         LcError::NotReady(_) => Status::unavailable(message),
         LcError::Workspace(w) => workspace::ws_status(w),

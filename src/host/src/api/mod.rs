@@ -60,11 +60,12 @@ pub const SERVER_NAMES: &[&str] = &[
     "localmemory",
     "playwright",
 ];
-pub(super) const BENCHMARKS: &[&str] = &["MCP_Atlas", "Toolathlon", "MCP_Mark"];
+
 /// Lifetime of the signed transfer URLs.
 pub(super) const URL_MINUTES: u64 = 30;
 
 pub struct Host {
+    pub metrics: crate::metrics::Metrics,
     pub store: Store,
     pub pool: Arc<Pool>,
     pub signer: Signer,
@@ -82,6 +83,26 @@ pub struct Host {
 }
 
 pub type Shared = Arc<Host>;
+
+/// `GET /metrics`: the pool and Acquire metrics, for Prometheus. No key:
+/// aggregates only.
+pub async fn metrics(axum::extract::State(h): axum::extract::State<Shared>) -> Response {
+    match h.metrics.render(&h.pool) {
+        Ok(text) => (
+            [(
+                header::CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )],
+            text,
+        )
+            .into_response(),
+        Err(_) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "encoding the metrics failed",
+        )
+            .into_response(),
+    }
+}
 
 pub fn now_ms() -> i64 {
     SystemTime::now()

@@ -10,12 +10,12 @@ use sandbox_client::proto;
 use serde_json::{Value, json};
 use tracing::{info, warn};
 
-use crate::pool::OnRelease;
+use crate::pool::{Miss, OnRelease, Taken, Want};
 use crate::store::{SandboxRow, ServerRow};
 
 use super::*;
 
-use super::validation::{benchmark_proto, is_ttl, parse_acquire};
+use super::validation::{AcquireBody, benchmark_proto, is_ttl, parse_acquire};
 
 /// `POST /local-sandbox`
 pub async fn acquire(
@@ -40,72 +40,24 @@ pub async fn acquire(
             ),
         ));
     }
-    // A warm lease serves only a plain Acquire of exactly its servers.
-    let plain = req.benchmark.is_none() && req.email.is_empty();
-    let matches_warm = plain
-        && h.pool
-            .warm_profile()
-            .is_some_and(|p| p.matches(req.servers.as_deref()));
-    let taken = h.pool.take(matches_warm).await.map_err(|e| {
+    let started = std::time::Instant::now();
+    let want = Want {
+        servers: req.servers.clone(),
+        benchmark: req.benchmark.clone(),
+    };
+    let taken = h.pool.take(&want).await.map_err(|e| {
+        h.metrics.failed();
         detail(
             StatusCode::SERVICE_UNAVAILABLE,
             format!("no sandbox available: {e:#}"),
         )
     })?;
-    let slot = taken.slot;
-    let warm_hit = matches_warm && taken.warm.is_some();
-    let result = match taken.warm {
-        Some(w) if matches_warm => Ok((w.lease_id, w.servers)),
-        other => {
-            async {
-                let c = slot
-                    .client()
-                    .await
-                    .map_err(|e| detail(StatusCode::SERVICE_UNAVAILABLE, format!("{e:#}")))?;
-                if let Some(w) = other {
-                    // A warm lease of other servers: ended first.
-                    c.agent()
-                        .release(proto::ReleaseRequest {
-                            lease_id: w.lease_id,
-                            is_ttl: false,
-                        })
-                        .await
-                        .map_err(|s| agent_error("releasing the warm lease", s))?;
-                }
-                let id = uuid::Uuid::new_v4().to_string();
-                let r = c
-                    .agent()
-                    .acquire(proto::AcquireRequest {
-                        lease_id: id.clone(),
-                        server_names: req.servers.clone().unwrap_or_default(),
-                        all_servers: req.servers.is_none(),
-                        benchmark: benchmark_proto(&req.benchmark),
-                        // The host's reaper owns the TTL (it survives host
-                        // restarts in the database).
-                        ttl_seconds: Some(0),
-                        test_account_email: req.email.clone(),
-                        ..Default::default()
-                    })
-                    .await
-                    .map_err(|s| {
-                        // A name of the API that this sandbox's manifest
-                        // (or VM image) does not carry is the request's
-                        // fault, not a missing resource.
-                        if s.code() == tonic::Code::NotFound {
-                            detail(StatusCode::BAD_REQUEST, format!("acquire: {}", s.message()))
-                        } else {
-                            agent_error("acquire", s)
-                        }
-                    })?
-                    .into_inner();
-                Ok((id, r.servers.into_iter().map(|s| s.name).collect()))
-            }
-            .await
-        }
-    };
-    let (id, mut servers): (String, Vec<String>) = match result {
+    let slot = taken.slot.clone();
+    let id = uuid::Uuid::new_v4().to_string();
+    let (mut servers, profile, miss) = match lease_slot(&slot, taken, &req, &id).await {
         Ok(a) => a,
         Err(e) => {
+            h.metrics.failed();
             // The agent stayed idle: it goes back to the pool.
             let pool = h.pool.clone();
             let slot_id = slot.id.clone();
@@ -137,8 +89,12 @@ pub async fn acquire(
             .ttl
             .map(|t| now_ms() + (f64::from(t) * 1000.0 * h.time_scale) as i64),
     };
-    h.store.insert(&row).map_err(internal)?;
-    info!(sandbox = %id, slot = %slot.id, servers = row.servers.len(), warm = warm_hit, "acquired");
+    h.store.insert(&row).map_err(|e| {
+        h.metrics.failed();
+        internal(e)
+    })?;
+    h.metrics.acquired(profile, miss, started.elapsed());
+    info!(sandbox = %id, slot = %slot.id, servers = row.servers.len(), warm = profile.is_some(), "acquired");
     let mut body = info(&h, &row);
     if let Some(o) = body.as_object_mut() {
         o.remove("created_at");
@@ -153,6 +109,98 @@ pub async fn acquire(
         );
     }
     Ok((StatusCode::CREATED, Json(body)).into_response())
+}
+
+/// Leases `slot` as sandbox `id`: by narrowing the warm lease it holds
+/// when that covers the request, else by a cold Acquire (after ending a
+/// warm lease that does not cover it, or that the agent would not narrow).
+/// Returns the servers, the warm profile on a hit, and why not otherwise.
+async fn lease_slot(
+    slot: &crate::pool::Slot,
+    taken: Taken,
+    req: &AcquireBody,
+    id: &str,
+) -> Result<(Vec<String>, Option<usize>, Option<Miss>), ApiError> {
+    let c = slot
+        .client()
+        .await
+        .map_err(|e| detail(StatusCode::SERVICE_UNAVAILABLE, format!("{e:#}")))?;
+    let mut miss = taken.miss;
+    let to_end = match taken.warm {
+        Some(w) if taken.covers => {
+            let narrowed = c
+                .agent()
+                .narrow(proto::NarrowRequest {
+                    lease_id: w.lease_id.clone(),
+                    new_lease_id: id.to_owned(),
+                    // ALL: every server the warm lease holds.
+                    server_names: req.servers.clone().unwrap_or_else(|| w.servers.clone()),
+                    benchmark: benchmark_proto(req.benchmark.as_deref()),
+                    ttl_seconds: Some(0),
+                    test_account_email: req.email.clone(),
+                })
+                .await;
+            match narrowed {
+                Ok(r) => {
+                    let servers = r.into_inner().servers.into_iter().map(|s| s.name);
+                    return Ok((servers.collect(), Some(w.profile), None));
+                }
+                Err(s)
+                    if matches!(
+                        s.code(),
+                        tonic::Code::FailedPrecondition | tonic::Code::NotFound
+                    ) =>
+                {
+                    warn!(slot = %slot.id, error = %s.message(), "the warm lease cannot serve this Acquire; starting cold");
+                    miss = Some(Miss::Refused);
+                    Some(w)
+                }
+                Err(s) => return Err(agent_error("acquire", s)),
+            }
+        }
+        other => other,
+    };
+    if let Some(w) = to_end {
+        // A warm lease of other servers: ended first (gone already is fine).
+        let ended = c
+            .agent()
+            .release(proto::ReleaseRequest {
+                lease_id: w.lease_id,
+                is_ttl: false,
+            })
+            .await;
+        if let Err(s) = ended
+            && s.code() != tonic::Code::NotFound
+        {
+            return Err(agent_error("releasing the warm lease", s));
+        }
+    }
+    let r = c
+        .agent()
+        .acquire(proto::AcquireRequest {
+            lease_id: id.to_owned(),
+            server_names: req.servers.clone().unwrap_or_default(),
+            all_servers: req.servers.is_none(),
+            benchmark: benchmark_proto(req.benchmark.as_deref()),
+            // The host's reaper owns the TTL (it survives host restarts in
+            // the database).
+            ttl_seconds: Some(0),
+            test_account_email: req.email.clone(),
+            ..Default::default()
+        })
+        .await
+        .map_err(|s| {
+            // A name of the API that this sandbox's manifest (or VM image)
+            // does not carry is the request's fault, not a missing resource.
+            if s.code() == tonic::Code::NotFound {
+                detail(StatusCode::BAD_REQUEST, format!("acquire: {}", s.message()))
+            } else {
+                agent_error("acquire", s)
+            }
+        })?
+        .into_inner();
+    let servers = r.servers.into_iter().map(|s| s.name).collect();
+    Ok((servers, None, miss))
 }
 
 /// `GET /local-sandbox`

@@ -77,7 +77,9 @@ pub(super) fn parse_acquire(body: &[u8]) -> Result<AcquireBody, ApiError> {
     };
     let benchmark = match o.get("benchmark") {
         None | Some(Value::Null) => None,
-        Some(Value::String(b)) if BENCHMARKS.contains(&b.as_str()) => Some(b.clone()),
+        Some(Value::String(b)) if proto::Benchmark::KLAVIS_NAMES.contains(&b.as_str()) => {
+            Some(b.clone())
+        }
         Some(other) => {
             errors.push(verr(
                 &[json!("body"), json!("benchmark")],
@@ -167,13 +169,9 @@ pub(super) fn body_object(body: &[u8]) -> Result<Value, ApiError> {
     Ok(v)
 }
 
-pub(super) fn benchmark_proto(b: &Option<String>) -> i32 {
-    (match b.as_deref() {
-        Some("MCP_Atlas") => proto::Benchmark::McpAtlas,
-        Some("Toolathlon") => proto::Benchmark::Toolathlon,
-        Some("MCP_Mark") => proto::Benchmark::McpMark,
-        _ => proto::Benchmark::Unspecified,
-    }) as i32
+pub(crate) fn benchmark_proto(b: Option<&str>) -> i32 {
+    b.and_then(proto::Benchmark::from_klavis)
+        .unwrap_or(proto::Benchmark::Unspecified) as i32
 }
 
 /// A query parameter FastAPI would check: the 422 its validation gives.

@@ -10,9 +10,10 @@
 //!
 //! Either way the slot's main process runs in its own session, so it
 //! outlives a host restart (`recover` takes it back). The pool keeps `size`
-//! idle slots; with a warm profile, idle slots also hold a *warm lease*: the
-//! profile's servers already acquired, so an Acquire that asks for exactly
-//! those is answered without starting anything. A released slot goes back
+//! idle slots; each warm profile keeps `count` of them holding a *warm
+//! lease*: the profile's servers already acquired, so an Acquire of any
+//! subset of them (same benchmark) is answered by narrowing that lease,
+//! without starting anything. A released slot goes back
 //! to the pool (its Release cleared the workspace and stopped its servers)
 //! or is stopped when the pool is full. Slots that die are dropped and
 //! replaced.
@@ -42,19 +43,46 @@ pub use backend::{Backend, Kind, probe_accel, slots_dir};
 use backend::{VM_AGENT_PORT, VM_MCP_PORT};
 pub use slot::Slot;
 use slot::{discard, stop, tail};
-pub use warm::{WarmLease, WarmProfile};
+pub use warm::{Want, WarmLease, WarmProfile};
 
 /// What [`Pool::take`] hands out.
 pub struct Taken {
     pub slot: Slot,
+    /// The warm lease the slot holds, if any. With `covers`, narrowing it
+    /// answers the Acquire; otherwise the caller ends it first.
     pub warm: Option<WarmLease>,
+    pub covers: bool,
+    /// Why no covering warm lease was found (`None` on a hit).
+    pub miss: Option<Miss>,
+}
+
+/// Why an Acquire was not answered from a warm lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Miss {
+    /// No profile warms what was asked for.
+    Uncovered,
+    /// A profile does, but none of its slots was ready.
+    Empty,
+    /// The agent refused to narrow the lease (a server not ready, ...).
+    Refused,
+}
+
+impl Miss {
+    pub fn name(self) -> &'static str {
+        match self {
+            Miss::Uncovered => "uncovered",
+            Miss::Empty => "empty",
+            Miss::Refused => "refused",
+        }
+    }
 }
 
 struct Idle {
     slot: Slot,
     warm: Option<WarmLease>,
-    /// A warm lease is being acquired on it: not for [`Pool::take`] yet.
-    warming: bool,
+    /// A warm lease of this profile is being acquired on it: not for
+    /// [`Pool::take`] yet.
+    warming: Option<usize>,
 }
 
 impl Idle {
@@ -62,16 +90,27 @@ impl Idle {
         Idle {
             slot,
             warm: None,
-            warming: false,
+            warming: None,
         }
     }
+}
+
+/// How many slots are in each state, for metrics.
+#[derive(Debug, Clone, Default)]
+pub struct PoolCounts {
+    /// Per profile (in the pool's order): warm leases ready, and warming.
+    pub warm: Vec<(usize, usize)>,
+    pub bare: usize,
+    pub starting: usize,
+    pub leased: usize,
 }
 
 pub struct PoolConfig {
     pub backend: Backend,
     pub dir: PathBuf,
     pub size: usize,
-    pub warm: Option<WarmProfile>,
+    /// Warm profiles, their counts within `size`.
+    pub warm: Vec<WarmProfile>,
     /// What a released sandbox becomes.
     pub on_release: OnRelease,
 }
@@ -140,8 +179,37 @@ impl Pool {
         Ok(())
     }
 
-    pub fn warm_profile(&self) -> Option<&WarmProfile> {
-        self.cfg.warm.as_ref()
+    pub fn profiles(&self) -> &[WarmProfile] {
+        &self.cfg.warm
+    }
+
+    /// Slots per state, at this moment.
+    pub fn counts(&self) -> PoolCounts {
+        let mut c = PoolCounts {
+            warm: vec![(0, 0); self.cfg.warm.len()],
+            ..Default::default()
+        };
+        for i in self.idle().iter() {
+            match (&i.warm, i.warming) {
+                (Some(w), _) => c.warm[w.profile].0 += 1,
+                (None, Some(k)) => c.warm[k].1 += 1,
+                (None, None) => c.bare += 1,
+            }
+        }
+        c.starting = self.starting().len();
+        c.leased = self.leased().len();
+        c
+    }
+
+    /// Drops idle slots whose agent died.
+    fn sweep(&self) {
+        self.idle().retain(|i| {
+            let ok = i.slot.alive();
+            if !ok {
+                let _ = std::fs::remove_dir_all(&i.slot.dir);
+            }
+            ok
+        });
     }
 
     pub fn on_release(&self) -> OnRelease {
@@ -241,36 +309,53 @@ impl Pool {
         gone
     }
 
-    /// An idle slot, or a new one when none is. `matches_warm` says whether
-    /// the Acquire asks for exactly the warm profile: then a slot holding a
-    /// warm lease is preferred (and handed out with it); otherwise a bare
-    /// slot is, and a warm lease handed out with a non-matching request is
-    /// for the caller to release first.
-    pub async fn take(self: &Arc<Self>, matches_warm: bool) -> anyhow::Result<Taken> {
+    /// A slot for an Acquire of `want`: the idle one whose warm lease
+    /// covers it with the fewest servers to spare (`covers`), else a bare
+    /// idle one, else one with a warm lease that does not cover it (for
+    /// the caller to end), else a new one.
+    pub async fn take(self: &Arc<Self>, want: &Want) -> anyhow::Result<Taken> {
+        self.sweep();
         let picked = {
             let mut idle = self.idle();
-            idle.retain(|i| {
-                let ok = i.slot.alive();
-                if !ok {
-                    let _ = std::fs::remove_dir_all(&i.slot.dir);
-                }
-                ok
-            });
-            let pos = idle
+            let ready = |i: &Idle| i.warming.is_none();
+            let covering = idle
                 .iter()
-                .position(|i| !i.warming && i.warm.is_some() == matches_warm)
-                .or_else(|| idle.iter().position(|i| !i.warming));
-            pos.map(|p| idle.remove(p))
+                .enumerate()
+                .filter(|(_, i)| ready(i))
+                .filter_map(|(k, i)| {
+                    let w = i.warm.as_ref()?;
+                    w.covers(&self.cfg.warm[w.profile], want)
+                        .then_some((k, w.servers.len()))
+                })
+                .min_by_key(|&(_, n)| n)
+                .map(|(k, _)| k);
+            let pos = covering
+                .or_else(|| idle.iter().position(|i| ready(i) && i.warm.is_none()))
+                .or_else(|| idle.iter().position(ready));
+            pos.map(|p| (idle.remove(p), covering.is_some()))
         };
         self.refill.notify_one();
+        let miss = |covers: bool| {
+            (!covers).then(|| {
+                if self.cfg.warm.iter().any(|p| p.could_cover(want)) {
+                    Miss::Empty
+                } else {
+                    Miss::Uncovered
+                }
+            })
+        };
         let taken = match picked {
-            Some(i) => Taken {
+            Some((i, covers)) => Taken {
                 slot: i.slot,
                 warm: i.warm,
+                covers,
+                miss: miss(covers),
             },
             None => Taken {
                 slot: self.spawn().await?,
                 warm: None,
+                covers: false,
+                miss: miss(false),
             },
         };
         self.leased()

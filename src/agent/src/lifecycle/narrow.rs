@@ -1,0 +1,248 @@
+//! Narrow: hands a pre-acquired (warm) lease to its tenant. The lease gets
+//! the tenant's id, TTL and email and keeps only the servers asked for;
+//! the others leave the lease (no route, not listed) at once and are
+//! stopped, and their own state paths wiped, after the answer.
+//!
+//! A lease that cannot be narrowed into what a cold Acquire would have
+//! made is refused with [`LcError::NotNarrowable`]: a kept server that is
+//! not ready, a benchmark other than the lease's, or a dropped server whose
+//! profile seeded the workspace. The caller then releases the lease and
+//! acquires cold.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, info, warn};
+
+use super::acquire::{random_id, resolve_ttl, valid_lease_id};
+use super::{Current, LcError, Lease, Lifecycle, SandboxStatus, seed};
+use crate::supervisor::State;
+use crate::supervisor::manifest::Benchmark;
+use crate::supervisor::now_ms;
+
+/// What [`Lifecycle::narrow`] is asked.
+#[derive(Debug, Clone)]
+pub struct NarrowParams {
+    /// The warm lease, which must be current.
+    pub lease_id: String,
+    /// The tenant's lease id (may equal `lease_id`).
+    pub new_lease_id: String,
+    /// The servers to keep, in the order the tenant asked for them.
+    pub servers: Vec<String>,
+    /// Must be the warm lease's benchmark.
+    pub benchmark: Option<Benchmark>,
+    pub ttl: super::Ttl,
+    pub test_account_email: String,
+}
+
+impl Lifecycle {
+    pub async fn narrow(&self, p: NarrowParams) -> Result<(Lease, SandboxStatus), LcError> {
+        let op = self.op.lock().await;
+        if !valid_lease_id(&p.new_lease_id) {
+            return Err(LcError::BadLeaseId);
+        }
+        let mut keep: Vec<String> = Vec::new();
+        for n in &p.servers {
+            if !keep.contains(n) {
+                keep.push(n.clone());
+            }
+        }
+        if keep.is_empty() {
+            return Err(LcError::NoServersNamed);
+        }
+        let ttl_seconds = resolve_ttl(p.ttl, &self.cfg)?;
+        let started = Instant::now();
+        let (lease, dropped, dropped_state) = {
+            let mut cur = self.current();
+            let c = match cur.as_mut() {
+                None => {
+                    return Err(LcError::NoSuchLease {
+                        asked: p.lease_id.clone(),
+                        current: None,
+                    });
+                }
+                Some(c) if c.lease.id != p.lease_id => {
+                    return Err(LcError::NoSuchLease {
+                        asked: p.lease_id.clone(),
+                        current: Some(c.lease.id.clone()),
+                    });
+                }
+                Some(c) => c,
+            };
+            self.narrowable(c, &keep, p.benchmark)?;
+            let dropped: Vec<String> = c
+                .lease
+                .servers
+                .iter()
+                .filter(|n| !keep.contains(n))
+                .cloned()
+                .collect();
+            // State paths only the dropped servers use: a kept server's
+            // state stays whatever it shares.
+            let kept_state: Vec<_> = keep
+                .iter()
+                .filter_map(|n| self.manifest.get(n))
+                .flat_map(|d| d.state_paths.iter().cloned())
+                .collect();
+            let dropped_state: Vec<_> = dropped
+                .iter()
+                .filter_map(|n| self.manifest.get(n))
+                .flat_map(|d| d.state_paths.iter().cloned())
+                .filter(|sp| {
+                    !kept_state
+                        .iter()
+                        .any(|k| k.starts_with(sp) || sp.starts_with(k))
+                })
+                .collect();
+            let now = now_ms();
+            c.ttl.cancel();
+            c.ttl = CancellationToken::new();
+            c.specs.retain(|s| keep.contains(&s.name));
+            c.lease = Lease {
+                id: p.new_lease_id.clone(),
+                benchmark: c.lease.benchmark,
+                server_ids: keep.iter().map(|n| (n.clone(), random_id())).collect(),
+                servers: keep.clone(),
+                acquired_at_ms: now,
+                ttl_seconds,
+                expires_at_ms: if ttl_seconds == 0 {
+                    0
+                } else {
+                    now + u64::from(ttl_seconds) * 1000
+                },
+                test_account_email: p.test_account_email.clone(),
+            };
+            if ttl_seconds > 0 {
+                self.arm_ttl(
+                    c.lease.id.clone(),
+                    Duration::from_secs(ttl_seconds.into()),
+                    c.ttl.clone(),
+                );
+            }
+            (c.lease.clone(), dropped, dropped_state)
+        };
+        // Executions belong to the tenant's lease and see only its servers.
+        self.exec.close().await;
+        self.exec.open(&lease.id, &lease.servers);
+        let span = tracing::info_span!("narrow", lease = %lease.id, from = %p.lease_id);
+        span.in_scope(|| {
+            info!(
+                kept = %lease.servers.join(","),
+                dropped = %dropped.join(","),
+                ms = started.elapsed().as_millis() as u64,
+                "warm lease handed over"
+            )
+        });
+        drop(op);
+        if !dropped.is_empty()
+            && let Some(me) = self.me.upgrade()
+        {
+            // After the answer: the stop waits for this operation's lock,
+            // which is released only when narrow returns.
+            let id = lease.id.clone();
+            tokio::spawn(
+                async move { me.drop_servers(&id, dropped, dropped_state).await }.instrument(span),
+            );
+        }
+        Ok((lease, self.view().status))
+    }
+
+    /// Whether the current (warm) lease narrowed to `keep` is what a cold
+    /// Acquire of `keep` would give.
+    fn narrowable(
+        &self,
+        c: &Current,
+        keep: &[String],
+        benchmark: Option<Benchmark>,
+    ) -> Result<(), LcError> {
+        let refuse = |why: String| Err(LcError::NotNarrowable { why });
+        if c.broken.is_some() {
+            return refuse("the lease is broken".into());
+        }
+        if c.lease.benchmark != benchmark {
+            return refuse(format!(
+                "the lease was acquired for benchmark {}, not {}",
+                bench_name(c.lease.benchmark),
+                bench_name(benchmark)
+            ));
+        }
+        let outside: Vec<&str> = keep
+            .iter()
+            .filter(|n| !c.lease.servers.contains(n))
+            .map(String::as_str)
+            .collect();
+        if !outside.is_empty() {
+            return refuse(format!(
+                "{} not in the lease ({})",
+                outside.join(", "),
+                c.lease.servers.join(", ")
+            ));
+        }
+        for n in keep {
+            let state = self.sup.status(n).map(|s| s.state).ok();
+            if state != Some(State::Ready) {
+                return refuse(format!("server {n} is not ready ({state:?})"));
+            }
+        }
+        let seeding: Vec<&str> = c
+            .lease
+            .servers
+            .iter()
+            .filter(|n| !keep.contains(n))
+            .filter(|n| {
+                self.manifest
+                    .get(n)
+                    .is_some_and(|d| d.seeds(benchmark).iter().any(|s| s.to.is_none()))
+            })
+            .map(String::as_str)
+            .collect();
+        if !seeding.is_empty() {
+            return refuse(format!(
+                "{} placed seed data in the workspace",
+                seeding.join(", ")
+            ));
+        }
+        Ok(())
+    }
+
+    /// Stops servers that left lease `lease` and wipes their own state
+    /// paths, under the operation lock (a Release waits for it). Nothing to
+    /// do once that lease ended: its Release stopped and wiped everything,
+    /// and a later lease's servers are not ours to stop.
+    async fn drop_servers(&self, lease: &str, names: Vec<String>, state: Vec<std::path::PathBuf>) {
+        let _op = self.op.lock().await;
+        if self.current().as_ref().is_none_or(|c| c.lease.id != lease) {
+            return;
+        }
+        let started = Instant::now();
+        futures_util::future::join_all(names.iter().map(|n| self.sup.stop(n, None))).await;
+        for n in &names {
+            self.sup.forget(n);
+        }
+        let wiped = tokio::task::spawn_blocking(move || {
+            let mut failed = BTreeMap::new();
+            for p in &state {
+                if let Err(e) = seed::wipe(p) {
+                    failed.insert(p.display().to_string(), e.to_string());
+                }
+            }
+            failed
+        })
+        .await;
+        match wiped {
+            Ok(failed) if failed.is_empty() => {}
+            Ok(failed) => warn!(?failed, "wiping the state of servers that left the lease"),
+            Err(e) => warn!(error = %e, "the wipe task failed"),
+        }
+        info!(
+            stopped = %names.join(","),
+            ms = started.elapsed().as_millis() as u64,
+            "servers outside the lease stopped"
+        );
+    }
+}
+
+fn bench_name(b: Option<Benchmark>) -> &'static str {
+    b.map_or("none", |b| b.as_str())
+}

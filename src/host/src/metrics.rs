@@ -1,0 +1,169 @@
+//! What an operator reads on `GET /metrics` (OpenMetrics text, which
+//! Prometheus scrapes): pool sizes per state and warm profile, warm hits
+//! and misses, and the latency of Acquire.
+//!
+//! | metric | labels |
+//! |---|---|
+//! | `sandbox_host_pool_sandboxes` (gauge) | `state` = `warm`, `warming`, `bare`, `starting`, `leased`; `profile` (warm states only) |
+//! | `sandbox_host_warm_hits_total` | `profile` |
+//! | `sandbox_host_warm_misses_total` | `reason` = `uncovered` (no profile warms it), `empty` (none ready), `refused` (the agent would not narrow) |
+//! | `sandbox_host_acquire_seconds` (histogram) | `path` = `warm`, `cold` |
+//! | `sandbox_host_acquire_failures_total` | — |
+//!
+//! Aggregates only (no ids, owners or keys), so the endpoint needs no key.
+
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+use crate::pool::{Miss, Pool};
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PoolLabels {
+    state: &'static str,
+    profile: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ProfileLabel {
+    profile: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabel {
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PathLabel {
+    path: &'static str,
+}
+
+type HistogramFamily = Family<PathLabel, Histogram, fn() -> Histogram>;
+
+/// Acquire latency buckets, in seconds: 1 ms to about 65 s.
+fn acquire_buckets() -> Histogram {
+    Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(
+        0.001, 2.0, 17,
+    ))
+}
+
+pub struct Metrics {
+    registry: Registry,
+    pool: Family<PoolLabels, Gauge>,
+    hits: Family<ProfileLabel, Counter>,
+    misses: Family<ReasonLabel, Counter>,
+    acquire: HistogramFamily,
+    failures: Counter,
+    /// Profile labels, in the pool's order.
+    profiles: Vec<String>,
+}
+
+impl Metrics {
+    pub fn new(pool: &Pool) -> Metrics {
+        let mut registry = Registry::default();
+        let pool_sizes = Family::<PoolLabels, Gauge>::default();
+        let hits = Family::<ProfileLabel, Counter>::default();
+        let misses = Family::<ReasonLabel, Counter>::default();
+        let acquire = HistogramFamily::new_with_constructor(acquire_buckets);
+        let failures = Counter::default();
+        registry.register(
+            "sandbox_host_pool_sandboxes",
+            "Sandboxes of the pool by state (warm: holding a ready warm lease of the profile)",
+            pool_sizes.clone(),
+        );
+        registry.register(
+            "sandbox_host_warm_hits",
+            "Acquires answered by narrowing a warm lease of the profile",
+            hits.clone(),
+        );
+        registry.register(
+            "sandbox_host_warm_misses",
+            "Acquires that started their servers (no warm lease covered them)",
+            misses.clone(),
+        );
+        registry.register(
+            "sandbox_host_acquire_seconds",
+            "Time from an Acquire request to its answer",
+            acquire.clone(),
+        );
+        registry.register(
+            "sandbox_host_acquire_failures",
+            "Acquires answered with an error",
+            failures.clone(),
+        );
+        let profiles: Vec<String> = pool.profiles().iter().map(|p| p.label()).collect();
+        // Every label a scrape should see, at 0 until it moves.
+        for p in &profiles {
+            let _ = hits.get_or_create(&ProfileLabel { profile: p.clone() });
+        }
+        for r in [Miss::Uncovered, Miss::Empty, Miss::Refused] {
+            let _ = misses.get_or_create(&ReasonLabel { reason: r.name() });
+        }
+        Metrics {
+            registry,
+            pool: pool_sizes,
+            hits,
+            misses,
+            acquire,
+            failures,
+            profiles,
+        }
+    }
+
+    /// One Acquire answered: from the warm lease of `profile`, or cold
+    /// for `miss`.
+    pub fn acquired(&self, profile: Option<usize>, miss: Option<Miss>, took: Duration) {
+        let path = match profile.and_then(|k| self.profiles.get(k)) {
+            Some(p) => {
+                self.hits
+                    .get_or_create(&ProfileLabel { profile: p.clone() })
+                    .inc();
+                "warm"
+            }
+            None => {
+                if let Some(m) = miss {
+                    self.misses
+                        .get_or_create(&ReasonLabel { reason: m.name() })
+                        .inc();
+                }
+                "cold"
+            }
+        };
+        self.acquire
+            .get_or_create(&PathLabel { path })
+            .observe(took.as_secs_f64());
+    }
+
+    pub fn failed(&self) {
+        self.failures.inc();
+    }
+
+    /// The text a scrape gets, with the pool's sizes as of now.
+    pub fn render(&self, pool: &Pool) -> Result<String, std::fmt::Error> {
+        let c = pool.counts();
+        let set = |state: &'static str, profile: &str, n: usize| {
+            self.pool
+                .get_or_create(&PoolLabels {
+                    state,
+                    profile: profile.to_owned(),
+                })
+                .set(n as i64);
+        };
+        for (label, (ready, warming)) in self.profiles.iter().zip(c.warm) {
+            set("warm", label, ready);
+            set("warming", label, warming);
+        }
+        set("bare", "", c.bare);
+        set("starting", "", c.starting);
+        set("leased", "", c.leased);
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)?;
+        Ok(out)
+    }
+}

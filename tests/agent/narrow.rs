@@ -1,0 +1,146 @@
+//! `Agent.Narrow`: a warm lease handed to its tenant. Refused, with the
+//! code a host falls back on, when the result would not be what a cold
+//! Acquire gives; otherwise renamed and trimmed at once, the dropped
+//! servers stopped and their state wiped after the answer.
+
+use std::time::Duration;
+
+use crate::common::mcp::*;
+use crate::common::*;
+use sandbox_client::proto;
+use tonic::Code;
+
+fn narrow(lease: &str, new: &str, names: &[&str]) -> proto::NarrowRequest {
+    proto::NarrowRequest {
+        lease_id: lease.into(),
+        new_lease_id: new.into(),
+        server_names: names.iter().map(|s| s.to_string()).collect(),
+        ttl_seconds: Some(0),
+        ..Default::default()
+    }
+}
+
+#[tokio::test]
+async fn narrow_refuses_what_a_cold_acquire_would_not_give_and_trims_the_rest() {
+    let agent = agent_with("", "");
+    let c = sandbox_client::connect(&agent.unix_uri())
+        .await
+        .expect("connect");
+    c.agent()
+        .acquire(proto::AcquireRequest {
+            lease_id: "warm".into(),
+            server_names: vec!["filesystem".into(), "localmemory".into()],
+            ttl_seconds: Some(0),
+            ..Default::default()
+        })
+        .await
+        .unwrap_or_else(|e| panic!("Acquire: {e}\n{}", agent.stderr.all()));
+    let memory_state = state_dir(&agent).join("memory");
+    std::fs::write(memory_state.join("memory.jsonl"), "{}\n").expect("state file");
+
+    let refused = [
+        (
+            narrow("other", "t", &["filesystem"]),
+            Code::NotFound,
+            "no lease \"other\"",
+        ),
+        (
+            narrow("warm", "a b", &["filesystem"]),
+            Code::InvalidArgument,
+            "lease_id",
+        ),
+        (
+            narrow("warm", "t", &[]),
+            Code::InvalidArgument,
+            "name at least one",
+        ),
+        (
+            narrow("warm", "t", &["git", "filesystem"]),
+            Code::FailedPrecondition,
+            "git not in the lease (filesystem, localmemory)",
+        ),
+        (
+            proto::NarrowRequest {
+                benchmark: proto::Benchmark::Toolathlon as i32,
+                ..narrow("warm", "t", &["filesystem"])
+            },
+            Code::FailedPrecondition,
+            "acquired for benchmark none, not Toolathlon",
+        ),
+    ];
+    for (req, code, says) in refused {
+        let e = c.agent().narrow(req.clone()).await.expect_err("refused");
+        assert_eq!(e.code(), code, "{req:?}: {e}");
+        assert!(e.message().contains(says), "{req:?}: {}", e.message());
+    }
+    // Refusals changed nothing.
+    let info = c
+        .agent()
+        .get_info(proto::GetInfoRequest {})
+        .await
+        .expect("info")
+        .into_inner();
+    let lease = info.lease.expect("lease");
+    assert_eq!(lease.lease_id, "warm");
+    assert_eq!(lease.server_names, ["filesystem", "localmemory"]);
+
+    let r = c
+        .agent()
+        .narrow(proto::NarrowRequest {
+            test_account_email: "t@example.com".into(),
+            ..narrow("warm", "tenant", &["filesystem"])
+        })
+        .await
+        .expect("Narrow")
+        .into_inner();
+    let lease = r.lease.expect("lease");
+    assert_eq!(lease.lease_id, "tenant");
+    assert_eq!(lease.server_names, ["filesystem"]);
+    assert_eq!(lease.test_account_email, "t@example.com");
+    assert_eq!(r.servers.len(), 1);
+    assert_eq!(r.servers[0].state, proto::ServerState::Ready as i32);
+    // localmemory left the lease at once, and stops with its state wiped.
+    let stopped = eventually_async(Duration::from_secs(10), "localmemory stops", async || {
+        let all = c
+            .servers()
+            .list(proto::ListServersRequest {})
+            .await
+            .expect("List")
+            .into_inner()
+            .servers;
+        let m = all
+            .into_iter()
+            .find(|s| s.name == "localmemory")
+            .expect("listed");
+        if m.pid == 0 && m.state == proto::ServerState::Stopped as i32 {
+            Ok(m)
+        } else {
+            Err(format!("{m:?}"))
+        }
+    })
+    .await;
+    assert!(!stopped.in_lease);
+    assert_eq!(
+        std::fs::read_dir(&memory_state).expect("state dir").count(),
+        0,
+        "the dropped server's state is wiped"
+    );
+    // The warm id is gone; the tenant's releases.
+    let e = c
+        .agent()
+        .release(proto::ReleaseRequest {
+            lease_id: "warm".into(),
+            is_ttl: false,
+        })
+        .await
+        .expect_err("not current");
+    assert_eq!(e.code(), Code::NotFound);
+    c.agent()
+        .release(proto::ReleaseRequest {
+            lease_id: "tenant".into(),
+            is_ttl: false,
+        })
+        .await
+        .expect("Release");
+    assert!(descendants(agent.child.id()).is_empty());
+}
