@@ -8,6 +8,11 @@
 //!   gRPC, without the host, as a ratio;
 //! - the Klavis notebook's whole cycle (acquire, upload-url, PUT a 3-file
 //!   tar.gz, initialize, dump, download, release) with each pool;
+//! - warm pools serving any subset (`warm`): Acquire p50/p99 of random
+//!   subsets of a 5-server warm set, warm (narrowed) vs a bare pool, and
+//!   the memory of a warm sandbox;
+//! - the qemu backend (full mode): Acquire from a VM booted ahead with
+//!   warm servers, from one without, and from a fresh VM;
 //! - executions: execute → `completed` of a trivial script (polling the
 //!   log), beside `python3 main.py` run directly, and one execution-logs
 //!   poll beside one `GET /local-sandbox/{id}`.
@@ -21,6 +26,10 @@ use http_body_util::{BodyExt, Full};
 use serde_json::Value;
 
 mod common;
+#[path = "host/vm.rs"]
+mod vm;
+#[path = "host/warm.rs"]
+mod warm;
 use common::{AGENT, HOST};
 
 const KEY: &str = "bench-key-0123456789";
@@ -58,24 +67,36 @@ const NOTEBOOK: &str = r#"{"server_names": ["filesystem", "git", "terminal"]}"#;
 const SERVERS: [&str; 3] = ["filesystem", "git", "terminal"];
 
 fn start(dir: &Path, name: &str, pool: usize, warm: &str) -> Host {
-    use std::io::BufRead;
+    start_with(
+        dir,
+        name,
+        &["--pool-size", &pool.to_string(), "--warm-servers", warm],
+    )
+}
+
+/// A host with the process backend, the shipped manifest and `args`.
+fn start_with(dir: &Path, name: &str, args: &[&str]) -> Host {
     let manifest = dir.join("servers.toml");
     std::fs::write(
         &manifest,
         common::shipped_manifest(Path::new("/var/lib/sandbox-agent")),
     )
     .expect("manifest");
+    let agent: &str = &AGENT;
+    let manifest = manifest.display().to_string();
+    let own = ["--agent-bin", agent, "--manifest", &manifest];
+    spawn_host(dir, name, &[&own[..], args].concat())
+}
+
+/// A host on a loopback port with its data in `dir/data-<name>` and `args`.
+fn spawn_host(dir: &Path, name: &str, args: &[&str]) -> Host {
+    use std::io::BufRead;
     let data = dir.join(format!("data-{name}"));
     let mut child = Command::new(&*HOST)
         .args(["--listen", "127.0.0.1:0", "--api-key", KEY])
-        .args(["--pool-size", &pool.to_string()])
-        .args(["--warm-servers", warm])
+        .args(args)
         .arg("--data-dir")
         .arg(&data)
-        .arg("--agent-bin")
-        .arg(&*AGENT)
-        .arg("--manifest")
-        .arg(&manifest)
         .env("RUST_LOG", "warn")
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -396,6 +417,8 @@ fn main() {
         drop(cold);
 
         let direct_ms = direct_rounds(dir.path()).await;
+        let subsets = warm::run(dir.path()).await;
+        let vms = vm::run(dir.path()).await;
 
         println!(
             "# sandbox-host benchmark (process backend, {} rounds, medians; servers filesystem+git+terminal; {})",
@@ -415,5 +438,28 @@ fn main() {
         println!("|---|---|---|");
         println!("| execute → `completed` of `print('hello')` (venv, run, log polled every 5 ms) | {exec_ms:.0} ms | {:.2}x `python3 main.py` run directly ({python_ms:.0} ms) |", exec_ms / python_ms);
         println!("| one execution-logs poll | {poll_ms:.2} ms | {:.2}x one `GET /local-sandbox/{{id}}` ({get_ms:.2} ms) |", poll_ms / get_ms);
+        println!();
+        let r = &subsets;
+        println!(
+            "| Acquire of a random subset of the warm set ({}; {} subsets, the same for both) | p50 | p99 |",
+            warm::WARM_SET.join(", "),
+            r.rounds
+        );
+        println!("|---|---|---|");
+        println!("| pool warm with the set (`--warm {}=3`): lease narrowed, {} of {} warm hits | {:.1} ms | {:.1} ms |", warm::WARM_SET.join(","), r.hits, r.rounds, r.warm.0, r.warm.1);
+        println!("| pool of bare agents (the Acquire starts the subset) | {:.0} ms | {:.0} ms |", r.bare.0, r.bare.1);
+        println!("| warm / bare | {:.3}x | {:.3}x |", r.warm.0 / r.bare.0, r.warm.1 / r.bare.1);
+        println!("| memory (PSS) per idle sandbox: warm with the set / bare agent | {:.0} MiB | {:.1} MiB |", r.warm_mib, r.bare_mib);
+        println!();
+        match vms {
+            Some(v) => {
+                println!("| qemu backend (TCG here): Acquire of filesystem | median | vs the 5 s httpx timeout of Klavis's notebook |");
+                println!("|---|---|---|");
+                println!("| VM booted ahead with warm servers (`--warm filesystem,localmemory=1`), {} rounds | {:.1} ms | {:.3}x |", v.rounds, v.warm_ms, v.warm_ms / 5000.0);
+                println!("| VM booted ahead, the Acquire starts the server, {} rounds | {:.0} ms | {:.2}x |", v.rounds, v.booted_ms, v.booted_ms / 5000.0);
+                println!("| fresh VM (`--pool-size 0`: boot, agent, server), 3 rounds | {:.0} ms | {:.2}x |", v.fresh_ms, v.fresh_ms / 5000.0);
+            }
+            None => println!("(qemu backend: skipped in short mode, or QEMU / vhost-device-vsock missing)"),
+        }
     });
 }

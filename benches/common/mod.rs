@@ -7,8 +7,7 @@ use std::path::Path;
 /// (`SANDBOX_AGENT_SERVERS_DIR`, default /opt/sandbox-agent/servers) and
 /// with its state directories moved under `state`.
 pub fn shipped_manifest(state: &Path) -> String {
-    let dir = std::env::var("SANDBOX_AGENT_SERVERS_DIR")
-        .unwrap_or_else(|_| "/opt/sandbox-agent/servers".into());
+    let dir = servers_dir();
     std::fs::read_to_string(concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/packaging/servers.toml"
@@ -20,6 +19,16 @@ pub fn shipped_manifest(state: &Path) -> String {
     )
     .replace("/var/lib/sandbox-agent", &state.display().to_string())
 }
+
+/// Where the MCP servers are installed (`SANDBOX_AGENT_SERVERS_DIR`).
+pub fn servers_dir() -> String {
+    std::env::var("SANDBOX_AGENT_SERVERS_DIR")
+        .unwrap_or_else(|_| "/opt/sandbox-agent/servers".into())
+}
+
+/// The test VM image builder (`packaging/vm/build-initramfs.sh`).
+#[path = "../../tests/common/vm.rs"]
+pub mod vm;
 
 #[path = "../../tests/common/bins.rs"]
 mod bins;

@@ -292,3 +292,26 @@ pub fn assert_mcp_client_works(host: &Host) {
     );
     assert_eq!(v["text"], "through the host", "{v}");
 }
+
+/// The value of one sample on the host's `/metrics` (0 when absent).
+pub fn metric(host: &Host, sample: &str) -> f64 {
+    let (code, v) = http("GET", &format!("{}/metrics", host.base), None, None);
+    assert_eq!(code, 200, "{v}");
+    let text = v.as_str().unwrap_or_default();
+    text.lines()
+        .find_map(|l| l.strip_prefix(sample)?.strip_prefix(' '))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// Waits until a `/metrics` sample reads `want`.
+pub fn wait_metric(host: &Host, sample: &str, want: f64, within: std::time::Duration) {
+    super::eventually(within, sample, || {
+        let got = metric(host, sample);
+        if got == want {
+            Ok(())
+        } else {
+            Err(format!("{got}"))
+        }
+    });
+}

@@ -11,7 +11,9 @@ use std::process::Command;
 use std::time::Duration;
 
 use crate::common::eventually;
-use crate::common::host::{Host, KEY_A, acquire, alive, assert_mcp_initializes, http, release};
+use crate::common::host::{
+    Host, KEY_A, acquire, alive, assert_mcp_initializes, http, metric, release, wait_metric,
+};
 use crate::common::mcp::shipped_manifest;
 
 pub(crate) fn slot_dirs(host: &Host) -> Vec<PathBuf> {
@@ -132,28 +134,6 @@ fn warm_leases_serve_matching_acquires_and_give_way_to_others() {
     assert_eq!(list["total_count"], 0, "{list}");
 }
 
-/// The value of one sample on the host's `/metrics` (0 when absent).
-fn metric(host: &Host, sample: &str) -> f64 {
-    let (code, v) = http("GET", &format!("{}/metrics", host.base), None, None);
-    assert_eq!(code, 200, "{v}");
-    let text = v.as_str().unwrap_or_default();
-    text.lines()
-        .find_map(|l| l.strip_prefix(sample)?.strip_prefix(' '))
-        .and_then(|n| n.trim().parse().ok())
-        .unwrap_or(0.0)
-}
-
-fn wait_metric(host: &Host, sample: &str, want: f64) {
-    eventually(Duration::from_secs(60), sample, || {
-        let got = metric(host, sample);
-        if got == want {
-            Ok(())
-        } else {
-            Err(format!("{got}"))
-        }
-    });
-}
-
 /// `pid` and every process below it.
 fn tree(pid: u32) -> BTreeSet<u32> {
     let mut all = BTreeSet::from([pid]);
@@ -218,7 +198,7 @@ fn a_warm_lease_narrows_to_any_subset_and_the_rest_stops() {
     );
     let b = host.base.clone();
     let warm = format!("sandbox_host_pool_sandboxes{{state=\"warm\",profile=\"{PLAIN}\"}}");
-    wait_metric(&host, &warm, 1.0);
+    wait_metric(&host, &warm, 1.0, Duration::from_secs(60));
     let (slot, warm_lease, _) = wait_warm(&host, "terminal", &[]);
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     let (_, before) = rt.block_on(agent_state(&slot)).expect("agent state");
@@ -303,7 +283,7 @@ fn a_warm_lease_narrows_to_any_subset_and_the_rest_stops() {
         release(&host, KEY_A, s);
     }
     // The pool refills: the released sandboxes come back, one warmed again.
-    wait_metric(&host, &warm, 1.0);
+    wait_metric(&host, &warm, 1.0, Duration::from_secs(60));
     assert_eq!(
         metric(
             &host,
@@ -333,7 +313,7 @@ fn benchmark_profiles_serve_their_benchmark_and_never_leak_seed_data() {
     let host = Host::start(dir.path(), &["--warm", profile]);
     let warm = format!("sandbox_host_pool_sandboxes{{state=\"warm\",profile=\"{profile}\"}}");
     let hits = format!("sandbox_host_warm_hits_total{{profile=\"{profile}\"}}");
-    wait_metric(&host, &warm, 1.0);
+    wait_metric(&host, &warm, 1.0, Duration::from_secs(60));
 
     let a = acquire(
         &host,
@@ -355,7 +335,7 @@ fn benchmark_profiles_serve_their_benchmark_and_never_leak_seed_data() {
         "the profile's seed data"
     );
     release(&host, KEY_A, &id);
-    wait_metric(&host, &warm, 1.0);
+    wait_metric(&host, &warm, 1.0, Duration::from_secs(60));
 
     // Only filesystem: git's seed must not stay in the workspace, so the
     // agent refuses to narrow and the sandbox starts cold.
@@ -384,7 +364,7 @@ fn benchmark_profiles_serve_their_benchmark_and_never_leak_seed_data() {
     assert_mcp_initializes(&host.base, "filesystem", &id);
 
     // A plain Acquire is no MCP_Atlas one: the warm lease does not serve it.
-    wait_metric(&host, &warm, 1.0);
+    wait_metric(&host, &warm, 1.0, Duration::from_secs(60));
     let a = acquire(&host, KEY_A, r#"{"server_names": ["filesystem"]}"#);
     assert!(a["benchmark"].is_null(), "{a}");
     assert_eq!(

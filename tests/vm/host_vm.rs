@@ -3,7 +3,8 @@
 //! servers), its agent reached over real virtio-vsock through
 //! vhost-device-vsock. The Klavis notebook's flow with httpx, the official
 //! MCP client through mcp_server_url, a script execution (the image carries
-//! python3), ALL, a server the image lacks, and nothing left running after
+//! python3), ALL, a server the image lacks, a VM booted ahead with warm
+//! servers answering the notebook's Acquire, and nothing left running after
 //! the host stops.
 //!
 //! Needs what `tests/vm.rs` needs, plus the npm servers under
@@ -16,8 +17,11 @@ use std::time::Duration;
 
 use crate::common::host::{
     Host, KEY_A, KEY_B, acquire, assert_mcp_client_works, assert_mcp_initializes,
-    assert_notebook_outcome, http, py, release,
+    assert_notebook_outcome, http, metric, py, release, wait_metric,
 };
+
+/// The warm profile of the test's pool: two of the image's servers.
+const WARM: &str = "filesystem,localmemory";
 
 #[test]
 fn the_qemu_backend_serves_the_api_from_vms() {
@@ -41,14 +45,29 @@ fn the_qemu_backend_serves_the_api_from_vms() {
         image.display().to_string(),
         "--vm-memory".into(),
         "1024".into(),
+        "--warm".into(),
+        format!("{WARM}=1"),
     ];
     let mut host = Host::start_with(dir.path(), &args);
     let b = host.base.clone();
 
-    // The notebook's steps, in a VM.
+    // The pool boots a VM ahead and starts the warm servers in it.
+    let warm = format!("sandbox_host_pool_sandboxes{{state=\"warm\",profile=\"{WARM}\"}}");
+    wait_metric(&host, &warm, 1.0, Duration::from_secs(300));
+
+    // The notebook's steps, in that VM: its Acquire narrows the warm lease
+    // to filesystem (localmemory stops inside the VM after the answer).
     let v = py(&host, KEY_A, &["notebook", "filesystem"]);
     assert_notebook_outcome(&v);
     assert_eq!(v["acquire"]["servers"][0]["server_name"], "filesystem");
+    assert_eq!(
+        metric(
+            &host,
+            &format!("sandbox_host_warm_hits_total{{profile=\"{WARM}\"}}")
+        ),
+        1.0,
+        "the notebook's Acquire was answered by the warm VM"
+    );
 
     // The official MCP client, through the host, into the VM.
     assert_mcp_client_works(&host);

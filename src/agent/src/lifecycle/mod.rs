@@ -34,7 +34,7 @@ use crate::workspace::Workspace;
 
 pub use acquire::{AcquireParams, Selection, Ttl};
 pub use error::{LcError, MAX_LEASE_ID_LEN, ReadyError};
-pub use narrow::NarrowParams;
+pub use narrow::{NarrowParams, Trim};
 pub use servers::ServerView;
 
 /// `[lifecycle]` in agent.toml.

@@ -21,6 +21,12 @@ use crate::supervisor::State;
 use crate::supervisor::manifest::Benchmark;
 use crate::supervisor::now_ms;
 
+/// How long after a Narrow's answer the dropped servers begin to stop.
+/// Tearing down several servers takes both cores of a small VM for a few
+/// milliseconds; this lets the answer (and the host's own answer after it)
+/// go out first. The stop itself then takes each server's stop grace.
+pub const TRIM_AFTER: Duration = Duration::from_millis(50);
+
 /// What [`Lifecycle::narrow`] is asked.
 #[derive(Debug, Clone)]
 pub struct NarrowParams {
@@ -37,7 +43,10 @@ pub struct NarrowParams {
 }
 
 impl Lifecycle {
-    pub async fn narrow(&self, p: NarrowParams) -> Result<(Lease, SandboxStatus), LcError> {
+    /// Narrows the current warm lease. The servers that left it are
+    /// stopped when the returned [`Trim`] is dropped: hold it until the
+    /// answer is composed.
+    pub async fn narrow(&self, p: NarrowParams) -> Result<(Lease, SandboxStatus, Trim), LcError> {
         let op = self.op.lock().await;
         if !valid_lease_id(&p.new_lease_id) {
             return Err(LcError::BadLeaseId);
@@ -135,17 +144,14 @@ impl Lifecycle {
             )
         });
         drop(op);
-        if !dropped.is_empty()
-            && let Some(me) = self.me.upgrade()
-        {
-            // After the answer: the stop waits for this operation's lock,
-            // which is released only when narrow returns.
-            let id = lease.id.clone();
-            tokio::spawn(
-                async move { me.drop_servers(&id, dropped, dropped_state).await }.instrument(span),
-            );
-        }
-        Ok((lease, self.view().status))
+        let trim = Trim {
+            lc: self.me.clone(),
+            lease: lease.id.clone(),
+            servers: dropped,
+            state: dropped_state,
+            span,
+        };
+        Ok((lease, self.view().status, trim))
     }
 
     /// Whether the current (warm) lease narrowed to `keep` is what a cold
@@ -239,6 +245,39 @@ impl Lifecycle {
             stopped = %names.join(","),
             ms = started.elapsed().as_millis() as u64,
             "servers outside the lease stopped"
+        );
+    }
+}
+
+/// The stop of the servers a narrowed lease dropped, started when this is
+/// dropped (so a caller answers first, and nothing is left running if it
+/// does not).
+#[must_use = "the dropped servers stop when this is dropped"]
+pub struct Trim {
+    lc: std::sync::Weak<Lifecycle>,
+    lease: String,
+    servers: Vec<String>,
+    state: Vec<std::path::PathBuf>,
+    span: tracing::Span,
+}
+
+impl Drop for Trim {
+    fn drop(&mut self) {
+        let Some(lc) = self.lc.upgrade() else { return };
+        if self.servers.is_empty() {
+            return;
+        }
+        let (lease, servers, state) = (
+            std::mem::take(&mut self.lease),
+            std::mem::take(&mut self.servers),
+            std::mem::take(&mut self.state),
+        );
+        tokio::spawn(
+            async move {
+                tokio::time::sleep(TRIM_AFTER).await;
+                lc.drop_servers(&lease, servers, state).await
+            }
+            .instrument(self.span.clone()),
         );
     }
 }

@@ -233,8 +233,11 @@ impl proto::agent_server::Agent for AgentService {
             ttl: ttl(r.ttl_seconds),
             test_account_email: r.test_account_email,
         };
-        let (l, st) = self.lc.narrow(params).await.map_err(lc_status)?;
-        Ok(Response::new(self.acquired(&l, st)))
+        let (l, st, trim) = self.lc.narrow(params).await.map_err(lc_status)?;
+        let answer = self.acquired(&l, st);
+        // The servers that left the lease stop once the answer is ready.
+        drop(trim);
+        Ok(Response::new(answer))
     }
 
     async fn release(
