@@ -143,7 +143,7 @@ async fn rounds(h: &Host, bodies: &[String], ready: &str) -> (f64, f64) {
 }
 
 pub async fn run(dir: &Path) -> Report {
-    let n = crate::common::pick(50, 10);
+    let n = crate::common::pick(50, 8);
     let bodies = subsets(n);
     let set = WARM_SET.join(",");
     let profile = format!("{set}={POOL}");
