@@ -58,10 +58,29 @@ pub async fn acquire(
         Ok(a) => a,
         Err(e) => {
             h.metrics.failed();
-            // The agent stayed idle: it goes back to the pool.
+            // A failed Acquire leaves the agent idle, but a warm lease the
+            // failure left behind (a Narrow that failed for another reason)
+            // is ended before the sandbox goes back to the pool bare; one
+            // that cannot be ended is replaced.
             let pool = h.pool.clone();
-            let slot_id = slot.id.clone();
-            tokio::task::spawn_blocking(move || pool.give_back(&slot_id));
+            tokio::spawn(async move {
+                let idle = match slot.client().await {
+                    Ok(c) => c
+                        .agent()
+                        .release(proto::ReleaseRequest::default())
+                        .await
+                        .is_ok(),
+                    Err(_) => false,
+                };
+                let _ = tokio::task::spawn_blocking(move || {
+                    if idle {
+                        pool.give_back(&slot.id)
+                    } else {
+                        pool.drop_slot(&slot.id)
+                    }
+                })
+                .await;
+            });
             return Err(e);
         }
     };

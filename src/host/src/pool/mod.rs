@@ -141,6 +141,8 @@ pub struct Pool {
     /// first slot that serves (every slot runs the same manifest or image).
     catalog: Mutex<Option<Vec<String>>>,
     refill: Notify,
+    /// Woken when a slot stops warming (ready, failed or gone).
+    warmed: Notify,
 }
 
 impl Pool {
@@ -155,6 +157,7 @@ impl Pool {
             closed: AtomicBool::new(false),
             catalog: Mutex::new(None),
             refill: Notify::new(),
+            warmed: Notify::new(),
         }))
     }
 
@@ -203,13 +206,19 @@ impl Pool {
 
     /// Drops idle slots whose agent died.
     fn sweep(&self) {
+        let mut gone = false;
         self.idle().retain(|i| {
             let ok = i.slot.alive();
             if !ok {
+                gone = true;
                 let _ = std::fs::remove_dir_all(&i.slot.dir);
             }
             ok
         });
+        if gone {
+            // A taker may be waiting for one of them to finish warming.
+            self.warmed.notify_waiters();
+        }
     }
 
     pub fn on_release(&self) -> OnRelease {
@@ -312,27 +321,23 @@ impl Pool {
     /// A slot for an Acquire of `want`: the idle one whose warm lease
     /// covers it with the fewest servers to spare (`covers`), else a bare
     /// idle one, else one with a warm lease that does not cover it (for
-    /// the caller to end), else a new one.
+    /// the caller to end), else a new one. While every idle slot is still
+    /// warming, it waits for one: that takes at most the warm servers'
+    /// start, a new slot its whole start (a VM boot) and then the Acquire.
     pub async fn take(self: &Arc<Self>, want: &Want) -> anyhow::Result<Taken> {
         self.sweep();
-        let picked = {
-            let mut idle = self.idle();
-            let ready = |i: &Idle| i.warming.is_none();
-            let covering = idle
-                .iter()
-                .enumerate()
-                .filter(|(_, i)| ready(i))
-                .filter_map(|(k, i)| {
-                    let w = i.warm.as_ref()?;
-                    w.covers(&self.cfg.warm[w.profile], want)
-                        .then_some((k, w.servers.len()))
-                })
-                .min_by_key(|&(_, n)| n)
-                .map(|(k, _)| k);
-            let pos = covering
-                .or_else(|| idle.iter().position(|i| ready(i) && i.warm.is_none()))
-                .or_else(|| idle.iter().position(ready));
-            pos.map(|p| (idle.remove(p), covering.is_some()))
+        let picked = loop {
+            let warmed = self.warmed.notified();
+            tokio::pin!(warmed);
+            warmed.as_mut().enable();
+            let (picked, warming) = self.pick(want);
+            if picked.is_some() || !warming || self.is_closed() {
+                break picked;
+            }
+            let wait = self.cfg.backend.start_deadline();
+            if tokio::time::timeout(wait, warmed).await.is_err() {
+                break None;
+            }
         };
         self.refill.notify_one();
         let miss = |covers: bool| {
@@ -361,6 +366,31 @@ impl Pool {
         self.leased()
             .insert(taken.slot.id.clone(), taken.slot.clone());
         Ok(taken)
+    }
+
+    /// Removes the best idle slot for `want` (see [`Pool::take`]), and says
+    /// whether the slot covers it; also whether any idle slot is warming.
+    fn pick(&self, want: &Want) -> (Option<(Idle, bool)>, bool) {
+        {
+            let mut idle = self.idle();
+            let ready = |i: &Idle| i.warming.is_none();
+            let covering = idle
+                .iter()
+                .enumerate()
+                .filter(|(_, i)| ready(i))
+                .filter_map(|(k, i)| {
+                    let w = i.warm.as_ref()?;
+                    w.covers(&self.cfg.warm[w.profile], want)
+                        .then_some((k, w.servers.len()))
+                })
+                .min_by_key(|&(_, n)| n)
+                .map(|(k, _)| k);
+            let pos = covering
+                .or_else(|| idle.iter().position(|i| ready(i) && i.warm.is_none()))
+                .or_else(|| idle.iter().position(ready));
+            let warming = idle.iter().any(|i| i.warming.is_some());
+            (pos.map(|p| (idle.remove(p), covering.is_some())), warming)
+        }
     }
 
     pub fn leased_slot(&self, id: &str) -> Option<Slot> {
@@ -522,6 +552,7 @@ impl Pool {
                 .chain(starting.drain().map(|(_, s)| s))
                 .collect()
         };
+        self.warmed.notify_waiters();
         std::thread::scope(|scope| {
             for slot in &slots {
                 scope.spawn(move || discard(slot));

@@ -288,6 +288,7 @@ impl Pool {
                         }
                     }
                 };
+                self.warmed.notify_waiters();
                 if failed {
                     tokio::time::sleep(Duration::from_secs(5)).await;
                 }
