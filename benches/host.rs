@@ -79,7 +79,7 @@ fn start_with(dir: &Path, name: &str, args: &[&str]) -> Host {
     let manifest = dir.join("servers.toml");
     std::fs::write(
         &manifest,
-        common::shipped_manifest(Path::new("/var/lib/sandbox-agent")),
+        common::shipped_manifest(Path::new("${state_root}")),
     )
     .expect("manifest");
     let agent: &str = &AGENT;

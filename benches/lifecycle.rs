@@ -64,8 +64,15 @@ fn main() {
     });
 
     // The direct launch commands, from the same manifest.
-    let m = sandbox_agent::supervisor::manifest::Manifest::parse(&manifest, &mpath, &ws)
-        .expect("manifest");
+    let m = sandbox_agent::supervisor::manifest::Manifest::parse(
+        &manifest,
+        &mpath,
+        &sandbox_agent::supervisor::manifest::Roots {
+            workspace: &ws,
+            state_root: &ws.with_file_name("state"),
+        },
+    )
+    .expect("manifest");
     let none = |k: &str| std::env::var(k).ok();
     let specs: Vec<_> = SERVERS
         .iter()

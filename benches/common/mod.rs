@@ -17,7 +17,7 @@ pub fn shipped_manifest(state: &Path) -> String {
         "install_dir = \"/opt/sandbox-agent/servers\"",
         &format!("install_dir = \"{dir}\""),
     )
-    .replace("/var/lib/sandbox-agent", &state.display().to_string())
+    .replace("${state_root}", &state.display().to_string())
 }
 
 /// Where the MCP servers are installed (`SANDBOX_AGENT_SERVERS_DIR`).

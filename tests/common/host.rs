@@ -33,11 +33,8 @@ impl Host {
         let manifest = dir.join("servers.toml");
         if !manifest.exists() {
             // The state root stays as shipped: the host gives each agent its own.
-            std::fs::write(
-                &manifest,
-                shipped_manifest(Path::new("/var/lib/sandbox-agent")),
-            )
-            .expect("manifest");
+            std::fs::write(&manifest, shipped_manifest(Path::new("${state_root}")))
+                .expect("manifest");
         }
         let mut args: Vec<String> = vec![
             "--agent-bin".into(),

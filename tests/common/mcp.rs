@@ -23,7 +23,7 @@ pub fn shipped_manifest(state: &Path) -> String {
         "install_dir = \"/opt/sandbox-agent/servers\"",
         &format!("install_dir = \"{}\"", servers_dir()),
     )
-    .replace("/var/lib/sandbox-agent", &state.display().to_string())
+    .replace("${state_root}", &state.display().to_string())
 }
 
 /// Path of the memory server's entry point, for test entries that wrap it.

@@ -380,7 +380,7 @@ fn on_release_replace_gives_each_tenant_a_fresh_sandbox() {
 #[test]
 fn a_stop_drains_releases_and_leaves_nothing_running() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let shipped = shipped_manifest(Path::new("/var/lib/sandbox-agent"));
+    let shipped = shipped_manifest(Path::new("${state_root}"));
     let from = shipped.find("[servers.git]").expect("git entry");
     let to = from
         + shipped[from + 1..]

@@ -69,7 +69,7 @@ pub(crate) fn wait_warm(host: &Host, server: &str, not: &[PathBuf]) -> (PathBuf,
 fn warm_leases_serve_matching_acquires_and_give_way_to_others() {
     let dir = tempfile::tempdir().expect("tempdir");
     // This host's sandboxes carry every Klavis server but playwright.
-    let shipped = shipped_manifest(Path::new("/var/lib/sandbox-agent"));
+    let shipped = shipped_manifest(Path::new("${state_root}"));
     let cut = shipped
         .find("[servers.playwright]")
         .expect("playwright entry");
@@ -305,7 +305,7 @@ fn benchmark_profiles_serve_their_benchmark_and_never_leak_seed_data() {
     std::fs::write(seed.join("atlas.txt"), "git's MCP_Atlas data\n").expect("seed");
     let manifest = format!(
         "{}\n[servers.git.benchmarks.MCP_Atlas]\nseed = [{{ from = \"{}\" }}]\n",
-        shipped_manifest(Path::new("/var/lib/sandbox-agent")),
+        shipped_manifest(Path::new("${state_root}")),
         seed.display()
     );
     std::fs::write(dir.path().join("servers.toml"), manifest).expect("manifest");

@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use crate::exec::{ExecConfig, ExecConfigError};
 use crate::gateway::{GatewayConfig, GatewayConfigError};
 use crate::lifecycle::{LifecycleConfig, LifecycleConfigError};
-use crate::supervisor::manifest::{DEFAULT_MANIFEST_PATH, Manifest, ManifestError};
+use crate::supervisor::manifest::{DEFAULT_MANIFEST_PATH, Manifest, ManifestError, Roots};
 use crate::supervisor::{SupervisorConfig, SupervisorConfigError};
 use crate::workspace::ArchiveLimits;
 use crate::workspace::limits::LimitsError;
@@ -22,6 +22,8 @@ use sandbox_client::transport::{DEFAULT_AGENT_LISTEN, DEFAULT_MCP_LISTEN, Endpoi
 
 /// Config file read when `--config` is not given, if it exists.
 pub const DEFAULT_CONFIG_PATH: &str = "/etc/sandbox-agent/agent.toml";
+/// Where servers keep state outside the workspace, unless `state_root` says.
+pub const DEFAULT_STATE_ROOT: &str = "/var/lib/sandbox-agent";
 /// Environment variable holding the token itself (an alternative to a file).
 pub const TOKEN_ENV: &str = "SANDBOX_AGENT_TOKEN";
 
@@ -39,6 +41,10 @@ pub struct Config {
     pub mcp_listen: Vec<String>,
     /// The workspace directory served by the Workspace service.
     pub workspace: PathBuf,
+    /// Where servers keep state outside the workspace: the manifest's
+    /// `${state_root}` (memory files, arxiv storage, desktop-commander's
+    /// home). Default: /var/lib/sandbox-agent (with --dev: ./state).
+    pub state_root: PathBuf,
     /// `text` or `json`.
     pub log_format: LogFormat,
     pub auth: AuthConfig,
@@ -118,6 +124,7 @@ impl Default for Config {
             listen: vec![DEFAULT_AGENT_LISTEN.to_owned()],
             mcp_listen: vec![DEFAULT_MCP_LISTEN.to_owned()],
             workspace: PathBuf::from("/workspace"),
+            state_root: PathBuf::from(DEFAULT_STATE_ROOT),
             log_format: LogFormat::Text,
             auth: AuthConfig::default(),
             limits: Limits::default(),
@@ -167,6 +174,8 @@ pub enum ConfigError {
     Token(TokenError),
     #[error("limits.{0} must be greater than 0")]
     ZeroLimit(&'static str),
+    #[error("state_root: the path is empty")]
+    StateRootEmpty,
     #[error("workspace: the path is empty")]
     WorkspaceEmpty,
     #[error("workspace: cannot resolve relative path: {0}")]
@@ -194,6 +203,7 @@ pub struct Overrides {
     pub listen: Vec<String>,
     pub mcp_listen: Vec<String>,
     pub workspace: Option<PathBuf>,
+    pub state_root: Option<PathBuf>,
     pub token_file: Option<PathBuf>,
     /// The token itself, from `SANDBOX_AGENT_TOKEN`. A token file given by
     /// flag or env wins over it; it wins over the config file's token_file.
@@ -272,6 +282,9 @@ impl Config {
         if let Some(w) = &o.workspace {
             self.workspace = w.clone();
         }
+        if let Some(r) = &o.state_root {
+            self.state_root = r.clone();
+        }
         if let Some(t) = &o.token_file {
             self.auth.token_file = Some(t.clone());
         }
@@ -349,6 +362,13 @@ impl Config {
             let cwd = std::env::current_dir().map_err(ConfigError::WorkspaceCwd)?;
             self.workspace = cwd.join(&self.workspace);
         }
+        if self.state_root.as_os_str().is_empty() {
+            return Err(ConfigError::StateRootEmpty);
+        }
+        if self.state_root.is_relative() {
+            let cwd = std::env::current_dir().map_err(ConfigError::WorkspaceCwd)?;
+            self.state_root = cwd.join(&self.state_root);
+        }
         self.supervisor.validate()?;
         self.gateway.validate()?;
         self.lifecycle.validate()?;
@@ -376,10 +396,14 @@ impl Config {
                 Some(ep)
             }
         };
+        let roots = Roots {
+            workspace: &self.workspace,
+            state_root: &self.state_root,
+        };
         let manifest = match &self.manifest {
-            Some(p) => Manifest::load(p, &self.workspace)?,
+            Some(p) => Manifest::load(p, &roots)?,
             None if Path::new(DEFAULT_MANIFEST_PATH).exists() => {
-                Manifest::load(Path::new(DEFAULT_MANIFEST_PATH), &self.workspace)?
+                Manifest::load(Path::new(DEFAULT_MANIFEST_PATH), &roots)?
             }
             None => Manifest::empty(Path::new(DEFAULT_MANIFEST_PATH)),
         };

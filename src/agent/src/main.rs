@@ -13,7 +13,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::Parser;
-use sandbox_agent::config::{Config, LogFormat, Overrides, TOKEN_ENV};
+use sandbox_agent::config::{Config, DEFAULT_STATE_ROOT, LogFormat, Overrides, TOKEN_ENV};
 use sandbox_agent::server;
 use sandbox_client::auth::Token;
 use tokio_util::sync::CancellationToken;
@@ -79,6 +79,11 @@ struct Args {
     #[arg(long, value_name = "FILE", env = "SANDBOX_AGENT_MANIFEST")]
     manifest: Option<PathBuf>,
 
+    /// Where servers keep state outside the workspace (the manifest's
+    /// ${state_root}). Default: /var/lib/sandbox-agent (with --dev: ./state).
+    #[arg(long, value_name = "DIR", env = "SANDBOX_AGENT_STATE_ROOT")]
+    state_root: Option<PathBuf>,
+
     /// Where script executions live (exec.root). Default:
     /// /var/lib/sandbox-agent/executions (with --dev: ./executions).
     #[arg(long, value_name = "DIR", env = "SANDBOX_AGENT_EXEC_ROOT")]
@@ -87,7 +92,8 @@ struct Args {
     /// Local development defaults: listen on unix://./sandbox-agent.sock and
     /// tcp://127.0.0.1:7070, the MCP data plane on
     /// unix://./sandbox-agent-mcp.sock and tcp://127.0.0.1:7071, workspace ./workspace, token in
-    /// ./sandbox-agent.token (created if missing). Explicit settings win.
+    /// ./sandbox-agent.token (created if missing), executions in
+    /// ./executions, server state in ./state. Explicit settings win.
     #[arg(long)]
     dev: bool,
 }
@@ -100,6 +106,7 @@ const DEV_MCP_TCP: &str = "tcp://127.0.0.1:7071";
 const DEV_WORKSPACE: &str = "workspace";
 const DEV_TOKEN_FILE: &str = "sandbox-agent.token";
 const DEV_EXEC_ROOT: &str = "executions";
+const DEV_STATE_ROOT: &str = "state";
 
 fn main() -> ExitCode {
     let pid1 = sandbox_agent::init::is_pid1();
@@ -142,6 +149,7 @@ fn run(args: Args, pid1: bool) -> anyhow::Result<()> {
         listen: args.listen.clone(),
         mcp_listen: args.mcp_listen.clone(),
         workspace: args.workspace.clone(),
+        state_root: args.state_root.clone(),
         token_file: args.token_file.clone(),
         token: env_token.clone(),
         log_format: args.log_format,
@@ -163,6 +171,9 @@ fn run(args: Args, pid1: bool) -> anyhow::Result<()> {
         if overrides.exec_root.is_none() {
             overrides.exec_root = Some(DEV_EXEC_ROOT.into());
         }
+        if overrides.state_root.is_none() && config.state_root == Path::new(DEFAULT_STATE_ROOT) {
+            overrides.state_root = Some(DEV_STATE_ROOT.into());
+        }
         if overrides.token_file.is_none() && env_token.is_none() && config.auth.token_file.is_none()
         {
             let path = Path::new(DEV_TOKEN_FILE);
@@ -176,6 +187,7 @@ fn run(args: Args, pid1: bool) -> anyhow::Result<()> {
         print!("{}", settings.render());
         return Ok(());
     }
+    let json_logs = settings.log_format == LogFormat::Json;
     // A VM's serial console is not a terminal worth colouring.
     init_logging(
         settings.log_format,
@@ -195,7 +207,13 @@ fn run(args: Args, pid1: bool) -> anyhow::Result<()> {
         .context("starting the async runtime")?;
     runtime.block_on(async move {
         let bound = server::bind(&settings).await?;
-        if args.dev {
+        // The --dev banner is for a person at a terminal; JSON logs stay
+        // JSON lines only (the listeners are logged there anyway).
+        if args.dev && json_logs {
+            if let Some(p) = &overrides.token_file {
+                tracing::info!(token_file = %p.display(), "token for tcp:// clients");
+            }
+        } else if args.dev {
             for ep in bound.endpoints() {
                 eprintln!("sandbox-agent: listening on {ep}");
             }

@@ -45,6 +45,48 @@ pub fn sniff<R: BufRead>(r: &mut R, requested: Compression) -> io::Result<Compre
     })
 }
 
+/// Size of a tar header block.
+const TAR_BLOCK: usize = 512;
+
+/// Checks that a stream sniffed as neither gzip nor zstd starts like a tar
+/// archive (a `ustar` header, or an old-style header with a valid checksum,
+/// or the all-zero end block). When it does not, the message names what the
+/// data looks like and what was expected; it never quotes the data.
+pub fn check_plain_tar<R: BufRead>(r: &mut R) -> Result<(), String> {
+    let head = r
+        .fill_buf()
+        .map_err(|e| format!("reading the archive: {e}"))?;
+    if head.is_empty() {
+        return Ok(());
+    }
+    let looks_like = infer::get(head)
+        .filter(|t| t.mime_type() != "application/x-tar")
+        .map(|t| format!("{} data ({})", t.extension(), t.mime_type()));
+    if let Some(block) = head.get(..TAR_BLOCK)
+        && looks_like.is_none()
+    {
+        if block.iter().all(|&b| b == 0) || block.get(257..262) == Some(b"ustar".as_slice()) {
+            return Ok(());
+        }
+        let mut h = tar::Header::new_old();
+        h.as_mut_bytes().copy_from_slice(block);
+        let stored = h.cksum();
+        h.set_cksum();
+        if stored.is_ok() && stored.ok() == h.cksum().ok() {
+            return Ok(());
+        }
+    } else if looks_like.is_none() {
+        // Too short to judge here; the tar reader decides.
+        return Ok(());
+    }
+    Err(format!(
+        "not an archive this agent reads: the data is {}; expected a tar archive, \
+         gzip-compressed (starts with 1f 8b), zstd-compressed (28 b5 2f fd) or plain \
+         (a ustar header)",
+        looks_like.as_deref().unwrap_or("not a tar header")
+    ))
+}
+
 /// A decompressing reader over `r`.
 pub fn decoder<'a, R: BufRead + 'a>(r: R, c: Compression) -> io::Result<Box<dyn Read + 'a>> {
     Ok(match c {
@@ -140,4 +182,41 @@ impl<W: Write + Send + 'static> Write for Encoder<W> {
 /// Buffered reader of the size the decoders work best with.
 pub fn buffered<R: Read>(r: R) -> BufReader<R> {
     BufReader::with_capacity(256 << 10, r)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check_plain_tar;
+
+    fn check(data: &[u8]) -> Result<(), String> {
+        check_plain_tar(&mut std::io::BufReader::new(data))
+    }
+
+    #[test]
+    fn tar_headers_pass_and_other_formats_are_named() {
+        let mut b = tar::Builder::new(Vec::new());
+        let mut h = tar::Header::new_gnu();
+        h.set_size(3);
+        h.set_cksum();
+        b.append_data(&mut h, "a.txt", &b"abc"[..]).unwrap();
+        let gnu = b.into_inner().unwrap();
+        assert_eq!(check(&gnu), Ok(()));
+        let mut old = tar::Header::new_old();
+        old.set_path("x").unwrap();
+        old.set_cksum();
+        assert_eq!(check(old.as_bytes()), Ok(()));
+        assert_eq!(check(&[0u8; 1024]), Ok(()));
+        assert_eq!(check(b""), Ok(()));
+
+        let mut zip = b"PK\x03\x04".to_vec();
+        zip.resize(600, 7);
+        let e = check(&zip).unwrap_err();
+        assert!(e.contains("zip") && e.contains("gzip"), "{e}");
+        let text = "hello, this is not an archive\n".repeat(30);
+        let e = check(text.as_bytes()).unwrap_err();
+        assert!(
+            e.contains("not a tar header") && !e.contains("hello"),
+            "{e}"
+        );
+    }
 }

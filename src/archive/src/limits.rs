@@ -35,6 +35,12 @@ pub struct ArchiveLimits {
     pub queue_chunks: usize,
     /// Compression threads for Dump; 0 means one per CPU.
     pub dump_threads: usize,
+    /// Initialize flushes the new contents to disk (`syncfs`) before it
+    /// answers, unless the request says otherwise. Off: the swap is atomic
+    /// either way and survives the agent being killed; only a crash of the
+    /// whole VM could lose what was just written, and a crashed sandbox is
+    /// discarded anyway.
+    pub durable_initialize: bool,
 }
 
 impl Default for ArchiveLimits {
@@ -51,6 +57,7 @@ impl Default for ArchiveLimits {
             owner: None,
             queue_chunks: 8,
             dump_threads: 0,
+            durable_initialize: false,
         }
     }
 }

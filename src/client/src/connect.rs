@@ -34,8 +34,13 @@ pub type AuthChannel = InterceptedService<Channel, BearerInterceptor>;
 pub enum ConnectError {
     #[error(transparent)]
     Uri(#[from] UriError),
-    #[error("cannot reach the agent at {endpoint}: {detail}")]
-    Unreachable { endpoint: String, detail: String },
+    #[error("cannot reach the agent at {endpoint}: {detail}{hint}")]
+    Unreachable {
+        endpoint: String,
+        detail: String,
+        /// What to check, when the cause says (nothing listens there).
+        hint: &'static str,
+    },
 }
 
 /// How to connect: token and timeouts.
@@ -68,9 +73,14 @@ impl ConnectOptions {
     /// here rather than on the first RPC.
     pub async fn connect(&self, uri: &str) -> Result<Client, ConnectError> {
         let endpoint: Endpoint = uri.parse()?;
-        let unreachable = |detail: String| ConnectError::Unreachable {
+        let unreachable = |e: &tonic::transport::Error| ConnectError::Unreachable {
             endpoint: endpoint.to_string(),
-            detail,
+            detail: error_chain(e),
+            hint: if nobody_listens(e) {
+                "; is the agent running? (start one with `sandbox-agent --dev`, or check --agent)"
+            } else {
+                ""
+            },
         };
         // The URI given to tonic only names the HTTP/2 authority; the
         // connector decides where bytes really go.
@@ -94,13 +104,31 @@ impl ConnectOptions {
         let channel = builder
             .connect_with_connector(connector)
             .await
-            .map_err(|e| unreachable(error_chain(&e)))?;
+            .map_err(|e| unreachable(&e))?;
         Ok(Client {
             channel,
             auth: BearerInterceptor::new(self.token.as_ref()),
             endpoint,
         })
     }
+}
+
+/// Whether a connect failed because nothing listens at the endpoint (no
+/// socket file, or the connection refused).
+fn nobody_listens(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur = Some(e);
+    while let Some(err) = cur {
+        if let Some(io) = err.downcast_ref::<std::io::Error>()
+            && matches!(
+                io.kind(),
+                std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused
+            )
+        {
+            return true;
+        }
+        cur = err.source();
+    }
+    false
 }
 
 /// Renders an error with its sources, `a: b: c`, skipping repeats.

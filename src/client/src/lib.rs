@@ -40,3 +40,18 @@ pub fn now_ms() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
 }
+
+/// A `*_at_ms` timestamp for people: `at 2026-11-23T18:30:12Z (3m 12s ago)`.
+pub fn when(at_ms: u64) -> String {
+    let t = std::time::UNIX_EPOCH + std::time::Duration::from_millis(at_ms);
+    let age = now_ms().saturating_sub(at_ms) / 1000;
+    let ago = if age == 0 {
+        "just now".to_owned()
+    } else {
+        format!(
+            "{} ago",
+            humantime::format_duration(std::time::Duration::from_secs(age))
+        )
+    };
+    format!("at {} ({ago})", humantime::format_rfc3339_seconds(t))
+}

@@ -22,6 +22,9 @@ use axum::Router;
 use axum::routing::{get, post, put};
 use clap::Parser;
 
+/// The manifest a local agent reads when the host passes none.
+const INSTALLED_MANIFEST: &str = "/etc/sandbox-agent/servers.toml";
+
 /// How long a shutdown waits for releases already accepted (a Release
 /// stops the sandbox's servers; in a VM under TCG that takes seconds).
 const RELEASE_DRAIN: std::time::Duration = std::time::Duration::from_secs(60);
@@ -87,15 +90,26 @@ struct Args {
     /// The agent binary. Default: sandbox-agent next to this binary.
     #[arg(long, value_name = "FILE")]
     agent_bin: Option<PathBuf>,
-    /// The MCP server manifest the agents run.
+    /// The MCP server manifest the agents run (process backend). Required
+    /// unless /etc/sandbox-agent/servers.toml exists.
     #[arg(long, value_name = "FILE")]
     manifest: Option<PathBuf>,
     /// Multiplies every TTL (0.05 makes 60 s last 3 s; for tests).
     #[arg(long, default_value_t = 1.0)]
     time_scale: f64,
+    /// Log format: `text`, or `json` (one JSON object per line). Filter
+    /// with RUST_LOG (default: info).
+    #[arg(long, value_enum, default_value = "text")]
+    log_format: LogFormat,
     /// Largest archive a PUT may upload, in bytes.
     #[arg(long, default_value_t = 8 << 30)]
     max_upload_bytes: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -120,6 +134,17 @@ fn backend(args: &Args) -> anyhow::Result<pool::Backend> {
                 "no agent binary at {} (give --agent-bin)",
                 agent_bin.display()
             );
+            // Without a manifest every sandbox would carry no server.
+            let installed = std::path::Path::new(INSTALLED_MANIFEST);
+            anyhow::ensure!(
+                args.manifest.is_some() || installed.is_file(),
+                "no MCP server manifest: pass --manifest FILE (packaging/servers.toml in the \
+                 source tree, with the servers packaging/install-servers.sh installs), or \
+                 install one as {INSTALLED_MANIFEST}; without it the sandboxes carry no server"
+            );
+            if let Some(m) = &args.manifest {
+                anyhow::ensure!(m.is_file(), "no manifest at {} (--manifest)", m.display());
+            }
             Ok(pool::Backend::Process {
                 agent_bin,
                 manifest: args.manifest.clone(),
@@ -220,13 +245,18 @@ fn owner_of_key(key: &str) -> String {
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    tracing_subscriber::fmt()
+    let logs = tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
-        .with_writer(std::io::stderr)
-        .init();
+        // Colour only for a person at a terminal, never into a log file.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_writer(std::io::stderr);
+    match args.log_format {
+        LogFormat::Text => logs.init(),
+        LogFormat::Json => logs.json().with_current_span(true).init(),
+    }
     anyhow::ensure!(args.time_scale > 0.0, "--time-scale must be positive");
     let mut keys = keys(&args)?;
     let mut generated = None;

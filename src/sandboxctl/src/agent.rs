@@ -1,5 +1,6 @@
 //! `health` and `info`: the agent itself.
 
+use crate::output::outln;
 use std::process::ExitCode;
 
 use sandbox_client::Client;
@@ -22,14 +23,14 @@ pub(crate) async fn health(client: &Client, service: &str, json: bool) -> anyhow
     let status = ServingStatus::try_from(resp.status).unwrap_or(ServingStatus::Unknown);
     let name = status.as_str_name();
     if json {
-        println!(
+        outln!(
             "{}",
             json!({ "ok": status == ServingStatus::Serving, "service": service, "status": name, "agent": client.endpoint().to_string() })
         );
     } else if service.is_empty() {
-        println!("{name}");
+        outln!("{name}");
     } else {
-        println!("{service}: {name}");
+        outln!("{service}: {name}");
     }
     Ok(if status == ServingStatus::Serving {
         ExitCode::SUCCESS
@@ -65,7 +66,7 @@ pub(crate) async fn info(client: &Client, json: bool) -> anyhow::Result<ExitCode
                 "test_account_email": l.test_account_email,
             })
         });
-        println!(
+        outln!(
             "{}",
             json!({
                 "ok": true,
@@ -142,7 +143,7 @@ pub(crate) async fn info(client: &Client, json: bool) -> anyhow::Result<ExitCode
         ("agent rss", bytes(i.agent_rss_bytes)),
     ];
     for (k, v) in rows {
-        println!("{k:<10} {v}");
+        outln!("{k:<10} {v}");
     }
     Ok(ExitCode::SUCCESS)
 }

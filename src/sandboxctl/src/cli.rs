@@ -68,6 +68,10 @@ pub(crate) enum Verb {
         /// Lay the contents over the workspace instead of replacing it.
         #[arg(long)]
         merge: bool,
+        /// Flush the new contents to disk before answering (syncfs; the
+        /// agent's default is not to: the swap is atomic either way).
+        #[arg(long)]
+        durable: bool,
     },
     /// Download the workspace as a tar.gz (or tar.zst) archive.
     Dump {

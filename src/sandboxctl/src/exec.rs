@@ -1,6 +1,7 @@
 //! `exec upload|run|status|logs|export|cancel`: script executions in the
 //! leased sandbox (the agent's `Exec` service).
 
+use crate::output::outln;
 use std::io::Write;
 use std::path::Path;
 use std::process::ExitCode;
@@ -54,14 +55,14 @@ pub async fn upload(
         .map_err(|s| rpc_error("Exec.Upload", s))?
         .into_inner();
     if json_out {
-        println!(
+        outln!(
             "{}",
             json!({"ok": true, "execution_name": r.execution_name, "files": r.files,
                    "bytes_written": r.bytes_written, "archive_bytes": r.archive_bytes,
                    "replaced": r.replaced, "killed_running": r.killed_running})
         );
     } else {
-        println!(
+        outln!(
             "uploaded execution {} ({} files, {}){}",
             r.execution_name,
             r.files,
@@ -106,7 +107,7 @@ pub async fn run(
 
 fn print_status(st: &proto::ExecStatus, json_out: bool) {
     if json_out {
-        println!(
+        outln!(
             "{}",
             json!({"execution_name": st.execution_name, "status": st.klavis_status,
                    "state": proto::ExecState::try_from(st.state).map(|s| s.as_str_name()).unwrap_or("?"),
@@ -129,7 +130,7 @@ fn print_status(st: &proto::ExecStatus, json_out: bool) {
         ),
         (s, f) => format!(", took {:.1} s", (f - s) as f64 / 1e3),
     };
-    println!(
+    outln!(
         "{}: {}{exit}{secs}, log {}{}{}",
         st.execution_name,
         st.klavis_status,
@@ -172,7 +173,7 @@ pub async fn status(
         }
     };
     if list.is_empty() && !json_out {
-        println!("no executions in this lease");
+        outln!("no executions in this lease");
     }
     for st in &list {
         print_status(st, json_out);

@@ -1,5 +1,6 @@
 //! Lease and server verbs: acquire, release, reset, status, servers, logs.
 
+use crate::output::outln;
 use std::collections::HashMap;
 use std::process::ExitCode;
 
@@ -88,6 +89,7 @@ pub async fn acquire(
         test_account_email: a.email.unwrap_or_default().to_owned(),
         auth_data: auth,
         env,
+        no_servers: false,
     };
     let r = client
         .agent()
@@ -96,15 +98,15 @@ pub async fn acquire(
         .map_err(|s| rpc_error("Agent.Acquire", s))?
         .into_inner();
     if json_out {
-        println!(
+        outln!(
             "{}",
             outcome_json(r.status, r.lease.as_ref(), &r.servers, &r.message)
         );
     } else {
         if let Some(l) = &r.lease {
-            println!("lease {} ({})", l.lease_id, status_str(r.status));
+            outln!("lease {} ({})", l.lease_id, status_str(r.status));
         }
-        println!("{}", r.message);
+        outln!("{}", r.message);
         print_servers(&r.servers);
     }
     Ok(ExitCode::SUCCESS)
@@ -126,12 +128,12 @@ pub async fn release(
         .map_err(|s| rpc_error("Agent.Release", s))?
         .into_inner();
     if json_out {
-        println!(
+        outln!(
             "{}",
             json!({"ok": true, "status": status_str(r.status), "message": r.message})
         );
     } else {
-        println!("{}", r.message);
+        outln!("{}", r.message);
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -151,12 +153,12 @@ pub async fn shutdown(client: &Client, reason: &str, json_out: bool) -> anyhow::
         "the agent is stopping"
     };
     if json_out {
-        println!(
+        outln!(
             "{}",
             json!({"ok": true, "power_off": r.power_off, "message": message})
         );
     } else {
-        println!("{message}");
+        outln!("{message}");
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -175,12 +177,12 @@ pub async fn reset(
         .map_err(|s| rpc_error("Agent.Reset", s))?
         .into_inner();
     if json_out {
-        println!(
+        outln!(
             "{}",
             outcome_json(r.status, r.lease.as_ref(), &r.servers, &r.message)
         );
     } else {
-        println!("{}", r.message);
+        outln!("{}", r.message);
         print_servers(&r.servers);
     }
     Ok(ExitCode::SUCCESS)
@@ -205,7 +207,7 @@ pub async fn status(client: &Client, json_out: bool) -> anyhow::Result<ExitCode>
         |r| json!({"lease_id": r.lease_id, "is_ttl": r.is_ttl, "released_at_ms": r.released_at_ms}),
     );
     if json_out {
-        println!(
+        outln!(
             "{}",
             json!({
                 "ok": true,
@@ -217,32 +219,32 @@ pub async fn status(client: &Client, json_out: bool) -> anyhow::Result<ExitCode>
         );
         return Ok(ExitCode::SUCCESS);
     }
-    println!("status     {}", status_str(info.status));
+    outln!("status     {}", status_str(info.status));
     match &info.lease {
         Some(l) => {
-            println!("lease      {}", l.lease_id);
-            println!(
+            outln!("lease      {}", l.lease_id);
+            outln!(
                 "benchmark  {}",
                 benchmark_name(l.benchmark).as_str().unwrap_or("-")
             );
-            println!("servers    {}", l.server_names.join(", "));
+            outln!("servers    {}", l.server_names.join(", "));
             if l.expires_at_ms > 0 {
                 let left = l.expires_at_ms.saturating_sub(sandbox_client::now_ms()) / 1000;
-                println!("expires in {left} s (ttl {} s)", l.ttl_seconds);
+                outln!("expires in {left} s (ttl {} s)", l.ttl_seconds);
             } else {
-                println!("expires    never");
+                outln!("expires    never");
             }
         }
-        None => println!("lease      -"),
+        None => outln!("lease      -"),
     }
     if let Some(r) = &info.last_release {
-        println!(
+        outln!(
             "released   {}{}",
             r.lease_id,
             if r.is_ttl { " (TTL)" } else { "" }
         );
     }
-    println!();
+    outln!();
     print_servers(&servers);
     Ok(ExitCode::SUCCESS)
 }

@@ -17,6 +17,7 @@ mod output;
 mod servers;
 mod transfer;
 
+use crate::output::outln;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -45,9 +46,12 @@ fn main() -> ExitCode {
 }
 
 fn fail(json: bool, e: &anyhow::Error) -> ExitCode {
+    if output::is_closed_pipe(e) {
+        return ExitCode::from(output::CLOSED_PIPE);
+    }
     let msg = format!("{e:#}");
     if json {
-        println!("{}", json!({ "ok": false, "error": msg }));
+        outln!("{}", json!({ "ok": false, "error": msg }));
     }
     eprintln!("sandboxctl: {msg}");
     ExitCode::FAILURE
@@ -88,7 +92,11 @@ async fn run(args: Args) -> anyhow::Result<ExitCode> {
     match &args.verb {
         Verb::Health { service } => agent::health(&client, service, args.json).await,
         Verb::Info => agent::info(&client, args.json).await,
-        Verb::Upload { path, merge } => transfer::upload(&client, path, *merge, args.json).await,
+        Verb::Upload {
+            path,
+            merge,
+            durable,
+        } => transfer::upload(&client, path, *merge, *durable, args.json).await,
         Verb::Dump {
             output,
             exclude,

@@ -1,6 +1,7 @@
 //! `mcp` (talk MCP to one server through the data plane) and `mcp-proxy`
 //! (expose the data plane on this host).
 
+use crate::output::outln;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -111,12 +112,12 @@ pub(crate) async fn mcp(args: &Args, name: &str, verb: &McpVerb) -> anyhow::Resu
         McpVerb::Tools => {
             let r = c.call("tools/list", json!({})).await?;
             if args.json {
-                println!("{}", json!({"ok": true, "tools": r["tools"]}));
+                outln!("{}", json!({"ok": true, "tools": r["tools"]}));
             } else {
                 for t in r["tools"].as_array().into_iter().flatten() {
                     let desc = t["description"].as_str().unwrap_or("");
                     let first = desc.lines().next().unwrap_or("");
-                    println!("{:<28} {first}", t["name"].as_str().unwrap_or("?"));
+                    outln!("{:<28} {first}", t["name"].as_str().unwrap_or("?"));
                 }
             }
             Ok(ExitCode::SUCCESS)
@@ -129,12 +130,12 @@ pub(crate) async fn mcp(args: &Args, name: &str, verb: &McpVerb) -> anyhow::Resu
                 .await?;
             let is_error = r["isError"].as_bool().unwrap_or(false);
             if args.json {
-                println!("{}", json!({"ok": !is_error, "result": r}));
+                outln!("{}", json!({"ok": !is_error, "result": r}));
             } else {
                 for item in r["content"].as_array().into_iter().flatten() {
                     match item["text"].as_str() {
-                        Some(t) => println!("{t}"),
-                        None => println!("{item}"),
+                        Some(t) => outln!("{t}"),
+                        None => outln!("{item}"),
                     }
                 }
             }

@@ -1,6 +1,40 @@
 //! Formatting shared by the verbs: RPC errors, statuses, sizes, durations.
 
 use anyhow::anyhow;
+
+/// `println!` that never panics: a reader that went away (`sandboxctl … |
+/// head -1`) ends the program quietly with 141, as a tool killed by
+/// SIGPIPE would; any other write failure is reported.
+macro_rules! outln {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        if let Err(e) = writeln!(std::io::stdout(), $($t)*) {
+            $crate::output::stdout_failed(e)
+        }
+    }};
+}
+
+pub(crate) use outln;
+
+/// Exit code of a program whose reader closed the pipe (128 + SIGPIPE).
+pub(crate) const CLOSED_PIPE: u8 = 141;
+
+/// Ends the program after a failed write to stdout.
+pub(crate) fn stdout_failed(e: std::io::Error) -> ! {
+    if e.kind() != std::io::ErrorKind::BrokenPipe {
+        eprintln!("sandboxctl: writing to stdout: {e}");
+        std::process::exit(1);
+    }
+    std::process::exit(i32::from(CLOSED_PIPE))
+}
+
+/// Whether `e` is a write to a reader that went away.
+pub(crate) fn is_closed_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}
 use sandbox_client::error_chain;
 use sandbox_client::proto;
 

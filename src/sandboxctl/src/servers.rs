@@ -1,5 +1,6 @@
 //! `servers` (list, start, stop, restart) and `logs`.
 
+use crate::output::outln;
 use std::io::Write;
 use std::process::ExitCode;
 
@@ -33,7 +34,7 @@ pub async fn servers(
                 .into_inner()
                 .servers;
             if json_out {
-                println!(
+                outln!(
                     "{}",
                     json!({"ok": true, "servers": list.iter().map(server_json).collect::<Vec<_>>()})
                 );
@@ -62,7 +63,7 @@ pub async fn servers(
     if json_out {
         let mut v = server_json(&one);
         v["ok"] = json!(true);
-        println!("{v}");
+        outln!("{v}");
     } else {
         print_servers(std::slice::from_ref(&one));
     }
@@ -173,9 +174,14 @@ pub(crate) fn server_json(s: &proto::ServerStatus) -> Value {
 }
 
 pub(crate) fn print_servers(list: &[proto::ServerStatus]) {
-    println!(
+    outln!(
         "{:<24} {:<9} {:>7} {:>8} {:>10} {:>9}  DETAIL",
-        "NAME", "STATE", "PID", "RESTARTS", "RSS", "CPU"
+        "NAME",
+        "STATE",
+        "PID",
+        "RESTARTS",
+        "RSS",
+        "CPU"
     );
     for s in list {
         let mut detail = s.message.clone();
@@ -184,7 +190,7 @@ pub(crate) fn print_servers(list: &[proto::ServerStatus]) {
         {
             detail = format!("last exit: {}", exit_str(e));
         }
-        println!(
+        outln!(
             "{:<24} {:<9} {:>7} {:>8} {:>10} {:>8}s  {}",
             format!("{}{}", s.name, if s.in_lease { "*" } else { "" }),
             state_str(s.state),

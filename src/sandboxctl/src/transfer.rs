@@ -1,5 +1,6 @@
 //! `upload` and `dump`: workspace transfer with progress.
 
+use crate::output::outln;
 use std::io::{IsTerminal, Read};
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
@@ -22,20 +23,25 @@ use tokio_stream::StreamExt;
 
 use crate::output::{bytes, rpc_error};
 
+/// What the progress bar shows: with a known size, the total, the
+/// percentage and the time left; else what has moved so far.
+fn progress_template(known_size: bool) -> &'static str {
+    if known_size {
+        "{msg} {bar:30} {bytes}/{total_bytes} {percent:>3}% {binary_bytes_per_sec} ETA {eta}"
+    } else {
+        "{msg} {spinner} {bytes} {binary_bytes_per_sec} {elapsed}"
+    }
+}
+
 /// A progress bar on a terminal, nothing otherwise.
 fn progress(len: Option<u64>, what: &str) -> ProgressBar {
     if !std::io::stderr().is_terminal() {
         return ProgressBar::hidden();
     }
-    let (bar, tmpl) = match len {
-        Some(n) => (
-            ProgressBar::new(n),
-            "{msg} {bar:30} {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta}",
-        ),
-        None => (
-            ProgressBar::new_spinner(),
-            "{msg} {spinner} {bytes} {binary_bytes_per_sec} {elapsed}",
-        ),
+    let tmpl = progress_template(len.is_some());
+    let bar = match len {
+        Some(n) => ProgressBar::new(n),
+        None => ProgressBar::new_spinner(),
     };
     if let Ok(style) = ProgressStyle::with_template(tmpl) {
         bar.set_style(style);
@@ -134,6 +140,7 @@ pub async fn upload(
     client: &Client,
     path: &Path,
     merge: bool,
+    durable: bool,
     json_out: bool,
 ) -> anyhow::Result<ExitCode> {
     let mode = if merge {
@@ -148,6 +155,7 @@ pub async fn upload(
         mode,
         expected_sha256: src.sha256.clone(),
         size_hint: src.size.unwrap_or(0),
+        durable: durable.then_some(true),
     };
     let bar = progress(src.size, "uploading");
     let producer = src.producer;
@@ -189,14 +197,14 @@ pub async fn upload(
         .into_inner();
     let took = start.elapsed();
     if json_out {
-        println!(
+        outln!(
             "{}",
             json!({ "ok": true, "files": r.files, "dirs": r.dirs, "symlinks": r.symlinks, "hardlinks": r.hardlinks,
                     "bytes_written": r.bytes_written, "archive_bytes": r.archive_bytes, "archive_sha256": r.archive_sha256,
                     "agent_duration_ms": r.duration_ms, "duration_ms": took.as_millis() as u64 })
         );
     } else {
-        println!(
+        outln!(
             "uploaded {} files, {} dirs, {} symlinks ({} expanded from {} sent, {}) in {:.2} s; sha256 {}",
             r.files,
             r.dirs,
@@ -340,7 +348,7 @@ pub(crate) async fn save(
         "content_bytes": trailer.content_bytes, "changed_files": trailer.changed_files, "changed_truncated": trailer.changed_truncated,
         "agent_duration_ms": trailer.duration_ms, "duration_ms": took.as_millis() as u64 });
     if json_out && !to_stdout {
-        println!("{summary}");
+        outln!("{summary}");
     } else if json_out {
         eprintln!("{summary}");
     } else {
@@ -381,15 +389,30 @@ pub async fn clear(client: &Client, json_out: bool) -> anyhow::Result<ExitCode> 
         .map_err(|s| rpc_error("Workspace.Clear", s))?
         .into_inner();
     if json_out {
-        println!(
+        outln!(
             "{}",
             json!({ "ok": true, "removed_entries": r.removed_entries, "duration_ms": r.duration_ms })
         );
     } else {
-        println!(
+        outln!(
             "cleared the workspace ({} top-level entries removed, {} ms)",
-            r.removed_entries, r.duration_ms
+            r.removed_entries,
+            r.duration_ms
         );
     }
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_known_size_shows_total_percentage_and_eta() {
+        let t = super::progress_template(true);
+        for part in ["{total_bytes}", "{percent", "ETA {eta}"] {
+            assert!(t.contains(part), "{t}");
+        }
+        let style = indicatif::ProgressStyle::with_template(t);
+        assert!(style.is_ok(), "the template must parse");
+        assert!(indicatif::ProgressStyle::with_template(super::progress_template(false)).is_ok());
+    }
 }

@@ -9,7 +9,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, info, warn};
 
 use super::{Current, LcError, Lease, Lifecycle, LifecycleConfig, MAX_LEASE_ID_LEN, SandboxStatus};
-use crate::supervisor::manifest::{Benchmark, Credentials, Manifest};
+use crate::supervisor::manifest::{Benchmark, Credentials, LaunchError, Manifest};
 use crate::supervisor::now_ms;
 
 /// Which servers to acquire.
@@ -17,6 +17,8 @@ use crate::supervisor::now_ms;
 pub enum Selection {
     All,
     Names(Vec<String>),
+    /// No server: a lease of the workspace and executions only.
+    Nothing,
 }
 
 /// The TTL of an Acquire.
@@ -67,6 +69,7 @@ pub(super) fn resolve(
     }
     let names: Vec<String> = match &p.servers {
         Selection::All => manifest.names(),
+        Selection::Nothing => Vec::new(),
         Selection::Names(n) => {
             let mut out: Vec<String> = Vec::new();
             for name in n {
@@ -77,11 +80,11 @@ pub(super) fn resolve(
             out
         }
     };
-    if names.is_empty() {
-        return Err(match p.servers {
-            Selection::All => LcError::EmptyManifest,
-            Selection::Names(_) => LcError::NoServersNamed,
-        });
+    match p.servers {
+        _ if !names.is_empty() => {}
+        Selection::All => return Err(LcError::EmptyManifest),
+        Selection::Names(_) => return Err(LcError::NoServersNamed),
+        Selection::Nothing => {}
     }
     let unknown: Vec<String> = names
         .iter()
@@ -155,13 +158,21 @@ impl Lifecycle {
         }
         let Resolved { names, ttl_seconds } = resolve(&p, &self.manifest, &self.cfg)?;
         let mut specs = Vec::new();
+        let mut missing = Vec::new();
         for name in &names {
             let def = self
                 .manifest
                 .get(name)
                 .ok_or_else(|| unknown_servers(&self.manifest, vec![name.clone()]))?;
             let creds = p.credentials.get(name).cloned().unwrap_or_default();
-            specs.push(def.launch(p.benchmark, &creds, &|k| std::env::var(k).ok())?);
+            match def.launch(p.benchmark, &creds, &|k| std::env::var(k).ok()) {
+                Ok(spec) => specs.push(spec),
+                Err(e @ LaunchError::MissingCredentials { .. }) => missing.push(e),
+                Err(e) => return Err(e.into()),
+            }
+        }
+        if !missing.is_empty() {
+            return Err(LcError::MissingCredentials(missing));
         }
         let span = tracing::info_span!("acquire", lease = %p.lease_id);
         let started = Instant::now();
@@ -209,6 +220,7 @@ impl Lifecycle {
             specs,
             ttl,
             broken: None,
+            started: lease.servers.clone(),
         });
         span.in_scope(|| {
             info!(
@@ -247,7 +259,10 @@ mod tests {
         Manifest::parse(
             "[servers.git]\ncommand = \"g\"\n[servers.memory]\ncommand = \"m\"\n",
             Path::new("m.toml"),
-            Path::new("/ws"),
+            &crate::supervisor::manifest::Roots {
+                workspace: Path::new("/ws"),
+                state_root: Path::new("/st"),
+            },
         )
         .unwrap()
     }

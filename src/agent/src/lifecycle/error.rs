@@ -50,7 +50,8 @@ pub enum LcError {
     },
     // ---- the sandbox is not in the state the request needs (FAILED_PRECONDITION)
     #[error(
-        "the sandbox is already leased (lease {lease}, acquired at {acquired_at_ms} ms); Release it before acquiring again"
+        "the sandbox is already leased (lease {lease}, acquired {}); Release it before acquiring again",
+        crate::supervisor::when(*acquired_at_ms)
     )]
     AlreadyLeased { lease: String, acquired_at_ms: u64 },
     #[error("the sandbox is idle; there is no lease to reset")]
@@ -61,6 +62,9 @@ pub enum LcError {
     NotNarrowable { why: String },
     #[error(transparent)]
     Launch(#[from] LaunchError),
+    /// Every server of the request that lacks credentials, each by name.
+    #[error("{}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n"))]
+    MissingCredentials(Vec<LaunchError>),
     // ---- what the request names does not exist (NOT_FOUND)
     #[error(
         "no lease {asked:?}: {}",

@@ -136,6 +136,10 @@ struct Current {
     ttl: CancellationToken,
     /// Set when Reset failed to bring the servers back.
     broken: Option<String>,
+    /// Every server started under this lease, narrowed away or not: the
+    /// state paths Release empties. Servers never leased are not touched
+    /// (their paths may not even be writable by this agent).
+    started: Vec<String>,
 }
 
 pub struct Lifecycle {

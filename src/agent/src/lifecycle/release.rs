@@ -45,11 +45,19 @@ impl Lifecycle {
         }
         let span = tracing::info_span!("release", lease = %cur_id, is_ttl);
         let started = Instant::now();
-        let all = self.manifest.names();
-        async {
+        let touched = self
+            .current()
+            .as_ref()
+            .map(|c| c.started.clone())
+            .unwrap_or_default();
+        // A state path that cannot be emptied does not keep the lease: the
+        // next Acquire of that server empties it again before starting it
+        // (and fails there, by name, if it still cannot).
+        let unwiped = async {
             self.exec.close().await;
             self.sup.stop_all().await;
-            self.wipe(&all, true).await
+            self.wipe(&[], true).await?;
+            Ok::<_, LcError>(self.wipe_state(&touched).await)
         }
         .instrument(span.clone())
         .await?;
@@ -60,17 +68,24 @@ impl Lifecycle {
             is_ttl,
             at_ms: now_ms(),
         });
-        for n in &all {
+        for n in &touched {
             self.sup.forget(n);
         }
         if let Some(c) = self.current().take() {
             c.ttl.cancel();
         }
         span.in_scope(|| info!(ms = started.elapsed().as_millis() as u64, "released"));
-        Ok(format!(
+        let mut msg = format!(
             "lease {cur_id} released{}; the sandbox is idle",
             if is_ttl { " (TTL expired)" } else { "" }
-        ))
+        );
+        if !unwiped.is_empty() {
+            msg.push_str(&format!(
+                "; could not empty {} (the next Acquire of its server empties it again)",
+                unwiped.join("; ")
+            ));
+        }
+        Ok(msg)
     }
 
     /// Back to the state right after Acquire, keeping the lease.
@@ -174,6 +189,32 @@ impl Lifecycle {
             what: "wipe",
             source,
         })?
+    }
+
+    /// Empties the state paths of `names` as far as it can; returns what
+    /// could not be emptied, each with its error, and logs it.
+    async fn wipe_state(&self, names: &[String]) -> Vec<String> {
+        let paths: Vec<_> = names
+            .iter()
+            .filter_map(|n| self.manifest.get(n))
+            .flat_map(|d| d.state_paths.iter().cloned())
+            .collect();
+        let failed = tokio::task::spawn_blocking(move || {
+            paths
+                .iter()
+                .filter_map(|p| {
+                    seed::wipe(p)
+                        .err()
+                        .map(|e| format!("state path {}: {e}", p.display()))
+                })
+                .collect::<Vec<_>>()
+        })
+        .await
+        .unwrap_or_else(|e| vec![format!("the wipe task failed: {e}")]);
+        for f in &failed {
+            warn!(error = %f, "release could not empty a state path");
+        }
+        failed
     }
 
     /// Stops the servers of a failed Acquire and wipes what it placed.

@@ -95,15 +95,21 @@ pub fn place(ws: &Arc<Workspace>, seed: &Seed) -> Result<(), WsError> {
 pub fn wipe(path: &Path) -> std::io::Result<()> {
     match std::fs::symlink_metadata(path) {
         Ok(m) if m.is_dir() => {
+            // Everything that can go goes; the first failure is reported.
+            let mut first = None;
             for entry in std::fs::read_dir(path)? {
-                let entry = entry?;
-                if entry.file_type()?.is_dir() {
-                    std::fs::remove_dir_all(entry.path())?;
-                } else {
-                    std::fs::remove_file(entry.path())?;
+                let r = entry.and_then(|entry| {
+                    if entry.file_type()?.is_dir() {
+                        std::fs::remove_dir_all(entry.path())
+                    } else {
+                        std::fs::remove_file(entry.path())
+                    }
+                });
+                if let Err(e) = r {
+                    first.get_or_insert(e);
                 }
             }
-            Ok(())
+            first.map_or(Ok(()), Err)
         }
         Ok(_) => {
             std::fs::remove_file(path)?;

@@ -187,17 +187,18 @@ impl proto::agent_server::Agent for AgentService {
         req: Request<proto::AcquireRequest>,
     ) -> Result<Response<proto::AcquireResponse>, Status> {
         let r = req.into_inner();
-        let servers = match (r.all_servers, r.server_names.is_empty()) {
-            (true, true) => Selection::All,
-            (false, false) => Selection::Names(r.server_names),
-            (true, false) => {
+        let servers = match (r.all_servers, r.no_servers, r.server_names.is_empty()) {
+            (true, false, true) => Selection::All,
+            (false, true, true) => Selection::Nothing,
+            (false, false, false) => Selection::Names(r.server_names),
+            (false, false, true) => {
                 return Err(Status::invalid_argument(
-                    "give either server_names or all_servers, not both",
+                    "server_names is empty; name the servers to start, or set all_servers or no_servers",
                 ));
             }
-            (false, true) => {
+            _ => {
                 return Err(Status::invalid_argument(
-                    "server_names is empty; name the servers to start or set all_servers",
+                    "give one of server_names, all_servers and no_servers",
                 ));
             }
         };

@@ -35,7 +35,8 @@ fn lc_status(e: LcError) -> Status {
         LcError::AlreadyLeased { .. }
         | LcError::NotLeased
         | LcError::NotNarrowable { .. }
-        | LcError::Launch(_) => Status::failed_precondition(message),
+        | LcError::Launch(_)
+        | LcError::MissingCredentials(_) => Status::failed_precondition(message),
         LcError::NoSuchLease { .. } | LcError::Supervisor(_) => Status::not_found(message),
         LcError::NotReady(_) => Status::unavailable(message),
         LcError::Workspace(w) => workspace::ws_status(w),

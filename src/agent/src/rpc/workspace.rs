@@ -80,6 +80,7 @@ impl proto::workspace_server::Workspace for WorkspaceService {
             merge: mode == proto::InitializeMode::Merge,
             expected_sha256: header.expected_sha256,
             size_hint: header.size_hint,
+            durable: header.durable,
         };
         let limits = self.ws.limits().clone();
         if init.size_hint > limits.max_archive_bytes {
@@ -133,6 +134,7 @@ impl proto::workspace_server::Workspace for WorkspaceService {
             archive_bytes: stats.archive_bytes,
             archive_sha256: stats.archive_sha256,
             duration_ms: stats.duration.as_millis() as u64,
+            durable: stats.durable,
         }))
     }
 

@@ -41,7 +41,7 @@ use runner::{runner, set_state};
 use spawn::{Exit, Reaper, Spawner};
 
 /// Milliseconds since the Unix epoch.
-pub use sandbox_client::now_ms;
+pub use sandbox_client::{now_ms, when};
 
 /// Limits and switches of the supervisor (`[supervisor]` in agent.toml).
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -19,6 +19,8 @@ pub struct InitStats {
     pub duration: Duration,
     /// Part of `duration` spent making the new contents durable (syncfs).
     pub sync: Duration,
+    /// Whether the new contents were flushed to disk before the answer.
+    pub durable: bool,
 }
 
 /// What to Initialize.
@@ -30,6 +32,8 @@ pub struct InitRequest {
     pub expected_sha256: String,
     /// 0 when unknown.
     pub size_hint: u64,
+    /// Flush to disk before answering; `None`: `archive.durable_initialize`.
+    pub durable: Option<bool>,
 }
 
 /// What to Dump.
@@ -226,13 +230,15 @@ impl Workspace {
         })();
         match result {
             Ok((stats, sha, count)) => {
-                let (_, sync) = self.commit(&stage_name, stage)?;
+                let durable = req.durable.unwrap_or(self.limits.durable_initialize);
+                let (_, sync) = self.commit(&stage_name, stage, durable)?;
                 Ok(InitStats {
                     extract: stats,
                     archive_bytes: count,
                     archive_sha256: sha,
                     duration: start.elapsed(),
                     sync,
+                    durable,
                 })
             }
             Err(e) => {
@@ -291,7 +297,7 @@ impl Workspace {
 
     fn clear(&self) -> Result<u64, WsError> {
         let (name, stage) = self.txn.stage()?;
-        self.commit(&name, stage).map(|(n, _)| n)
+        self.commit(&name, stage, false).map(|(n, _)| n)
     }
 
     /// Commits a stage; on failure, rolls forward (journal written) or
@@ -300,8 +306,9 @@ impl Workspace {
         &self,
         name: &std::ffi::OsStr,
         stage: std::os::fd::OwnedFd,
+        durable: bool,
     ) -> Result<(u64, Duration), WsError> {
-        match self.txn.commit(name, stage.as_fd()) {
+        match self.txn.commit(name, stage.as_fd(), durable) {
             Ok(n) => Ok(n),
             Err(e) => {
                 drop(stage);

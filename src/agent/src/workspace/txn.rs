@@ -3,13 +3,14 @@
 //! New contents are built in a staging directory on the same filesystem,
 //! then swapped in:
 //!
-//! 1. `syncfs` the staging tree (the data is durable before it is visible);
+//! 1. with `durable`, `syncfs` the staging tree (the data is durable before
+//!    it is visible);
 //! 2. write the journal (`phase=commit`): from here on the swap completes
 //!    even if the agent dies;
 //! 3. move every top-level entry of the workspace into `old-N`;
 //! 4. journal `phase=installing`; move every entry of the staging directory
 //!    into the workspace;
-//! 5. `syncfs`, delete the journal, and remove `old-N` in the background
+//! 5. with `durable`, `syncfs`; delete the journal, and remove `old-N` in the background
 //!    (deleting before extracting would also make ext4 slow to allocate
 //!    fresh inodes for the new tree).
 //!
@@ -159,14 +160,20 @@ impl Txn {
 
     /// Swaps the staging directory's contents in. Returns how many
     /// top-level entries the workspace had before, and the time spent in
-    /// `syncfs`.
+    /// `syncfs`. Without `durable` nothing is flushed: the swap is just as
+    /// atomic for a killed agent (the page cache outlives it); only a crash
+    /// of the machine could lose the new contents.
     pub fn commit(
         &self,
         stage_name: &OsStr,
         stage: BorrowedFd<'_>,
+        durable: bool,
     ) -> Result<(u64, std::time::Duration), WsError> {
         let t = std::time::Instant::now();
-        rustix::fs::syncfs(stage).map_err(|e| WsError::io("syncing the staging tree", sys(e)))?;
+        if durable {
+            rustix::fs::syncfs(stage)
+                .map_err(|e| WsError::io("syncing the staging tree", sys(e)))?;
+        }
         let mut synced = t.elapsed();
         let old = unique("old");
         rustix::fs::mkdirat(&self.state, &old, Mode::from_raw_mode(0o700))
@@ -177,7 +184,10 @@ impl Txn {
         self.write_journal("installing", stage_name, &old)?;
         self.move_in(stage_name)?;
         let t = std::time::Instant::now();
-        rustix::fs::syncfs(&self.root).map_err(|e| WsError::io("syncing the workspace", sys(e)))?;
+        if durable {
+            rustix::fs::syncfs(&self.root)
+                .map_err(|e| WsError::io("syncing the workspace", sys(e)))?;
+        }
         synced += t.elapsed();
         self.finish(stage_name, &old)?;
         Ok((moved, synced))

@@ -138,14 +138,27 @@ pub(super) fn invalid(path: &[u8], what: impl std::fmt::Display) -> WsError {
     ))
 }
 
-/// Maps a read error from the decoder/tar parser.
+/// Maps a read error from the decoder/tar parser. The tar reader's own
+/// messages may quote header bytes; those are replaced by what they mean.
 pub(super) fn read_error(e: io::Error, compression: Compression) -> WsError {
     let what = match compression {
         Compression::Gzip => "corrupt or truncated gzip stream",
         Compression::Zstd => "corrupt or truncated zstd stream",
         _ => "corrupt or truncated tar archive",
     };
-    WsError::invalid(format!("{what}: {e}"))
+    let msg = e.to_string();
+    let why = if msg.contains("failed to read entire block") {
+        "the data ends inside a 512-byte tar block (a truncated upload, or not a tar archive: \
+         expected gzip, zstd or plain tar)"
+            .to_owned()
+    } else if msg.contains("numeric field") || msg.contains("checksum") {
+        "a tar header is malformed (not a tar archive, or a damaged one)".to_owned()
+    } else if msg.len() <= 200 && msg.chars().all(|c| c.is_ascii_graphic() || c == ' ') {
+        msg
+    } else {
+        "a header could not be read".to_owned()
+    };
+    WsError::invalid(format!("{what}: {why}"))
 }
 
 /// Extracts `src` into the directory `root`. On error the tree may hold a
@@ -171,6 +184,9 @@ pub fn extract<R: Read + Send + 'static>(
     });
     let compression = codec::sniff(&mut compressed, opts.compression)
         .map_err(|e| read_error(e, opts.compression))?;
+    if opts.compression == Compression::Auto && compression == Compression::None {
+        codec::check_plain_tar(&mut compressed).map_err(WsError::invalid)?;
+    }
     let (tx, rx) = std::sync::mpsc::sync_channel(BLOCKS_IN_FLIGHT);
     let expanded = meter.expanded.clone();
     let decoder = std::thread::Builder::new()

@@ -150,6 +150,17 @@ pub(super) fn verr(loc: &[Value], msg: impl Into<String>, kind: &str, input: &Va
     json!({"loc": loc, "msg": msg.into(), "type": kind, "input": input})
 }
 
+/// [`verr`] with pydantic's `ctx` (the constraint that failed).
+pub(super) fn verr_ctx(
+    loc: &[Value],
+    msg: impl Into<String>,
+    kind: &str,
+    input: &Value,
+    ctx: Value,
+) -> Value {
+    json!({"loc": loc, "msg": msg.into(), "type": kind, "input": input, "ctx": ctx})
+}
+
 pub(super) fn internal(e: impl std::fmt::Display) -> ApiError {
     detail(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
 }

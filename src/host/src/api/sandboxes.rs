@@ -200,6 +200,7 @@ async fn lease_slot(
             lease_id: id.to_owned(),
             server_names: req.servers.clone().unwrap_or_default(),
             all_servers: req.servers.is_none(),
+            no_servers: req.servers.as_ref().is_some_and(Vec::is_empty),
             benchmark: benchmark_proto(req.benchmark.as_deref()),
             // The host's reaper owns the TTL (it survives host restarts in
             // the database).

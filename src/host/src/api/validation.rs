@@ -17,6 +17,60 @@ pub(super) struct AcquireBody {
     pub ttl: Option<u32>,
 }
 
+/// The name pydantic gives the list member of `server_names`'s union
+/// (`list[LocalSandboxMCPServer] | Literal['ALL']`) in error locations.
+const LIST_TAG: &str = "list[str-enum[LocalSandboxMCPServer]]";
+
+/// pydantic's list of allowed values: `'a', 'b' or 'c'`.
+fn expected(values: &[&str]) -> String {
+    let quoted: Vec<String> = values.iter().map(|v| format!("'{v}'")).collect();
+    match quoted.split_last() {
+        Some((last, rest)) if !rest.is_empty() => format!("{} or {last}", rest.join(", ")),
+        _ => quoted.concat(),
+    }
+}
+
+/// The union's other member failing: not the literal `'ALL'`.
+fn not_all(input: &Value) -> Value {
+    verr_ctx(
+        &[
+            json!("body"),
+            json!("server_names"),
+            json!("literal['ALL']"),
+        ],
+        "Input should be 'ALL'",
+        "literal_error",
+        input,
+        json!({"expected": "'ALL'"}),
+    )
+}
+
+/// An integer as pydantic's lax mode reads one: an integer, a float with
+/// no fractional part, a boolean, or a string of digits (surrounding
+/// whitespace ignored). Else pydantic's message and error type.
+fn lax_int(v: &Value) -> Result<i64, (&'static str, &'static str)> {
+    const NOT_INT: (&str, &str) = ("Input should be a valid integer", "int_type");
+    match v {
+        Value::Bool(b) => Ok(i64::from(*b)),
+        Value::Number(n) => match (n.as_i64(), n.as_f64()) {
+            (Some(i), _) => Ok(i),
+            (None, Some(f)) if f.fract() == 0.0 && f.abs() < 9.0e18 => Ok(f as i64),
+            (None, Some(f)) if f.is_finite() => Err((
+                "Input should be a valid integer, got a number with a fractional part",
+                "int_from_float",
+            )),
+            _ => Err(NOT_INT),
+        },
+        Value::String(s) => s.trim().parse::<i64>().map_err(|_| {
+            (
+                "Input should be a valid integer, unable to parse string as an integer",
+                "int_parsing",
+            )
+        }),
+        _ => Err(NOT_INT),
+    }
+}
+
 /// Validates `POST /local-sandbox` like the Klavis (pydantic) model does.
 pub(super) fn parse_acquire(body: &[u8]) -> Result<AcquireBody, ApiError> {
     let v = body_object(body)?;
@@ -35,43 +89,42 @@ pub(super) fn parse_acquire(body: &[u8]) -> Result<AcquireBody, ApiError> {
             None
         }
         Some(Value::String(s)) if s == "ALL" => None,
+        // pydantic tries both members of the union and reports both.
         Some(Value::Array(a)) => {
             let mut names = Vec::new();
+            let mut bad = Vec::new();
+            let expected = expected(SERVER_NAMES);
             for (i, n) in a.iter().enumerate() {
                 match n.as_str() {
                     Some(s) if SERVER_NAMES.contains(&s) => names.push(s.to_owned()),
-                    _ => errors.push(verr(
-                        &[json!("body"), json!("server_names"), json!(i)],
-                        format!(
-                            "Input should be {}",
-                            SERVER_NAMES
-                                .iter()
-                                .map(|s| format!("'{s}'"))
-                                .collect::<Vec<_>>()
-                                .join(", ")
-                        ),
+                    _ => bad.push(verr_ctx(
+                        &[
+                            json!("body"),
+                            json!("server_names"),
+                            json!(LIST_TAG),
+                            json!(i),
+                        ],
+                        format!("Input should be {expected}"),
                         "enum",
                         n,
+                        json!({"expected": expected}),
                     )),
                 }
             }
-            if a.is_empty() {
-                errors.push(verr(
-                    &[json!("body"), json!("server_names")],
-                    "List should have at least 1 item after validation, not 0",
-                    "too_short",
-                    &json!([]),
-                ));
+            if !bad.is_empty() {
+                errors.extend(bad);
+                errors.push(not_all(&Value::Array(a.clone())));
             }
             Some(names)
         }
         Some(other) => {
             errors.push(verr(
-                &[json!("body"), json!("server_names")],
-                "Input should be a valid list, or the literal 'ALL'",
-                "union_tag_invalid",
+                &[json!("body"), json!("server_names"), json!(LIST_TAG)],
+                "Input should be a valid list",
+                "list_type",
                 other,
             ));
+            errors.push(not_all(other));
             None
         }
     };
@@ -81,11 +134,13 @@ pub(super) fn parse_acquire(body: &[u8]) -> Result<AcquireBody, ApiError> {
             Some(b.clone())
         }
         Some(other) => {
-            errors.push(verr(
+            let expected = expected(&proto::Benchmark::KLAVIS_NAMES);
+            errors.push(verr_ctx(
                 &[json!("body"), json!("benchmark")],
-                "Input should be 'MCP_Atlas', 'Toolathlon' or 'MCP_Mark'",
+                format!("Input should be {expected}"),
                 "enum",
                 other,
+                json!({"expected": expected}),
             ));
             None
         }
@@ -93,32 +148,35 @@ pub(super) fn parse_acquire(body: &[u8]) -> Result<AcquireBody, ApiError> {
     let ttl = match o.get("ttl_seconds") {
         None => Some(DEFAULT_TTL_SECONDS),
         Some(Value::Null) => None,
-        Some(t) => match t.as_i64() {
-            Some(n) if (i64::from(MIN_TTL_SECONDS)..=i64::from(MAX_TTL_SECONDS)).contains(&n) => {
+        Some(t) => match lax_int(t) {
+            Ok(n) if (i64::from(MIN_TTL_SECONDS)..=i64::from(MAX_TTL_SECONDS)).contains(&n) => {
                 Some(n as u32)
             }
-            Some(n) => {
-                let (msg, kind) = if n < i64::from(MIN_TTL_SECONDS) {
+            Ok(n) => {
+                let (msg, kind, ctx) = if n < i64::from(MIN_TTL_SECONDS) {
                     (
                         format!("Input should be greater than or equal to {MIN_TTL_SECONDS}"),
                         "greater_than_equal",
+                        json!({"ge": MIN_TTL_SECONDS}),
                     )
                 } else {
                     (
                         format!("Input should be less than or equal to {MAX_TTL_SECONDS}"),
                         "less_than_equal",
+                        json!({"le": MAX_TTL_SECONDS}),
                     )
                 };
-                errors.push(verr(&[json!("body"), json!("ttl_seconds")], msg, kind, t));
+                errors.push(verr_ctx(
+                    &[json!("body"), json!("ttl_seconds")],
+                    msg,
+                    kind,
+                    t,
+                    ctx,
+                ));
                 None
             }
-            None => {
-                errors.push(verr(
-                    &[json!("body"), json!("ttl_seconds")],
-                    "Input should be a valid integer",
-                    "int_type",
-                    t,
-                ));
+            Err((msg, kind)) => {
+                errors.push(verr(&[json!("body"), json!("ttl_seconds")], msg, kind, t));
                 None
             }
         },

@@ -6,8 +6,6 @@ use std::time::Duration;
 
 use anyhow::Context;
 
-/// The state root of the shipped manifest (`packaging/servers.toml`).
-pub(super) const STATE_ROOT: &str = "/var/lib/sandbox-agent";
 /// The VM image's agent ports (`packaging/vm/build-initramfs.sh`).
 pub(super) const VM_AGENT_PORT: u32 = sandbox_client::limits::AGENT_VSOCK_PORT;
 pub(super) const VM_MCP_PORT: u32 = sandbox_client::limits::MCP_VSOCK_PORT;
@@ -79,18 +77,14 @@ pub(super) fn process_command(
         .arg(dir.join("ws"))
         .arg("--exec-root")
         .arg(dir.join("exec"))
+        // Agents on one machine must not share server state.
+        .arg("--state-root")
+        .arg(dir.join("state"))
         .arg("--name")
         .arg(id)
         .env("SANDBOX_AGENT_CONFIG", "/dev/null");
     if let Some(m) = manifest {
-        // Agents on one machine must not share server state: each gets the
-        // manifest with the state root moved into its slot.
-        let text =
-            std::fs::read_to_string(m).with_context(|| format!("reading {}", m.display()))?;
-        let own = text.replace(STATE_ROOT, &dir.join("state").display().to_string());
-        let path = dir.join("servers.toml");
-        std::fs::write(&path, own)?;
-        cmd.arg("--manifest").arg(path);
+        cmd.arg("--manifest").arg(m);
     }
     Ok(cmd)
 }

@@ -150,6 +150,8 @@ impl WarmProfile {
     pub fn could_cover(&self, want: &Want) -> bool {
         self.benchmark == want.benchmark
             && match (&self.servers, &want.servers) {
+                // No server at all: a bare sandbox, not a warm one to trim.
+                (_, Some(asked)) if asked.is_empty() => false,
                 (WarmServers::All, _) => true,
                 (WarmServers::Names(have), Some(asked)) => asked.iter().all(|a| have.contains(a)),
                 (WarmServers::Names(_), None) => false,
@@ -172,6 +174,7 @@ impl WarmLease {
         profile.benchmark == want.benchmark
             && match &want.servers {
                 None => profile.servers == WarmServers::All,
+                Some(asked) if asked.is_empty() => false,
                 Some(asked) => asked.iter().all(|a| self.servers.contains(a)),
             }
     }

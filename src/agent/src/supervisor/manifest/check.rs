@@ -3,7 +3,7 @@
 //! naming its field.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use super::schema::{ManifestFile, RestartPolicy, ServerFile, TransportKind};
@@ -85,7 +85,7 @@ fn field(f: &str, cause: EntryError) -> FieldError {
     }
 }
 
-/// `${…}` expansion with the three known variables; anything else is an error.
+/// `${…}` expansion with the known variables; anything else is an error.
 fn expand(s: &str, vars: &[(&str, &str)], f: &str) -> Result<String, FieldError> {
     let mut out = String::with_capacity(s.len());
     let mut rest = s;
@@ -201,15 +201,18 @@ pub(super) fn check_entry(
     name: &str,
     e: &ServerFile,
     file: &ManifestFile,
-    workspace: &Path,
+    roots: &super::Roots,
 ) -> Result<ServerDef, FieldError> {
     if !valid_name(name) {
         return Err(field("name", EntryError::BadName));
     }
+    let workspace = roots.workspace;
     let ws = workspace.display().to_string();
+    let state_root = roots.state_root.display().to_string();
     let install = file.install_dir.clone().unwrap_or_default();
     let vars = [
         ("workspace", ws.as_str()),
+        ("state_root", state_root.as_str()),
         ("install_dir", install.as_str()),
         ("name", name),
     ];

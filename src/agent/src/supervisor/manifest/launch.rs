@@ -48,10 +48,15 @@ fn missing_message(server: &str, missing: &[Missing]) -> String {
         .iter()
         .map(|m| format!("\"{}\": …", m.field))
         .collect();
+    let cli: Vec<String> = missing
+        .iter()
+        .map(|m| format!("--auth {server}.{}=…", m.field))
+        .collect();
     format!(
-        "server {server} needs {}; pass them in auth_data[\"{server}\"] as {{{}}}, in the lease's env, or in the agent's environment",
+        "server {server} needs {}; pass them in auth_data[\"{server}\"] as {{{}}} (sandboxctl acquire {}), in the lease's env, or in the agent's environment",
         list.join(" and "),
-        fields.join(", ")
+        fields.join(", "),
+        cli.join(" ")
     )
 }
 

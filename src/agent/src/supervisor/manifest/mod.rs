@@ -6,7 +6,7 @@
 //! [`ServerDef::launch`] turns an entry, a benchmark profile and the
 //! lease's credentials into the exact [`LaunchSpec`] the supervisor runs.
 //!
-//! Strings may use `${workspace}`, `${install_dir}` and `${name}`; they are
+//! Strings may use `${workspace}`, `${state_root}`, `${install_dir}` and `${name}`; they are
 //! expanded when the manifest is loaded.
 
 use std::collections::BTreeMap;
@@ -159,6 +159,16 @@ pub struct Manifest {
     pub file: ManifestFile,
 }
 
+/// What `${workspace}` and `${state_root}` expand to.
+#[derive(Debug, Clone, Copy)]
+pub struct Roots<'a> {
+    /// The workspace directory.
+    pub workspace: &'a Path,
+    /// Where servers keep state outside the workspace (`state_root`,
+    /// `--state-root`; default /var/lib/sandbox-agent).
+    pub state_root: &'a Path,
+}
+
 impl Manifest {
     /// An empty manifest (no servers), used when the default file is absent.
     pub fn empty(path: &Path) -> Manifest {
@@ -169,23 +179,23 @@ impl Manifest {
         }
     }
 
-    /// Reads and checks `path`. `workspace` is what `${workspace}` expands to.
-    pub fn load(path: &Path, workspace: &Path) -> Result<Manifest, ManifestError> {
+    /// Reads and checks `path`; `roots` gives `${workspace}` and `${state_root}`.
+    pub fn load(path: &Path, roots: &Roots) -> Result<Manifest, ManifestError> {
         let text = std::fs::read_to_string(path).map_err(|source| ManifestError::Read {
             path: path.to_owned(),
             source,
         })?;
-        Manifest::parse(&text, path, workspace)
+        Manifest::parse(&text, path, roots)
     }
 
-    pub fn parse(text: &str, path: &Path, workspace: &Path) -> Result<Manifest, ManifestError> {
+    pub fn parse(text: &str, path: &Path, roots: &Roots) -> Result<Manifest, ManifestError> {
         let file: ManifestFile = toml::from_str(text).map_err(|e| ManifestError::Syntax {
             path: path.to_owned(),
             message: e.to_string().trim_end().replace('\n', "\n  "),
         })?;
         let mut servers = BTreeMap::new();
         for (name, entry) in &file.servers {
-            let def = check::check_entry(name, entry, &file, workspace).map_err(|error| {
+            let def = check::check_entry(name, entry, &file, roots).map_err(|error| {
                 ManifestError::Entry {
                     path: path.to_owned(),
                     server: name.clone(),
@@ -215,7 +225,14 @@ mod tests {
     use super::*;
 
     fn parse(text: &str) -> Result<Manifest, ManifestError> {
-        Manifest::parse(text, Path::new("m.toml"), Path::new("/ws"))
+        Manifest::parse(
+            text,
+            Path::new("m.toml"),
+            &Roots {
+                workspace: Path::new("/ws"),
+                state_root: Path::new("/st"),
+            },
+        )
     }
 
     #[test]
