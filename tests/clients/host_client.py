@@ -8,6 +8,7 @@ Scenarios print one JSON object on stdout:
                     a 3-file tar.gz through the signed URL, initialize, dump, list the
                     archive, release
   mcp               acquire filesystem, list and call its tools through mcp_server_url
+  mcp-bare          the same with the URL alone, no API key (as Klavis's notebooks)
   cycles N          N concurrent acquire/initialize/dump/release cycles
 """
 import asyncio
@@ -62,7 +63,7 @@ async def cycle(base, headers, servers):
     return out
 
 
-async def mcp(base, headers):
+async def mcp(base, headers, bare=False):
     from mcp import ClientSession
     from mcp.client.streamable_http import streamablehttp_client
     async with httpx.AsyncClient(timeout=300.0) as client:
@@ -70,7 +71,9 @@ async def mcp(base, headers):
                                  json={"server_names": ["filesystem"]})
         data = resp.json()
     url = data["servers"][0]["mcp_server_url"]
-    async with streamablehttp_client(url, headers=headers, timeout=120, sse_read_timeout=300) as (r, w, _):
+    # bare: as Klavis's notebooks do, the URL alone (its token admits it).
+    async with streamablehttp_client(url, headers=None if bare else headers, timeout=120,
+                                     sse_read_timeout=300) as (r, w, _):
         async with ClientSession(r, w) as s:
             await s.initialize()
             tools = sorted(t.name for t in (await s.list_tools()).tools)
@@ -90,6 +93,8 @@ async def main():
         out = await cycle(base, headers, servers)
     elif scenario == "mcp":
         out = await mcp(base, headers)
+    elif scenario == "mcp-bare":
+        out = await mcp(base, headers, bare=True)
     elif scenario == "cycles":
         n = int(sys.argv[4])
         results = await asyncio.gather(*(cycle(base, headers, ["filesystem"]) for _ in range(n)),

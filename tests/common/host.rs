@@ -245,6 +245,11 @@ pub fn assert_notebook_outcome(v: &Value) {
     assert_eq!(v["upload_status"], 200, "{v}");
     assert_eq!(v["initialize"]["sandbox_id"], id, "{v}");
     assert_eq!(v["initialize"]["status"], "occupied", "{v}");
+    // Klavis's text, word for word.
+    assert_eq!(
+        v["initialize"]["message"], "Extracted archive from GCS to workspace",
+        "{v}"
+    );
     assert_eq!(
         v["members"],
         serde_json::json!([

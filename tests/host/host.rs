@@ -32,9 +32,15 @@ fn the_notebook_flow_runs_unchanged() {
         .collect();
     assert_eq!(names, ["filesystem", "git", "terminal"]);
     let id = a["local_sandbox_id"].as_str().expect("id");
-    assert_eq!(
-        a["servers"][0]["mcp_server_url"],
-        format!("{}/filesystem/mcp/?local_sandbox_id={id}", host.base)
+    let url = a["servers"][0]["mcp_server_url"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        url.starts_with(&format!(
+            "{}/filesystem/mcp/?local_sandbox_id={id}&mcp_token=",
+            host.base
+        )),
+        "{url}"
     );
     assert_eq!(v["upload_url"]["expires_in_minutes"], 30);
     assert_notebook_outcome(&v);
@@ -89,39 +95,65 @@ fn owners_validation_and_signed_urls() {
     );
     assert_eq!(code, 401);
 
-    // 422 in FastAPI's shape.
-    for (body, loc) in [
-        (
-            r#"{"server_names": ["nope"]}"#,
-            json!(["body", "server_names", 0]),
-        ),
-        (
-            r#"{"server_names": "SOME"}"#,
-            json!(["body", "server_names"]),
-        ),
-        (r#"{}"#, json!(["body", "server_names"])),
-        (
-            r#"{"server_names": ["git"], "ttl_seconds": 59}"#,
-            json!(["body", "ttl_seconds"]),
-        ),
-        (
-            r#"{"server_names": ["git"], "ttl_seconds": 86401}"#,
-            json!(["body", "ttl_seconds"]),
-        ),
-        (
-            r#"{"server_names": ["git"], "benchmark": "X"}"#,
-            json!(["body", "benchmark"]),
-        ),
-    ] {
+    // 422s exactly as Klavis's pydantic model gives them (the model run
+    // by pydantic itself is the reference), and what it accepts accepted.
+    let bodies = [
+        r#"{"server_names": ["nope"]}"#,
+        r#"{"server_names": ["git", "nope", 3]}"#,
+        r#"{"server_names": "SOME"}"#,
+        r#"{"server_names": 5}"#,
+        r#"{}"#,
+        r#"{"server_names": ["git"], "ttl_seconds": 59}"#,
+        r#"{"server_names": ["git"], "ttl_seconds": 86401}"#,
+        r#"{"server_names": ["git"], "ttl_seconds": 120.5}"#,
+        r#"{"server_names": ["git"], "ttl_seconds": "abc"}"#,
+        r#"{"server_names": ["git"], "ttl_seconds": true}"#,
+        r#"{"server_names": ["git"], "benchmark": "X"}"#,
+        r#"{"server_names": ["filesystem"], "ttl_seconds": 120.0}"#,
+        r#"{"server_names": ["filesystem"], "ttl_seconds": " 120 "}"#,
+        r#"{"server_names": []}"#,
+    ];
+    let out = Command::new("python3")
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/clients/klavis_model.py"
+        ))
+        .args(bodies)
+        .output()
+        .expect("python3");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let reference: Vec<serde_json::Value> =
+        serde_json::from_slice(&out.stdout).expect("reference JSON");
+    for (body, want) in bodies.iter().zip(&reference) {
         let (code, v) = http(
             "POST",
             &format!("{b}/local-sandbox"),
             Some(KEY_A),
             Some(body),
         );
-        assert_eq!(code, 422, "{body}: {v}");
-        assert_eq!(v["detail"][0]["loc"], loc, "{body}: {v}");
-        assert!(v["detail"][0]["msg"].is_string() && v["detail"][0]["type"].is_string());
+        match want.get("valid") {
+            None => {
+                assert_eq!(code, 422, "{body}: {v}");
+                assert_eq!(v["detail"], want["detail"], "{body}");
+            }
+            Some(valid) => {
+                assert_eq!(code, 201, "{body}: {v}");
+                let got: Vec<&str> = v["servers"]
+                    .as_array()
+                    .map(|a| a.iter().filter_map(|s| s["server_name"].as_str()).collect())
+                    .unwrap_or_default();
+                assert_eq!(json!(got), valid["server_names"], "{body}: {v}");
+                release(
+                    &host,
+                    KEY_A,
+                    v["local_sandbox_id"].as_str().unwrap_or_default(),
+                );
+            }
+        }
     }
 
     // Signed URLs: tampered, unsigned and expired ones are refused.

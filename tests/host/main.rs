@@ -6,5 +6,6 @@
 mod common;
 
 mod exec;
+mod first_day;
 mod host;
 mod warm;

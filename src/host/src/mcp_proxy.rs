@@ -1,7 +1,8 @@
 //! `{public_url}/{server}/mcp/?local_sandbox_id={id}`: the MCP endpoints of
 //! a sandbox, reverse-proxied to its agent's data plane with bodies
-//! streamed both ways (SSE answers pass through as they are written). The
-//! API key is checked, and only the owner's sandbox is reachable.
+//! streamed both ways (SSE answers pass through as they are written).
+//! Either the URL's `mcp_token` (a capability for that sandbox while it is
+//! live) or the API key of the sandbox's owner admits a request.
 
 use axum::body::Body;
 use axum::extract::State;
@@ -37,9 +38,34 @@ pub async fn proxy(State(h): State<Shared>, req: Request<Body>) -> Response {
             "the MCP URL needs ?local_sandbox_id=<id> (use mcp_server_url from the acquire answer)",
         );
     };
-    let s = match crate::api::sandbox_of(&h, req.headers(), &id) {
-        Ok(s) => s,
-        Err(e) => return e.into_response(),
+    let token = req
+        .uri()
+        .query()
+        .and_then(|q| url_param(q, crate::api::MCP_TOKEN_PARAM));
+    let s = match token {
+        // The URL's capability: valid for this sandbox while it is live.
+        Some(t) if !req.headers().contains_key(header::AUTHORIZATION) => {
+            if !h.signer.check_token(crate::api::MCP_TOKEN_ACTION, &id, &t) {
+                return detail(
+                    StatusCode::UNAUTHORIZED,
+                    "invalid MCP token: use the mcp_server_url of the acquire answer, or send Authorization: Bearer <api key>",
+                );
+            }
+            match h.store.get_live(&id) {
+                Ok(Some(s)) => s,
+                Ok(None) => {
+                    return detail(
+                        StatusCode::NOT_FOUND,
+                        format!("Local sandbox {id} not found (released?)"),
+                    );
+                }
+                Err(e) => return detail(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+            }
+        }
+        _ => match crate::api::sandbox_of(&h, req.headers(), &id) {
+            Ok(s) => s,
+            Err(e) => return e.into_response(),
+        },
     };
     if !s.servers.iter().any(|sv| sv.name == server) {
         return detail(

@@ -39,6 +39,19 @@ impl Signer {
         format!("expires={expires}&signature={}", hex::encode(sig))
     }
 
+    /// A capability for `action` on sandbox `id` that never expires by
+    /// itself (the caller checks the sandbox is still live): the MCP URLs'
+    /// token.
+    pub fn token(&self, action: &str, id: &str) -> String {
+        hex::encode(self.mac(action, id, 0).finalize().into_bytes())
+    }
+
+    /// Whether `token` is [`Signer::token`]'s for `action` and `id`
+    /// (constant-time).
+    pub fn check_token(&self, action: &str, id: &str, token: &str) -> bool {
+        unhex(token).is_some_and(|t| self.mac(action, id, 0).verify_slice(&t).is_ok())
+    }
+
     pub fn verify(
         &self,
         action: &str,
@@ -74,6 +87,18 @@ fn unhex(s: &str) -> Option<Vec<u8>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tokens_bind_action_and_sandbox() {
+        let s = Signer::new(b"k".to_vec());
+        let t = s.token("mcp", "sb1");
+        assert!(s.check_token("mcp", "sb1", &t));
+        assert!(!s.check_token("mcp", "sb2", &t));
+        assert!(!s.check_token("upload", "sb1", &t));
+        assert!(!Signer::new(b"other".to_vec()).check_token("mcp", "sb1", &t));
+        assert!(!s.check_token("mcp", "sb1", "zz"));
+        assert!(!s.check_token("mcp", "sb1", ""));
+    }
 
     #[test]
     fn signatures_bind_action_sandbox_and_expiry() {

@@ -131,6 +131,20 @@ impl Store {
         v.map(finish).transpose()
     }
 
+    /// A live (not released) sandbox, whoever owns it (for a capability
+    /// that names it).
+    pub fn get_live(&self, id: &str) -> Result<Option<SandboxRow>, StoreError> {
+        let v = self
+            .db()
+            .query_row(
+                &format!("SELECT {COLUMNS} FROM sandboxes WHERE id = ?1 AND released = 0"),
+                params![id],
+                row,
+            )
+            .optional()?;
+        v.map(finish).transpose()
+    }
+
     /// Live sandboxes; of one owner, or all.
     pub fn list(&self, owner: Option<&str>) -> Result<Vec<SandboxRow>, StoreError> {
         let db = self.db();

@@ -167,11 +167,13 @@ pub(super) fn internal(e: impl std::fmt::Display) -> ApiError {
 
 /// The owner of the request's API key.
 pub(super) fn owner(h: &Host, headers: &HeaderMap) -> Result<String, ApiError> {
+    // The scheme is case-insensitive (RFC 9110 11.1): "bearer" works too.
     let key = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::trim);
+        .and_then(|v| v.trim_start().split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, k)| k.trim());
     match key.and_then(|k| h.keys.get(k)) {
         Some(o) => Ok(o.clone()),
         None if key.is_none() => Err(detail(
@@ -199,6 +201,22 @@ pub fn sandbox_of(h: &Host, headers: &HeaderMap, id: &str) -> Result<SandboxRow,
     }
 }
 
+/// The query parameter of the MCP URLs' capability token.
+pub const MCP_TOKEN_PARAM: &str = "mcp_token";
+/// What the capability token is signed for.
+pub const MCP_TOKEN_ACTION: &str = "mcp";
+
+/// Klavis's MCP URL, plus a capability token: whoever holds the URL may
+/// use that sandbox's MCP servers (Klavis's notebooks call it without a
+/// key) until the sandbox is released. The API key works as well.
+fn mcp_url(h: &Host, server: &str, id: &str) -> String {
+    format!(
+        "{}/{server}/mcp/?local_sandbox_id={id}&{MCP_TOKEN_PARAM}={}",
+        h.public_url,
+        h.signer.token(MCP_TOKEN_ACTION, id)
+    )
+}
+
 pub(super) fn server_items(h: &Host, s: &SandboxRow) -> Vec<Value> {
     s.servers
         .iter()
@@ -206,7 +224,7 @@ pub(super) fn server_items(h: &Host, s: &SandboxRow) -> Vec<Value> {
             json!({
                 "server_name": sv.name,
                 "id": sv.id,
-                "mcp_server_url": format!("{}/{}/mcp/?local_sandbox_id={}", h.public_url, sv.name, s.id),
+                "mcp_server_url": mcp_url(h, &sv.name, &s.id),
                 "status": s.status,
                 "benchmark": s.benchmark,
                 "updated_at": s.updated_at,

@@ -331,6 +331,9 @@ pub async fn reset(
     h.store
         .set_status(&id, "occupied", &timestamp())
         .map_err(internal)?;
+    // Klavis declares any JSON object; the sandbox as it is after the
+    // reset, which Klavis clients ignore, and a message.
+    let s = h.store.get(&id, &s.owner).map_err(internal)?.unwrap_or(s);
     let mut body = info(&h, &s);
     body["message"] = json!(format!("Local sandbox {id} reset"));
     Ok(Json(body).into_response())

@@ -12,6 +12,9 @@ use futures_util::StreamExt;
 use sandbox_client::proto;
 use serde::Deserialize;
 use serde_json::json;
+
+/// The `message` of Klavis's initialize answer.
+const KLAVIS_INITIALIZE_MESSAGE: &str = "Extracted archive from GCS to workspace";
 use tokio::io::AsyncWriteExt;
 use tracing::info;
 
@@ -209,10 +212,13 @@ pub async fn initialize(
         .await
         .map_err(|e| agent_error("initialize", e))?
         .into_inner();
+    info!(sandbox = %id, files = r.files, bytes = r.bytes_written, ms = r.duration_ms, "initialized");
     Ok(Json(json!({
         "sandbox_id": id,
         "status": s.status,
-        "message": format!("Extracted archive to workspace ({} files)", r.files),
+        // Klavis's own text, word for word (clients may match on it); the
+        // archive comes from this host's upload store, not from GCS.
+        "message": KLAVIS_INITIALIZE_MESSAGE,
     }))
     .into_response())
 }
