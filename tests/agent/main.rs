@@ -7,6 +7,7 @@ mod common;
 
 mod control_plane;
 mod exec;
+mod first_day;
 mod gateway;
 mod hvsock;
 mod lifecycle;
