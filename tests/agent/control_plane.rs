@@ -450,6 +450,9 @@ fn dev_mode_creates_a_private_token_and_serves() {
             "unix://dev.sock",
             "--listen",
             "tcp://127.0.0.1:0",
+            // Not --dev's 7071: the README test's agent uses it.
+            "--mcp-listen",
+            "unix://dev-mcp.sock",
         ])
         .current_dir(dir.path())
         .env_remove("SANDBOX_AGENT_TOKEN")

@@ -13,6 +13,7 @@ mod hvsock;
 mod lifecycle;
 mod narrow;
 mod packaging;
+mod readme;
 mod recovery;
 mod rpc;
 mod workspace;

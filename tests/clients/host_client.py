@@ -7,6 +7,7 @@ Scenarios print one JSON object on stdout:
   notebook [NAMES]  acquire filesystem+git+terminal (or NAMES, comma-separated), upload
                     a 3-file tar.gz through the signed URL, initialize, dump, list the
                     archive, release
+  notebook-5s       the same, the acquire with httpx's default 5 s timeout (the notebook's)
   mcp               acquire filesystem, list and call its tools through mcp_server_url
   mcp-bare          the same with the URL alone, no API key (as Klavis's notebooks)
   cycles N          N concurrent acquire/initialize/dump/release cycles
@@ -36,12 +37,15 @@ def archive():
     return buf.getvalue()
 
 
-async def cycle(base, headers, servers):
+async def cycle(base, headers, servers, notebook_timeout=False):
     out = {}
-    async with httpx.AsyncClient(timeout=300.0) as client:
-        resp = await client.post(f"{base}/local-sandbox", headers=headers, json={"server_names": servers})
+    # notebook_timeout: the acquire exactly as Klavis's notebook makes it,
+    # with httpx's default timeout (5 s).
+    async with httpx.AsyncClient() if notebook_timeout else httpx.AsyncClient(timeout=300.0) as c:
+        resp = await c.post(f"{base}/local-sandbox", headers=headers, json={"server_names": servers})
         out["acquire_status"] = resp.status_code
         data = resp.json()
+    async with httpx.AsyncClient(timeout=300.0) as client:
         out["acquire"] = data
         sid = data["local_sandbox_id"]
         resp = await client.post(f"{base}/local-sandbox/{sid}/upload-url", headers=headers)
@@ -88,9 +92,9 @@ async def mcp(base, headers, bare=False):
 async def main():
     base, key, scenario = sys.argv[1], sys.argv[2], sys.argv[3]
     headers = {"Authorization": f"Bearer {key}"}
-    if scenario == "notebook":
+    if scenario in ("notebook", "notebook-5s"):
         servers = sys.argv[4].split(",") if len(sys.argv) > 4 else ["filesystem", "git", "terminal"]
-        out = await cycle(base, headers, servers)
+        out = await cycle(base, headers, servers, notebook_timeout=scenario == "notebook-5s")
     elif scenario == "mcp":
         out = await mcp(base, headers)
     elif scenario == "mcp-bare":

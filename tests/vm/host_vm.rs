@@ -57,7 +57,8 @@ fn the_qemu_backend_serves_the_api_from_vms() {
 
     // The notebook's steps, in that VM: its Acquire narrows the warm lease
     // to filesystem (localmemory stops inside the VM after the answer).
-    let v = py(&host, KEY_A, &["notebook", "filesystem"]);
+    // With the notebook's own client timeout: httpx's default 5 s.
+    let v = py(&host, KEY_A, &["notebook-5s", "filesystem"]);
     assert_notebook_outcome(&v);
     assert_eq!(v["acquire"]["servers"][0]["server_name"], "filesystem");
     assert_eq!(
