@@ -1,8 +1,9 @@
-//! The README's walk-through, run as written: the `$` lines of the
-//! `<!-- readme-test: console -->` block in order, in one shell, against an
-//! agent started as "Set up" says (`sandbox-agent --dev --manifest …`, the
-//! binaries on PATH), then the Python MCP SDK snippets (2.x and 1.x) as
-//! written against the same agent.
+//! The README's examples, run as written and in document order against
+//! one agent started as "Set up" says (`sandbox-agent --dev --manifest …`,
+//! the binaries on PATH): every block marked `<!-- readme-test: console
+//! -->` (its `$` lines, in a shell that keeps what earlier blocks
+//! exported) and the Python MCP SDK snippets (`python mcp2`: 2.x, `python
+//! mcp1`: 1.x).
 //!
 //! A command whose shown output starts with `sandboxctl:` must fail with
 //! that message (up to its first `…`); any other must succeed, and each
@@ -15,16 +16,23 @@ use std::time::Duration;
 use crate::common::mcp::shipped_manifest;
 use crate::common::*;
 
-/// The fenced block right after `marker`.
-fn block(readme: &str, marker: &str) -> String {
-    let at = readme
-        .find(marker)
-        .unwrap_or_else(|| panic!("README has no {marker}"));
-    let rest = &readme[at..];
-    let open = rest.find("```").expect("a fenced block") + 3;
-    let body = &rest[open..];
-    let body = &body[body.find('\n').expect("fence line") + 1..];
-    body[..body.find("```").expect("closing fence")].to_owned()
+/// The fenced blocks marked `<!-- readme-test: KIND -->`, in document
+/// order: (kind, body).
+fn blocks(readme: &str) -> Vec<(String, String)> {
+    const MARK: &str = "<!-- readme-test: ";
+    let mut out = Vec::new();
+    let mut rest = readme;
+    while let Some(at) = rest.find(MARK) {
+        let after = &rest[at + MARK.len()..];
+        let kind = after[..after.find(" -->").expect("marker end")].to_owned();
+        let open = after.find("```").expect("a fenced block") + 3;
+        let body = &after[open..];
+        let body = &body[body.find('\n').expect("fence line") + 1..];
+        let end = body.find("```").expect("closing fence");
+        out.push((kind, body[..end].to_owned()));
+        rest = &body[end + 3..];
+    }
+    out
 }
 
 struct Step {
@@ -90,21 +98,59 @@ fn the_readme_walkthrough_runs_as_written() {
         agent.stderr.all()
     );
 
-    // Each step's output and status in files; one shell, so `export` holds.
-    let steps = steps(&block(&readme, "<!-- readme-test: console -->"));
-    assert!(steps.len() >= 10, "the walk-through lost its steps");
-    let mut script = String::from("set -o pipefail\n");
+    let blocks = blocks(&readme);
+    let consoles = blocks.iter().filter(|(k, _)| k == "console").count();
+    assert!(
+        consoles >= 3 && blocks.len() >= 5,
+        "the README lost its tested blocks"
+    );
+    let mcp2 = std::env::var("SANDBOX_AGENT_MCP2_PYTHON")
+        .unwrap_or_else(|_| "/opt/sandbox-agent/clients/mcp2/bin/python".to_owned());
+    for (n, (kind, body)) in blocks.iter().enumerate() {
+        match kind.as_str() {
+            "console" => run_console(n, body, &d, &path),
+            python => {
+                let interpreter = match python {
+                    "python mcp2" => mcp2.as_str(),
+                    "python mcp1" => "python3",
+                    other => panic!("unknown readme-test kind {other:?}"),
+                };
+                let file = d.join(format!("snippet{n}.py"));
+                std::fs::write(&file, body).expect("snippet");
+                let out = Command::new(interpreter)
+                    .arg(&file)
+                    .current_dir(&d)
+                    .output()
+                    .expect("python");
+                assert!(
+                    out.status.success() && text(&out.stdout).contains("read_text_file"),
+                    "{kind}\nstdout: {}\nstderr: {}",
+                    text(&out.stdout),
+                    text(&out.stderr)
+                );
+            }
+        }
+    }
+    drop(agent);
+}
+
+/// Runs one console block's `$` lines in a shell that starts from the
+/// variables the previous blocks exported, and checks each step.
+fn run_console(n: usize, body: &str, d: &Path, path: &str) {
+    let steps = steps(body);
+    let mut script = String::from("set -o pipefail\n[ -f env.sh ] && . ./env.sh\n");
     for (i, s) in steps.iter().enumerate() {
         script.push_str(&format!(
-            "{{ {}\n}} > out.{i} 2> err.{i}; echo $? > rc.{i}\n",
+            "{{ {}\n}} > out.{n}.{i} 2> err.{n}.{i}; echo $? > rc.{n}.{i}\n",
             s.command
         ));
     }
+    script.push_str("export -p > env.sh\n");
     let out = Command::new("bash")
         .arg("-c")
         .arg(&script)
-        .current_dir(&d)
-        .env("PATH", &path)
+        .current_dir(d)
+        .env("PATH", path)
         .env_remove("SANDBOX_AGENT")
         .env_remove("SANDBOX_AGENT_MCP")
         .env_remove("SANDBOX_AGENT_TOKEN")
@@ -112,9 +158,13 @@ fn the_readme_walkthrough_runs_as_written() {
         .expect("bash");
     assert!(out.status.success(), "{}", text(&out.stderr));
     for (i, s) in steps.iter().enumerate() {
-        let read = |f: &str| std::fs::read_to_string(d.join(format!("{f}.{i}"))).unwrap_or_default();
+        let read =
+            |f: &str| std::fs::read_to_string(d.join(format!("{f}.{n}.{i}"))).unwrap_or_default();
         let (rc, stdout, stderr) = (read("rc"), read("out"), read("err"));
-        let ctx = format!("$ {}\nexit {rc}stdout:\n{stdout}\nstderr:\n{stderr}", s.command);
+        let ctx = format!(
+            "$ {}\nexit {rc}stdout:\n{stdout}\nstderr:\n{stderr}",
+            s.command
+        );
         match s.shown.first() {
             Some(first) if first.starts_with("sandboxctl: ") => {
                 assert_eq!(rc.trim(), "1", "{ctx}");
@@ -125,35 +175,12 @@ fn the_readme_walkthrough_runs_as_written() {
                 assert_eq!(rc.trim(), "0", "{ctx}");
                 for line in &s.shown {
                     let fixed = !line.contains('…') && !line.chars().any(|c| c.is_ascii_digit());
-                    assert!(!fixed || stdout.contains(line.as_str()), "{line:?} not shown\n{ctx}");
+                    assert!(
+                        !fixed || stdout.contains(line.as_str()),
+                        "{line:?} not shown\n{ctx}"
+                    );
                 }
             }
         }
     }
-
-    // The Python MCP SDK snippets, as written, with a lease of filesystem.
-    let at = format!("unix://{}", d.join("sandbox-agent.sock").display());
-    let r = ctl(&["--agent", &at, "acquire", "--servers", "filesystem"]);
-    assert!(r.status.success(), "{}", text(&r.stderr));
-    let mcp2 = std::env::var("SANDBOX_AGENT_MCP2_PYTHON")
-        .unwrap_or_else(|_| "/opt/sandbox-agent/clients/mcp2/bin/python".to_owned());
-    for (marker, python) in [
-        ("<!-- readme-test: python mcp2 -->", mcp2.as_str()),
-        ("<!-- readme-test: python mcp1 -->", "python3"),
-    ] {
-        let file = d.join("snippet.py");
-        std::fs::write(&file, block(&readme, marker)).expect("snippet");
-        let out = Command::new(python)
-            .arg(&file)
-            .current_dir(&d)
-            .output()
-            .expect("python");
-        assert!(
-            out.status.success() && text(&out.stdout).contains("read_text_file"),
-            "{marker}\nstdout: {}\nstderr: {}",
-            text(&out.stdout),
-            text(&out.stderr)
-        );
-    }
-    drop(agent);
 }

@@ -112,6 +112,7 @@ fn owners_validation_and_signed_urls() {
         r#"{"server_names": ["filesystem"], "ttl_seconds": 120.0}"#,
         r#"{"server_names": ["filesystem"], "ttl_seconds": " 120 "}"#,
         r#"{"server_names": []}"#,
+        r#"{"server_names": ["git", "nope"], "benchmark": "X", "ttl_seconds": 59, "test_account_email": 3}"#,
     ];
     let out = Command::new("python3")
         .arg(concat!(

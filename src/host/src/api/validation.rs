@@ -145,6 +145,20 @@ pub(super) fn parse_acquire(body: &[u8]) -> Result<AcquireBody, ApiError> {
             None
         }
     };
+    // In the model's field order, as pydantic reports them.
+    let email = match o.get("test_account_email") {
+        None | Some(Value::Null) => String::new(),
+        Some(Value::String(s)) => s.clone(),
+        Some(other) => {
+            errors.push(verr(
+                &[json!("body"), json!("test_account_email")],
+                "Input should be a valid string",
+                "string_type",
+                other,
+            ));
+            String::new()
+        }
+    };
     let ttl = match o.get("ttl_seconds") {
         None => Some(DEFAULT_TTL_SECONDS),
         Some(Value::Null) => None,
@@ -180,19 +194,6 @@ pub(super) fn parse_acquire(body: &[u8]) -> Result<AcquireBody, ApiError> {
                 None
             }
         },
-    };
-    let email = match o.get("test_account_email") {
-        None | Some(Value::Null) => String::new(),
-        Some(Value::String(s)) => s.clone(),
-        Some(other) => {
-            errors.push(verr(
-                &[json!("body"), json!("test_account_email")],
-                "Input should be a valid string",
-                "string_type",
-                other,
-            ));
-            String::new()
-        }
     };
     if !errors.is_empty() {
         return Err(invalid(errors));
@@ -317,18 +318,24 @@ mod tests {
         assert_eq!(
             locs,
             [
-                json!(["body", "server_names", 1]),
+                json!([
+                    "body",
+                    "server_names",
+                    "list[str-enum[LocalSandboxMCPServer]]",
+                    1
+                ]),
+                json!(["body", "server_names", "literal['ALL']"]),
                 json!(["body", "benchmark"]),
-                json!(["body", "ttl_seconds"]),
                 json!(["body", "test_account_email"]),
+                json!(["body", "ttl_seconds"]),
             ]
         );
-        assert_eq!(d[2]["type"], "greater_than_equal");
-        assert_eq!(d[2]["msg"], "Input should be greater than or equal to 60");
+        assert_eq!(d[4]["type"], "greater_than_equal");
+        assert_eq!(d[4]["msg"], "Input should be greater than or equal to 60");
         let d = errors(r#"{"server_names": ["git"], "ttl_seconds": 86401}"#);
         assert_eq!(d[0]["type"], "less_than_equal");
         assert_eq!(errors(r#"{"benchmark": null}"#)[0]["type"], "missing");
-        assert_eq!(errors(r#"{"server_names": []}"#)[0]["type"], "too_short");
+        assert!(parse_acquire(br#"{"server_names": []}"#).is_ok());
         assert_eq!(errors("[1]")[0]["type"], "model_attributes_type");
         assert_eq!(errors("{")[0]["type"], "json_invalid");
     }
