@@ -52,29 +52,8 @@ fn non_root_dev_agent_acquires_and_releases() {
         ])
         .arg(&manifest)
         .current_dir(d)
-        .env("HOME", d)
-        .env("RUST_LOG", "info")
-        .env_remove("SANDBOX_AGENT_TOKEN")
-        .env_remove("SANDBOX_AGENT_CONFIG")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
-    let mut child = cmd.spawn().expect("setpriv sandbox-agent");
-    let stderr = capture(child.stderr.take().expect("stderr"));
-    let agent = Agent {
-        child,
-        dir,
-        stderr,
-        socket: d.join("sandbox-agent.sock"),
-    };
-    assert!(
-        agent
-            .stderr
-            .wait_for(Duration::from_secs(20), |l| l.contains(" serving "))
-            .is_some(),
-        "{}",
-        agent.stderr.all()
-    );
+        .env("HOME", d);
+    let agent = Agent::spawn(cmd, dir, d.join("sandbox-agent.sock"));
     let at = format!("unix://{}", d.join("sandbox-agent.sock").display());
     let mcp = format!("unix://{}", d.join("sandbox-agent-mcp.sock").display());
     ok(&ctl(&[

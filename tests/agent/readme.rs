@@ -69,34 +69,12 @@ fn the_readme_walkthrough_runs_as_written() {
         bin_dir.display(),
         std::env::var("PATH").unwrap_or_default()
     );
-    let mut child = Command::new("sandbox-agent")
-        .args(["--dev", "--manifest"])
+    let mut cmd = Command::new("sandbox-agent");
+    cmd.args(["--dev", "--manifest"])
         .arg(&manifest)
         .current_dir(&d)
-        .env("PATH", &path)
-        .env("RUST_LOG", "info")
-        .env_remove("SANDBOX_AGENT_TOKEN")
-        .env_remove("SANDBOX_AGENT_CONFIG")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("sandbox-agent on PATH");
-    let stderr = capture(child.stderr.take().expect("stderr"));
-    let agent = Agent {
-        child,
-        dir,
-        stderr,
-        socket: d.join("sandbox-agent.sock"),
-    };
-    assert!(
-        agent
-            .stderr
-            .wait_for(Duration::from_secs(20), |l| l.contains(" serving "))
-            .is_some(),
-        "{}",
-        agent.stderr.all()
-    );
+        .env("PATH", &path);
+    let agent = Agent::spawn(cmd, dir, d.join("sandbox-agent.sock"));
 
     let blocks = blocks(&readme);
     let consoles = blocks.iter().filter(|(k, _)| k == "console").count();

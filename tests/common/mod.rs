@@ -86,6 +86,18 @@ impl Agent {
         for (k, v) in env {
             cmd.env(k, v);
         }
+        Agent::spawn(cmd, dir, socket)
+    }
+
+    /// Spawns `cmd` (an agent, however launched), owning `dir`, and waits
+    /// until it logs "serving"; `socket` is its control-plane socket.
+    pub fn spawn(mut cmd: Command, dir: tempfile::TempDir, socket: PathBuf) -> Agent {
+        cmd.env_remove("SANDBOX_AGENT_TOKEN")
+            .env_remove("SANDBOX_AGENT_CONFIG")
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
         let mut child = cmd.spawn().expect("spawn sandbox-agent");
         let stderr = capture(child.stderr.take().unwrap());
         let agent = Agent {
