@@ -10,8 +10,7 @@
 //! shown output line without digits or `…` must appear in what it printed.
 
 use std::path::Path;
-use std::process::{Command, Stdio};
-use std::time::Duration;
+use std::process::Command;
 
 use crate::common::mcp::shipped_manifest;
 use crate::common::*;
