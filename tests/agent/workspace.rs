@@ -238,6 +238,71 @@ async fn hostile_paths_are_refused_and_nothing_changes() {
     );
 }
 
+/// A NUL byte in a path (a PAX `path`, a symlink target, Dump's sub_path)
+/// is the request's fault; so is data after the end-of-archive marker,
+/// whether appended plain or as a second gzip member (it would otherwise
+/// be dropped silently). Zero padding after the marker is fine.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nul_bytes_and_data_after_the_end_are_refused() {
+    let f = Fixture::new("").await;
+    let mut t = Tar::new();
+    t.pax(&[("path", b"a\0b.txt")]).file("placeholder", b"x");
+    f.reject(header(), t.end(), Code::InvalidArgument, "NUL")
+        .await;
+    let mut t = Tar::new();
+    t.pax(&[("linkpath", b"tar\0get")])
+        .symlink("l", "placeholder");
+    f.reject(header(), t.end(), Code::InvalidArgument, "NUL")
+        .await;
+    let e = dump(
+        &f.client,
+        proto::DumpRequest {
+            sub_path: "a\0b".into(),
+            ..Default::default()
+        },
+    )
+    .await
+    .expect_err("NUL in sub_path");
+    assert_eq!(e.code(), Code::InvalidArgument, "{}", e.message());
+
+    let first = Tar::new().file("one.txt", b"1").end();
+    let second = Tar::new().file("two.txt", b"2").end();
+    let mut plain = first.clone();
+    plain.extend_from_slice(&second);
+    f.reject(
+        header(),
+        plain,
+        Code::InvalidArgument,
+        "after the tar end-of-archive marker",
+    )
+    .await;
+    let mut members = gzip(&first);
+    members.extend_from_slice(&gzip(&second));
+    f.reject(
+        header(),
+        members,
+        Code::InvalidArgument,
+        "after the tar end-of-archive marker",
+    )
+    .await;
+    let mut junk = first.clone();
+    junk.extend_from_slice(b"trailing junk");
+    f.reject(
+        header(),
+        junk,
+        Code::InvalidArgument,
+        "after the tar end-of-archive marker",
+    )
+    .await;
+    // A record padded with zeros, as GNU tar writes it: accepted.
+    let mut padded = first.clone();
+    padded.resize(10240, 0);
+    let r = initialize(&f.client, header(), gzip(&padded))
+        .await
+        .expect("zero padding after the marker");
+    assert_eq!(r.files, 1);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn corrupt_truncated_and_mismatched_streams_change_nothing() {
     let f = Fixture::new("").await;

@@ -63,6 +63,33 @@ impl Tar {
         self
     }
 
+    /// A PAX extended header (`x`) with `records` (key, raw value) for the
+    /// next entry.
+    pub fn pax(&mut self, records: &[(&str, &[u8])]) -> &mut Tar {
+        let mut body = Vec::new();
+        for (k, v) in records {
+            // "LEN KEY=VALUE\n", LEN counting itself.
+            let rest = k.len() + v.len() + 3;
+            let mut len = rest + 1;
+            while len.to_string().len() + rest != len {
+                len += 1;
+            }
+            body.extend_from_slice(format!("{len} {k}=").as_bytes());
+            body.extend_from_slice(v);
+            body.push(b'\n');
+        }
+        let mut h = tar::Header::new_ustar();
+        h.set_entry_type(tar::EntryType::XHeader);
+        h.set_mode(0o644);
+        h.set_size(body.len() as u64);
+        h.as_ustar_mut().expect("ustar").name[..9].copy_from_slice(b"PaxHeader");
+        h.set_cksum();
+        self.buf.extend_from_slice(h.as_bytes());
+        pad(&mut body);
+        self.buf.extend_from_slice(&body);
+        self
+    }
+
     pub fn file(&mut self, name: &str, data: &[u8]) -> &mut Tar {
         self.push(name.as_bytes(), tar::EntryType::Regular, 0o644, data, b"")
     }

@@ -7,5 +7,6 @@ mod common;
 
 mod exec;
 mod first_day;
+mod hardening;
 mod host;
 mod warm;

@@ -78,11 +78,18 @@ pub enum PathError {
     ParentDir,
     #[error("is absolute")]
     Absolute,
+    #[error("contains a NUL byte")]
+    Nul,
 }
 
 /// Checks an archive path: relative, no `..`. Returns the components left
 /// after removing `.` ones (possibly none).
 pub fn normalize(path: &Path) -> Result<Vec<&std::ffi::OsStr>, PathError> {
+    use std::os::unix::ffi::OsStrExt;
+    // No system call takes it, so it is the request's fault, said here.
+    if path.as_os_str().as_bytes().contains(&0) {
+        return Err(PathError::Nul);
+    }
     let mut out = Vec::new();
     for c in path.components() {
         match c {

@@ -104,6 +104,10 @@ struct Args {
     /// Largest archive a PUT may upload, in bytes.
     #[arg(long, default_value_t = 8 << 30)]
     max_upload_bytes: u64,
+    /// Live sandboxes one owner (an API key, or the keys sharing an owner in
+    /// --api-key-file) may hold at once; one more Acquire is a 429.
+    #[arg(long, default_value_t = 16, value_name = "N")]
+    max_sandboxes_per_key: usize,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -312,6 +316,8 @@ fn main() -> anyhow::Result<()> {
             uploads,
             time_scale: args.time_scale,
             max_upload_bytes: args.max_upload_bytes,
+            max_per_owner: args.max_sandboxes_per_key,
+            acquiring: Default::default(),
             releases: tokio_util::task::TaskTracker::new(),
         });
         let releases = host.releases.clone();

@@ -243,6 +243,9 @@ impl<'a> Extractor<'a> {
                 if target.is_empty() {
                     return Err(invalid(&raw, "is a symlink without a target"));
                 }
+                if target.contains(&0) {
+                    return Err(invalid(&raw, "has a symlink target with a NUL byte"));
+                }
                 if target.len() > limits.max_path_bytes {
                     return Err(WsError::Limit {
                         limit: "max_path_bytes",

@@ -255,13 +255,23 @@ pub fn extract<R: Read + Send + 'static>(
             "truncated tar archive: the stream ends without the end-of-archive marker",
         ));
     }
-    // Drain the rest (end-of-archive padding) so compressed trailers and
-    // checksums are verified and every byte is hashed.
+    // Drain the rest so compressed trailers and checksums are verified and
+    // every byte is hashed. Only zero padding may follow the end-of-archive
+    // marker: entries after it (a second archive appended, plain or as a
+    // second gzip/zstd member) would otherwise be dropped without a word.
     let mut sink = [0u8; 64 << 10];
     loop {
         match plain.read(&mut sink) {
             Ok(0) => break,
-            Ok(_) => meter.check()?,
+            Ok(n) => {
+                meter.check()?;
+                if sink[..n].iter().any(|&b| b != 0) {
+                    return Err(WsError::invalid(
+                        "data after the tar end-of-archive marker (two archives concatenated? \
+                         upload them one at a time, the later ones with merge mode)",
+                    ));
+                }
+            }
             Err(e) => return Err(read_error(e, compression)),
         }
     }

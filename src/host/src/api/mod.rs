@@ -76,6 +76,11 @@ pub struct Host {
     /// Multiplies TTLs (tests shorten the clock with it).
     pub time_scale: f64,
     pub max_upload_bytes: u64,
+    /// Live sandboxes per owner (`--max-sandboxes-per-key`).
+    pub max_per_owner: usize,
+    /// Acquires in flight per owner, counted against `max_per_owner`
+    /// until their sandbox is stored.
+    pub acquiring: std::sync::Mutex<HashMap<String, usize>>,
     /// Releases running in the background; a shutdown waits for them, so a
     /// released sandbox is back in the pool (and stopped with it), never
     /// left running outside it.
@@ -253,6 +258,8 @@ pub(super) fn agent_error(what: &str, s: tonic::Status) -> ApiError {
         | tonic::Code::FailedPrecondition
         | tonic::Code::OutOfRange => StatusCode::BAD_REQUEST,
         tonic::Code::ResourceExhausted => StatusCode::PAYLOAD_TOO_LARGE,
+        // The workspace is busy with another transfer: retry later.
+        tonic::Code::Aborted => StatusCode::CONFLICT,
         tonic::Code::NotFound => StatusCode::NOT_FOUND,
         tonic::Code::Unavailable | tonic::Code::DeadlineExceeded => StatusCode::SERVICE_UNAVAILABLE,
         _ => StatusCode::INTERNAL_SERVER_ERROR,

@@ -25,6 +25,7 @@ pub async fn acquire(
 ) -> ApiResult {
     let who = owner(&h, &headers)?;
     let req = parse_acquire(&body)?;
+    let _claim = OwnerClaim::take(&h, &who)?;
     if let Some((missing, known)) = req
         .servers
         .as_deref()
@@ -128,6 +129,50 @@ pub async fn acquire(
         );
     }
     Ok((StatusCode::CREATED, Json(body)).into_response())
+}
+
+/// One Acquire of an owner in flight, counted against the per-owner cap
+/// together with its live sandboxes; released on drop (the sandbox, once
+/// stored, counts by itself).
+struct OwnerClaim {
+    h: Shared,
+    who: String,
+}
+
+impl OwnerClaim {
+    fn take(h: &Shared, who: &str) -> Result<OwnerClaim, ApiError> {
+        // Counted under the lock, so two Acquires cannot both see room.
+        let mut acquiring = h.acquiring.lock().unwrap_or_else(|p| p.into_inner());
+        let live = h.store.list(Some(who)).map_err(internal)?.len();
+        let n = acquiring.entry(who.to_owned()).or_default();
+        if live + *n >= h.max_per_owner {
+            return Err(detail(
+                StatusCode::TOO_MANY_REQUESTS,
+                format!(
+                    "this API key already holds {} sandbox(es) (limit {}, --max-sandboxes-per-key): release one first",
+                    live + *n,
+                    h.max_per_owner
+                ),
+            ));
+        }
+        *n += 1;
+        Ok(OwnerClaim {
+            h: h.clone(),
+            who: who.to_owned(),
+        })
+    }
+}
+
+impl Drop for OwnerClaim {
+    fn drop(&mut self) {
+        let mut acquiring = self.h.acquiring.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = acquiring.get_mut(&self.who) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                acquiring.remove(&self.who);
+            }
+        }
+    }
 }
 
 /// Leases `slot` as sandbox `id`: by narrowing the warm lease it holds

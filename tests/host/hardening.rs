@@ -1,0 +1,172 @@
+//! Issue 19's host items: a per-key cap on live sandboxes, a busy
+//! workspace answered 409 (the agent's ABORTED), and concurrent uploads to
+//! one sandbox that never mix (the last complete one wins whole).
+
+use std::io::Write;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use crate::common::eventually;
+use crate::common::host::{Host, KEY_A, KEY_B, acquire, http, release};
+
+/// PUTs `file` to `url`; returns the HTTP status.
+fn put(url: &str, file: &Path, rate: Option<&str>) -> Command {
+    let mut c = Command::new("curl");
+    c.args(["-s", "-o", "/dev/null", "-w", "%{http_code}", "-X", "PUT"])
+        .args(["-H", "content-type: application/gzip"])
+        .arg("--data-binary")
+        .arg(format!("@{}", file.display()));
+    if let Some(r) = rate {
+        c.args(["--limit-rate", r]);
+    }
+    c.arg(url);
+    c
+}
+
+/// A tar.gz of one file `name` holding `len` bytes that do not compress.
+fn random_archive(dir: &Path, name: &str, len: usize, seed: u64) -> std::path::PathBuf {
+    let mut x = seed | 1;
+    let data: Vec<u8> = (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect();
+    let mut t = crate::common::ws::Tar::new();
+    t.file(name, &data);
+    let path = dir.join(format!("{name}.tar.gz"));
+    let mut f = std::fs::File::create(&path).expect("archive");
+    f.write_all(&crate::common::ws::gzip(&t.end()))
+        .expect("write archive");
+    path
+}
+
+fn upload_url(host: &Host, id: &str) -> String {
+    let (code, u) = http(
+        "POST",
+        &format!("{}/local-sandbox/{id}/upload-url", host.base),
+        Some(KEY_A),
+        None,
+    );
+    assert_eq!(code, 200, "{u}");
+    u["upload_url"].as_str().expect("upload_url").to_owned()
+}
+
+#[test]
+fn a_key_holds_at_most_its_cap_of_sandboxes() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let host = Host::start(dir.path(), &["--max-sandboxes-per-key", "1"]);
+    let body = r#"{"server_names": []}"#;
+    let a = acquire(&host, KEY_A, body);
+    let (code, v) = http(
+        "POST",
+        &format!("{}/local-sandbox", host.base),
+        Some(KEY_A),
+        Some(body),
+    );
+    assert_eq!(code, 429, "{v}");
+    assert!(
+        v["detail"].as_str().unwrap_or_default().contains("limit 1"),
+        "{v}"
+    );
+    // Another key has its own count.
+    let b = acquire(&host, KEY_B, body);
+    release(&host, KEY_A, a["local_sandbox_id"].as_str().expect("id"));
+    let again = acquire(&host, KEY_A, body);
+    release(
+        &host,
+        KEY_A,
+        again["local_sandbox_id"].as_str().expect("id"),
+    );
+    release(&host, KEY_B, b["local_sandbox_id"].as_str().expect("id"));
+}
+
+/// An Initialize while a Dump is being read holds the workspace: the agent
+/// answers ABORTED and the host 409 (not 500), and the workspace is free
+/// again once the reader goes away.
+#[test]
+fn a_busy_workspace_is_409() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let host = Host::start(dir.path(), &[]);
+    let a = acquire(&host, KEY_A, r#"{"server_names": ["filesystem"]}"#);
+    let id = a["local_sandbox_id"].as_str().expect("id");
+    let big = random_archive(dir.path(), "big.bin", 24 << 20, 7);
+    let out = put(&upload_url(&host, id), &big, None)
+        .output()
+        .expect("curl");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "200");
+    let init = format!("{}/local-sandbox/{id}/initialize", host.base);
+    let (code, v) = http("POST", &init, Some(KEY_A), None);
+    assert_eq!(code, 200, "{v}");
+    let (_, d) = http(
+        "GET",
+        &format!("{}/local-sandbox/{id}/dump", host.base),
+        Some(KEY_A),
+        None,
+    );
+    let url = d["download_url"].as_str().expect("download_url");
+    let mut slow = Command::new("curl")
+        .args(["-s", "-o", "/dev/null", "--limit-rate", "64k", url])
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("curl");
+    let busy = eventually(
+        Duration::from_secs(30),
+        "a 409 while the dump is read",
+        || match http("POST", &init, Some(KEY_A), None) {
+            (409, v) => Ok(v),
+            (c, v) => Err(format!("{c}: {v}")),
+        },
+    );
+    assert!(
+        busy["detail"].as_str().unwrap_or_default().contains("Dump"),
+        "{busy}"
+    );
+    let _ = slow.kill();
+    let _ = slow.wait();
+    eventually(
+        Duration::from_secs(30),
+        "the workspace free again",
+        || match http("POST", &init, Some(KEY_A), None) {
+            (200, _) => Ok(()),
+            (c, v) => Err(format!("{c}: {v}")),
+        },
+    );
+    release(&host, KEY_A, id);
+}
+
+/// A slow PUT and a fast one to the same sandbox: each goes to its own
+/// temporary file, and the stored archive is one of them whole, never a
+/// mix; Initialize extracts exactly that one.
+#[test]
+fn concurrent_uploads_never_mix() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let host = Host::start(dir.path(), &[]);
+    let a = acquire(&host, KEY_A, r#"{"server_names": ["filesystem"]}"#);
+    let id = a["local_sandbox_id"].as_str().expect("id");
+    let slow_file = random_archive(dir.path(), "slow.bin", 2 << 20, 1);
+    let fast_file = random_archive(dir.path(), "fast.bin", 1 << 20, 2);
+    let url = upload_url(&host, id);
+    let slow = put(&url, &slow_file, Some("512k"))
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("slow curl");
+    let fast = put(&url, &fast_file, None).output().expect("fast curl");
+    assert_eq!(String::from_utf8_lossy(&fast.stdout), "200");
+    let slow = slow.wait_with_output().expect("slow curl");
+    assert_eq!(String::from_utf8_lossy(&slow.stdout), "200");
+    // The slow one completed last: it is stored whole.
+    let stored = std::fs::read(host.data.join(format!("uploads/{id}.tar.gz"))).expect("stored");
+    assert_eq!(stored, std::fs::read(&slow_file).expect("slow file"));
+    let (code, v) = http(
+        "POST",
+        &format!("{}/local-sandbox/{id}/initialize", host.base),
+        Some(KEY_A),
+        None,
+    );
+    assert_eq!(code, 200, "{v}");
+    release(&host, KEY_A, id);
+}
