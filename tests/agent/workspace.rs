@@ -238,6 +238,56 @@ async fn hostile_paths_are_refused_and_nothing_changes() {
     );
 }
 
+/// A tree nested deeper than `archive.max_depth` (a server can make one in
+/// the workspace) is refused by name by Dump and by a merge Initialize,
+/// and an archive entry that deep by Initialize, without a crash (these
+/// walks recursed and overflowed the stack at ~1000 levels); Clear still
+/// removes it, and a tree within the limit dumps.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deep_trees_are_refused_by_name() {
+    let f = Fixture::new("[archive]\nmax_depth = 64\n").await;
+    let deep = f.ws.join("d/".repeat(600));
+    std::fs::create_dir_all(&deep).expect("deep tree");
+    std::fs::write(deep.join("leaf.txt"), "leaf").expect("leaf");
+    let e = dump(&f.client, proto::DumpRequest::default())
+        .await
+        .expect_err("a 600-level dump");
+    assert_eq!(e.code(), Code::ResourceExhausted, "{}", e.message());
+    assert!(e.message().contains("max_depth"), "{}", e.message());
+    let merge = proto::InitializeHeader {
+        mode: proto::InitializeMode::Merge as i32,
+        ..Default::default()
+    };
+    let small = Tar::new().file("./m.txt", b"m").end();
+    let e = initialize(&f.client, merge, gzip(&small))
+        .await
+        .expect_err("a merge over a 600-level tree");
+    assert_eq!(e.code(), Code::ResourceExhausted, "{}", e.message());
+    assert!(e.message().contains("max_depth"), "{}", e.message());
+    assert!(
+        deep.join("leaf.txt").is_file(),
+        "the workspace is unchanged"
+    );
+    let mut t = Tar::new();
+    t.file(&format!("./{}x.txt", "e/".repeat(100)), b"x");
+    let e = initialize(&f.client, header(), gzip(&t.end()))
+        .await
+        .expect_err("a 100-level entry");
+    assert_eq!(e.code(), Code::ResourceExhausted, "{}", e.message());
+    assert!(e.message().contains("max_depth"), "{}", e.message());
+    f.client
+        .workspace()
+        .clear(proto::ClearRequest {})
+        .await
+        .expect("Clear of the deep tree");
+    wait_empty(&f.state_dir()).await;
+    std::fs::create_dir_all(f.ws.join("s/".repeat(60))).expect("a tree within the limit");
+    let (archive, _) = dump(&f.client, proto::DumpRequest::default())
+        .await
+        .expect("a 60-level dump");
+    assert!(!archive.is_empty());
+}
+
 /// A NUL byte in a path (a PAX `path`, a symlink target, Dump's sub_path)
 /// is the request's fault; so is data after the end-of-archive marker,
 /// whether appended plain or as a second gzip member (it would otherwise

@@ -9,7 +9,7 @@
 
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::path::{Component, Path};
+use std::path::{Component, Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use rustix::fs::{Mode, OFlags, ResolveFlags};
@@ -103,28 +103,73 @@ pub fn normalize(path: &Path) -> Result<Vec<&std::ffi::OsStr>, PathError> {
 }
 
 /// Removes `name` in `dir` (a whole tree if it is a directory), never
-/// following symlinks.
+/// following symlinks. Depth-first with an explicit stack (one open
+/// directory per level), so no tree is too deep for the thread's stack.
 pub fn remove_at(dir: BorrowedFd<'_>, name: &OsStr, path: &Path) -> Result<(), WsError> {
-    match rustix::fs::unlinkat(dir, name, AtFlags::empty()) {
-        Ok(()) => Ok(()),
-        Err(rustix::io::Errno::ISDIR) | Err(rustix::io::Errno::PERM) => {
-            let sub = rustix::fs::openat(
-                dir,
-                name,
-                OFlags::DIRECTORY | OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-                Mode::empty(),
-            )
-            .map_err(|e| WsError::io(format!("opening {}", path.display()), sys(e)))?;
-            let names = list(sub.as_fd())
-                .map_err(|e| WsError::io(format!("listing {}", path.display()), e))?;
-            for n in names {
-                remove_at(sub.as_fd(), &n, &path.join(&n))?;
-            }
-            rustix::fs::unlinkat(dir, name, AtFlags::REMOVEDIR)
-                .map_err(|e| WsError::io(format!("removing {}", path.display()), sys(e)))
-        }
-        Err(e) => Err(WsError::io(format!("removing {}", path.display()), sys(e))),
+    /// A directory being emptied: its handle, path and the names left.
+    struct Level {
+        fd: OwnedFd,
+        path: PathBuf,
+        names: std::vec::IntoIter<std::ffi::OsString>,
     }
+    let open = |parent: BorrowedFd<'_>, name: &OsStr, path: &Path| -> Result<Level, WsError> {
+        let fd = rustix::fs::openat(
+            parent,
+            name,
+            OFlags::DIRECTORY | OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| WsError::io(format!("opening {}", path.display()), sys(e)))?;
+        let names =
+            list(fd.as_fd()).map_err(|e| WsError::io(format!("listing {}", path.display()), e))?;
+        Ok(Level {
+            fd,
+            path: path.to_owned(),
+            names: names.into_iter(),
+        })
+    };
+    let rmdir = |parent: BorrowedFd<'_>, name: &OsStr, path: &Path| {
+        rustix::fs::unlinkat(parent, name, AtFlags::REMOVEDIR)
+            .map_err(|e| WsError::io(format!("removing {}", path.display()), sys(e)))
+    };
+    match rustix::fs::unlinkat(dir, name, AtFlags::empty()) {
+        Ok(()) => return Ok(()),
+        Err(rustix::io::Errno::ISDIR) | Err(rustix::io::Errno::PERM) => {}
+        Err(e) => return Err(WsError::io(format!("removing {}", path.display()), sys(e))),
+    }
+    let mut stack = vec![open(dir, name, path)?];
+    while let Some(top) = stack.last_mut() {
+        match top.names.next() {
+            Some(n) => {
+                let p = top.path.join(&n);
+                match rustix::fs::unlinkat(&top.fd, &n, AtFlags::empty()) {
+                    Ok(()) => {}
+                    Err(rustix::io::Errno::ISDIR) | Err(rustix::io::Errno::PERM) => {
+                        let sub = open(top.fd.as_fd(), &n, &p)?;
+                        stack.push(sub);
+                    }
+                    Err(e) => return Err(WsError::io(format!("removing {}", p.display()), sys(e))),
+                }
+            }
+            None => {
+                let done = stack.pop();
+                let name_of = |l: &Level| l.path.file_name().map(OsStr::to_owned);
+                match (done, stack.last()) {
+                    (Some(d), Some(parent)) => {
+                        let n = name_of(&d).unwrap_or_default();
+                        drop(d.fd);
+                        rmdir(parent.fd.as_fd(), &n, &d.path)?;
+                    }
+                    (Some(d), None) => {
+                        drop(d.fd);
+                        rmdir(dir, name, path)?;
+                    }
+                    (None, _) => {}
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Names in a directory, without `.` and `..`, sorted bytewise.

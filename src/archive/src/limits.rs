@@ -16,6 +16,9 @@ pub struct ArchiveLimits {
     pub max_entries: u64,
     /// Bytes of one entry's path.
     pub max_path_bytes: usize,
+    /// Directory nesting of one entry's path, in extraction, Dump and the
+    /// merge clone alike (each walks with one open directory per level).
+    pub max_depth: usize,
     /// Size of one file.
     pub max_file_bytes: u64,
     /// Expanded ÷ compressed bytes, checked once more than
@@ -50,6 +53,7 @@ impl Default for ArchiveLimits {
             max_expanded_bytes: 32 << 30,
             max_entries: 500_000,
             max_path_bytes: 4096,
+            max_depth: crate::pack::MAX_DEPTH,
             max_file_bytes: 16 << 30,
             max_compression_ratio: 1000,
             ratio_grace_bytes: 256 << 20,
@@ -70,6 +74,7 @@ impl ArchiveLimits {
             ("max_expanded_bytes", self.max_expanded_bytes),
             ("max_entries", self.max_entries),
             ("max_path_bytes", self.max_path_bytes as u64),
+            ("max_depth", self.max_depth as u64),
             ("max_file_bytes", self.max_file_bytes),
             ("max_compression_ratio", self.max_compression_ratio),
             ("queue_chunks", self.queue_chunks as u64),

@@ -12,7 +12,7 @@
 use std::ffi::OsStr;
 use std::fs::File;
 use std::io::{self, Read, Write};
-use std::os::fd::{AsFd, BorrowedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -25,10 +25,11 @@ use super::error::{WsError, sys};
 
 /// At most this many changed paths are reported in a trailer.
 pub const MAX_CHANGED_REPORTED: usize = 1000;
-/// Deepest directory nesting the walk follows.
-pub const MAX_DEPTH: usize = 1024;
+/// Deepest directory nesting packed or extracted, unless configured
+/// (`ArchiveLimits::max_depth`). The walk holds one open directory per
+/// level, so this also bounds its descriptors.
+pub const MAX_DEPTH: usize = 256;
 
-#[derive(Default)]
 pub struct PackOptions<'a> {
     /// Paths (relative, without `./`) to leave out; a matching directory is
     /// left out with everything below it.
@@ -38,6 +39,20 @@ pub struct PackOptions<'a> {
     /// Set by the consumer when it stops reading; the walk then ends with
     /// `Cancelled`.
     pub cancelled: Option<&'a AtomicBool>,
+    /// A directory nested deeper than this ends the walk with a `Limit`
+    /// error (`max_depth`).
+    pub max_depth: usize,
+}
+
+impl Default for PackOptions<'_> {
+    fn default() -> Self {
+        PackOptions {
+            exclude: None,
+            hidden: None,
+            cancelled: None,
+            max_depth: MAX_DEPTH,
+        }
+    }
 }
 
 #[derive(Debug, Default, Clone)]
@@ -72,7 +87,7 @@ pub fn pack<W: Write>(
     let st =
         rustix::fs::fstat(root).map_err(|e| WsError::io("stat of the dumped directory", sys(e)))?;
     append_dir_header(&mut b, &st, Path::new("./"))?;
-    walk(&mut b, root, Path::new(""), opts, &mut stats, 0)?;
+    walk(&mut b, root, opts, &mut stats)?;
     let out = b
         .into_inner()
         .map_err(|e| WsError::io("finishing the archive", e))?;
@@ -132,143 +147,183 @@ fn append<W: Write>(
     r.map_err(|e| WsError::io(format!("archiving {}", path.display()), e))
 }
 
+/// One directory being walked: its handle, its path and the names still
+/// to visit.
+struct Level {
+    dir: OwnedFd,
+    rel: PathBuf,
+    names: std::vec::IntoIter<std::ffi::OsString>,
+}
+
+fn listed(dir: OwnedFd, rel: PathBuf) -> Result<Level, WsError> {
+    let names = list(dir.as_fd())
+        .map_err(|e| WsError::io(format!("listing {}", archive_path(&rel, true).display()), e))?;
+    Ok(Level {
+        dir,
+        rel,
+        names: names.into_iter(),
+    })
+}
+
+/// Walks the tree depth-first in name order with an explicit stack (no
+/// recursion: a deep tree cannot overflow the thread's stack).
 fn walk<W: Write>(
     b: &mut tar::Builder<W>,
-    dir: BorrowedFd<'_>,
-    rel: &Path,
+    root: BorrowedFd<'_>,
     opts: &PackOptions<'_>,
     stats: &mut PackStats,
-    depth: usize,
 ) -> Result<(), WsError> {
-    if depth > MAX_DEPTH {
-        return Err(WsError::invalid(format!(
-            "'{}' is nested more than {MAX_DEPTH} directories deep",
-            rel.display()
-        )));
-    }
-    let names = match list(dir) {
-        Ok(n) => n,
-        Err(e) => {
-            return Err(WsError::io(
-                format!("listing {}", archive_path(rel, true).display()),
-                e,
-            ));
-        }
-    };
-    for name in names {
+    let root =
+        rustix::io::dup(root).map_err(|e| WsError::io("opening the dumped directory", sys(e)))?;
+    let mut stack = vec![listed(root, PathBuf::new())?];
+    while let Some(top) = stack.last_mut() {
+        let Some(name) = top.names.next() else {
+            stack.pop();
+            continue;
+        };
         if opts.cancelled.is_some_and(|c| c.load(Ordering::Relaxed)) {
             return Err(WsError::Cancelled(
                 "the receiver of the archive went away".into(),
             ));
         }
+        let depth = stack.len() - 1;
+        let top = &stack[depth];
         if depth == 0 && Some(name.as_os_str()) == opts.hidden {
             continue;
         }
-        let path = rel.join(&name);
+        let path = top.rel.join(&name);
         if opts.exclude.is_some_and(|g| g.is_match(&path)) {
             continue;
         }
-        let st = match rustix::fs::statat(dir, &name, AtFlags::SYMLINK_NOFOLLOW) {
-            Ok(st) => st,
-            // Deleted between listing and stat: it is simply not in the dump.
-            Err(rustix::io::Errno::NOENT) => continue,
-            Err(e) => return Err(WsError::io(format!("stat {}", path.display()), sys(e))),
-        };
-        match FileType::from_raw_mode(st.st_mode) {
-            FileType::Directory => {
-                let sub = match rustix::fs::openat(
-                    dir,
-                    &name,
-                    OFlags::DIRECTORY | OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-                    Mode::empty(),
-                ) {
-                    Ok(fd) => fd,
-                    Err(rustix::io::Errno::NOENT) => continue,
-                    // Replaced by a symlink or file since the stat.
-                    Err(rustix::io::Errno::LOOP) | Err(rustix::io::Errno::NOTDIR) => {
-                        stats.changed(&path);
-                        continue;
-                    }
-                    Err(e) => {
-                        return Err(WsError::io(format!("opening {}", path.display()), sys(e)));
-                    }
-                };
-                append_dir_header(b, &st, &archive_path(&path, true))?;
-                stats.dirs += 1;
-                walk(b, sub.as_fd(), &path, opts, stats, depth + 1)?;
-            }
-            FileType::RegularFile => {
-                let fd = match rustix::fs::openat(
-                    dir,
-                    &name,
-                    OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-                    Mode::empty(),
-                ) {
-                    Ok(fd) => fd,
-                    Err(rustix::io::Errno::NOENT) => continue,
-                    Err(rustix::io::Errno::LOOP) => {
-                        stats.changed(&path);
-                        continue;
-                    }
-                    Err(e) => {
-                        return Err(WsError::io(format!("opening {}", path.display()), sys(e)));
-                    }
-                };
-                let before = rustix::fs::fstat(&fd)
-                    .map_err(|e| WsError::io(format!("stat {}", path.display()), sys(e)))?;
-                if FileType::from_raw_mode(before.st_mode) != FileType::RegularFile {
-                    stats.changed(&path);
-                    continue;
-                }
-                let size = before.st_size.max(0) as u64;
-                let mut h = header(&before, tar::EntryType::Regular, size);
-                let mut reader = Exact {
-                    file: File::from(fd),
-                    left: size,
-                    short: false,
-                };
-                append(b, &mut h, &archive_path(&path, false), &mut reader)?;
-                let after = rustix::fs::fstat(&reader.file)
-                    .map_err(|e| WsError::io(format!("stat {}", path.display()), sys(e)))?;
-                if reader.short
-                    || after.st_size != before.st_size
-                    || after.st_mtime != before.st_mtime
-                    || after.st_mtime_nsec != before.st_mtime_nsec
-                {
-                    stats.changed(&path);
-                }
-                stats.files += 1;
-                stats.content_bytes += size;
-            }
-            FileType::Symlink => {
-                let target = match rustix::fs::readlinkat(dir, &name, Vec::new()) {
-                    Ok(t) => t,
-                    Err(rustix::io::Errno::NOENT) => continue,
-                    Err(e) => {
-                        return Err(WsError::io(
-                            format!("reading link {}", path.display()),
-                            sys(e),
-                        ));
-                    }
-                };
-                let mut h = header(&st, tar::EntryType::Symlink, 0);
-                let name = archive_path(&path, false);
-                if target.as_bytes().len() <= 100 && name.as_os_str().len() <= 100 {
-                    let link = &mut h.as_old_mut().linkname;
-                    link.fill(0);
-                    link[..target.as_bytes().len()].copy_from_slice(target.as_bytes());
-                    append(b, &mut h, &name, io::empty())?;
-                } else {
-                    let target = Path::new(OsStr::from_bytes(target.as_bytes()));
-                    b.append_link(&mut h, &name, target)
-                        .map_err(|e| WsError::io(format!("archiving {}", path.display()), e))?;
-                }
-                stats.symlinks += 1;
-            }
-            _ => stats.skipped_special += 1,
+        let dir = top.dir.as_fd();
+        if let Some(sub) = entry(b, dir, &name, &path, opts, stats, depth)? {
+            stack.push(listed(sub, path)?);
         }
     }
     Ok(())
+}
+
+/// Archives one entry of `dir`; returns the handle of a directory to walk
+/// into.
+fn entry<W: Write>(
+    b: &mut tar::Builder<W>,
+    dir: BorrowedFd<'_>,
+    name: &OsStr,
+    path: &Path,
+    opts: &PackOptions<'_>,
+    stats: &mut PackStats,
+    depth: usize,
+) -> Result<Option<OwnedFd>, WsError> {
+    let st = match rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) {
+        Ok(st) => st,
+        // Deleted between listing and stat: it is simply not in the dump.
+        Err(rustix::io::Errno::NOENT) => return Ok(None),
+        Err(e) => return Err(WsError::io(format!("stat {}", path.display()), sys(e))),
+    };
+    match FileType::from_raw_mode(st.st_mode) {
+        FileType::Directory => {
+            if depth + 1 > opts.max_depth {
+                return Err(WsError::Limit {
+                    limit: "max_depth",
+                    detail: format!(
+                        "'{}' is nested more than {} directories deep",
+                        path.display(),
+                        opts.max_depth
+                    ),
+                });
+            }
+            let sub = match rustix::fs::openat(
+                dir,
+                name,
+                OFlags::DIRECTORY | OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                Mode::empty(),
+            ) {
+                Ok(fd) => fd,
+                Err(rustix::io::Errno::NOENT) => return Ok(None),
+                // Replaced by a symlink or file since the stat.
+                Err(rustix::io::Errno::LOOP) | Err(rustix::io::Errno::NOTDIR) => {
+                    stats.changed(path);
+                    return Ok(None);
+                }
+                Err(e) => {
+                    return Err(WsError::io(format!("opening {}", path.display()), sys(e)));
+                }
+            };
+            append_dir_header(b, &st, &archive_path(path, true))?;
+            stats.dirs += 1;
+            return Ok(Some(sub));
+        }
+        FileType::RegularFile => {
+            let fd = match rustix::fs::openat(
+                dir,
+                name,
+                OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                Mode::empty(),
+            ) {
+                Ok(fd) => fd,
+                Err(rustix::io::Errno::NOENT) => return Ok(None),
+                Err(rustix::io::Errno::LOOP) => {
+                    stats.changed(path);
+                    return Ok(None);
+                }
+                Err(e) => {
+                    return Err(WsError::io(format!("opening {}", path.display()), sys(e)));
+                }
+            };
+            let before = rustix::fs::fstat(&fd)
+                .map_err(|e| WsError::io(format!("stat {}", path.display()), sys(e)))?;
+            if FileType::from_raw_mode(before.st_mode) != FileType::RegularFile {
+                stats.changed(path);
+                return Ok(None);
+            }
+            let size = before.st_size.max(0) as u64;
+            let mut h = header(&before, tar::EntryType::Regular, size);
+            let mut reader = Exact {
+                file: File::from(fd),
+                left: size,
+                short: false,
+            };
+            append(b, &mut h, &archive_path(path, false), &mut reader)?;
+            let after = rustix::fs::fstat(&reader.file)
+                .map_err(|e| WsError::io(format!("stat {}", path.display()), sys(e)))?;
+            if reader.short
+                || after.st_size != before.st_size
+                || after.st_mtime != before.st_mtime
+                || after.st_mtime_nsec != before.st_mtime_nsec
+            {
+                stats.changed(path);
+            }
+            stats.files += 1;
+            stats.content_bytes += size;
+        }
+        FileType::Symlink => {
+            let target = match rustix::fs::readlinkat(dir, name, Vec::new()) {
+                Ok(t) => t,
+                Err(rustix::io::Errno::NOENT) => return Ok(None),
+                Err(e) => {
+                    return Err(WsError::io(
+                        format!("reading link {}", path.display()),
+                        sys(e),
+                    ));
+                }
+            };
+            let mut h = header(&st, tar::EntryType::Symlink, 0);
+            let name = archive_path(path, false);
+            if target.as_bytes().len() <= 100 && name.as_os_str().len() <= 100 {
+                let link = &mut h.as_old_mut().linkname;
+                link.fill(0);
+                link[..target.as_bytes().len()].copy_from_slice(target.as_bytes());
+                append(b, &mut h, &name, io::empty())?;
+            } else {
+                let target = Path::new(OsStr::from_bytes(target.as_bytes()));
+                b.append_link(&mut h, &name, target)
+                    .map_err(|e| WsError::io(format!("archiving {}", path.display()), e))?;
+            }
+            stats.symlinks += 1;
+        }
+        _ => stats.skipped_special += 1,
+    }
+    Ok(None)
 }
 
 /// Reads exactly `left` bytes: a file that shrank is padded with zeros, one

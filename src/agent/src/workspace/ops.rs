@@ -199,7 +199,7 @@ impl Workspace {
         let (stage_name, stage) = self.txn.stage()?;
         let result = (|| {
             if req.merge {
-                self.txn.clone_into(stage.as_fd())?;
+                self.txn.clone_into(stage.as_fd(), self.limits.max_depth)?;
             }
             let opts = extract::ExtractOptions {
                 limits: &self.limits,
@@ -291,6 +291,7 @@ impl Workspace {
             exclude: exclude.as_ref(),
             hidden,
             cancelled,
+            max_depth: self.limits.max_depth,
         };
         pack::pack(dir.as_fd(), &opts, out)
     }

@@ -154,8 +154,8 @@ impl Txn {
     /// directories are recreated, everything else shares its inode. The
     /// extractor never writes into an existing file, so the workspace is not
     /// touched.
-    pub fn clone_into(&self, stage: BorrowedFd<'_>) -> Result<(), WsError> {
-        clone_dir(self.root.as_fd(), stage, Path::new(""), self.hidden_name())
+    pub fn clone_into(&self, stage: BorrowedFd<'_>, max_depth: usize) -> Result<(), WsError> {
+        clone_dir(self.root.as_fd(), stage, self.hidden_name(), max_depth)
     }
 
     /// Swaps the staging directory's contents in. Returns how many
@@ -402,47 +402,101 @@ fn unique(kind: &str) -> OsString {
 fn clone_dir(
     src: BorrowedFd<'_>,
     dst: BorrowedFd<'_>,
-    rel: &Path,
     skip: Option<&OsStr>,
+    max_depth: usize,
 ) -> Result<(), WsError> {
-    for name in list(src).map_err(ctx(format!("listing {}", rel.display())))? {
-        if rel.as_os_str().is_empty() && Some(name.as_os_str()) == skip {
+    /// One directory being cloned: both handles, its path, the names left,
+    /// and its own metadata, applied once everything below it is done.
+    struct Level {
+        src: OwnedFd,
+        dst: OwnedFd,
+        rel: PathBuf,
+        names: std::vec::IntoIter<OsString>,
+        st: Option<rustix::fs::Stat>,
+    }
+    let open = |fd: BorrowedFd<'_>, name: &OsStr, path: &Path| {
+        rustix::fs::openat(fd, name, dir_flags() | OFlags::NOFOLLOW, Mode::empty())
+            .map_err(|e| WsError::io(format!("opening {}", path.display()), sys(e)))
+    };
+    let dup = |fd: BorrowedFd<'_>| {
+        rustix::io::dup(fd).map_err(|e| WsError::io("opening the workspace", sys(e)))
+    };
+    let names = list(src).map_err(ctx("listing the workspace"))?;
+    // An explicit stack, not recursion: a deep tree cannot overflow the
+    // thread's stack.
+    let mut stack = vec![Level {
+        src: dup(src)?,
+        dst: dup(dst)?,
+        rel: PathBuf::new(),
+        names: names.into_iter(),
+        st: None,
+    }];
+    while let Some(top) = stack.last_mut() {
+        let Some(name) = top.names.next() else {
+            if let Some(done) = stack.pop()
+                && let Some(st) = done.st
+            {
+                copy_dir_metadata(&done.dst, &st, &done.rel)?;
+            }
+            continue;
+        };
+        if stack.len() == 1 && Some(name.as_os_str()) == skip {
             continue;
         }
-        let path = rel.join(&name);
-        let st = rustix::fs::statat(src, &name, AtFlags::SYMLINK_NOFOLLOW)
+        let top = &stack[stack.len() - 1];
+        let path = top.rel.join(&name);
+        let st = rustix::fs::statat(&top.src, &name, AtFlags::SYMLINK_NOFOLLOW)
             .map_err(|e| WsError::io(format!("stat {}", path.display()), sys(e)))?;
         if rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Directory {
-            rustix::fs::mkdirat(dst, &name, Mode::from_raw_mode(0o700))
+            if stack.len() > max_depth {
+                return Err(WsError::Limit {
+                    limit: "max_depth",
+                    detail: format!(
+                        "the workspace's '{}' is nested more than {max_depth} directories deep",
+                        path.display()
+                    ),
+                });
+            }
+            rustix::fs::mkdirat(&top.dst, &name, Mode::from_raw_mode(0o700))
                 .map_err(|e| WsError::io(format!("creating {}", path.display()), sys(e)))?;
-            let s = rustix::fs::openat(src, &name, dir_flags() | OFlags::NOFOLLOW, Mode::empty())
-                .map_err(|e| WsError::io(format!("opening {}", path.display()), sys(e)))?;
-            let d = rustix::fs::openat(dst, &name, dir_flags() | OFlags::NOFOLLOW, Mode::empty())
-                .map_err(|e| WsError::io(format!("opening {}", path.display()), sys(e)))?;
-            clone_dir(s.as_fd(), d.as_fd(), &path, None)?;
-            let _ = rustix::fs::fchown(
-                &d,
-                Some(rustix::fs::Uid::from_raw(st.st_uid)),
-                Some(rustix::fs::Gid::from_raw(st.st_gid)),
-            );
-            rustix::fs::fchmod(&d, Mode::from_raw_mode(st.st_mode & 0o7777))
-                .map_err(|e| WsError::io(format!("chmod {}", path.display()), sys(e)))?;
-            let t = rustix::fs::Timestamps {
-                last_access: rustix::fs::Timespec {
-                    tv_sec: st.st_atime,
-                    tv_nsec: st.st_atime_nsec as _,
-                },
-                last_modification: rustix::fs::Timespec {
-                    tv_sec: st.st_mtime,
-                    tv_nsec: st.st_mtime_nsec as _,
-                },
-            };
-            let _ = rustix::fs::futimens(&d, &t);
+            let s = open(top.src.as_fd(), &name, &path)?;
+            let d = open(top.dst.as_fd(), &name, &path)?;
+            let names = list(s.as_fd()).map_err(ctx(format!("listing {}", path.display())))?;
+            stack.push(Level {
+                src: s,
+                dst: d,
+                rel: path,
+                names: names.into_iter(),
+                st: Some(st),
+            });
         } else {
-            rustix::fs::linkat(src, &name, dst, &name, AtFlags::empty())
+            rustix::fs::linkat(&top.src, &name, &top.dst, &name, AtFlags::empty())
                 .map_err(|e| WsError::io(format!("linking {}", path.display()), sys(e)))?;
         }
     }
+    Ok(())
+}
+
+/// A cloned directory takes its original's owner, mode and times.
+fn copy_dir_metadata(d: &OwnedFd, st: &rustix::fs::Stat, path: &Path) -> Result<(), WsError> {
+    let _ = rustix::fs::fchown(
+        d,
+        Some(rustix::fs::Uid::from_raw(st.st_uid)),
+        Some(rustix::fs::Gid::from_raw(st.st_gid)),
+    );
+    rustix::fs::fchmod(d, Mode::from_raw_mode(st.st_mode & 0o7777))
+        .map_err(|e| WsError::io(format!("chmod {}", path.display()), sys(e)))?;
+    let t = rustix::fs::Timestamps {
+        last_access: rustix::fs::Timespec {
+            tv_sec: st.st_atime,
+            tv_nsec: st.st_atime_nsec as _,
+        },
+        last_modification: rustix::fs::Timespec {
+            tv_sec: st.st_mtime,
+            tv_nsec: st.st_mtime_nsec as _,
+        },
+    };
+    let _ = rustix::fs::futimens(d, &t);
     Ok(())
 }
 

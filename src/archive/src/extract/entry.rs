@@ -98,6 +98,16 @@ impl<'a> Extractor<'a> {
         }
         let comps =
             confine::normalize(Path::new(OsStr::from_bytes(&raw))).map_err(|r| invalid(&raw, r))?;
+        if comps.len() > limits.max_depth {
+            return Err(WsError::Limit {
+                limit: "max_depth",
+                detail: format!(
+                    "an entry is nested {} directories deep (limit {})",
+                    comps.len(),
+                    limits.max_depth
+                ),
+            });
+        }
         let Some((name, parents)) = comps.split_last() else {
             // "./" itself: the workspace root keeps its own metadata.
             return if kind == EntryType::Directory {
