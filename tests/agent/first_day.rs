@@ -52,7 +52,10 @@ fn non_root_dev_agent_acquires_and_releases() {
         ])
         .arg(&manifest)
         .current_dir(d)
-        .env("HOME", d);
+        .env("HOME", d)
+        .env("RUST_LOG", "info")
+        .env_remove("SANDBOX_AGENT_TOKEN")
+        .env_remove("SANDBOX_AGENT_CONFIG");
     let agent = Agent::spawn(cmd, dir, d.join("sandbox-agent.sock"));
     let at = format!("unix://{}", d.join("sandbox-agent.sock").display());
     let mcp = format!("unix://{}", d.join("sandbox-agent-mcp.sock").display());

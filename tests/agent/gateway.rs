@@ -508,6 +508,63 @@ async fn mcp_proxy_exposes_the_data_plane_on_the_host() {
         .expect("client");
     let v = parse(&out, &agent);
     assert_eq!(v["text"], "content 3\n", "{v}");
+    // DNS rebinding: a page of another site that resolved to 127.0.0.1
+    // sends its own Host, or its Origin; both are refused before the
+    // data plane sees anything.
+    let init = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"curl","version":"1"}}}"#;
+    let curl = |extra: &[&str]| {
+        let out = Command::new("curl")
+            .args(["-s", "-o", "/dev/null", "-w", "%{http_code}", "-X", "POST"])
+            .args(["-H", "content-type: application/json"])
+            .args(["-H", "accept: application/json, text/event-stream"])
+            .args(extra)
+            .args(["-d", init])
+            .arg(format!("http://127.0.0.1:{port}/filesystem/mcp"))
+            .output()
+            .expect("curl");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    assert_eq!(curl(&[]), "200");
+    assert_eq!(curl(&["-H", "Host: attacker.example"]), "403");
+    assert_eq!(curl(&["-H", "Origin: http://attacker.example"]), "403");
+    assert_eq!(curl(&["-H", "Origin: http://localhost:3000"]), "200");
+    let _ = proxy.kill();
+    let _ = proxy.wait();
+    // With --require-token, clients must send the proxy's token.
+    let token_file = agent.dir.path().join("proxy.token");
+    let port = free_port();
+    let mut proxy = Command::new(&*CTL)
+        .args(["--mcp", &mcp, "mcp-proxy", "--listen"])
+        .arg(format!("tcp://127.0.0.1:{port}"))
+        .arg("--require-token")
+        .arg(&token_file)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("proxy");
+    let lines = crate::common::capture(proxy.stderr.take().expect("stderr"));
+    lines
+        .wait_for(Duration::from_secs(10), |l| l.contains("available at"))
+        .unwrap_or_else(|| panic!("proxy did not start: {}", lines.all()));
+    let token = std::fs::read_to_string(&token_file).expect("token created");
+    let curl = |extra: &[&str]| {
+        let out = Command::new("curl")
+            .args(["-s", "-o", "/dev/null", "-w", "%{http_code}", "-X", "POST"])
+            .args(["-H", "content-type: application/json"])
+            .args(["-H", "accept: application/json, text/event-stream"])
+            .args(extra)
+            .args(["-d", init])
+            .arg(format!("http://127.0.0.1:{port}/filesystem/mcp"))
+            .output()
+            .expect("curl");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    assert_eq!(curl(&[]), "401");
+    assert_eq!(
+        curl(&["-H", "Authorization: Bearer wrong-token-0123456789"]),
+        "401"
+    );
+    let auth = format!("Authorization: Bearer {}", token.trim());
+    assert_eq!(curl(&["-H", &auth]), "200");
     let _ = proxy.kill();
     let _ = proxy.wait();
     // Only loopback.

@@ -72,7 +72,10 @@ fn the_readme_walkthrough_runs_as_written() {
     cmd.args(["--dev", "--manifest"])
         .arg(&manifest)
         .current_dir(&d)
-        .env("PATH", &path);
+        .env("PATH", &path)
+        .env("RUST_LOG", "info")
+        .env_remove("SANDBOX_AGENT_TOKEN")
+        .env_remove("SANDBOX_AGENT_CONFIG");
     let agent = Agent::spawn(cmd, dir, d.join("sandbox-agent.sock"));
 
     let blocks = blocks(&readme);

@@ -89,13 +89,11 @@ impl Agent {
         Agent::spawn(cmd, dir, socket)
     }
 
-    /// Spawns `cmd` (an agent, however launched), owning `dir`, and waits
-    /// until it logs "serving"; `socket` is its control-plane socket.
+    /// Spawns `cmd` (an agent, however launched, its environment as the
+    /// caller set it), owning `dir`, and waits until it logs "serving";
+    /// `socket` is its control-plane socket.
     pub fn spawn(mut cmd: Command, dir: tempfile::TempDir, socket: PathBuf) -> Agent {
-        cmd.env_remove("SANDBOX_AGENT_TOKEN")
-            .env_remove("SANDBOX_AGENT_CONFIG")
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
+        cmd.stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
         let mut child = cmd.spawn().expect("spawn sandbox-agent");

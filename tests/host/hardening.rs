@@ -93,14 +93,38 @@ fn a_busy_workspace_is_409() {
     let host = Host::start(dir.path(), &[]);
     let a = acquire(&host, KEY_A, r#"{"server_names": ["filesystem"]}"#);
     let id = a["local_sandbox_id"].as_str().expect("id");
-    let big = random_archive(dir.path(), "big.bin", 24 << 20, 7);
-    let out = put(&upload_url(&host, id), &big, None)
+    let mark = random_archive(dir.path(), "mark.bin", 1024, 7);
+    let out = put(&upload_url(&host, id), &mark, None)
         .output()
         .expect("curl");
     assert_eq!(String::from_utf8_lossy(&out.stdout), "200");
     let init = format!("{}/local-sandbox/{id}/initialize", host.base);
     let (code, v) = http("POST", &init, Some(KEY_A), None);
     assert_eq!(code, 200, "{v}");
+    // 64 MiB that gzip cannot shrink, written straight into this sandbox's
+    // workspace: more than every buffer between the agent and the reader,
+    // so the Dump stays in flight while its reader is slow.
+    let ws = crate::warm::slot_dirs(&host)
+        .into_iter()
+        .map(|s| s.join("ws"))
+        .find(|w| w.join("mark.bin").exists())
+        .expect("the sandbox's workspace");
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let block: Vec<u8> = (0..1 << 20)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect();
+    let mut big = std::fs::File::create(ws.join("big.bin")).expect("big file");
+    for i in 0..64u8 {
+        let mut b = block.clone();
+        b[0] = i;
+        big.write_all(&b).expect("write");
+    }
+    drop(big);
     let (_, d) = http(
         "GET",
         &format!("{}/local-sandbox/{id}/dump", host.base),
@@ -108,19 +132,25 @@ fn a_busy_workspace_is_409() {
         None,
     );
     let url = d["download_url"].as_str().expect("download_url");
+    let part = dir.path().join("dump.part");
     let mut slow = Command::new("curl")
-        .args(["-s", "-o", "/dev/null", "--limit-rate", "64k", url])
+        .args(["-s", "--limit-rate", "16k", "-o"])
+        .arg(&part)
+        .arg(url)
         .stdout(Stdio::null())
         .spawn()
         .expect("curl");
-    let busy = eventually(
+    // The dump is under way once its first bytes arrived.
+    eventually(
         Duration::from_secs(30),
-        "a 409 while the dump is read",
-        || match http("POST", &init, Some(KEY_A), None) {
-            (409, v) => Ok(v),
-            (c, v) => Err(format!("{c}: {v}")),
+        "the dump's first bytes",
+        || match std::fs::metadata(&part).map(|m| m.len()) {
+            Ok(n) if n > 0 => Ok(()),
+            other => Err(format!("{other:?}")),
         },
     );
+    let (code, busy) = http("POST", &init, Some(KEY_A), None);
+    assert_eq!(code, 409, "{busy}");
     assert!(
         busy["detail"].as_str().unwrap_or_default().contains("Dump"),
         "{busy}"

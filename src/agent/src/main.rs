@@ -6,8 +6,7 @@
 //! panic) ends in a sync and power-off instead of an exit, which would
 //! panic the kernel.
 
-use std::io::{IsTerminal, Write};
-use std::os::unix::fs::OpenOptionsExt;
+use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -177,7 +176,7 @@ fn run(args: Args, pid1: bool) -> anyhow::Result<()> {
         if overrides.token_file.is_none() && env_token.is_none() && config.auth.token_file.is_none()
         {
             let path = Path::new(DEV_TOKEN_FILE);
-            ensure_token_file(path)?;
+            Token::load_or_create(path)?;
             overrides.token_file = Some(path.to_owned());
         }
     }
@@ -247,22 +246,6 @@ async fn signals(shutdown: CancellationToken) {
         _ = int.recv() => tracing::info!("SIGINT received"),
     }
     shutdown.cancel();
-}
-
-/// Creates a 0600 file with a fresh random token unless it already exists.
-fn ensure_token_file(path: &Path) -> anyhow::Result<()> {
-    if path.exists() {
-        return Ok(());
-    }
-    let token = Token::generate().context("generating a token")?;
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(path)
-        .with_context(|| format!("creating token file {}", path.display()))?;
-    writeln!(f, "{}", token.expose()).with_context(|| format!("writing {}", path.display()))?;
-    Ok(())
 }
 
 fn init_logging(format: LogFormat, ansi: bool) {

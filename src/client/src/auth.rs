@@ -37,6 +37,12 @@ pub enum TokenError {
         #[source]
         source: io::Error,
     },
+    #[error("cannot create token file {path}: {source}")]
+    Create {
+        path: String,
+        #[source]
+        source: io::Error,
+    },
     #[error("{origin}: the token is empty")]
     Empty { origin: String },
     #[error("{origin}: the token is {len} characters; use at least {MIN_TOKEN_LEN}")]
@@ -79,6 +85,31 @@ impl Token {
         Token::new(&text, &origin)
     }
 
+    /// Reads the token file at `path`, first creating it (mode 0600, with a
+    /// fresh token) when it does not exist.
+    pub fn load_or_create(path: &Path) -> Result<Token, TokenError> {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let create = |source| TokenError::Create {
+            path: path.display().to_string(),
+            source,
+        };
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(path)
+        {
+            Ok(mut f) => {
+                let t = Token::generate().map_err(create)?;
+                writeln!(f, "{}", t.expose()).map_err(create)?;
+            }
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(create(e)),
+        }
+        Token::from_file(path)
+    }
+
     /// A fresh random token: 32 bytes from the OS, hex encoded.
     pub fn generate() -> io::Result<Token> {
         let mut bytes = [0u8; 32];
@@ -93,7 +124,7 @@ impl Token {
     }
 
     /// Constant-time comparison (only the length can leak).
-    fn matches(&self, presented: &[u8]) -> bool {
+    pub fn matches(&self, presented: &[u8]) -> bool {
         self.0.as_bytes().ct_eq(presented).into()
     }
 }

@@ -9,6 +9,8 @@
 //! - [`mcp`]: the MCP protocol facts (revisions, headers, paths, JSON-RPC
 //!   shapes) shared by the agent's gateway, the host's proxy and clients.
 //! - [`mcp_client`]: a small streamable-HTTP MCP client (used by sandboxctl).
+//! - [`mcp_forward`]: forwarding MCP requests to a data plane, and the
+//!   local-only Host/Origin rule of a proxy.
 //! - [`limits`]: the numbers the agent and its hosts must agree on (ports,
 //!   TTL bounds).
 //!
@@ -24,6 +26,7 @@ mod connect;
 pub mod limits;
 pub mod mcp;
 pub mod mcp_client;
+pub mod mcp_forward;
 pub mod proto;
 pub mod transport;
 

@@ -106,7 +106,7 @@ struct Args {
     max_upload_bytes: u64,
     /// Live sandboxes one owner (an API key, or the keys sharing an owner in
     /// --api-key-file) may hold at once; one more Acquire is a 429.
-    #[arg(long, default_value_t = 16, value_name = "N")]
+    #[arg(long, default_value_t = 64, value_name = "N")]
     max_sandboxes_per_key: usize,
 }
 

@@ -9,7 +9,6 @@ use axum::extract::State;
 use axum::http::{Request, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use http_body_util::BodyExt;
-use hyper_util::rt::TokioIo;
 
 use sandbox_client::mcp;
 
@@ -79,52 +78,24 @@ pub async fn proxy(State(h): State<Shared>, req: Request<Body>) -> Response {
             "the sandbox's agent is gone",
         );
     };
-    let (parts, body) = req.into_parts();
-    let mut up = Request::builder()
-        .method(parts.method.clone())
-        .uri(format!("/{server}/mcp"))
-        .header(header::HOST, "localhost");
-    for (k, v) in &parts.headers {
-        // Not the hop-by-hop headers, the client's Host, nor the API key
-        // (the agent's data plane has its own rules).
-        if !mcp::NOT_FORWARDED.contains(&k.as_str()) {
-            up = up.header(k, v);
-        }
-    }
-    let up = match up.body(body) {
-        Ok(r) => r,
-        Err(e) => return detail(StatusCode::BAD_REQUEST, e.to_string()),
-    };
-    let sock = match sandbox_client::transport::dial(
+    let forwarded = sandbox_client::mcp_forward::forward(
         &slot.mcp_endpoint(),
+        &format!("/{server}/mcp"),
+        req,
+        None,
         std::time::Duration::from_secs(5),
         &sandbox_client::transport::HvsockOptions::default(),
     )
-    .await
-    {
-        Ok(s) => s,
-        Err(e) => {
-            return detail(
-                StatusCode::BAD_GATEWAY,
-                format!("the sandbox's MCP data plane: {e}"),
-            );
-        }
-    };
-    let (mut send, conn) = match hyper::client::conn::http1::handshake(TokioIo::new(sock)).await {
-        Ok(x) => x,
-        Err(e) => return detail(StatusCode::BAD_GATEWAY, e.to_string()),
-    };
-    tokio::spawn(conn);
-    match send.send_request(up).await {
+    .await;
+    match forwarded {
         Ok(resp) => {
             let (parts, body) = resp.into_parts();
-            let mut r = Response::from_parts(parts, Body::new(body.map_err(axum::Error::new)));
-            for h in ["connection", "keep-alive", "transfer-encoding"] {
-                r.headers_mut().remove(h);
-            }
-            r
+            Response::from_parts(parts, Body::new(body.map_err(axum::Error::new)))
         }
-        Err(e) => detail(StatusCode::BAD_GATEWAY, e.to_string()),
+        Err(e) => detail(
+            StatusCode::BAD_GATEWAY,
+            format!("the sandbox's MCP data plane: {e}"),
+        ),
     }
 }
 

@@ -172,6 +172,19 @@ pub(crate) enum Verb {
         /// Where to listen: tcp://127.0.0.1:PORT (loopback only) or unix:///path.
         #[arg(long, value_name = "URI")]
         listen: String,
+        /// A Host name clients may address the proxy by (repeatable; ports
+        /// are not compared). Default: localhost, 127.0.0.1 and [::1].
+        /// Requests with any other Host, or a browser Origin from any other
+        /// host, are refused (403): a DNS-rebinding web page cannot reach
+        /// the sandbox's servers through the proxy.
+        #[arg(long = "allow-host", value_name = "HOST")]
+        allow_hosts: Vec<String>,
+        /// Require `Authorization: Bearer <token>` from clients, the token
+        /// read from FILE (created with a fresh token, mode 0600, if
+        /// missing). The data plane's own token (--token/--token-file) is
+        /// sent upstream in its place.
+        #[arg(long, value_name = "FILE")]
+        require_token: Option<PathBuf>,
     },
     /// A server's captured output (stderr; stdout for http servers).
     Logs {

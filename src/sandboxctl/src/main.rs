@@ -85,7 +85,13 @@ async fn connect(args: &Args) -> anyhow::Result<Client> {
 async fn run(args: Args) -> anyhow::Result<ExitCode> {
     match &args.verb {
         Verb::Mcp { name, verb } => return mcp::mcp(&args, name, verb).await,
-        Verb::McpProxy { listen } => return mcp::mcp_proxy(&args, listen).await,
+        Verb::McpProxy {
+            listen,
+            allow_hosts,
+            require_token,
+        } => {
+            return mcp::mcp_proxy(&args, listen, allow_hosts, require_token.as_deref()).await;
+        }
         _ => {}
     }
     let client = connect(&args).await?;

@@ -2,6 +2,7 @@
 //! (expose the data plane on this host).
 
 use crate::output::outln;
+use std::path::Path;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -44,12 +45,20 @@ pub(crate) fn mcp_endpoint(args: &Args) -> anyhow::Result<sandbox_client::Endpoi
     }
 }
 
-/// Forwards every connection on `listen` to the agent's data plane, byte
-/// for byte (HTTP/1.1 or h2 alike). Clients send the agent's token
-/// themselves when its data plane requires one.
-pub(crate) async fn mcp_proxy(args: &Args, listen: &str) -> anyhow::Result<ExitCode> {
+/// Serves the agent's data plane on `listen` as an HTTP reverse proxy
+/// (HTTP/1.1 or h2): each request to `/<server>/mcp` is checked (Host and
+/// Origin local only, unless `--allow-host` says otherwise; the client's
+/// token when `--require-token` is given) and forwarded with its body
+/// streamed both ways.
+pub(crate) async fn mcp_proxy(
+    args: &Args,
+    listen: &str,
+    allow_hosts: &[String],
+    require_token: Option<&Path>,
+) -> anyhow::Result<ExitCode> {
     use sandbox_client::Endpoint;
-    use sandbox_client::transport::{HvsockOptions, Listener, dial};
+    use sandbox_client::mcp_forward::Admit;
+    use sandbox_client::transport::{HvsockOptions, Listener};
     let target = mcp_endpoint(args)?;
     let ep: Endpoint = listen.parse()?;
     match &ep {
@@ -59,17 +68,42 @@ pub(crate) async fn mcp_proxy(args: &Args, listen: &str) -> anyhow::Result<ExitC
             anyhow::bail!("--listen {other}: the proxy listens on loopback tcp:// or unix:// only")
         }
     }
+    let client_token = match require_token {
+        Some(p) => Some(Token::load_or_create(p)?),
+        None => None,
+    };
+    let upstream_token = match (&args.token, &args.token_file) {
+        (Some(t), _) => Some(Token::new(t, "--token")?),
+        (None, Some(p)) => Some(Token::from_file(p)?),
+        (None, None) => None,
+    };
+    let admit = if allow_hosts.is_empty() {
+        Admit::default()
+    } else {
+        Admit::hosts(allow_hosts.iter().cloned())
+    };
     let listener = Listener::bind(&ep).await?;
     eprintln!(
-        "sandboxctl: MCP data plane {target} available at {} (endpoints /<server>/mcp)",
-        listener.local_endpoint()
+        "sandboxctl: MCP data plane {target} available at {} (endpoints /<server>/mcp){}",
+        listener.local_endpoint(),
+        match require_token {
+            Some(p) => format!("; clients send the token in {}", p.display()),
+            None => String::new(),
+        }
     );
     let (mut incoming, _accept) = listener.incoming(256);
     let timeout = Duration::from_secs_f64(args.timeout.max(0.001));
-    let hv = HvsockOptions {
-        retry_deadline: timeout,
-        ..HvsockOptions::default()
-    };
+    let proxy = std::sync::Arc::new(Proxy {
+        target,
+        admit,
+        client_token,
+        upstream_token,
+        timeout,
+        hv: HvsockOptions {
+            retry_deadline: timeout,
+            ..HvsockOptions::default()
+        },
+    });
     use tokio_stream::StreamExt;
     loop {
         let conn = tokio::select! {
@@ -83,18 +117,97 @@ pub(crate) async fn mcp_proxy(args: &Args, listen: &str) -> anyhow::Result<ExitC
             },
             _ = tokio::signal::ctrl_c() => break,
         };
-        let (target, hv) = (target.clone(), hv.clone());
+        let proxy = proxy.clone();
         tokio::spawn(async move {
-            let mut conn = conn;
-            match dial(&target, timeout, &hv).await {
-                Ok(mut up) => {
-                    let _ = tokio::io::copy_bidirectional(&mut conn, &mut up).await;
-                }
-                Err(e) => eprintln!("sandboxctl: cannot reach the data plane {target}: {e}"),
-            }
+            let service = hyper::service::service_fn(move |req| {
+                let proxy = proxy.clone();
+                async move { Ok::<_, std::convert::Infallible>(proxy.handle(req).await) }
+            });
+            let _ =
+                hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new())
+                    .serve_connection(hyper_util::rt::TokioIo::new(conn), service)
+                    .await;
         });
     }
     Ok(ExitCode::SUCCESS)
+}
+
+type ProxyBody = http_body_util::combinators::BoxBody<bytes::Bytes, hyper::Error>;
+
+/// What `mcp-proxy` checks and where it forwards.
+struct Proxy {
+    target: sandbox_client::Endpoint,
+    admit: sandbox_client::mcp_forward::Admit,
+    client_token: Option<Token>,
+    upstream_token: Option<Token>,
+    timeout: Duration,
+    hv: sandbox_client::transport::HvsockOptions,
+}
+
+impl Proxy {
+    async fn handle(
+        &self,
+        req: hyper::Request<hyper::body::Incoming>,
+    ) -> hyper::Response<ProxyBody> {
+        use http_body_util::BodyExt;
+        use hyper::StatusCode;
+        if let Err(e) = self.admit.check(req.uri(), req.headers()) {
+            return refusal(StatusCode::FORBIDDEN, &e.to_string());
+        }
+        if let Some(want) = &self.client_token {
+            let sent = req
+                .headers()
+                .get(hyper::header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.split_once(' '))
+                .filter(|(s, _)| s.eq_ignore_ascii_case("bearer"))
+                .map(|(_, t)| t.trim());
+            if !sent.is_some_and(|t| want.matches(t.as_bytes())) {
+                return refusal(
+                    StatusCode::UNAUTHORIZED,
+                    "send Authorization: Bearer <the token of --require-token>",
+                );
+            }
+        }
+        let Some(server) = sandbox_client::mcp::server_of_path(req.uri().path()) else {
+            return refusal(StatusCode::NOT_FOUND, "MCP endpoints are /<server>/mcp");
+        };
+        let path = format!("/{server}/mcp");
+        let up = self.upstream_token.as_ref().map(|t| t.expose());
+        match sandbox_client::mcp_forward::forward(
+            &self.target,
+            &path,
+            req,
+            up,
+            self.timeout,
+            &self.hv,
+        )
+        .await
+        {
+            Ok(resp) => resp.map(|b| b.boxed()),
+            Err(e) => refusal(
+                StatusCode::BAD_GATEWAY,
+                &format!("cannot reach the data plane {}: {e}", self.target),
+            ),
+        }
+    }
+}
+
+/// A JSON error answer of the proxy itself.
+fn refusal(status: hyper::StatusCode, msg: &str) -> hyper::Response<ProxyBody> {
+    use http_body_util::{BodyExt, Full};
+    let body = json!({"error": msg}).to_string();
+    let mut r = hyper::Response::new(
+        Full::new(bytes::Bytes::from(body))
+            .map_err(|never| match never {})
+            .boxed(),
+    );
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("application/json"),
+    );
+    r
 }
 
 pub(crate) async fn mcp(args: &Args, name: &str, verb: &McpVerb) -> anyhow::Result<ExitCode> {
