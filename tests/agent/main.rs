@@ -9,6 +9,7 @@ mod control_plane;
 mod exec;
 mod first_day;
 mod gateway;
+mod hardening;
 mod hvsock;
 mod lifecycle;
 mod narrow;

@@ -253,3 +253,45 @@ async fn a_full_disk_fails_cleanly() {
         "staging removed"
     );
 }
+
+/// With the workspace a mount point, the old trees a swap leaves for
+/// background deletion sit inside it (`.sandbox-agent/old-*`), where the
+/// servers can read them: the next Acquire starts only once they are gone,
+/// so no tenant sees the previous one's files.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_next_lease_never_sees_the_previous_ones_files() {
+    if !root_or_skip("the next lease with a mounted workspace") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let _m = Mount::new(&dir.path().join("ws"));
+    let agent = Agent::start_in(dir, &[], &[]);
+    let c = connect(&agent).await;
+    let lease = |id: &str| proto::AcquireRequest {
+        lease_id: id.into(),
+        no_servers: true,
+        ..Default::default()
+    };
+    c.agent().acquire(lease("first")).await.expect("Acquire");
+    initialize(&c, proto::InitializeHeader::default(), tree("secret", 8000))
+        .await
+        .expect("Initialize");
+    c.agent()
+        .release(proto::ReleaseRequest {
+            lease_id: "first".into(),
+            is_ttl: false,
+        })
+        .await
+        .expect("Release");
+    c.agent().acquire(lease("second")).await.expect("Acquire");
+    let inner = agent.dir.path().join("ws/.sandbox-agent");
+    let left: Vec<String> = std::fs::read_dir(&inner)
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with("old"))
+                .collect()
+        })
+        .unwrap_or_default();
+    assert!(left.is_empty(), "the previous lease's trees: {left:?}");
+}

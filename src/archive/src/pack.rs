@@ -282,8 +282,16 @@ fn entry<W: Write>(
                 file: File::from(fd),
                 left: size,
                 short: false,
+                cancelled: opts.cancelled,
             };
-            append(b, &mut h, &archive_path(path, false), &mut reader)?;
+            if let Err(e) = append(b, &mut h, &archive_path(path, false), &mut reader) {
+                if opts.cancelled.is_some_and(|c| c.load(Ordering::Relaxed)) {
+                    return Err(WsError::Cancelled(
+                        "the receiver of the archive went away".into(),
+                    ));
+                }
+                return Err(e);
+            }
             let after = rustix::fs::fstat(&reader.file)
                 .map_err(|e| WsError::io(format!("stat {}", path.display()), sys(e)))?;
             if reader.short
@@ -328,16 +336,22 @@ fn entry<W: Write>(
 
 /// Reads exactly `left` bytes: a file that shrank is padded with zeros, one
 /// that grew is cut, so the header's size stays true.
-struct Exact {
+struct Exact<'a> {
     file: File,
     left: u64,
     short: bool,
+    /// Checked on every read: a big file stops mid-way when the dump is
+    /// cancelled.
+    cancelled: Option<&'a AtomicBool>,
 }
 
-impl Read for Exact {
+impl Read for Exact<'_> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         if self.left == 0 {
             return Ok(0);
+        }
+        if self.cancelled.is_some_and(|c| c.load(Ordering::Relaxed)) {
+            return Err(io::Error::other("the dump was cancelled"));
         }
         let want = buf.len().min(self.left.min(usize::MAX as u64) as usize);
         let n = if self.short {

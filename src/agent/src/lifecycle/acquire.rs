@@ -21,6 +21,10 @@ pub enum Selection {
     Nothing,
 }
 
+/// First wait before retrying a TTL release that failed, and the longest.
+const TTL_RETRY_FIRST: Duration = Duration::from_secs(2);
+const TTL_RETRY_MAX: Duration = Duration::from_secs(60);
+
 /// The TTL of an Acquire.
 #[derive(Debug, Clone, Copy)]
 pub enum Ttl {
@@ -240,10 +244,24 @@ impl Lifecycle {
                 _ = tokio::time::sleep(after) => {}
                 _ = cancel.cancelled() => return,
             }
-            let Some(lc) = me.upgrade() else { return };
             info!(lease = %lease_id, "TTL expired; releasing");
-            if let Err(e) = lc.release(&lease_id, true).await {
-                warn!(lease = %lease_id, error = %e, "TTL release failed");
+            // A failed release is retried (with backoff, up to a minute
+            // apart) until it succeeds or the lease is gone.
+            let mut wait = TTL_RETRY_FIRST;
+            loop {
+                let Some(lc) = me.upgrade() else { return };
+                match lc.release(&lease_id, true).await {
+                    Ok(_) | Err(LcError::NoSuchLease { .. }) => return,
+                    Err(e) => {
+                        warn!(lease = %lease_id, error = %e, retry_in_s = wait.as_secs(), "TTL release failed; retrying");
+                    }
+                }
+                drop(lc);
+                tokio::select! {
+                    _ = tokio::time::sleep(wait) => {}
+                    _ = cancel.cancelled() => return,
+                }
+                wait = (wait * 2).min(TTL_RETRY_MAX);
             }
         });
     }

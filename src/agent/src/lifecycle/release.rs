@@ -54,6 +54,11 @@ impl Lifecycle {
         // next Acquire of that server empties it again before starting it
         // (and fails there, by name, if it still cannot).
         let unwiped = async {
+            // A transfer in flight (a stalled Dump reader, a 1 B/s upload)
+            // stops now instead of holding the workspace.
+            if let Some(op) = self.ws.cancel_transfers() {
+                info!(op, "stopping a workspace transfer for the release");
+            }
             self.exec.close().await;
             self.sup.stop_all().await;
             self.wipe(&[], true).await?;
@@ -133,6 +138,15 @@ impl Lifecycle {
         benchmark: Option<Benchmark>,
     ) -> Result<(), LcError> {
         self.wipe(names, true).await?;
+        // The previous tenant's old trees may still be being deleted inside
+        // the workspace's state directory: a new lease starts after that.
+        let ws = self.ws.clone();
+        tokio::task::spawn_blocking(move || ws.wait_trash())
+            .await
+            .map_err(|source| LcError::Task {
+                what: "waiting for old contents to be deleted",
+                source,
+            })?;
         let seeds: Vec<_> = names
             .iter()
             .filter_map(|n| self.manifest.get(n))

@@ -93,7 +93,10 @@ impl proto::workspace_server::Workspace for WorkspaceService {
             }));
         }
         let guard = self.ws.begin("Initialize").map_err(ws_status)?;
+        let cancel = guard.cancelled();
         let (tx, rx) = mpsc::channel(limits.queue_chunks);
+        // Weak: the channel must still close when the client's stream ends.
+        let cancel_tx = tx.downgrade();
         let span = tracing::info_span!("initialize", merge = init.merge);
         let task = tokio::task::spawn_blocking(move || {
             let _e = span.enter();
@@ -120,6 +123,19 @@ impl proto::workspace_server::Workspace for WorkspaceService {
         let result = tokio::select! {
             r = task => r,
             _ = forward => unreachable_forward(),
+            _ = cancel.cancelled() => {
+                // An error, not the end of the stream: what was read so far
+                // is discarded, never committed.
+                if let Some(tx) = cancel_tx.upgrade() {
+                    let stop = tx.send(Err(WsError::Cancelled(
+                        "the lease was released while this Initialize ran".into(),
+                    )));
+                    let _ = tokio::time::timeout(std::time::Duration::from_secs(5), stop).await;
+                }
+                return Err(Status::aborted(
+                    "Initialize stopped: the lease was released while it ran; nothing was changed",
+                ));
+            }
         };
         let stats = result
             .map_err(|e| Status::internal(format!("the extraction task failed: {e}")))?
@@ -151,8 +167,34 @@ impl proto::workspace_server::Workspace for WorkspaceService {
         };
         let level = r.level;
         let guard = self.ws.begin("Dump").map_err(ws_status)?;
+        let cancel = guard.cancelled();
         let limits = self.ws.limits().clone();
-        let (tx, rx) = mpsc::channel::<Result<proto::DumpResponse, Status>>(limits.queue_chunks);
+        // The producer writes into `tx`; a relay passes the messages on to
+        // the client's stream (`out`) until a Release cancels the Dump. A
+        // client that stopped reading leaves the relay waiting, but dropping
+        // `rx` then still unblocks the producer, which stops.
+        let (tx, mut rx) =
+            mpsc::channel::<Result<proto::DumpResponse, Status>>(limits.queue_chunks);
+        let (out, out_rx) = mpsc::channel::<Result<proto::DumpResponse, Status>>(1);
+        tokio::spawn(async move {
+            loop {
+                let m = tokio::select! {
+                    m = rx.recv() => m,
+                    _ = cancel.cancelled() => {
+                        drop(rx);
+                        let _ = out.try_send(Err(Status::aborted(
+                            "Dump stopped: the lease was released while it ran",
+                        )));
+                        return;
+                    }
+                };
+                let Some(m) = m else { return };
+                tokio::select! {
+                    sent = out.send(m) => if sent.is_err() { return },
+                    _ = cancel.cancelled() => return,
+                }
+            }
+        });
         let dreq = DumpRequest {
             exclude: r.exclude,
             sub_path: r.sub_path,
@@ -205,7 +247,7 @@ impl proto::workspace_server::Workspace for WorkspaceService {
             }
         });
         Ok(Response::new(Box::pin(
-            tokio_stream::wrappers::ReceiverStream::new(rx),
+            tokio_stream::wrappers::ReceiverStream::new(out_rx),
         )))
     }
 

@@ -7,6 +7,8 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use tokio_util::sync::CancellationToken;
+
 use super::{ArchiveLimits, Compression, WsError};
 use super::{confine, error, extract, limits, pack, stream, txn};
 
@@ -50,7 +52,7 @@ pub struct Workspace {
     txn: txn::Txn,
     limits: ArchiveLimits,
     owner: Option<(u32, u32)>,
-    busy: Mutex<Option<(&'static str, Instant)>>,
+    busy: Mutex<Option<(&'static str, Instant, CancellationToken)>>,
 }
 
 /// The workspace claimed for one operation ([`Workspace::begin`]); released
@@ -87,6 +89,20 @@ impl OpGuard {
     /// entries removed. Blocking.
     pub fn clear(&self) -> Result<u64, WsError> {
         self.ws.clear()
+    }
+}
+
+impl OpGuard {
+    /// Cancelled when a Release ends the lease while this operation runs
+    /// ([`Workspace::cancel_transfers`]): the transfer stops at once.
+    pub fn cancelled(&self) -> CancellationToken {
+        self.ws
+            .busy
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .map(|(_, _, c)| c.clone())
+            .unwrap_or_default()
     }
 }
 
@@ -140,8 +156,26 @@ impl Workspace {
         self.txn.root_path()
     }
 
+    /// Blocks until the old contents of earlier swaps are deleted.
+    pub fn wait_trash(&self) {
+        self.txn.wait_trash();
+    }
+
     pub fn limits(&self) -> &ArchiveLimits {
         &self.limits
+    }
+
+    /// Stops a running Initialize or Dump (a Release must not wait for a
+    /// stalled client); returns its name. Clear is never interrupted.
+    pub fn cancel_transfers(&self) -> Option<&'static str> {
+        let busy = self.busy.lock().unwrap_or_else(|p| p.into_inner());
+        match busy.as_ref() {
+            Some((op, _, c)) if *op != "Clear" => {
+                c.cancel();
+                Some(op)
+            }
+            _ => None,
+        }
     }
 
     /// Claims the workspace for `op`, or says what holds it.
@@ -173,13 +207,13 @@ impl Workspace {
 
     fn try_begin(self: &Arc<Self>, op: &'static str) -> Result<OpGuard, WsError> {
         let mut busy = self.busy.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((running, since)) = *busy {
+        if let Some((running, since, _)) = *busy {
             return Err(WsError::Busy(format!(
                 "Workspace.{running} is running (for {:.1} s); only one Initialize, Dump or Clear runs at a time, retry when it ends",
                 since.elapsed().as_secs_f64()
             )));
         }
-        *busy = Some((op, Instant::now()));
+        *busy = Some((op, Instant::now(), CancellationToken::new()));
         Ok(OpGuard { ws: self.clone() })
     }
 

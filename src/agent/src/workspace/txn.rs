@@ -50,6 +50,9 @@ pub struct Txn {
     state: OwnedFd,
     /// Name to skip in the root when the state directory is inside it.
     inner_state: Option<OsString>,
+    /// Old trees still being deleted in the background, and a signal when
+    /// that count changes.
+    trash: std::sync::Arc<(std::sync::Mutex<usize>, std::sync::Condvar)>,
 }
 
 fn ctx(what: impl Into<String>) -> impl FnOnce(io::Error) -> WsError {
@@ -112,6 +115,7 @@ impl Txn {
             state_path,
             state,
             inner_state,
+            trash: Default::default(),
         })
     }
 
@@ -334,20 +338,45 @@ impl Txn {
         Ok(())
     }
 
-    /// Deletes state-directory entries on a background thread.
+    /// Deletes state-directory entries on a background thread (counted in
+    /// `trash` until done; see [`Txn::wait_trash`]).
     fn remove_in_background(&self, names: Vec<OsString>) {
-        let base = self.state_path.clone();
-        let spawned = std::thread::Builder::new().name("ws-trash".into()).spawn(move || {
-            for n in names {
-                let p = base.join(&n);
-                let r = if p.is_dir() { std::fs::remove_dir_all(&p) } else { std::fs::remove_file(&p) };
-                if let Err(e) = r {
-                    tracing::warn!(path = %p.display(), error = %e, "could not remove old workspace contents");
-                }
+        let state = match rustix::io::dup(&self.state) {
+            Ok(fd) => fd,
+            Err(e) => {
+                tracing::warn!(error = %e, "could not start removing old workspace contents");
+                return;
             }
-        });
+        };
+        let trash = self.trash.clone();
+        *trash.0.lock().unwrap_or_else(|p| p.into_inner()) += 1;
+        let done = trash.clone();
+        let spawned = std::thread::Builder::new()
+            .name("ws-trash".into())
+            .spawn(move || {
+                for n in names {
+                    if let Err(e) = remove_at(state.as_fd(), &n, Path::new(&n)) {
+                        tracing::warn!(error = %e, "could not remove old workspace contents");
+                    }
+                }
+                let mut n = done.0.lock().unwrap_or_else(|p| p.into_inner());
+                *n = n.saturating_sub(1);
+                done.1.notify_all();
+            });
         if let Err(e) = spawned {
             tracing::warn!(error = %e, "could not start the cleanup thread");
+            let mut n = trash.0.lock().unwrap_or_else(|p| p.into_inner());
+            *n = n.saturating_sub(1);
+        }
+    }
+
+    /// Blocks until every old tree scheduled for deletion is gone: with the
+    /// state directory inside the workspace (a mount point), they sit where
+    /// the servers can read them, so no new lease starts before.
+    pub fn wait_trash(&self) {
+        let mut n = self.trash.0.lock().unwrap_or_else(|p| p.into_inner());
+        while *n > 0 {
+            n = self.trash.1.wait(n).unwrap_or_else(|p| p.into_inner());
         }
     }
 

@@ -1,0 +1,163 @@
+//! Issue 19's agent items over the real binary: a Release (or a TTL expiry)
+//! that meets a stalled transfer stops it instead of failing.
+
+use std::io::Write;
+use std::time::Duration;
+
+use crate::common::ws::{Tar, gzip};
+use crate::common::*;
+use sandbox_client::proto;
+use sandbox_client::proto::initialize_request::Msg;
+use tonic::Code;
+
+async fn lease(c: &sandbox_client::Client, id: &str, ttl: Option<u32>) {
+    c.agent()
+        .acquire(proto::AcquireRequest {
+            lease_id: id.into(),
+            no_servers: true,
+            ttl_seconds: ttl,
+            ..Default::default()
+        })
+        .await
+        .expect("Acquire without servers");
+}
+
+async fn status(c: &sandbox_client::Client) -> proto::SandboxStatus {
+    let i = c
+        .agent()
+        .get_info(proto::GetInfoRequest {})
+        .await
+        .expect("GetInfo")
+        .into_inner();
+    i.status()
+}
+
+/// 64 MiB gzip cannot shrink, written into the workspace: more than every
+/// buffer between a Dump and a reader that stopped reading.
+fn fill(ws: &std::path::Path) {
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    let block: Vec<u8> = (0..1 << 20)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect();
+    let mut f = std::fs::File::create(ws.join("big.bin")).expect("big file");
+    for i in 0..64u8 {
+        let mut b = block.clone();
+        b[0] = i;
+        f.write_all(&b).expect("write");
+    }
+}
+
+/// A Dump whose reader stopped, and an upload that trickles: Release ends
+/// both (the trickling Initialize answers ABORTED and changes nothing) and
+/// the sandbox is idle; the wait for the workspace is short here, so
+/// without the cancel the Release would fail instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_stops_stalled_transfers() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = dir.path().join("agent.toml");
+    std::fs::write(&cfg, "[lifecycle]\nworkspace_wait_ms = 2000\n").expect("config");
+    let agent = Agent::start_in(dir, &["--config", &cfg.display().to_string()], &[]);
+    let c = sandbox_client::connect(&agent.unix_uri())
+        .await
+        .expect("connect");
+    let ws = agent.dir.path().join("ws");
+
+    lease(&c, "stalled-dump", None).await;
+    fill(&ws);
+    let mut stream = c
+        .workspace()
+        .dump(proto::DumpRequest::default())
+        .await
+        .expect("Dump")
+        .into_inner();
+    // One message read, then the reader stops.
+    stream.message().await.expect("first chunk");
+    let r = c
+        .agent()
+        .release(proto::ReleaseRequest {
+            lease_id: "stalled-dump".into(),
+            is_ttl: false,
+        })
+        .await;
+    assert!(r.is_ok(), "{r:?}");
+    assert_eq!(status(&c).await, proto::SandboxStatus::Idle);
+    drop(stream);
+
+    lease(&c, "trickle", None).await;
+    let archive = gzip(&Tar::new().file("t.txt", b"trickled").end());
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    tx.send(proto::InitializeRequest {
+        msg: Some(Msg::Header(proto::InitializeHeader::default())),
+    })
+    .await
+    .expect("header");
+    tx.send(proto::InitializeRequest {
+        msg: Some(Msg::Chunk(archive[..archive.len() / 2].to_vec().into())),
+    })
+    .await
+    .expect("half the archive");
+    let c2 = c.clone();
+    let init = tokio::spawn(async move {
+        c2.workspace()
+            .initialize(tokio_stream::wrappers::ReceiverStream::new(rx))
+            .await
+    });
+    // Under way once its staging directory exists (a probe that takes the
+    // workspace itself could make the Initialize the one refused).
+    crate::common::ws::wait_staging(&agent.dir.path().join(".ws.sandbox-agent")).await;
+    let r = c
+        .agent()
+        .release(proto::ReleaseRequest {
+            lease_id: "trickle".into(),
+            is_ttl: false,
+        })
+        .await;
+    assert!(r.is_ok(), "{r:?}");
+    let answered = init.await.expect("join");
+    let e = answered.expect_err("the trickling Initialize is stopped");
+    assert_eq!(e.code(), Code::Aborted, "{}", e.message());
+    assert!(!ws.join("t.txt").exists(), "nothing of it was committed");
+    drop(tx);
+    assert_eq!(status(&c).await, proto::SandboxStatus::Idle);
+}
+
+/// A TTL expiring while a Dump is stalled releases the sandbox too (the
+/// TTL release cancels the transfer, and a failed one is retried).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ttl_release_is_not_blocked_by_a_stalled_dump() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = dir.path().join("agent.toml");
+    std::fs::write(
+        &cfg,
+        "[lifecycle]\nworkspace_wait_ms = 2000\nmin_ttl_seconds = 1\n",
+    )
+    .expect("config");
+    let agent = Agent::start_in(dir, &["--config", &cfg.display().to_string()], &[]);
+    let c = sandbox_client::connect(&agent.unix_uri())
+        .await
+        .expect("connect");
+    fill(&agent.dir.path().join("ws"));
+    lease(&c, "ttl", Some(1)).await;
+    let mut stream = c
+        .workspace()
+        .dump(proto::DumpRequest::default())
+        .await
+        .expect("Dump")
+        .into_inner();
+    stream.message().await.expect("first chunk");
+    eventually_async(
+        Duration::from_secs(30),
+        "released by its TTL",
+        async || match status(&c).await {
+            proto::SandboxStatus::Idle => Ok(()),
+            s => Err(format!("{s:?}")),
+        },
+    )
+    .await;
+    drop(stream);
+}
