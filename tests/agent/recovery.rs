@@ -295,3 +295,65 @@ async fn the_next_lease_never_sees_the_previous_ones_files() {
         .unwrap_or_default();
     assert!(left.is_empty(), "the previous lease's trees: {left:?}");
 }
+
+/// A workspace filesystem filled to the last byte (by a server, say): the
+/// swap cannot even write its journal, yet Release empties the workspace in
+/// place, frees the disk and leaves the sandbox idle; so does Clear.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_frees_a_full_disk() {
+    if !root_or_skip("a full tmpfs workspace") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().join("ws");
+    std::fs::create_dir_all(&ws).unwrap();
+    let st = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=1m", "tmpfs"])
+        .arg(&ws)
+        .status()
+        .expect("mount");
+    assert!(st.success(), "mounting a tmpfs needs root");
+    let _mount = Mount(ws.clone());
+    let agent = Agent::start_in(dir, &[], &[]);
+    let c = connect(&agent).await;
+    let fill = || {
+        use std::io::Write;
+        let mut f = std::fs::File::create(ws.join("filler.bin")).expect("filler");
+        let block = vec![7u8; 64 << 10];
+        while f.write_all(&block).is_ok() {}
+        let _ = std::fs::create_dir(ws.join("more"));
+        let mut i = 0;
+        while std::fs::write(ws.join(format!("more/f{i}")), b"x").is_ok() && i < 10_000 {
+            i += 1;
+        }
+    };
+    c.agent()
+        .acquire(proto::AcquireRequest {
+            lease_id: "full".into(),
+            no_servers: true,
+            ..Default::default()
+        })
+        .await
+        .expect("Acquire");
+    fill();
+    c.agent()
+        .release(proto::ReleaseRequest {
+            lease_id: "full".into(),
+            is_ttl: false,
+        })
+        .await
+        .expect("Release on a full disk");
+    let left: Vec<_> = std::fs::read_dir(&ws)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .filter(|n| n != ".sandbox-agent")
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+    fill();
+    c.workspace()
+        .clear(proto::ClearRequest {})
+        .await
+        .expect("Clear on a full disk");
+    assert!(!ws.join("filler.bin").exists());
+}

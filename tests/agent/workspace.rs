@@ -288,6 +288,22 @@ async fn deep_trees_are_refused_by_name() {
     assert!(!archive.is_empty());
 }
 
+/// The agent's own state name (`.sandbox-agent`, inside the workspace when
+/// it is a mount point) is refused at the top of any archive: a swap would
+/// fail half-way moving it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_reserved_name_is_refused() {
+    let f = Fixture::new("").await;
+    let mut t = Tar::new();
+    t.file("./.sandbox-agent/x", b"x");
+    f.reject(header(), gzip(&t.end()), Code::InvalidArgument, "reserved")
+        .await;
+    let mut t = Tar::new();
+    t.dir("./.sandbox-agent/");
+    f.reject(header(), gzip(&t.end()), Code::InvalidArgument, "reserved")
+        .await;
+}
+
 /// A NUL byte in a path (a PAX `path`, a symlink target, Dump's sub_path)
 /// is the request's fault; so is data after the end-of-archive marker,
 /// whether appended plain or as a second gzip member (it would otherwise

@@ -330,9 +330,21 @@ impl Workspace {
         pack::pack(dir.as_fd(), &opts, out)
     }
 
+    /// Empties the workspace by an (empty) swap; on a full disk, where the
+    /// swap cannot even write its journal, by deleting in place: emptying
+    /// needs no atomicity, and a Release must be able to free the disk.
     fn clear(&self) -> Result<u64, WsError> {
-        let (name, stage) = self.txn.stage()?;
-        self.commit(&name, stage, false).map(|(n, _)| n)
+        let swapped = self
+            .txn
+            .stage()
+            .and_then(|(name, stage)| self.commit(&name, stage, false).map(|(n, _)| n));
+        match swapped {
+            Err(WsError::DiskFull(why)) => {
+                tracing::warn!(error = %why, "the disk is full; emptying the workspace in place");
+                self.txn.remove_contents()
+            }
+            other => other,
+        }
     }
 
     /// Commits a stage; on failure, rolls forward (journal written) or

@@ -37,7 +37,7 @@ use super::confine::{list, remove_at};
 use super::error::{WsError, sys};
 
 /// Name of the state directory when it lives inside the workspace.
-pub const INNER_STATE_NAME: &str = ".sandbox-agent";
+pub const INNER_STATE_NAME: &str = sandbox_archive::extract::RESERVED_NAME;
 const JOURNAL: &str = "journal";
 
 static SEQ: AtomicU64 = AtomicU64::new(0);
@@ -368,6 +368,20 @@ impl Txn {
             let mut n = trash.0.lock().unwrap_or_else(|p| p.into_inner());
             *n = n.saturating_sub(1);
         }
+    }
+
+    /// Deletes every top-level entry of the workspace (but the inner state
+    /// directory) where it is; returns how many there were.
+    pub fn remove_contents(&self) -> Result<u64, WsError> {
+        let mut n = 0;
+        for name in list(self.root.as_fd()).map_err(ctx("listing the workspace"))? {
+            if Some(name.as_os_str()) == self.hidden_name() {
+                continue;
+            }
+            remove_at(self.root.as_fd(), &name, Path::new(&name))?;
+            n += 1;
+        }
+        Ok(n)
     }
 
     /// Blocks until every old tree scheduled for deletion is gone: with the

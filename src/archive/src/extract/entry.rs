@@ -98,6 +98,15 @@ impl<'a> Extractor<'a> {
         }
         let comps =
             confine::normalize(Path::new(OsStr::from_bytes(&raw))).map_err(|r| invalid(&raw, r))?;
+        if comps.first().is_some_and(|c| *c == super::RESERVED_NAME) {
+            return Err(invalid(
+                &raw,
+                format!(
+                    "uses the top-level name {}, reserved for the agent's own state",
+                    super::RESERVED_NAME
+                ),
+            ));
+        }
         if comps.len() > limits.max_depth {
             return Err(WsError::Limit {
                 limit: "max_depth",

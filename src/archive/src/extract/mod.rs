@@ -38,6 +38,11 @@ use crate::limits::ArchiveLimits;
 use entry::Extractor;
 
 /// How to extract.
+/// The top-level name the agent keeps its own state under when the
+/// workspace is a mount point: no archive may use it (a swap would fail
+/// half-way moving it).
+pub const RESERVED_NAME: &str = ".sandbox-agent";
+
 pub struct ExtractOptions<'a> {
     pub limits: &'a ArchiveLimits,
     pub compression: Compression,
