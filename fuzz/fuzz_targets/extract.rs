@@ -3,7 +3,10 @@
 //!
 //! The jail is a fixed path so seed archives can aim at it: absolute paths
 //! into it, `../` escapes, symlinks to it followed by writes through them,
-//! hardlinks to the sentinel.
+//! hardlinks to the sentinel. Seeds also carry GNU and PAX sparse files, a
+//! PAX `size` record over a ustar size of 0, and long PAX and GNU names, so
+//! the mutations reach the size and header paths; every run checks that no
+//! file passed `max_file_bytes` and the tree passed `max_expanded_bytes`.
 #![no_main]
 
 use std::os::fd::AsFd;
@@ -61,4 +64,30 @@ fuzz_target!(|data: &[u8]| {
         "the sentinel was hardlinked into the root"
     );
     assert!(!Path::new(CANARY).exists(), "an absolute path was written");
+
+    // Whatever field carries a size (the header, a PAX `size` record, a GNU
+    // sparse map), no more was written than the limits allow.
+    let mut total = 0u64;
+    let mut stack = vec![root.clone()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let Ok(md) = std::fs::symlink_metadata(e.path()) else {
+                continue;
+            };
+            if md.is_dir() {
+                stack.push(e.path());
+            } else if md.is_file() {
+                assert!(
+                    md.len() <= limits.max_file_bytes,
+                    "a file of {} bytes passed max_file_bytes",
+                    md.len()
+                );
+                total += md.len();
+            }
+        }
+    }
+    assert!(
+        total <= limits.max_expanded_bytes,
+        "{total} bytes written passed max_expanded_bytes"
+    );
 });

@@ -288,6 +288,65 @@ async fn deep_trees_are_refused_by_name() {
     assert!(!archive.is_empty());
 }
 
+/// Sizes that are not in the header's size field still meet every limit
+/// before anything is written: a PAX `size` record over a ustar size of 0,
+/// and a GNU sparse file's real size (GNU tar `--format=gnu -S`, which is
+/// extracted with the right content). PAX sparse files are refused by name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sizes_outside_the_size_field_meet_the_limits() {
+    let f = Fixture::new("[archive]\nmax_file_bytes = 1048576\n").await;
+    let mut t = Tar::new();
+    t.pax(&[("size", b"3145728")]).file("./p.bin", b"");
+    let mut data = t.buf.clone();
+    data.extend_from_slice(&vec![0x41u8; 3 << 20]);
+    data.extend_from_slice(&[0u8; 1024]);
+    f.reject(header(), data, Code::ResourceExhausted, "max_file_bytes")
+        .await;
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let src = dir.path().join("src");
+    std::fs::create_dir(&src).expect("src");
+    {
+        use std::io::{Seek, SeekFrom, Write};
+        let mut sparse = std::fs::File::create(src.join("sparse.bin")).expect("sparse");
+        sparse.seek(SeekFrom::Start(40 << 20)).expect("seek");
+        sparse.write_all(b"hello").expect("hello");
+        sparse.set_len(50 << 20).expect("len");
+    }
+    let tar = |format: &str| {
+        let out = dir.path().join(format!("{format}.tar.gz"));
+        let st = std::process::Command::new("tar")
+            .args(["-S", &format!("--format={format}"), "-czf"])
+            .arg(&out)
+            .arg("-C")
+            .arg(&src)
+            .arg("sparse.bin")
+            .status()
+            .expect("GNU tar");
+        assert!(st.success());
+        std::fs::read(&out).expect("archive")
+    };
+    let gnu = tar("gnu");
+    f.reject(
+        header(),
+        gnu.clone(),
+        Code::ResourceExhausted,
+        "max_file_bytes",
+    )
+    .await;
+    f.reject(header(), tar("pax"), Code::InvalidArgument, "PAX sparse")
+        .await;
+    // With room for it, the GNU sparse file comes out whole and right.
+    let roomy = Fixture::new("").await;
+    initialize(&roomy.client, header(), gnu)
+        .await
+        .expect("a GNU sparse file");
+    let got = std::fs::read(roomy.ws.join("sparse.bin")).expect("extracted");
+    assert_eq!(got.len(), 50 << 20);
+    assert_eq!(&got[40 << 20..(40 << 20) + 5], b"hello");
+    assert!(got[..40 << 20].iter().all(|&b| b == 0));
+}
+
 /// The agent's own state name (`.sandbox-agent`, inside the workspace when
 /// it is a mount point) is refused at the top of any archive: a swap would
 /// fail half-way moving it.

@@ -140,10 +140,35 @@ impl<'a> Extractor<'a> {
             .map_err(|err| invalid(&raw, format!("has a bad mode field: {err}")))?
             & 0o777;
         let mtime = e.header().mtime().unwrap_or(0);
-        let size = e
+        // The real size, whatever field carries it: the header's, a PAX
+        // `size` record (the reader's `size()`), or a GNU sparse file's
+        // real size. Every limit is checked against the largest, and no more
+        // than that is ever written.
+        let header_size = e
             .header()
             .entry_size()
             .map_err(|err| invalid(&raw, format!("has a bad size field: {err}")))?;
+        let mut size = header_size.max(e.size());
+        if kind == EntryType::GNUSparse {
+            let real = e
+                .header()
+                .as_gnu()
+                .map(|g| g.real_size())
+                .transpose()
+                .map_err(|err| invalid(&raw, format!("has a bad sparse size field: {err}")))?;
+            size = size.max(real.unwrap_or(0));
+        }
+        if let Ok(Some(pax)) = e.pax_extensions() {
+            for ext in pax.flatten() {
+                if ext.key_bytes().starts_with(b"GNU.sparse.") {
+                    return Err(invalid(
+                        &raw,
+                        "is a PAX sparse file (GNU tar --sparse with --format=pax), which this \
+                         agent does not extract; archive it without --sparse, or with --format=gnu",
+                    ));
+                }
+            }
+        }
 
         match kind {
             EntryType::Regular | EntryType::Continuous | EntryType::GNUSparse => {
@@ -189,6 +214,13 @@ impl<'a> Extractor<'a> {
                     };
                     if n == 0 {
                         break Ok(());
+                    }
+                    // Never past the size the limits were checked against.
+                    if written + n as u64 > size {
+                        break Err(invalid(
+                            &raw,
+                            format!("holds more data than its size ({size})"),
+                        ));
                     }
                     if let Err(err) = file.write_all(&buf[..n]) {
                         break Err(WsError::io(format!("writing {}", path.display()), err));
