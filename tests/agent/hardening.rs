@@ -161,3 +161,104 @@ async fn a_ttl_release_is_not_blocked_by_a_stalled_dump() {
     .await;
     drop(stream);
 }
+
+/// Runs `cmd` to completion within `within`, else kills it and fails: a
+/// bound on a hang, not a performance figure.
+fn finishes(mut cmd: std::process::Command, within: Duration, what: &str) -> std::process::Output {
+    let child = cmd
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let pid = child.id();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    match rx.recv_timeout(within) {
+        Ok(out) => out.expect("wait"),
+        Err(_) => {
+            signal(pid, nix::sys::signal::Signal::SIGKILL);
+            panic!("{what}: still waiting after {within:?}");
+        }
+    }
+}
+
+/// Connections that never send a request (or only part of one) are closed
+/// after the opening/header timeout, so they cannot hold every slot of a
+/// listener: the control plane's health and the MCP data plane still
+/// answer while as many silent connections as the limit are open.
+#[test]
+fn silent_connections_do_not_hold_the_listeners() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let token = write_token(dir.path());
+    let cfg = dir.path().join("agent.toml");
+    std::fs::write(
+        &cfg,
+        "[limits]\nmax_connections_per_listener = 4\nhandshake_timeout_ms = 1000\n\
+         [gateway]\nmax_connections_per_listener = 4\nheader_timeout_ms = 1000\n",
+    )
+    .expect("config");
+    let port = crate::common::mcp::free_port();
+    let tcp = format!("tcp://127.0.0.1:{port}");
+    let agent = Agent::start_in(
+        dir,
+        &[
+            "--config",
+            &cfg.display().to_string(),
+            "--listen",
+            &tcp,
+            "--token-file",
+            &token.display().to_string(),
+        ],
+        &[],
+    );
+    // As many silent TCP connections as the control plane admits.
+    let silent: Vec<_> = (0..4)
+        .map(|_| std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect"))
+        .collect();
+    let mut health = std::process::Command::new(&*CTL);
+    health
+        .args(["--agent", &tcp, "--token-file"])
+        .arg(&token)
+        .args(["--timeout", "20", "health"])
+        .env_remove("SANDBOX_AGENT");
+    let out = finishes(
+        health,
+        Duration::from_secs(60),
+        "health behind silent connections",
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    drop(silent);
+
+    // Partial HTTP/1.1 request heads on the MCP data plane.
+    let sock = agent.mcp_socket();
+    let partial: Vec<_> = (0..4)
+        .map(|_| {
+            use std::io::Write;
+            let mut s = std::os::unix::net::UnixStream::connect(&sock).expect("connect");
+            s.write_all(b"POST /filesystem/mcp HTTP/1.1\r\nHost: localhost\r\n")
+                .expect("partial head");
+            s
+        })
+        .collect();
+    let mut curl = std::process::Command::new("curl");
+    curl.args([
+        "-s",
+        "-o",
+        "/dev/null",
+        "-w",
+        "%{http_code}",
+        "--unix-socket",
+    ])
+    .arg(&sock)
+    .arg("http://localhost/nope/mcp");
+    let out = finishes(
+        curl,
+        Duration::from_secs(60),
+        "the data plane behind partial requests",
+    );
+    // Answered (404: no such server in the lease), not stalled.
+    assert_eq!(text(&out.stdout), "404");
+    drop(partial);
+}

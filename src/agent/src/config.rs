@@ -101,6 +101,10 @@ pub struct Limits {
     pub stream_window_bytes: u32,
     /// HTTP/2 flow-control window per connection.
     pub connection_window_bytes: u32,
+    /// A connection must send its first bytes (the HTTP/2 preface) within
+    /// this, else it is closed: idle or trickling clients cannot hold the
+    /// `max_connections_per_listener` slots.
+    pub handshake_timeout_ms: u64,
 }
 
 impl Default for Limits {
@@ -113,6 +117,7 @@ impl Default for Limits {
             keepalive_interval_ms: 30_000,
             stream_window_bytes: 2 << 20,
             connection_window_bytes: 8 << 20,
+            handshake_timeout_ms: 10_000,
         }
     }
 }
@@ -349,6 +354,7 @@ impl Config {
             ("keepalive_interval_ms", l.keepalive_interval_ms),
             ("stream_window_bytes", l.stream_window_bytes as u64),
             ("connection_window_bytes", l.connection_window_bytes as u64),
+            ("handshake_timeout_ms", l.handshake_timeout_ms),
         ] {
             if v == 0 {
                 return Err(ConfigError::ZeroLimit(name));

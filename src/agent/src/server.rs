@@ -205,7 +205,10 @@ async fn serve_inner(
             .initial_stream_window_size(Some(limits.stream_window_bytes))
             .initial_connection_window_size(Some(limits.connection_window_bytes))
             .layer(AuthLayer::new(policy));
-        let (incoming, accept_task) = listener.incoming(limits.max_connections_per_listener);
+        let (incoming, accept_task) = listener.incoming_within(
+            limits.max_connections_per_listener,
+            Some(Duration::from_millis(limits.handshake_timeout_ms)),
+        );
         accept_tasks.push(accept_task);
         let stop = shutdown.clone().cancelled_owned();
         let routes = routes.clone();

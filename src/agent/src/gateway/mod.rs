@@ -73,6 +73,10 @@ pub struct GatewayConfig {
     pub ready_wait_ms: u64,
     /// Open connections per data-plane listener.
     pub max_connections_per_listener: usize,
+    /// A connection must send its first bytes, and an HTTP/1.1 request its
+    /// whole head, within this; else it is closed (idle or trickling
+    /// clients would hold the connection slots).
+    pub header_timeout_ms: u64,
     /// Messages queued for one client stream (a GET stream, or a POST
     /// answered as SSE); beyond it messages for that stream are dropped
     /// rather than stall the server's other clients.
@@ -93,6 +97,7 @@ impl Default for GatewayConfig {
             request_timeout_ms: 600_000,
             ready_wait_ms: 30_000,
             max_connections_per_listener: 256,
+            header_timeout_ms: 10_000,
             stream_buffer_messages: 256,
             sse_keep_alive_ms: 15_000,
         }
@@ -114,6 +119,7 @@ impl GatewayConfig {
                 "max_connections_per_listener",
                 self.max_connections_per_listener as u64,
             ),
+            ("header_timeout_ms", self.header_timeout_ms),
             ("stream_buffer_messages", self.stream_buffer_messages as u64),
             ("sse_keep_alive_ms", self.sse_keep_alive_ms),
         ] {
@@ -206,7 +212,9 @@ impl Gateway {
         use tokio_stream::StreamExt;
         let endpoint = listener.local_endpoint().clone();
         info!(%endpoint, token_required = policy.required, "MCP data plane listening");
-        let (mut incoming, accept_task) = listener.incoming(self.cfg.max_connections_per_listener);
+        let header_timeout = std::time::Duration::from_millis(self.cfg.header_timeout_ms);
+        let (mut incoming, accept_task) =
+            listener.incoming_within(self.cfg.max_connections_per_listener, Some(header_timeout));
         let policy = Arc::new(policy);
         let mut conns = tokio::task::JoinSet::new();
         loop {
@@ -231,9 +239,13 @@ impl Gateway {
                         let policy = policy.clone();
                         async move { Ok::<_, Infallible>(gw.handle(req, &policy).await) }
                     });
-                    let builder = hyper_util::server::conn::auto::Builder::new(
+                    let mut builder = hyper_util::server::conn::auto::Builder::new(
                         hyper_util::rt::TokioExecutor::new(),
                     );
+                    builder
+                        .http1()
+                        .timer(hyper_util::rt::TokioTimer::new())
+                        .header_read_timeout(header_timeout);
                     let conn = builder.serve_connection(hyper_util::rt::TokioIo::new(conn), svc);
                     tokio::pin!(conn);
                     tokio::select! {

@@ -71,7 +71,15 @@ pub struct Conn {
     io: Io,
     info: ConnInfo,
     _permit: OwnedSemaphorePermit,
+    /// Until the client has sent its opening bytes: how many are still
+    /// due, and by when (a silent or trickling client does not keep a slot
+    /// of the connection limit).
+    opening: Option<(usize, Pin<Box<tokio::time::Sleep>>)>,
 }
+
+/// Bytes a client must send within the opening timeout: the HTTP/2
+/// connection preface is 24 bytes; an HTTP/1.1 request line is longer.
+pub const OPENING_BYTES: usize = 24;
 
 impl tonic::transport::server::Connected for Conn {
     type ConnectInfo = ConnInfo;
@@ -87,7 +95,31 @@ impl tokio::io::AsyncRead for Conn {
         cx: &mut Context<'_>,
         buf: &mut tokio::io::ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().io).poll_read(cx, buf)
+        let me = self.get_mut();
+        let before = buf.filled().len();
+        let r = Pin::new(&mut me.io).poll_read(cx, buf);
+        let Some((due, deadline)) = me.opening.as_mut() else {
+            return r;
+        };
+        match r {
+            Poll::Ready(Ok(())) => {
+                let got = buf.filled().len() - before;
+                if got == 0 || got >= *due {
+                    me.opening = None;
+                } else {
+                    *due -= got;
+                }
+                Poll::Ready(Ok(()))
+            }
+            Poll::Pending => match deadline.as_mut().poll(cx) {
+                Poll::Ready(()) => Poll::Ready(Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("{}: no request within the opening timeout", me.info.peer),
+                ))),
+                Poll::Pending => Poll::Pending,
+            },
+            other => other,
+        }
     }
 }
 
@@ -211,6 +243,17 @@ impl Listener {
         self,
         max_connections: usize,
     ) -> (ReceiverStream<io::Result<Conn>>, JoinHandle<()>) {
+        self.incoming_within(max_connections, None)
+    }
+
+    /// [`Listener::incoming`], each connection closed unless its client
+    /// sends its first [`OPENING_BYTES`] within `opening` (idle or
+    /// trickling connections would otherwise hold the connection slots).
+    pub fn incoming_within(
+        self,
+        max_connections: usize,
+        opening: Option<Duration>,
+    ) -> (ReceiverStream<io::Result<Conn>>, JoinHandle<()>) {
         let (tx, rx) = mpsc::channel(1);
         let limit = Arc::new(Semaphore::new(max_connections.max(1)));
         let endpoint = self.endpoint.to_string();
@@ -235,6 +278,8 @@ impl Listener {
                             io,
                             info,
                             _permit: permit,
+                            opening: opening
+                                .map(|t| (OPENING_BYTES, Box::pin(tokio::time::sleep(t)))),
                         };
                         if tx.send(Ok(conn)).await.is_err() {
                             break;
