@@ -512,22 +512,19 @@ async fn mcp_proxy_exposes_the_data_plane_on_the_host() {
     // sends its own Host, or its Origin; both are refused before the
     // data plane sees anything.
     let init = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"curl","version":"1"}}}"#;
-    let curl = |extra: &[&str]| {
-        let out = Command::new("curl")
-            .args(["-s", "-o", "/dev/null", "-w", "%{http_code}", "-X", "POST"])
-            .args(["-H", "content-type: application/json"])
-            .args(["-H", "accept: application/json, text/event-stream"])
-            .args(extra)
-            .args(["-d", init])
-            .arg(format!("http://127.0.0.1:{port}/filesystem/mcp"))
-            .output()
-            .expect("curl");
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    };
-    assert_eq!(curl(&[]), "200");
-    assert_eq!(curl(&["-H", "Host: attacker.example"]), "403");
-    assert_eq!(curl(&["-H", "Origin: http://attacker.example"]), "403");
-    assert_eq!(curl(&["-H", "Origin: http://localhost:3000"]), "200");
+    assert_eq!(post_init(port, init, &[]), "200");
+    assert_eq!(
+        post_init(port, init, &["-H", "Host: attacker.example"]),
+        "403"
+    );
+    assert_eq!(
+        post_init(port, init, &["-H", "Origin: http://attacker.example"]),
+        "403"
+    );
+    assert_eq!(
+        post_init(port, init, &["-H", "Origin: http://localhost:3000"]),
+        "200"
+    );
     let _ = proxy.kill();
     let _ = proxy.wait();
     // With --require-token, clients must send the proxy's token.
@@ -546,25 +543,17 @@ async fn mcp_proxy_exposes_the_data_plane_on_the_host() {
         .wait_for(Duration::from_secs(10), |l| l.contains("available at"))
         .unwrap_or_else(|| panic!("proxy did not start: {}", lines.all()));
     let token = std::fs::read_to_string(&token_file).expect("token created");
-    let curl = |extra: &[&str]| {
-        let out = Command::new("curl")
-            .args(["-s", "-o", "/dev/null", "-w", "%{http_code}", "-X", "POST"])
-            .args(["-H", "content-type: application/json"])
-            .args(["-H", "accept: application/json, text/event-stream"])
-            .args(extra)
-            .args(["-d", init])
-            .arg(format!("http://127.0.0.1:{port}/filesystem/mcp"))
-            .output()
-            .expect("curl");
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    };
-    assert_eq!(curl(&[]), "401");
+    assert_eq!(post_init(port, init, &[]), "401");
     assert_eq!(
-        curl(&["-H", "Authorization: Bearer wrong-token-0123456789"]),
+        post_init(
+            port,
+            init,
+            &["-H", "Authorization: Bearer wrong-token-0123456789"]
+        ),
         "401"
     );
     let auth = format!("Authorization: Bearer {}", token.trim());
-    assert_eq!(curl(&["-H", &auth]), "200");
+    assert_eq!(post_init(port, init, &["-H", &auth]), "200");
     let _ = proxy.kill();
     let _ = proxy.wait();
     // Only loopback.
@@ -742,4 +731,19 @@ async fn session_less_requests_are_checked_against_their_headers() {
         serde_json::json!(["2026-07-28"])
     );
     assert!(d["result"]["capabilities"]["tools"].is_object(), "{body}");
+}
+
+/// POSTs the MCP `initialize` body `init` to `/filesystem/mcp` of the proxy
+/// on `port`, with `extra` curl arguments; returns the HTTP status.
+fn post_init(port: u16, init: &str, extra: &[&str]) -> String {
+    let out = Command::new("curl")
+        .args(["-s", "-o", "/dev/null", "-w", "%{http_code}", "-X", "POST"])
+        .args(["-H", "content-type: application/json"])
+        .args(["-H", "accept: application/json, text/event-stream"])
+        .args(extra)
+        .args(["-d", init])
+        .arg(format!("http://127.0.0.1:{port}/filesystem/mcp"))
+        .output()
+        .expect("curl");
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }

@@ -1,7 +1,6 @@
 //! Issue 19's agent items over the real binary: a Release (or a TTL expiry)
 //! that meets a stalled transfer stops it instead of failing.
 
-use std::io::Write;
 use std::time::Duration;
 
 use crate::common::ws::{Tar, gzip};
@@ -35,21 +34,7 @@ async fn status(c: &sandbox_client::Client) -> proto::SandboxStatus {
 /// 64 MiB gzip cannot shrink, written into the workspace: more than every
 /// buffer between a Dump and a reader that stopped reading.
 fn fill(ws: &std::path::Path) {
-    let mut x = 0x2545_f491_4f6c_dd1du64;
-    let block: Vec<u8> = (0..1 << 20)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect();
-    let mut f = std::fs::File::create(ws.join("big.bin")).expect("big file");
-    for i in 0..64u8 {
-        let mut b = block.clone();
-        b[0] = i;
-        f.write_all(&b).expect("write");
-    }
+    crate::common::ws::write_64_mib(ws, "big.bin");
 }
 
 /// A Dump whose reader stopped, and an upload that trickles: Release ends

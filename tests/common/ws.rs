@@ -134,6 +134,31 @@ fn pad(v: &mut Vec<u8>) {
     }
 }
 
+/// `len` bytes that do not compress (xorshift from `seed`).
+pub fn incompressible(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// Writes `dir/name`: 64 MiB that gzip cannot shrink (64 distinct 1 MiB
+/// blocks), more than every buffer between a Dump and a stalled reader.
+pub fn write_64_mib(dir: &Path, name: &str) {
+    let block = incompressible(1 << 20, 0x2545_f491_4f6c_dd1d);
+    let mut f = std::fs::File::create(dir.join(name)).expect("big file");
+    for i in 0..64u8 {
+        let mut b = block.clone();
+        b[0] = i;
+        f.write_all(&b).expect("write");
+    }
+}
+
 pub fn gzip(data: &[u8]) -> Vec<u8> {
     let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
     e.write_all(data).unwrap();

@@ -26,15 +26,7 @@ fn put(url: &str, file: &Path, rate: Option<&str>) -> Command {
 
 /// A tar.gz of one file `name` holding `len` bytes that do not compress.
 fn random_archive(dir: &Path, name: &str, len: usize, seed: u64) -> std::path::PathBuf {
-    let mut x = seed | 1;
-    let data: Vec<u8> = (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect();
+    let data = crate::common::ws::incompressible(len, seed);
     let mut t = crate::common::ws::Tar::new();
     t.file(name, &data);
     let path = dir.join(format!("{name}.tar.gz"));
@@ -109,22 +101,7 @@ fn a_busy_workspace_is_409() {
         .map(|s| s.join("ws"))
         .find(|w| w.join("mark.bin").exists())
         .expect("the sandbox's workspace");
-    let mut x = 0x9e37_79b9_7f4a_7c15u64;
-    let block: Vec<u8> = (0..1 << 20)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect();
-    let mut big = std::fs::File::create(ws.join("big.bin")).expect("big file");
-    for i in 0..64u8 {
-        let mut b = block.clone();
-        b[0] = i;
-        big.write_all(&b).expect("write");
-    }
-    drop(big);
+    crate::common::ws::write_64_mib(&ws, "big.bin");
     let (_, d) = http(
         "GET",
         &format!("{}/local-sandbox/{id}/dump", host.base),
