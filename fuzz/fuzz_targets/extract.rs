@@ -31,6 +31,10 @@ fuzz_target!(|data: &[u8]| {
         max_expanded_bytes: 8 << 20,
         max_file_bytes: 1 << 20,
         ratio_grace_bytes: 1 << 20,
+        // Small enough that long names, PAX records and sparse maps the
+        // fuzzer grows meet the metadata budget.
+        max_path_bytes: 1024,
+        max_header_bytes: 4096,
         ..ArchiveLimits::default()
     };
     let opts = ExtractOptions {

@@ -288,6 +288,92 @@ async fn deep_trees_are_refused_by_name() {
     assert!(!archive.is_empty());
 }
 
+/// Peak resident memory of a process (VmHWM), in bytes.
+fn peak_rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmHWM");
+    kb << 10
+}
+
+/// A tar header whose data is `size` bytes of `fill`, zstd-compressed as
+/// it is generated (a hostile metadata entry: tiny compressed, huge read).
+fn zstd_metadata_bomb(kind: tar::EntryType, size: u64, fill: u8) -> Vec<u8> {
+    use std::io::Write;
+    let mut h = tar::Header::new_gnu();
+    h.set_entry_type(kind);
+    h.as_old_mut().name[..13].copy_from_slice(b"././@LongLink");
+    h.set_mode(0o644);
+    h.set_size(size);
+    h.set_cksum();
+    let mut z = zstd::Encoder::new(Vec::new(), 1).expect("zstd");
+    z.write_all(h.as_bytes()).expect("header");
+    let block = vec![fill; 1 << 20];
+    let mut left = size;
+    while left > 0 {
+        let n = left.min(block.len() as u64) as usize;
+        z.write_all(&block[..n]).expect("data");
+        left -= n as u64;
+    }
+    z.finish().expect("zstd end")
+}
+
+/// Tar metadata cannot make the agent allocate what it likes: a GNU long
+/// name or a PAX header of 256 MiB (a few KiB compressed) is refused after
+/// `max_header_bytes`, and 20,000 entries naming the same 4 KB directory,
+/// or 20,000 sibling directories under a 4 KB path, are tracked as names,
+/// not paths. Peak memory stays far below what any of them would take.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn archive_metadata_cannot_exhaust_memory() {
+    let f = Fixture::new("").await;
+    let pid = f.agent.child.id();
+    for kind in [tar::EntryType::GNULongName, tar::EntryType::XHeader] {
+        let fill = if kind == tar::EntryType::XHeader {
+            b'9'
+        } else {
+            b'a'
+        };
+        let bomb = zstd_metadata_bomb(kind, 256 << 20, fill);
+        assert!(bomb.len() < 64 << 10, "{} bytes", bomb.len());
+        f.reject(header(), bomb, Code::ResourceExhausted, "max_header_bytes")
+            .await;
+    }
+
+    // 3,800 bytes of prefix in 19 components, then the leaf.
+    let prefix = format!("./{}", format!("{}/", "p".repeat(199)).repeat(19));
+    let mut t = Tar::new();
+    for _ in 0..20_000 {
+        t.dir(&format!("{prefix}same/"));
+    }
+    initialize(
+        &f.client,
+        header(),
+        zstd::encode_all(&t.end()[..], 1).expect("zstd"),
+    )
+    .await
+    .expect("20,000 entries of one directory");
+    assert!(f.ws.join(&prefix).join("same").is_dir());
+    let mut t = Tar::new();
+    for i in 0..20_000 {
+        t.dir(&format!("{prefix}d{i:05}/"));
+    }
+    let r = initialize(
+        &f.client,
+        header(),
+        zstd::encode_all(&t.end()[..], 1).expect("zstd"),
+    )
+    .await
+    .expect("20,000 sibling directories");
+    assert_eq!(r.dirs, 20_000 + 19);
+    assert!(f.ws.join(&prefix).join("d19999").is_dir());
+
+    let peak = peak_rss(pid);
+    assert!(peak < 96 << 20, "the agent peaked at {} MiB", peak >> 20);
+}
+
 /// Sizes that are not in the header's size field still meet every limit
 /// before anything is written: a PAX `size` record over a ustar size of 0,
 /// and a GNU sparse file's real size (GNU tar `--format=gnu -S`, which is

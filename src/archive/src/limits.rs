@@ -16,6 +16,12 @@ pub struct ArchiveLimits {
     pub max_entries: u64,
     /// Bytes of one entry's path.
     pub max_path_bytes: usize,
+    /// Tar metadata the reader takes in before one entry's data: its header
+    /// blocks, a GNU long name or long link, PAX records (xattrs included)
+    /// and a GNU sparse map. The reader holds these in memory, so this
+    /// bounds what one hostile header can make the agent allocate. At least
+    /// `2 × max_path_bytes + 2048` (a long name and a long link).
+    pub max_header_bytes: u64,
     /// Directory nesting of one entry's path, in extraction, Dump and the
     /// merge clone alike (each walks with one open directory per level).
     pub max_depth: usize,
@@ -53,6 +59,7 @@ impl Default for ArchiveLimits {
             max_expanded_bytes: 32 << 30,
             max_entries: 500_000,
             max_path_bytes: 4096,
+            max_header_bytes: 1 << 20,
             max_depth: crate::pack::MAX_DEPTH,
             max_file_bytes: 16 << 30,
             max_compression_ratio: 1000,
@@ -83,6 +90,13 @@ impl ArchiveLimits {
                 return Err(LimitsError::Zero(k));
             }
         }
+        let least = 2 * self.max_path_bytes as u64 + 2048;
+        if self.max_header_bytes < least {
+            return Err(LimitsError::HeaderRoom {
+                got: self.max_header_bytes,
+                least,
+            });
+        }
         if let Some(o) = &self.owner {
             parse_owner(o)?;
         }
@@ -95,6 +109,11 @@ impl ArchiveLimits {
 pub enum LimitsError {
     #[error("archive.{0} must be greater than 0")]
     Zero(&'static str),
+    #[error(
+        "archive.max_header_bytes is {got}: it must be at least {least} (2 × max_path_bytes + 2048), \
+         room for a GNU long name and long link"
+    )]
+    HeaderRoom { got: u64, least: u64 },
     #[error("archive.owner must be \"UID:GID\" with numeric ids, got {0:?}")]
     Owner(String),
 }

@@ -16,6 +16,7 @@ use crate::codec::Compression;
 use crate::confine::{self, remove_at};
 use crate::error::{WsError, sys};
 
+use super::dirs::DirTree;
 use super::fsops::{times, umask};
 use super::{ExtractOptions, ExtractStats, Meter, invalid, read_error};
 
@@ -32,7 +33,9 @@ pub(super) struct Extractor<'a> {
     /// Hashes of regular files, the only valid hardlink targets.
     pub(super) files: HashSet<u64>,
     /// Directories whose mode and mtime are applied at the end.
-    pub(super) dirs: Vec<(PathBuf, u32, u64)>,
+    pub(super) dirs: DirTree,
+    /// Entries plus the directories created implicitly, for max_entries.
+    pub(super) created: u64,
     pub(super) parent: Option<(PathBuf, OwnedFd)>,
     pub(super) buf: Vec<u8>,
     /// File content bytes written so far (for max_expanded_bytes).
@@ -55,11 +58,29 @@ impl<'a> Extractor<'a> {
             hasher: RandomState::new(),
             seen: HashSet::new(),
             files: HashSet::new(),
-            dirs: Vec::new(),
+            dirs: DirTree::default(),
+            created: 0,
             parent: None,
             buf: vec![0; 256 << 10],
             expanded: 0,
         }
+    }
+
+    /// Counts one more entry or implicit directory against max_entries
+    /// (the implicit ones too: each costs a directory and tracking).
+    pub(super) fn count_created(&mut self) -> Result<(), WsError> {
+        self.created += 1;
+        let max = self.opts.limits.max_entries;
+        if self.created > max {
+            return Err(WsError::Limit {
+                limit: "max_entries",
+                detail: format!(
+                    "the archive has more than {max} entries (counting the directories its \
+                     paths create without entries of their own)"
+                ),
+            });
+        }
+        Ok(())
     }
 
     pub(super) fn key(&self, p: &Path) -> u64 {
@@ -79,12 +100,7 @@ impl<'a> Extractor<'a> {
             return Ok(());
         }
         self.stats.entries += 1;
-        if self.stats.entries > limits.max_entries {
-            return Err(WsError::Limit {
-                limit: "max_entries",
-                detail: format!("the archive has more than {} entries", limits.max_entries),
-            });
-        }
+        self.count_created()?;
         let raw: Vec<u8> = e.path_bytes().into_owned();
         if raw.len() > limits.max_path_bytes {
             return Err(WsError::Limit {
@@ -282,7 +298,7 @@ impl<'a> Extractor<'a> {
                 }
                 let key = self.key(&path);
                 self.seen.insert(key);
-                self.dirs.push((path, mode, mtime));
+                self.dirs.set(&path, mode, mtime);
                 self.stats.dirs += 1;
                 return Ok(());
             }

@@ -89,6 +89,7 @@ impl Extractor<'_> {
             so_far.push(name);
             match rustix::fs::mkdirat(cur.as_fd(), name, Mode::from_raw_mode(0o755)) {
                 Ok(()) => {
+                    self.count_created()?;
                     self.chown_at(cur.as_fd(), name, &so_far)?;
                     let key = self.key(&so_far);
                     self.seen.insert(key);
@@ -198,9 +199,8 @@ impl Extractor<'_> {
     /// inside a directory changes its mtime).
     pub(super) fn finish_dirs(&mut self) -> Result<(), WsError> {
         self.parent = None;
-        let mut dirs = std::mem::take(&mut self.dirs);
-        dirs.sort_by_key(|d| std::cmp::Reverse(d.0.components().count()));
-        for (path, mode, mtime) in dirs {
+        let dirs = std::mem::take(&mut self.dirs);
+        for (path, mode, mtime) in dirs.deepest_first() {
             let fd = confine::open_dir(self.root, &path)
                 .map_err(|e| WsError::io(format!("opening {}", path.display()), e))?;
             self.meta_fd(fd.as_fd(), mode, mtime, &path, true)?;

@@ -22,11 +22,14 @@
 //! `entry` writes one entry; `fsops` holds the directory-handle plumbing
 //! (parents, creation, ownership, modes and times).
 
+mod dirs;
 mod entry;
 mod fsops;
 
+use std::cell::Cell;
 use std::io::{self, Read};
 use std::os::fd::BorrowedFd;
+use std::rc::Rc;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -136,6 +139,47 @@ impl Read for Blocks {
     }
 }
 
+/// Bounds what the tar reader takes in on its own between two entries (the
+/// previous entry's padding, header blocks, GNU long names and links, PAX
+/// records, sparse maps): it reads those whole into memory before any
+/// check of ours. Entry data is read by the extractor with the gate open.
+struct Gate<R> {
+    inner: R,
+    /// Bytes the reader may still read; `None` while the gate is open.
+    left: Rc<Cell<Option<u64>>>,
+    /// Set when a read was refused for want of budget.
+    tripped: Rc<Cell<bool>>,
+}
+
+impl<R: Read> Read for Gate<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let Some(left) = self.left.get() else {
+            return self.inner.read(buf);
+        };
+        if left == 0 && !buf.is_empty() {
+            self.tripped.set(true);
+            return Err(io::Error::other(
+                "tar metadata over archive.max_header_bytes",
+            ));
+        }
+        let want = buf.len().min(usize::try_from(left).unwrap_or(usize::MAX));
+        let n = self.inner.read(&mut buf[..want])?;
+        self.left.set(Some(left - n as u64));
+        Ok(n)
+    }
+}
+
+fn header_limit(limits: &ArchiveLimits) -> WsError {
+    WsError::Limit {
+        limit: "max_header_bytes",
+        detail: format!(
+            "more than {} bytes of tar metadata (a GNU long name or link, PAX records, a sparse \
+             map) precede one entry's data",
+            limits.max_header_bytes
+        ),
+    }
+}
+
 pub(super) fn invalid(path: &[u8], what: impl std::fmt::Display) -> WsError {
     WsError::invalid(format!(
         "archive entry '{}' {what}",
@@ -164,6 +208,23 @@ pub(super) fn read_error(e: io::Error, compression: Compression) -> WsError {
         "a header could not be read".to_owned()
     };
     WsError::invalid(format!("{what}: {why}"))
+}
+
+/// Reads what is left of an entry's data into nothing.
+fn drain<R: Read>(
+    entry: &mut tar::Entry<'_, R>,
+    meter: &Meter<'_>,
+    compression: Compression,
+) -> Result<(), WsError> {
+    let mut sink = [0u8; 16 << 10];
+    loop {
+        match entry.read(&mut sink) {
+            Ok(0) => return Ok(()),
+            Ok(_) => meter.check()?,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(read_error(e, compression)),
+        }
+    }
 }
 
 /// Extracts `src` into the directory `root`. On error the tree may hold a
@@ -231,13 +292,22 @@ pub fn extract<R: Read + Send + 'static>(
         })
         .map_err(|e| WsError::io("starting the decoder thread", e))?;
     let consumed = Arc::new(AtomicU64::new(0));
-    let mut plain = Counted {
-        inner: Blocks {
-            rx,
-            cur: Vec::new(),
-            pos: 0,
+    // The previous entry's padding (< 512 bytes) is read with the next
+    // entry's metadata.
+    let budget = opts.limits.max_header_bytes.saturating_add(512);
+    let left = Rc::new(Cell::new(Some(budget)));
+    let tripped = Rc::new(Cell::new(false));
+    let mut plain = Gate {
+        inner: Counted {
+            inner: Blocks {
+                rx,
+                cur: Vec::new(),
+                pos: 0,
+            },
+            n: consumed.clone(),
         },
-        n: consumed.clone(),
+        left: left.clone(),
+        tripped: tripped.clone(),
     };
     let mut x = Extractor::new(root, opts, &meter, compression);
 
@@ -246,13 +316,26 @@ pub fn extract<R: Read + Send + 'static>(
         let mut archive = tar::Archive::new(&mut plain);
         let entries = archive.entries().map_err(|e| read_error(e, compression))?;
         for entry in entries {
-            let mut entry = entry.map_err(|e| read_error(e, compression))?;
+            let mut entry = entry.map_err(|e| {
+                if tripped.get() {
+                    header_limit(opts.limits)
+                } else {
+                    read_error(e, compression)
+                }
+            })?;
+            left.set(None);
             meter.check()?;
             x.entry(&mut entry)?;
+            // Whatever data the extractor did not read (a directory or link
+            // with a size, a PAX global header) is skipped here, streaming,
+            // rather than by the reader under the metadata budget.
+            drain(&mut entry, &meter, compression)?;
+            left.set(Some(budget));
             let size = entry.header().entry_size().unwrap_or(0);
             last_end = entry.raw_file_position() + size.div_ceil(512) * 512;
         }
     }
+    left.set(None);
     // The parser stops at the first zero block; if it stopped because the
     // input ended instead, the archive was cut short.
     if consumed.load(Ordering::Relaxed) <= last_end {
