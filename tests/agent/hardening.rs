@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::common::ws::{Tar, gzip};
+use crate::common::ws::{Tar, gzip, initialize};
 use crate::common::*;
 use sandbox_client::proto;
 use sandbox_client::proto::initialize_request::Msg;
@@ -246,4 +246,85 @@ fn silent_connections_do_not_hold_the_listeners() {
     // Answered (404: no such server in the lease), not stalled.
     assert_eq!(text(&out.stdout), "404");
     drop(partial);
+}
+
+fn mode_of(p: &std::path::Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::symlink_metadata(p)
+        .expect("stat")
+        .permissions()
+        .mode()
+        & 0o7777
+}
+
+/// As a non-root agent, read-only directories swap in and out whole: moving
+/// a directory to another parent needs write permission on it, so an
+/// archive whose top-level directory is mode 0555 used to be moved in half
+/// (and the journal then failed every restart). It is installed with its
+/// modes, replaced by the next archive, and its old tree (a read-only
+/// directory inside) is deleted. A directory the agent cannot make
+/// movable (root's) refuses the swap before anything moves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_only_directories_swap_whole_as_non_root() {
+    if !root_or_skip("running the agent as nobody") {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let state = dir.path().join("state").display().to_string();
+    let agent = Agent::start_as(Some(65534), dir, &["--state-root", &state], &[]);
+    let c = sandbox_client::connect(&agent.unix_uri())
+        .await
+        .expect("connect");
+    let ws = agent.dir.path().join("ws");
+    let swap_state = agent.dir.path().join(".ws.sandbox-agent");
+
+    let ro = Tar::new()
+        .dir_mode("./ro/", 0o555)
+        .dir_mode("./ro/sub/", 0o555)
+        .file("./ro/sub/f.txt", b"read-only")
+        .file("./top.txt", b"top")
+        .end();
+    initialize(&c, proto::InitializeHeader::default(), gzip(&ro))
+        .await
+        .expect("an archive with read-only directories");
+    assert_eq!(mode_of(&ws.join("ro")), 0o555);
+    assert_eq!(mode_of(&ws.join("ro/sub")), 0o555);
+    assert_eq!(
+        std::fs::read(ws.join("ro/sub/f.txt")).expect("f.txt"),
+        b"read-only"
+    );
+
+    let next = Tar::new().file("./next.txt", b"next").end();
+    initialize(&c, proto::InitializeHeader::default(), gzip(&next))
+        .await
+        .expect("replacing read-only directories");
+    assert_eq!(names(&ws), ["next.txt"]);
+    crate::common::ws::wait_empty(&swap_state).await;
+
+    let locked = ws.join("locked");
+    std::fs::create_dir(&locked).expect("root's directory");
+    std::fs::write(locked.join("keep.txt"), "root's").expect("root's file");
+    std::fs::set_permissions(&locked, std::os::unix::fs::PermissionsExt::from_mode(0o555))
+        .expect("chmod");
+    let other = Tar::new().file("./other.txt", b"other").end();
+    let e = initialize(&c, proto::InitializeHeader::default(), gzip(&other))
+        .await
+        .expect_err("a swap that cannot move root's directory");
+    assert_eq!(e.code(), Code::FailedPrecondition, "{}", e.message());
+    assert!(
+        e.message().contains("'locked'") && e.message().contains("nothing was changed"),
+        "{}",
+        e.message()
+    );
+    assert_eq!(names(&ws), ["locked", "next.txt"]);
+    crate::common::ws::wait_empty(&swap_state).await;
+}
+
+fn names(dir: &std::path::Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .expect("read_dir")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
 }

@@ -167,6 +167,90 @@ async fn sigkill_mid_move_in_completes_the_swap() {
     crash_at("mid-move-in", true, true).await;
 }
 
+/// An agent killed half-way through moving `tree("new", 6)` in, restarted
+/// after something took the name of an entry still to move (a non-empty
+/// `new-dir5`): the swap cannot complete. Returns the restarted agent.
+async fn stuck_agent() -> Agent {
+    let dir = tempfile::tempdir().unwrap();
+    let ws = dir.path().join("ws");
+    let faulty = Agent::start_in(dir, &[], &[("SANDBOX_AGENT_TEST_FAULT", "mid-move-in")]);
+    let client = connect(&faulty).await;
+    let call = tokio::spawn(async move {
+        initialize(&client, proto::InitializeHeader::default(), tree("new", 6)).await
+    });
+    faulty
+        .stderr
+        .wait_for(Duration::from_secs(20), |l| l.contains("pausing here"))
+        .unwrap_or_else(|| panic!("fault point not reached\n{}", faulty.stderr.all()));
+    let dir = faulty.kill9();
+    assert!(call.await.unwrap().is_err());
+    std::fs::create_dir(ws.join("new-dir5")).unwrap();
+    std::fs::write(ws.join("new-dir5/in-the-way.txt"), "x").unwrap();
+    // Before, the agent refused to start ("Directory not empty"), forever.
+    let agent = Agent::start_in(dir, &[], &[]);
+    assert!(
+        agent.stderr.all().contains("cannot be completed"),
+        "{}",
+        agent.stderr.all()
+    );
+    agent
+}
+
+/// A swap that cannot be completed leaves the agent serving: workspace
+/// operations are refused with FAILED_PRECONDITION saying what is wrong,
+/// and once the obstacle is gone the next one completes the swap first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unfinishable_swap_leaves_the_agent_serving() {
+    let agent = stuck_agent().await;
+    let ws = agent.dir.path().join("ws");
+    let c = connect(&agent).await;
+    c.agent()
+        .get_info(proto::GetInfoRequest {})
+        .await
+        .expect("GetInfo answers");
+    let e = dump(&c, proto::DumpRequest::default())
+        .await
+        .expect_err("a Dump of a half-swapped workspace");
+    assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{}", e.message());
+    assert!(
+        e.message().contains("Directory not empty")
+            && e.message().contains("remove what is in the way"),
+        "{}",
+        e.message()
+    );
+    std::fs::remove_dir_all(ws.join("new-dir5")).unwrap();
+    let (archive, _) = dump(&c, proto::DumpRequest::default())
+        .await
+        .expect("a Dump once the obstacle is gone");
+    assert!(!archive.is_empty());
+    for i in 0..6 {
+        assert_eq!(
+            std::fs::read_to_string(ws.join(format!("new-dir{i}/data"))).unwrap(),
+            format!("new {i}")
+        );
+    }
+    wait_empty(&agent.dir.path().join(".ws.sandbox-agent")).await;
+}
+
+/// Clear (and so Release) of a workspace stuck mid-swap empties it in
+/// place and abandons the swap: the sandbox is never stuck with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clear_frees_a_workspace_stuck_mid_swap() {
+    let agent = stuck_agent().await;
+    let ws = agent.dir.path().join("ws");
+    let c = connect(&agent).await;
+    c.workspace()
+        .clear(proto::ClearRequest {})
+        .await
+        .expect("Clear of a stuck workspace");
+    assert_eq!(std::fs::read_dir(&ws).unwrap().count(), 0);
+    wait_empty(&agent.dir.path().join(".ws.sandbox-agent")).await;
+    let r = initialize(&c, proto::InitializeHeader::default(), tree("after", 2))
+        .await
+        .expect("works after the Clear");
+    assert_eq!(r.files, 4);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_mid_stream_leaves_the_old_workspace() {
     let dir = tempfile::tempdir().unwrap();

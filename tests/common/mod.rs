@@ -8,6 +8,7 @@ pub mod vm;
 pub mod ws;
 
 use std::io::{BufRead, BufReader};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::{Arc, Condvar, Mutex};
@@ -60,8 +61,33 @@ impl Agent {
     }
 
     pub fn start_in(dir: tempfile::TempDir, extra: &[&str], env: &[(&str, &str)]) -> Agent {
+        Agent::start_as(None, dir, extra, env)
+    }
+
+    /// As [`Agent::start_in`], as the user `uid` (through `setpriv`) when
+    /// given: `dir` is then handed to that user.
+    pub fn start_as(
+        uid: Option<u32>,
+        dir: tempfile::TempDir,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Agent {
         let socket = dir.path().join("agent.sock");
-        let mut cmd = Command::new(&*AGENT);
+        let mut cmd = match uid {
+            Some(uid) => {
+                let d = dir.path();
+                std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+                nix::unistd::chown(d, Some(uid.into()), Some(uid.into())).expect("chown");
+                let mut c = Command::new("setpriv");
+                c.arg(format!("--reuid={uid}"))
+                    .arg(format!("--regid={uid}"))
+                    .args(["--clear-groups", "--"])
+                    .arg(&*AGENT)
+                    .env("HOME", d);
+                c
+            }
+            None => Command::new(&*AGENT),
+        };
         if !extra.contains(&"--mcp-listen") {
             // Not the default vsock://any:1025: tests run agents in parallel.
             cmd.arg("--mcp-listen")

@@ -99,6 +99,9 @@ impl Tar {
     pub fn dir(&mut self, name: &str) -> &mut Tar {
         self.push(name.as_bytes(), tar::EntryType::Directory, 0o755, b"", b"")
     }
+    pub fn dir_mode(&mut self, name: &str, mode: u32) -> &mut Tar {
+        self.push(name.as_bytes(), tar::EntryType::Directory, mode, b"", b"")
+    }
     pub fn symlink(&mut self, name: &str, target: &str) -> &mut Tar {
         self.push(
             name.as_bytes(),

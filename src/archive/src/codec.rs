@@ -87,11 +87,21 @@ pub fn check_plain_tar<R: BufRead>(r: &mut R) -> Result<(), String> {
     ))
 }
 
+/// Largest zstd window a stream may ask the decoder to allocate: 2^27 =
+/// 128 MiB, libzstd's own default, stated here because it is the largest
+/// part of an extraction's memory bound. `zstd --long=31` streams are
+/// refused (the `zstd` CLI refuses them too without `--memory`).
+pub const ZSTD_WINDOW_LOG_MAX: u32 = 27;
+
 /// A decompressing reader over `r`.
 pub fn decoder<'a, R: BufRead + 'a>(r: R, c: Compression) -> io::Result<Box<dyn Read + 'a>> {
     Ok(match c {
         Compression::Gzip => Box::new(flate2::bufread::MultiGzDecoder::new(r)),
-        Compression::Zstd => Box::new(zstd::stream::read::Decoder::with_buffer(r)?),
+        Compression::Zstd => {
+            let mut d = zstd::stream::read::Decoder::with_buffer(r)?;
+            d.window_log_max(ZSTD_WINDOW_LOG_MAX)?;
+            Box::new(d)
+        }
         Compression::None | Compression::Auto => Box::new(r),
     })
 }

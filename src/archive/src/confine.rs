@@ -113,12 +113,12 @@ pub fn remove_at(dir: BorrowedFd<'_>, name: &OsStr, path: &Path) -> Result<(), W
         names: std::vec::IntoIter<std::ffi::OsString>,
     }
     let open = |parent: BorrowedFd<'_>, name: &OsStr, path: &Path| -> Result<Level, WsError> {
-        let fd = rustix::fs::openat(
-            parent,
-            name,
-            OFlags::DIRECTORY | OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-            Mode::empty(),
-        )
+        let flags = OFlags::DIRECTORY | OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+        let fd = match rustix::fs::openat(parent, name, flags, Mode::empty()) {
+            Err(rustix::io::Errno::ACCESS) => open_up(parent, name)
+                .and_then(|()| rustix::fs::openat(parent, name, flags, Mode::empty())),
+            r => r,
+        }
         .map_err(|e| WsError::io(format!("opening {}", path.display()), sys(e)))?;
         let names =
             list(fd.as_fd()).map_err(|e| WsError::io(format!("listing {}", path.display()), e))?;
@@ -129,8 +129,10 @@ pub fn remove_at(dir: BorrowedFd<'_>, name: &OsStr, path: &Path) -> Result<(), W
         })
     };
     let rmdir = |parent: BorrowedFd<'_>, name: &OsStr, path: &Path| {
-        rustix::fs::unlinkat(parent, name, AtFlags::REMOVEDIR)
-            .map_err(|e| WsError::io(format!("removing {}", path.display()), sys(e)))
+        writable(parent, || {
+            rustix::fs::unlinkat(parent, name, AtFlags::REMOVEDIR)
+        })
+        .map_err(|e| WsError::io(format!("removing {}", path.display()), sys(e)))
     };
     match rustix::fs::unlinkat(dir, name, AtFlags::empty()) {
         Ok(()) => return Ok(()),
@@ -142,7 +144,8 @@ pub fn remove_at(dir: BorrowedFd<'_>, name: &OsStr, path: &Path) -> Result<(), W
         match top.names.next() {
             Some(n) => {
                 let p = top.path.join(&n);
-                match rustix::fs::unlinkat(&top.fd, &n, AtFlags::empty()) {
+                let fd = top.fd.as_fd();
+                match writable(fd, || rustix::fs::unlinkat(fd, &n, AtFlags::empty())) {
                     Ok(()) => {}
                     Err(rustix::io::Errno::ISDIR) | Err(rustix::io::Errno::PERM) => {
                         let sub = open(top.fd.as_fd(), &n, &p)?;
@@ -170,6 +173,40 @@ pub fn remove_at(dir: BorrowedFd<'_>, name: &OsStr, path: &Path) -> Result<(), W
         }
     }
     Ok(())
+}
+
+/// Runs `op` (a change inside the directory `dir`); if it is refused for
+/// want of permission, gives the owner full access to `dir` and runs it
+/// once more. A non-root agent can so remove a tree a tenant made
+/// read-only (root needs no such help).
+fn writable<T>(
+    dir: BorrowedFd<'_>,
+    op: impl Fn() -> rustix::io::Result<T>,
+) -> rustix::io::Result<T> {
+    match op() {
+        Err(rustix::io::Errno::ACCESS) => {
+            let st = rustix::fs::fstat(dir)?;
+            rustix::fs::fchmod(dir, Mode::from_raw_mode((st.st_mode | 0o700) & 0o7777))?;
+            op()
+        }
+        r => r,
+    }
+}
+
+/// Gives the owner full access to the directory `name` in `parent`, which
+/// cannot be opened for reading (mode 0 or write-only). Through the
+/// `/proc` link of an `O_PATH` handle, so a name swapped for a symlink
+/// meanwhile is never followed.
+fn open_up(parent: BorrowedFd<'_>, name: &OsStr) -> rustix::io::Result<()> {
+    let fd = rustix::fs::openat(
+        parent,
+        name,
+        OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    let st = rustix::fs::fstat(&fd)?;
+    let link = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&fd));
+    rustix::fs::chmod(link, Mode::from_raw_mode((st.st_mode | 0o700) & 0o7777))
 }
 
 /// Names in a directory, without `.` and `..`, sorted bytewise.

@@ -27,6 +27,11 @@ pub enum WsError {
     /// A requested path does not exist (NOT_FOUND).
     #[error("{0}")]
     NotFound(String),
+    /// The workspace is not in a state the operation needs: an interrupted
+    /// swap that cannot be completed, or an entry the agent cannot move
+    /// (FAILED_PRECONDITION). The message says what to fix.
+    #[error("{0}")]
+    Stuck(String),
     /// Any other I/O failure (INTERNAL), with what was being done.
     #[error("{context}: {source}")]
     Io {

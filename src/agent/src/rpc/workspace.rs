@@ -34,6 +34,7 @@ pub(super) fn ws_status(e: WsError) -> Status {
         WsError::Busy(_) => Status::aborted(msg),
         WsError::Cancelled(_) => Status::cancelled(msg),
         WsError::NotFound(_) => Status::not_found(msg),
+        WsError::Stuck(_) => Status::failed_precondition(msg),
         WsError::Io { .. } => Status::internal(msg),
     }
 }

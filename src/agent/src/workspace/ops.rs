@@ -53,6 +53,9 @@ pub struct Workspace {
     limits: ArchiveLimits,
     owner: Option<(u32, u32)>,
     busy: Mutex<Option<(&'static str, Instant, CancellationToken)>>,
+    /// Why the last recovery of an interrupted swap could not finish; every
+    /// operation retries it first and is refused while it fails.
+    stuck: Mutex<Option<String>>,
 }
 
 /// The workspace claimed for one operation ([`Workspace::begin`]); released
@@ -71,6 +74,7 @@ impl OpGuard {
         src: stream::ChannelReader,
         outcome: &Mutex<stream::ReadOutcome>,
     ) -> Result<InitStats, WsError> {
+        self.ws.recovered()?;
         self.ws.initialize(req, src, outcome)
     }
 
@@ -82,13 +86,26 @@ impl OpGuard {
         out: W,
         cancelled: Option<&std::sync::atomic::AtomicBool>,
     ) -> Result<(W, pack::PackStats), WsError> {
+        self.ws.recovered()?;
         self.ws.dump(req, out, cancelled)
     }
 
     /// Empties the workspace atomically. Returns the number of top-level
     /// entries removed. Blocking.
     pub fn clear(&self) -> Result<u64, WsError> {
-        self.ws.clear()
+        match self.ws.recovered() {
+            Ok(()) => self.ws.clear(),
+            // Emptying needs no completed swap: the workspace is emptied in
+            // place and the swap abandoned, so a Release always frees it.
+            Err(WsError::Stuck(why)) => {
+                tracing::warn!(error = %why, "emptying a workspace stuck mid-swap in place");
+                let n = self.ws.txn.remove_contents()?;
+                self.ws.txn.abandon()?;
+                *self.ws.stuck.lock().unwrap_or_else(|p| p.into_inner()) = None;
+                Ok(n)
+            }
+            Err(e) => Err(e),
+        }
     }
 }
 
@@ -120,9 +137,19 @@ impl Workspace {
             .validate()
             .map_err(|e| WsError::Invalid(e.to_string()))?;
         let txn = txn::Txn::open(path)?;
-        if let Some(what) = txn.recover()? {
-            tracing::warn!(workspace = %path.display(), "{what}");
-        }
+        // A swap that cannot be completed must not keep the agent from
+        // starting: it serves, and workspace operations say what is wrong.
+        let stuck = match txn.recover() {
+            Ok(Some(what)) => {
+                tracing::warn!(workspace = %path.display(), "{what}");
+                None
+            }
+            Ok(None) => None,
+            Err(e) => {
+                tracing::error!(workspace = %path.display(), error = %e, "an interrupted workspace swap cannot be completed; workspace operations are refused until it can");
+                Some(e.to_string())
+            }
+        };
         let owner = match &limits.owner {
             Some(o) => Some(limits::parse_owner(o).map_err(|e| WsError::Invalid(e.to_string()))?),
             None => {
@@ -149,11 +176,42 @@ impl Workspace {
             limits,
             owner,
             busy: Mutex::new(None),
+            stuck: Mutex::new(stuck),
         })
     }
 
     pub fn path(&self) -> &Path {
         self.txn.root_path()
+    }
+
+    /// Retries the recovery of an interrupted swap that failed before (at
+    /// start or after a failed commit); an error while it still fails.
+    fn recovered(&self) -> Result<(), WsError> {
+        let mut stuck = self.stuck.lock().unwrap_or_else(|p| p.into_inner());
+        if stuck.is_none() {
+            return Ok(());
+        }
+        match self.txn.recover() {
+            Ok(what) => {
+                tracing::warn!(
+                    workspace = %self.path().display(),
+                    "{}",
+                    what.unwrap_or_else(|| "the interrupted workspace swap is resolved".into())
+                );
+                *stuck = None;
+                Ok(())
+            }
+            Err(e) => {
+                let msg = format!(
+                    "the workspace is in the middle of a swap the agent cannot complete ({e}); \
+                     remove what is in the way and retry: each workspace operation tries to \
+                     complete it first (journal in {})",
+                    self.txn.state_path().display()
+                );
+                *stuck = Some(e.to_string());
+                Err(WsError::Stuck(msg))
+            }
+        }
     }
 
     /// Blocks until the old contents of earlier swaps are deleted.
@@ -360,7 +418,8 @@ impl Workspace {
             Err(e) => {
                 drop(stage);
                 if let Err(r) = self.txn.recover() {
-                    tracing::error!(error = %r, "recovery after a failed swap failed too; it is retried at the next start");
+                    tracing::error!(error = %r, "recovery after a failed swap failed too; it is retried before the next workspace operation");
+                    *self.stuck.lock().unwrap_or_else(|p| p.into_inner()) = Some(r.to_string());
                 }
                 Err(e)
             }

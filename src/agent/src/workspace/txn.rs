@@ -179,14 +179,38 @@ impl Txn {
                 .map_err(|e| WsError::io("syncing the staging tree", sys(e)))?;
         }
         let mut synced = t.elapsed();
+        // Everything that must move is checked before the journal: once it
+        // is written the swap has to complete.
+        let staged = unmovable(stage, None)?;
+        let current = unmovable(self.root.as_fd(), self.hidden_name())?;
+        let me = rustix::process::geteuid().as_raw();
+        if let Some((name, st)) = current.iter().find(|(_, st)| st.st_uid != me) {
+            return Err(WsError::Stuck(format!(
+                "cannot replace the workspace contents: the directory '{}' (owner uid {}, mode \
+                 {:o}) cannot be moved by the agent (uid {me}) and nothing was changed; make it \
+                 writable by uid {me} or remove it, then retry",
+                Path::new(name).display(),
+                st.st_uid,
+                st.st_mode & 0o7777
+            )));
+        }
         let old = unique("old");
         rustix::fs::mkdirat(&self.state, &old, Mode::from_raw_mode(0o700))
             .map_err(|e| WsError::io("creating the old-contents directory", sys(e)))?;
-        self.write_journal("commit", stage_name, &old)?;
+        let opened = open_up(stage, &staged)
+            .and_then(|()| open_up(self.root.as_fd(), &current))
+            .and_then(|()| self.write_journal("commit", stage_name, &old));
+        if let Err(e) = opened {
+            restore_modes(self.root.as_fd(), &current);
+            let _ = rustix::fs::unlinkat(&self.state, &old, AtFlags::REMOVEDIR);
+            return Err(e);
+        }
         fault_point("after-journal");
         let moved = self.move_out(&old)?;
         self.write_journal("installing", stage_name, &old)?;
         self.move_in(stage_name)?;
+        // The archive's own modes, now that the directories are in place.
+        restore_modes(self.root.as_fd(), &staged);
         let t = std::time::Instant::now();
         if durable {
             rustix::fs::syncfs(&self.root)
@@ -384,6 +408,20 @@ impl Txn {
         Ok(n)
     }
 
+    /// Gives up an interrupted swap (after the workspace was emptied in
+    /// place): the journal goes, and the staging and old trees are deleted.
+    pub fn abandon(&self) -> Result<(), WsError> {
+        match rustix::fs::unlinkat(&self.state, JOURNAL, AtFlags::empty()) {
+            Ok(()) | Err(rustix::io::Errno::NOENT) => {}
+            Err(e) => return Err(WsError::io("removing the journal", sys(e))),
+        }
+        rustix::fs::fsync(&self.state)
+            .map_err(|e| WsError::io("syncing the state directory", sys(e)))?;
+        let names = list(self.state.as_fd()).map_err(ctx("listing the state directory"))?;
+        self.remove_in_background(names);
+        Ok(())
+    }
+
     /// Blocks until every old tree scheduled for deletion is gone: with the
     /// state directory inside the workspace (a mount point), they sit where
     /// the servers can read them, so no new lease starts before.
@@ -396,6 +434,67 @@ impl Txn {
 
     pub fn root_path(&self) -> &Path {
         &self.root_path
+    }
+}
+
+/// The top-level directories of `dir` (but `skip`) that this process
+/// cannot rename to another directory: that rewrites a directory's `..`,
+/// which needs write permission on it unless privileged. Always none for
+/// root.
+fn unmovable(
+    dir: BorrowedFd<'_>,
+    skip: Option<&OsStr>,
+) -> Result<Vec<(OsString, rustix::fs::Stat)>, WsError> {
+    if rustix::process::geteuid().is_root() {
+        return Ok(Vec::new());
+    }
+    let mut out = Vec::new();
+    for name in list(dir).map_err(ctx("listing a directory to move"))? {
+        if Some(name.as_os_str()) == skip {
+            continue;
+        }
+        let st = rustix::fs::statat(dir, &name, AtFlags::SYMLINK_NOFOLLOW).map_err(|e| {
+            WsError::io(format!("inspecting {}", Path::new(&name).display()), sys(e))
+        })?;
+        let is_dir =
+            rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Directory;
+        if is_dir
+            && rustix::fs::accessat(dir, &name, rustix::fs::Access::WRITE_OK, AtFlags::empty())
+                .is_err()
+        {
+            out.push((name, st));
+        }
+    }
+    Ok(out)
+}
+
+/// Adds owner write permission to `dirs` (found by [`unmovable`]).
+fn open_up(dir: BorrowedFd<'_>, dirs: &[(OsString, rustix::fs::Stat)]) -> Result<(), WsError> {
+    for (name, st) in dirs {
+        rustix::fs::chmodat(
+            dir,
+            name,
+            Mode::from_raw_mode((st.st_mode | 0o700) & 0o7777),
+            AtFlags::empty(),
+        )
+        .map_err(|e| {
+            WsError::io(
+                format!("making {} movable", Path::new(name).display()),
+                sys(e),
+            )
+        })?;
+    }
+    Ok(())
+}
+
+/// Gives `dirs` their recorded modes back (best effort: a directory left
+/// writable by its owner is the only cost of a failure).
+fn restore_modes(dir: BorrowedFd<'_>, dirs: &[(OsString, rustix::fs::Stat)]) {
+    for (name, st) in dirs {
+        let mode = Mode::from_raw_mode(st.st_mode & 0o7777);
+        if let Err(e) = rustix::fs::chmodat(dir, name, mode, AtFlags::empty()) {
+            tracing::warn!(entry = %Path::new(name).display(), error = %e, "could not restore a directory's mode");
+        }
     }
 }
 
