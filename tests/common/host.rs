@@ -97,6 +97,11 @@ impl Host {
         }
     }
 
+    /// The host process's pid.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
+    }
+
     pub fn stop(&mut self) {
         if let Some(mut c) = self.child.take() {
             let _ = nix::sys::signal::kill(

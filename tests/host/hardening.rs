@@ -177,3 +177,118 @@ fn concurrent_uploads_never_mix() {
     assert_eq!(code, 200, "{v}");
     release(&host, KEY_A, id);
 }
+
+fn host_addr(host: &Host) -> String {
+    host.base.trim_start_matches("http://").to_owned()
+}
+
+/// Connections that send nothing are closed after `--header-timeout-ms`,
+/// so as many of them as `--max-connections` do not keep the API from
+/// answering (no key is needed to connect).
+#[test]
+fn silent_connections_do_not_hold_the_host() {
+    use std::io::Read;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let host = Host::start(
+        dir.path(),
+        &["--max-connections", "4", "--header-timeout-ms", "1000"],
+    );
+    let addr = host_addr(&host);
+    let mut silent: Vec<_> = (0..4)
+        .map(|_| std::net::TcpStream::connect(&addr).expect("connect"))
+        .collect();
+    let out = Command::new("curl")
+        .args([
+            "-s",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            "--max-time",
+            "60",
+        ])
+        .arg(format!("{}/openapi.json", host.base))
+        .output()
+        .expect("curl");
+    assert_eq!(crate::common::text(&out.stdout), "200");
+    // The host closed them: reads end instead of waiting.
+    for s in &mut silent {
+        s.set_read_timeout(Some(Duration::from_secs(30)))
+            .expect("timeout");
+        let mut b = [0u8; 16];
+        match s.read(&mut b) {
+            Ok(0) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+            other => panic!("a silent connection was not closed: {other:?}"),
+        }
+    }
+}
+
+/// A flood of connections that runs the host out of file descriptors
+/// (EMFILE) makes accepts fail for a while, but the TTL reaper, which then
+/// cannot read /proc either, no longer takes the live sandbox's agent for
+/// dead: the sandbox stays occupied and works once the flood ends.
+#[test]
+fn running_out_of_descriptors_does_not_fail_a_live_sandbox() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let host = Host::start(
+        dir.path(),
+        &[
+            "--max-connections",
+            "2000",
+            "--header-timeout-ms",
+            "120000",
+            // The reaper looks every 50 ms.
+            "--time-scale",
+            "0.05",
+        ],
+    );
+    let a = acquire(&host, KEY_A, r#"{"server_names": []}"#);
+    let id = a["local_sandbox_id"].as_str().expect("id").to_owned();
+    let pid = host.pid().expect("pid").to_string();
+    let st = Command::new("prlimit")
+        .args(["--pid", &pid, "--nofile=128:128"])
+        .status()
+        .expect("prlimit");
+    assert!(st.success());
+    let addr: std::net::SocketAddr = host_addr(&host).parse().expect("address");
+    let log = dir.path().join("host.log");
+    let failed = || {
+        std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .matches("accept failed")
+            .count()
+    };
+    // Connections until the host has no descriptor left to accept one
+    // (more would only wait in the listen backlog).
+    let mut flood = Vec::new();
+    while failed() == 0 && flood.len() < 1000 {
+        for _ in 0..10 {
+            if let Ok(c) = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(1)) {
+                flood.push(c);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    eventually(
+        Duration::from_secs(30),
+        "accepts fail for want of fds",
+        || {
+            let n = failed();
+            // 50 ms apart: a second or more of reaper passes without fds.
+            crate::common::when(n >= 20, || format!("{n} failed accepts so far"))
+        },
+    );
+    drop(flood);
+    let (code, v) = http(
+        "GET",
+        &format!("{}/local-sandbox/{id}", host.base),
+        Some(KEY_A),
+        None,
+    );
+    assert_eq!(code, 200, "{v}");
+    assert_eq!(v["status"], "occupied", "{v}");
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(!text.contains("its agent died"), "{text}");
+    release(&host, KEY_A, &id);
+}

@@ -10,6 +10,7 @@ mod api;
 mod mcp_proxy;
 mod metrics;
 mod pool;
+mod serve;
 mod signed;
 mod store;
 
@@ -37,6 +38,15 @@ struct Args {
     /// Address to serve the REST API and the MCP URLs on.
     #[arg(long, default_value = "127.0.0.1:8080", value_name = "HOST:PORT")]
     listen: String,
+    /// Connections served at once; more wait in the kernel's backlog. The
+    /// open-file limit is raised to fit (up to its hard limit).
+    #[arg(long, default_value_t = 512, value_name = "N")]
+    max_connections: usize,
+    /// A connection must send a request head within this time (and each
+    /// later head once begun), or it is closed: silent or trickling
+    /// clients cannot hold the connection slots.
+    #[arg(long, default_value_t = 10_000, value_name = "MS")]
+    header_timeout_ms: u64,
     /// State: the SQLite database, agents' directories, uploads.
     #[arg(long, value_name = "DIR")]
     data_dir: PathBuf,
@@ -296,10 +306,21 @@ fn main() -> anyhow::Result<()> {
         for s in live.iter().filter(|s| gone.contains(&s.slot)) {
             store.set_status(&s.id, "error", &api::timestamp())?;
         }
-        let listener = tokio::net::TcpListener::bind(&args.listen)
+        anyhow::ensure!(args.max_connections > 0, "--max-connections must be at least 1");
+        anyhow::ensure!(args.header_timeout_ms > 0, "--header-timeout-ms must be at least 1");
+        raise_open_files(args.max_connections);
+        let endpoint: sandbox_client::transport::Endpoint = format!("tcp://{}", args.listen)
+            .parse()
+            .with_context(|| format!("--listen {}", args.listen))?;
+        let listener = sandbox_client::transport::Listener::bind(&endpoint)
             .await
             .with_context(|| format!("listening on {}", args.listen))?;
-        let addr = listener.local_addr()?;
+        let addr = match listener.local_endpoint() {
+            sandbox_client::transport::Endpoint::Tcp { host, port } => {
+                format!("{}:{port}", if host.contains(':') { format!("[{host}]") } else { host.clone() })
+            }
+            other => other.to_string(),
+        };
         let public_url = args
             .public_url
             .clone()
@@ -358,8 +379,11 @@ fn main() -> anyhow::Result<()> {
         }
         use std::io::Write;
         let _ = std::io::stdout().flush();
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async {
+        let limits = serve::Limits {
+            max_connections: args.max_connections,
+            header_timeout: std::time::Duration::from_millis(args.header_timeout_ms),
+        };
+        serve::serve(listener, app, limits, async {
                 use tokio::signal::unix::{SignalKind, signal};
                 match signal(SignalKind::terminate()) {
                     Ok(mut term) => tokio::select! {
@@ -371,7 +395,7 @@ fn main() -> anyhow::Result<()> {
                     }
                 }
             })
-            .await?;
+            .await;
         // Releases already accepted finish first: their slots go back to the
         // pool, and are stopped with it.
         tracing::info!(
@@ -401,6 +425,32 @@ fn main() -> anyhow::Result<()> {
         );
         anyhow::Ok(())
     })
+}
+
+/// Raises the soft open-file limit to the hard one when the connection
+/// cap (plus room for the store, the agents and the uploads) does not fit
+/// in it, and warns when even the hard limit is too small: then an accept
+/// may fail with EMFILE (it is retried; nothing else misjudges it).
+fn raise_open_files(max_connections: usize) {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let want = max_connections as u64 + 512;
+    let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {
+        return;
+    };
+    if soft >= want {
+        return;
+    }
+    let new = want.min(hard);
+    if new > soft && setrlimit(Resource::RLIMIT_NOFILE, new, hard).is_err() {
+        tracing::warn!(soft, hard, "could not raise the open-file limit");
+    }
+    if new < want {
+        tracing::warn!(
+            limit = new,
+            max_connections,
+            "the open-file limit is below --max-connections + 512; lower --max-connections or raise `ulimit -n`"
+        );
+    }
 }
 
 /// The key that signs transfer URLs: random, kept in the data dir so URLs

@@ -427,7 +427,7 @@ impl Pool {
     pub fn dead_leased(&self) -> Vec<String> {
         self.leased()
             .values()
-            .filter(|s| !s.alive())
+            .filter(|s| s.dead())
             .map(|s| s.id.clone())
             .collect()
     }

@@ -44,17 +44,36 @@ impl Slot {
             .await
             .with_context(|| format!("agent of slot {}", self.id))
     }
-    /// Alive, and still our process (not a reused pid).
+    /// Alive, and still our process (not a reused pid). When that cannot
+    /// be told (no file descriptor left to read /proc with), alive.
     pub fn alive(&self) -> bool {
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{}/stat", self.pid)) else {
-            return false;
-        };
-        let state = stat.rsplit_once(") ").and_then(|(_, r)| r.chars().next());
-        if matches!(state, Some('Z') | Some('X') | None) {
-            return false;
+        !self.dead()
+    }
+
+    /// Gone for certain: no such process, a zombie, or a reused pid. A
+    /// transient failure to look (EMFILE under a connection flood) is never
+    /// taken for death, which would mark a live sandbox `error` and drop
+    /// its slot.
+    pub fn dead(&self) -> bool {
+        use nix::sys::signal::kill;
+        let pid = nix::unistd::Pid::from_raw(self.pid as i32);
+        if kill(pid, None) == Err(nix::errno::Errno::ESRCH) {
+            return true;
         }
-        std::fs::read(format!("/proc/{}/cmdline", self.pid))
-            .is_ok_and(|c| String::from_utf8_lossy(&c).contains(&*self.dir.to_string_lossy()))
+        let gone = |e: &std::io::Error| e.kind() == std::io::ErrorKind::NotFound;
+        match std::fs::read_to_string(format!("/proc/{}/stat", self.pid)) {
+            Ok(stat) => {
+                let state = stat.rsplit_once(") ").and_then(|(_, r)| r.chars().next());
+                if matches!(state, Some('Z') | Some('X')) {
+                    return true;
+                }
+            }
+            Err(e) => return gone(&e),
+        }
+        match std::fs::read(format!("/proc/{}/cmdline", self.pid)) {
+            Ok(c) => !String::from_utf8_lossy(&c).contains(&*self.dir.to_string_lossy()),
+            Err(e) => gone(&e),
+        }
     }
 }
 
