@@ -342,6 +342,15 @@ async fn archive_metadata_cannot_exhaust_memory() {
             .await;
     }
 
+    // A zstd window of 2 GiB (zstd --long=31 on a stream) is never allocated.
+    let mut e = zstd::stream::write::Encoder::new(Vec::new(), 1).expect("zstd");
+    e.long_distance_matching(true).expect("ldm");
+    e.window_log(31).expect("window");
+    std::io::Write::write_all(&mut e, &Tar::new().file("./w.txt", b"w").end()).expect("tar");
+    let long = e.finish().expect("zstd end");
+    f.reject(header(), long, Code::InvalidArgument, "--long")
+        .await;
+
     // 3,800 bytes of prefix in 19 components, then the leaf.
     let prefix = format!("./{}", format!("{}/", "p".repeat(199)).repeat(19));
     let mut t = Tar::new();

@@ -202,6 +202,32 @@ mod tests {
         check_plain_tar(&mut std::io::BufReader::new(data))
     }
 
+    /// A zstd frame that asks for a window over 2^27 bytes (`zstd
+    /// --long=31` on a stream) is refused before the decoder allocates it.
+    #[test]
+    fn zstd_windows_over_the_limit_are_refused() {
+        use std::io::{Read, Write};
+        let frame = |log: u32| {
+            let mut e = zstd::stream::write::Encoder::new(Vec::new(), 1).expect("encoder");
+            e.long_distance_matching(true).expect("ldm");
+            e.window_log(log).expect("window");
+            e.write_all(&[7u8; 4096]).expect("data");
+            e.finish().expect("finish")
+        };
+        let read = |data: Vec<u8>| {
+            let mut out = Vec::new();
+            super::decoder(std::io::BufReader::new(&data[..]), super::Compression::Zstd)
+                .and_then(|mut d| d.read_to_end(&mut out))
+                .map(|_| out.len())
+        };
+        assert_eq!(
+            read(frame(super::ZSTD_WINDOW_LOG_MAX)).expect("within"),
+            4096
+        );
+        let e = read(frame(31)).expect_err("a 2 GiB window");
+        assert!(e.to_string().contains("memory"), "{e}");
+    }
+
     #[test]
     fn tar_headers_pass_and_other_formats_are_named() {
         let mut b = tar::Builder::new(Vec::new());

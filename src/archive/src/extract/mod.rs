@@ -196,6 +196,14 @@ pub(super) fn read_error(e: io::Error, compression: Compression) -> WsError {
         _ => "corrupt or truncated tar archive",
     };
     let msg = e.to_string();
+    if msg.contains("too much memory") {
+        return WsError::invalid(format!(
+            "the zstd stream asks for a window over {} MiB (compressed with zstd --long?); \
+             recompress it without --long, or with --long={} at most",
+            (1u64 << codec::ZSTD_WINDOW_LOG_MAX) >> 20,
+            codec::ZSTD_WINDOW_LOG_MAX
+        ));
+    }
     let why = if msg.contains("failed to read entire block") {
         "the data ends inside a 512-byte tar block (a truncated upload, or not a tar archive: \
          expected gzip, zstd or plain tar)"
