@@ -169,8 +169,9 @@ async fn sigkill_mid_move_in_completes_the_swap() {
 
 /// An agent killed half-way through moving `tree("new", 6)` in, restarted
 /// after something took the name of an entry still to move (a non-empty
-/// `new-dir5`): the swap cannot complete. Returns the restarted agent.
-async fn stuck_agent() -> Agent {
+/// `new-dir5`): the swap cannot complete. Returns the restarted agent, a
+/// client of it and its workspace path.
+async fn stuck_agent() -> (Agent, sandbox_client::Client, PathBuf) {
     let dir = tempfile::tempdir().unwrap();
     let ws = dir.path().join("ws");
     let faulty = Agent::start_in(dir, &[], &[("SANDBOX_AGENT_TEST_FAULT", "mid-move-in")]);
@@ -193,7 +194,8 @@ async fn stuck_agent() -> Agent {
         "{}",
         agent.stderr.all()
     );
-    agent
+    let c = connect(&agent).await;
+    (agent, c, ws)
 }
 
 /// A swap that cannot be completed leaves the agent serving: workspace
@@ -201,9 +203,7 @@ async fn stuck_agent() -> Agent {
 /// and once the obstacle is gone the next one completes the swap first.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unfinishable_swap_leaves_the_agent_serving() {
-    let agent = stuck_agent().await;
-    let ws = agent.dir.path().join("ws");
-    let c = connect(&agent).await;
+    let (agent, c, ws) = stuck_agent().await;
     c.agent()
         .get_info(proto::GetInfoRequest {})
         .await
@@ -236,9 +236,7 @@ async fn an_unfinishable_swap_leaves_the_agent_serving() {
 /// place and abandons the swap: the sandbox is never stuck with it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clear_frees_a_workspace_stuck_mid_swap() {
-    let agent = stuck_agent().await;
-    let ws = agent.dir.path().join("ws");
-    let c = connect(&agent).await;
+    let (agent, c, ws) = stuck_agent().await;
     c.workspace()
         .clear(proto::ClearRequest {})
         .await

@@ -10,7 +10,6 @@ mod api;
 mod mcp_proxy;
 mod metrics;
 mod pool;
-mod serve;
 mod signed;
 mod store;
 
@@ -379,11 +378,13 @@ fn main() -> anyhow::Result<()> {
         }
         use std::io::Write;
         let _ = std::io::stdout().flush();
-        let limits = serve::Limits {
+        let limits = sandbox_client::transport::http::HttpLimits {
             max_connections: args.max_connections,
             header_timeout: std::time::Duration::from_millis(args.header_timeout_ms),
+            // As axum::serve did: requests in flight finish (downloads too).
+            drain: std::time::Duration::MAX,
         };
-        serve::serve(listener, app, limits, async {
+        let shutdown = async {
                 use tokio::signal::unix::{SignalKind, signal};
                 match signal(SignalKind::terminate()) {
                     Ok(mut term) => tokio::select! {
@@ -394,8 +395,9 @@ fn main() -> anyhow::Result<()> {
                         let _ = tokio::signal::ctrl_c().await;
                     }
                 }
-            })
-            .await;
+        };
+        let svc = hyper_util::service::TowerToHyperService::new(app);
+        sandbox_client::transport::http::serve_http(listener, limits, shutdown, svc).await;
         // Releases already accepted finish first: their slots go back to the
         // pool, and are stopped with it.
         tracing::info!(

@@ -32,7 +32,7 @@ use hyper::body::Incoming;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
-use tracing::{Instrument, debug, info, warn};
+use tracing::{Instrument, debug, info};
 
 use crate::lifecycle::Lifecycle;
 use crate::supervisor::manifest::Manifest;
@@ -209,63 +209,26 @@ impl Gateway {
         policy: AuthPolicy,
         shutdown: CancellationToken,
     ) {
-        use tokio_stream::StreamExt;
         let endpoint = listener.local_endpoint().clone();
         info!(%endpoint, token_required = policy.required, "MCP data plane listening");
-        let header_timeout = std::time::Duration::from_millis(self.cfg.header_timeout_ms);
-        let (mut incoming, accept_task) =
-            listener.incoming_within(self.cfg.max_connections_per_listener, Some(header_timeout));
+        let limits = sandbox_client::transport::http::HttpLimits {
+            max_connections: self.cfg.max_connections_per_listener,
+            header_timeout: Duration::from_millis(self.cfg.header_timeout_ms),
+            drain: Duration::from_secs(5),
+        };
         let policy = Arc::new(policy);
-        let mut conns = tokio::task::JoinSet::new();
-        loop {
-            let conn = tokio::select! {
-                c = incoming.next() => match c {
-                    Some(Ok(c)) => c,
-                    Some(Err(e)) => {
-                        warn!(%endpoint, error = %e, "accept failed");
-                        continue;
-                    }
-                    None => break,
-                },
-                _ = shutdown.cancelled() => break,
-            };
+        let svc = hyper::service::service_fn(move |req| {
             let gw = self.clone();
             let policy = policy.clone();
-            let stop = shutdown.clone();
-            conns.spawn(
-                async move {
-                    let svc = hyper::service::service_fn(move |req| {
-                        let gw = gw.clone();
-                        let policy = policy.clone();
-                        async move { Ok::<_, Infallible>(gw.handle(req, &policy).await) }
-                    });
-                    let mut builder = hyper_util::server::conn::auto::Builder::new(
-                        hyper_util::rt::TokioExecutor::new(),
-                    );
-                    builder
-                        .http1()
-                        .timer(hyper_util::rt::TokioTimer::new())
-                        .header_read_timeout(header_timeout);
-                    let conn = builder.serve_connection(hyper_util::rt::TokioIo::new(conn), svc);
-                    tokio::pin!(conn);
-                    tokio::select! {
-                        r = conn.as_mut() => if let Err(e) = r {
-                            debug!(error = %e, "data-plane connection ended with an error");
-                        },
-                        _ = stop.cancelled() => conn.as_mut().graceful_shutdown(),
-                    }
-                }
-                .in_current_span(),
-            );
-            while conns.try_join_next().is_some() {}
-        }
-        drop(incoming);
-        let _ = tokio::time::timeout(Duration::from_secs(5), async {
-            while conns.join_next().await.is_some() {}
-        })
+            async move { Ok::<_, Infallible>(gw.handle(req, &policy).await) }
+        });
+        sandbox_client::transport::http::serve_http(
+            listener,
+            limits,
+            shutdown.cancelled_owned(),
+            svc,
+        )
         .await;
-        conns.shutdown().await;
-        let _ = tokio::time::timeout(Duration::from_secs(1), accept_task).await;
     }
 
     async fn handle(

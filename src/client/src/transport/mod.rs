@@ -5,6 +5,7 @@
 //! a stream of [`Conn`]ections for tonic; [`dial`] opens a client connection,
 //! including the hybrid-vsock `CONNECT` handshake ([`hvsock`]).
 
+pub mod http;
 pub mod hvsock;
 mod listen;
 mod uri;
