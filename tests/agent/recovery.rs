@@ -54,6 +54,27 @@ async fn connect(agent: &Agent) -> sandbox_client::Client {
     sandbox_client::connect(&agent.unix_uri()).await.unwrap()
 }
 
+/// An agent in `dir` that Initializes `tree("new", 6)` and pauses at the
+/// fault `point` of the swap; and the Initialize call.
+async fn paused_at(
+    dir: tempfile::TempDir,
+    point: &str,
+) -> (
+    Agent,
+    tokio::task::JoinHandle<Result<proto::InitializeResponse, tonic::Status>>,
+) {
+    let faulty = Agent::start_in(dir, &[], &[("SANDBOX_AGENT_TEST_FAULT", point)]);
+    let client = connect(&faulty).await;
+    let call = tokio::spawn(async move {
+        initialize(&client, proto::InitializeHeader::default(), tree("new", 6)).await
+    });
+    faulty
+        .stderr
+        .wait_for(Duration::from_secs(20), |l| l.contains("pausing here"))
+        .unwrap_or_else(|| panic!("{point}: fault point not reached\n{}", faulty.stderr.all()));
+    (faulty, call)
+}
+
 async fn crash_at(point: &str, mounted: bool, expect_after: bool) {
     if mounted && !root_or_skip(&format!("recovery at {point} with a mounted workspace")) {
         return;
@@ -84,15 +105,7 @@ async fn crash_at(point: &str, mounted: bool, expect_after: bool) {
     .expect("new tree");
     let new = snapshot(&scratch.dir.path().join("ws"), false);
 
-    let faulty = Agent::start_in(dir, &[], &[("SANDBOX_AGENT_TEST_FAULT", point)]);
-    let client = connect(&faulty).await;
-    let call = tokio::spawn(async move {
-        initialize(&client, proto::InitializeHeader::default(), tree("new", 6)).await
-    });
-    faulty
-        .stderr
-        .wait_for(Duration::from_secs(20), |l| l.contains("pausing here"))
-        .unwrap_or_else(|| panic!("{point}: fault point not reached\n{}", faulty.stderr.all()));
+    let (faulty, call) = paused_at(dir, point).await;
     let mid = snapshot(&ws, false);
     if point.starts_with("mid-") {
         assert!(
@@ -174,15 +187,7 @@ async fn sigkill_mid_move_in_completes_the_swap() {
 async fn stuck_agent() -> (Agent, sandbox_client::Client, PathBuf) {
     let dir = tempfile::tempdir().unwrap();
     let ws = dir.path().join("ws");
-    let faulty = Agent::start_in(dir, &[], &[("SANDBOX_AGENT_TEST_FAULT", "mid-move-in")]);
-    let client = connect(&faulty).await;
-    let call = tokio::spawn(async move {
-        initialize(&client, proto::InitializeHeader::default(), tree("new", 6)).await
-    });
-    faulty
-        .stderr
-        .wait_for(Duration::from_secs(20), |l| l.contains("pausing here"))
-        .unwrap_or_else(|| panic!("fault point not reached\n{}", faulty.stderr.all()));
+    let (faulty, call) = paused_at(dir, "mid-move-in").await;
     let dir = faulty.kill9();
     assert!(call.await.unwrap().is_err());
     std::fs::create_dir(ws.join("new-dir5")).unwrap();
