@@ -40,12 +40,12 @@ SERVERS=(
     "word|pip|office-word-mcp-server==1.1.11"
     "powerpoint|pip|office-powerpoint-mcp-server==2.0.7|$MCP1"
     "code-executor|pip|mcp-python-interpreter==1.2.3|$MCP1"
-    "google_cloud|pip|google-cloud-mcp==1.0.0"
+    "google_cloud|pip|google-cloud-mcp==1.0.0|$MCP1"
     "canvas|pip|canvas-mcp==1.16.0"
     # These two declare Python >= 3.12; Debian 12 has 3.11, on which they
     # run unchanged, so the check is skipped.
     "pdf-tools|pip|pdf-tools-mcp==0.1.4|$MCP1 --ignore-requires-python"
-    "poste_email_toolathlon|pip|emails-mcp==0.1.9|--ignore-requires-python"
+    "poste_email_toolathlon|pip|emails-mcp==0.1.9|$MCP1 --ignore-requires-python"
 )
 
 want() {

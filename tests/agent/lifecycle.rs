@@ -793,3 +793,98 @@ seed = [{{ from = "{tgz}", to = "/var/lib/sandbox-agent/seeded/init" }}]
         .into_inner();
     assert!(s.message().await.expect("end").is_none());
 }
+
+/// `ALL` starts every server that can run here: one whose outside service
+/// is not configured (its `requires` are unset) is left out and named with
+/// what it needs, instead of failing the Acquire. Asked for by name, it
+/// still fails it; given its credentials, ALL starts it too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn all_leaves_out_servers_whose_service_is_absent() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let state = dir.path().join("state");
+    let manifest = dir.path().join("servers.toml");
+    std::fs::write(
+        &manifest,
+        format!(
+            r#"
+[servers.notes]
+command = "node"
+args = ["{js}"]
+env = {{ MEMORY_FILE_PATH = "{state}/notes.jsonl" }}
+
+[servers.saas]
+command = "node"
+args = ["{js}"]
+env = {{ MEMORY_FILE_PATH = "{state}/saas.jsonl" }}
+requires = [{{ var = "SAAS_TOKEN", what = "a token of the outside service" }}]
+auth_env = {{ token = "SAAS_TOKEN" }}
+"#,
+            js = memory_js(),
+            state = state.display()
+        ),
+    )
+    .expect("manifest");
+    let m = manifest.display().to_string();
+    let agent = Agent::start_in(dir, &["--manifest", &m], &[]);
+    let c = client(&agent).await;
+    let all = |id: &str| proto::AcquireRequest {
+        lease_id: id.into(),
+        all_servers: true,
+        ..Default::default()
+    };
+    let r = c
+        .agent()
+        .acquire(all("all"))
+        .await
+        .unwrap_or_else(|e| panic!("ALL: {e}\n{}", agent.stderr.all()))
+        .into_inner();
+    let lease = r.lease.expect("lease");
+    assert_eq!(lease.server_names, ["notes"]);
+    assert_eq!(lease.skipped.len(), 1, "{:?}", lease.skipped);
+    assert_eq!(lease.skipped[0].name, "saas");
+    assert!(
+        lease.skipped[0].reason.contains("SAAS_TOKEN"),
+        "{}",
+        lease.skipped[0].reason
+    );
+    assert!(
+        r.message.contains("left out") && r.message.contains("saas"),
+        "{}",
+        r.message
+    );
+    c.agent()
+        .release(proto::ReleaseRequest {
+            lease_id: "all".into(),
+            is_ttl: false,
+        })
+        .await
+        .expect("release");
+
+    let e = c
+        .agent()
+        .acquire(acquire_req("named", &["notes", "saas"]))
+        .await
+        .expect_err("saas by name without its token");
+    assert!(e.message().contains("SAAS_TOKEN"), "{}", e.message());
+
+    let mut req = all("all-with-token");
+    let token = prost_types::Struct {
+        fields: [(
+            "token".to_string(),
+            prost_types::Value {
+                kind: Some(prost_types::value::Kind::StringValue("t0k".into())),
+            },
+        )]
+        .into(),
+    };
+    req.auth_data.insert("saas".into(), token);
+    let r = c
+        .agent()
+        .acquire(req)
+        .await
+        .expect("ALL with the token")
+        .into_inner();
+    let lease = r.lease.expect("lease");
+    assert_eq!(lease.server_names, ["notes", "saas"]);
+    assert!(lease.skipped.is_empty());
+}

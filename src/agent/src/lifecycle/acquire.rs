@@ -160,20 +160,39 @@ impl Lifecycle {
                 acquired_at_ms: c.lease.acquired_at_ms,
             });
         }
-        let Resolved { names, ttl_seconds } = resolve(&p, &self.manifest, &self.cfg)?;
+        let Resolved {
+            names: wanted,
+            ttl_seconds,
+        } = resolve(&p, &self.manifest, &self.cfg)?;
         let mut specs = Vec::new();
         let mut missing = Vec::new();
-        for name in &names {
+        let mut names = Vec::new();
+        let mut skipped = Vec::new();
+        for name in &wanted {
             let def = self
                 .manifest
                 .get(name)
                 .ok_or_else(|| unknown_servers(&self.manifest, vec![name.clone()]))?;
             let creds = p.credentials.get(name).cloned().unwrap_or_default();
             match def.launch(p.benchmark, &creds, &|k| std::env::var(k).ok()) {
-                Ok(spec) => specs.push(spec),
+                Ok(spec) => {
+                    specs.push(spec);
+                    names.push(name.clone());
+                }
+                // ALL means every server that can run here: one whose
+                // outside service is not configured is left out, by name.
+                Err(e @ LaunchError::MissingCredentials { .. })
+                    if matches!(p.servers, Selection::All) =>
+                {
+                    skipped.push((name.clone(), e.to_string()));
+                }
                 Err(e @ LaunchError::MissingCredentials { .. }) => missing.push(e),
                 Err(e) => return Err(e.into()),
             }
+        }
+        if !skipped.is_empty() {
+            let left: Vec<&str> = skipped.iter().map(|(n, _)| n.as_str()).collect();
+            info!(skipped = %left.join(","), "ALL: servers whose outside service is not configured are left out");
         }
         if !missing.is_empty() {
             return Err(LcError::MissingCredentials(missing));
@@ -209,6 +228,7 @@ impl Lifecycle {
                 now + u64::from(ttl_seconds) * 1000
             },
             test_account_email: p.test_account_email,
+            skipped,
         };
         let ttl = CancellationToken::new();
         if ttl_seconds > 0 {

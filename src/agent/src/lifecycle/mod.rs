@@ -106,6 +106,9 @@ pub struct Lease {
     pub ttl_seconds: u32,
     pub expires_at_ms: u64,
     pub test_account_email: String,
+    /// With `Selection::All`: servers left out because the outside service
+    /// they need is not configured, each with what is missing.
+    pub skipped: Vec<(String, String)>,
 }
 
 #[derive(Debug, Clone)]

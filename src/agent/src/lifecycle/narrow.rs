@@ -121,6 +121,7 @@ impl Lifecycle {
                     now + u64::from(ttl_seconds) * 1000
                 },
                 test_account_email: p.test_account_email.clone(),
+                skipped: Vec::new(),
             };
             if ttl_seconds > 0 {
                 self.arm_ttl(

@@ -48,15 +48,28 @@ impl AgentService {
         proto::AcquireResponse {
             status: status(st),
             message: format!(
-                "{} server{} ready: {}",
+                "{} server{} ready: {}{}",
                 l.servers.len(),
                 if l.servers.len() == 1 { "" } else { "s" },
-                l.servers.join(", ")
+                l.servers.join(", "),
+                skipped_note(&l.skipped)
             ),
             lease: Some(lease(l)),
             servers: self.servers(&l.servers),
         }
     }
+}
+
+/// "; left out, ..." naming the servers an ALL Acquire did not start.
+pub(crate) fn skipped_note(skipped: &[(String, String)]) -> String {
+    if skipped.is_empty() {
+        return String::new();
+    }
+    let names: Vec<&str> = skipped.iter().map(|(n, _)| n.as_str()).collect();
+    format!(
+        "; left out, their outside service is not configured: {}",
+        names.join(", ")
+    )
 }
 
 /// AcquireRequest.ttl_seconds: absent is the default, 0 is none.
@@ -106,6 +119,14 @@ fn lease(l: &lifecycle::Lease) -> proto::Lease {
         ttl_seconds: l.ttl_seconds,
         expires_at_ms: l.expires_at_ms,
         test_account_email: l.test_account_email.clone(),
+        skipped: l
+            .skipped
+            .iter()
+            .map(|(name, reason)| proto::SkippedServer {
+                name: name.clone(),
+                reason: reason.clone(),
+            })
+            .collect(),
     }
 }
 

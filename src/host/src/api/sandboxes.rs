@@ -55,7 +55,7 @@ pub async fn acquire(
     })?;
     let slot = taken.slot.clone();
     let id = uuid::Uuid::new_v4().to_string();
-    let (mut servers, profile, miss) = match lease_slot(&slot, taken, &req, &id).await {
+    let (mut servers, profile, miss, skipped) = match lease_slot(&slot, taken, &req, &id).await {
         Ok(a) => a,
         Err(e) => {
             h.metrics.failed();
@@ -119,14 +119,24 @@ pub async fn acquire(
     if let Some(o) = body.as_object_mut() {
         o.remove("created_at");
         let names: Vec<&str> = row.servers.iter().map(|s| s.name.as_str()).collect();
-        o.insert(
-            "message".into(),
-            json!(format!(
-                "Local sandbox acquired with {} server(s): {}",
-                names.len(),
-                names.join(", ")
-            )),
+        let mut message = format!(
+            "Local sandbox acquired with {} server(s): {}",
+            names.len(),
+            names.join(", ")
         );
+        // ALL: the servers whose outside service is not configured, named
+        // with what they need.
+        if !skipped.is_empty() {
+            let left: Vec<String> = skipped
+                .iter()
+                .map(|s| format!("{} ({})", s.name, s.reason))
+                .collect();
+            message.push_str(&format!(
+                "; not started, their outside service is not configured: {}",
+                left.join("; ")
+            ));
+        }
+        o.insert("message".into(), json!(message));
     }
     Ok((StatusCode::CREATED, Json(body)).into_response())
 }
@@ -184,7 +194,15 @@ async fn lease_slot(
     taken: Taken,
     req: &AcquireBody,
     id: &str,
-) -> Result<(Vec<String>, Option<usize>, Option<Miss>), ApiError> {
+) -> Result<
+    (
+        Vec<String>,
+        Option<usize>,
+        Option<Miss>,
+        Vec<proto::SkippedServer>,
+    ),
+    ApiError,
+> {
     let c = slot
         .client()
         .await
@@ -207,7 +225,7 @@ async fn lease_slot(
             match narrowed {
                 Ok(r) => {
                     let servers = r.into_inner().servers.into_iter().map(|s| s.name);
-                    return Ok((servers.collect(), Some(w.profile), None));
+                    return Ok((servers.collect(), Some(w.profile), None, Vec::new()));
                 }
                 Err(s)
                     if matches!(
@@ -265,7 +283,8 @@ async fn lease_slot(
         })?
         .into_inner();
     let servers = r.servers.into_iter().map(|s| s.name).collect();
-    Ok((servers, None, miss))
+    let skipped = r.lease.map(|l| l.skipped).unwrap_or_default();
+    Ok((servers, None, miss, skipped))
 }
 
 /// `GET /local-sandbox`
