@@ -11,6 +11,12 @@ export PATH="$HOME/.cargo/bin:$PATH"
 SUDO=""
 if [ "$(id -u)" != 0 ] && command -v sudo >/dev/null; then SUDO=sudo; fi
 
+# --all-servers: every shipped MCP server only (test-all.sh runs it in the
+# background, once the rest is installed).
+if [ "${1:-}" = --all-servers ]; then
+  exec $SUDO packaging/install-servers.sh --prefix "${SANDBOX_AGENT_SERVERS_DIR:-/opt/sandbox-agent/servers}"
+fi
+
 apt_pkgs=()
 command -v readelf >/dev/null || apt_pkgs+=(binutils)
 command -v python3 >/dev/null || apt_pkgs+=(python3 python3-pip)
@@ -26,6 +32,8 @@ python3 -c 'import venv, ensurepip' 2>/dev/null || apt_pkgs+=(python3-venv)  # P
 command -v qemu-system-x86_64 >/dev/null || apt_pkgs+=(qemu-system-x86)  # the VM test
 dpkg -s busybox-static >/dev/null 2>&1 || apt_pkgs+=(busybox-static)   # the VM image
 command -v pgrep >/dev/null || apt_pkgs+=(procps)
+command -v chromium >/dev/null || apt_pkgs+=(chromium)    # the playwright MCP server
+command -v openssl >/dev/null || apt_pkgs+=(openssl)      # a test's service-account key
 # The VM image takes Debian's kernel package (apt-get download): the
 # package lists must know linux-image-amd64.
 if [ ${#apt_pkgs[@]} -gt 0 ] || ! apt-cache show linux-image-amd64 >/dev/null 2>&1; then
@@ -68,7 +76,8 @@ SANDBOX_AGENT_MCP2_PYTHON=${SANDBOX_AGENT_MCP2_PYTHON:-/opt/sandbox-agent/client
   $SUDO "$SANDBOX_AGENT_MCP2_PYTHON" -m pip install -q -r tests/clients/mcp2/requirements.txt
 }
 
-# The real MCP servers the tests run (pinned; skipped when installed).
+# The real MCP servers most tests run (pinned; skipped when installed);
+# the others come with --all-servers.
 SANDBOX_AGENT_SERVERS_DIR=${SANDBOX_AGENT_SERVERS_DIR:-/opt/sandbox-agent/servers}
 $SUDO packaging/install-servers.sh --prefix "$SANDBOX_AGENT_SERVERS_DIR" filesystem git terminal localmemory excel
 

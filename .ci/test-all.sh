@@ -24,6 +24,12 @@ export SANDBOX_AGENT_MCP2_PYTHON=${SANDBOX_AGENT_MCP2_PYTHON:-/opt/sandbox-agent
 export SANDBOX_AGENT_SERVERS_DIR=${SANDBOX_AGENT_SERVERS_DIR:-/opt/sandbox-agent/servers}
 export SANDBOX_AGENT_WHEELS=${SANDBOX_AGENT_WHEELS:-/opt/sandbox-agent/wheels}
 
+# The other shipped MCP servers (every_shipped_server_starts_and_answers)
+# install while the code compiles; the tests wait for them.
+mkdir -p target
+./.ci/install-prereqs.sh --all-servers > target/install-all-servers.log 2>&1 &
+all_servers=$!
+
 step "cargo fmt --check"
 cargo fmt --all --check
 (cd fuzz && cargo fmt --check)
@@ -34,6 +40,12 @@ cargo clippy --locked --workspace --all-targets -- -D warnings
 step "cargo test --workspace"
 # Builds every package's binaries too: the integration tests in tests/ run
 # them from target/debug.
+cargo test --locked --workspace --no-run
+if ! wait "$all_servers"; then
+  cat target/install-all-servers.log >&2
+  echo "installing the shipped MCP servers failed" >&2
+  exit 1
+fi
 cargo test --locked --workspace
 
 step "static build (x86_64-unknown-linux-musl, the guest's binaries)"

@@ -16,6 +16,7 @@
 set -euo pipefail
 
 PREFIX=/opt/sandbox-agent/servers
+HERE=$(cd "$(dirname "$0")" && pwd)
 if [[ "${1:-}" == "--prefix" ]]; then
     PREFIX=$2
     shift 2
@@ -86,14 +87,23 @@ for line in "${SERVERS[@]}"; do
         stamp=$venv/.installed
         if [[ -f $stamp && "$(cat "$stamp")" == "$pkg $flags" ]]; then
             echo "install-servers: $name ($pkg) already installed"
-            continue
+        else
+            echo "install-servers: $name: pip install $pkg"
+            rm -rf "$venv"
+            python3 -m venv "$venv"
+            # shellcheck disable=SC2086
+            "$venv/bin/pip" install --quiet --disable-pip-version-check "$pkg" $flags
+            echo "$pkg $flags" >"$stamp"
         fi
-        echo "install-servers: $name: pip install $pkg"
-        rm -rf "$venv"
-        python3 -m venv "$venv"
-        # shellcheck disable=SC2086
-        "$venv/bin/pip" install --quiet --disable-pip-version-check "$pkg" $flags
-        echo "$pkg $flags" >"$stamp"
+        ;;
+    esac
+    # Launchers that adapt a server to how the agent passes credentials
+    # (environment variables), installed next to it with its venv's python.
+    case $name in
+    poste_email_toolathlon)
+        { echo "#!$PREFIX/py/$name/bin/python3"; tail -n +2 "$HERE/launchers/emails-mcp-env"; } \
+            >"$PREFIX/py/$name/bin/emails-mcp-env"
+        chmod 755 "$PREFIX/py/$name/bin/emails-mcp-env"
         ;;
     esac
 done

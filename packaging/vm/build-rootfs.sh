@@ -46,6 +46,7 @@ install -D -m 0755 "$root/target/$target/release/sandbox-agent" "$dir/usr/local/
 install -D -m 0644 "$root/packaging/systemd/sandbox-agent.service" "$dir/etc/systemd/system/sandbox-agent.service"
 install -D -m 0644 "$root/packaging/servers.toml" "$dir/etc/sandbox-agent/servers.toml"
 install -D -m 0755 "$root/packaging/install-servers.sh" "$dir/tmp/install-servers.sh"
+install -D -m 0755 "$root/packaging/launchers/emails-mcp-env" "$dir/tmp/launchers/emails-mcp-env"
 cat > "$dir/etc/sandbox-agent/agent.toml" <<'TOML'
 # sandbox-agent in a full VM image (packaging/vm/build-rootfs.sh)
 listen = ["vsock://any:1024"]
@@ -59,7 +60,7 @@ echo sandbox > "$dir/etc/hostname"
 
 echo "build-rootfs: MCP servers" >&2
 chroot "$dir" /tmp/install-servers.sh --prefix /opt/sandbox-agent/servers
-rm -f "$dir/tmp/install-servers.sh"
+rm -rf "$dir/tmp/install-servers.sh" "$dir/tmp/launchers"
 chroot "$dir" systemctl enable sandbox-agent.service
 chroot "$dir" systemctl mask getty@tty1.service
 chroot "$dir" apt-get clean

@@ -17,5 +17,6 @@ mod packaging;
 mod readme;
 mod recovery;
 mod rpc;
+mod shipped_servers;
 mod workspace;
 mod workspace_turns;
