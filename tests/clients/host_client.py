@@ -11,6 +11,10 @@ Scenarios print one JSON object on stdout:
   mcp               acquire filesystem, list and call its tools through mcp_server_url
   mcp-bare          the same with the URL alone, no API key (as Klavis's notebooks)
   cycles N          N concurrent acquire/initialize/dump/release cycles
+  profile BENCH SERVER TOOL ARGS
+                    acquire SERVER with benchmark BENCH ("-": none), upload and initialize
+                    the 3-file archive, call TOOL with the JSON ARGS through mcp_server_url,
+                    dump, release; the files of the dump with their text
 """
 import asyncio
 import io
@@ -89,6 +93,45 @@ async def mcp(base, headers, bare=False):
     return {"tools": tools, "text": text, "url": url}
 
 
+async def profile(base, headers, bench, server, tool, args):
+    from mcp import ClientSession
+    from mcp.client.streamable_http import streamablehttp_client
+    body = {"server_names": [server]}
+    if bench != "-":
+        body["benchmark"] = bench
+    async with httpx.AsyncClient(timeout=300.0) as client:
+        resp = await client.post(f"{base}/local-sandbox", headers=headers, json=body)
+        data = resp.json()
+    if resp.status_code != 201:
+        return {"acquire_status": resp.status_code, "acquire": data}
+    url = data["servers"][0]["mcp_server_url"]
+    sid = data["local_sandbox_id"]
+    # The task's files first, as the benchmarks' clients upload them: the
+    # profile's workspace directories must survive the swap.
+    async with httpx.AsyncClient(timeout=300.0) as client:
+        resp = await client.post(f"{base}/local-sandbox/{sid}/upload-url", headers=headers)
+        await client.put(resp.json()["upload_url"], headers={"Content-Type": "application/gzip"},
+                         content=archive())
+        resp = await client.post(f"{base}/local-sandbox/{sid}/initialize", headers=headers)
+        resp.raise_for_status()
+    async with streamablehttp_client(url, timeout=120, sse_read_timeout=300) as (r, w, _):
+        async with ClientSession(r, w) as s:
+            await s.initialize()
+            got = await s.call_tool(tool, json.loads(args))
+            text = "".join(c.text for c in got.content if c.type == "text")
+    files = {}
+    async with httpx.AsyncClient(timeout=300.0) as client:
+        resp = await client.get(f"{base}/local-sandbox/{sid}/dump", headers=headers)
+        resp = await client.get(resp.json()["download_url"])
+        with tarfile.open(fileobj=io.BytesIO(resp.content), mode="r:gz") as tar:
+            for m in tar.getmembers():
+                f = tar.extractfile(m) if m.isfile() else None
+                files[m.name] = f.read(65536).decode("utf-8", "replace") if f else None
+        await client.delete(f"{base}/local-sandbox/{sid}", headers=headers)
+    return {"acquire_status": 201, "acquire": data, "text": text, "is_error": bool(got.isError),
+            "files": files}
+
+
 async def main():
     base, key, scenario = sys.argv[1], sys.argv[2], sys.argv[3]
     headers = {"Authorization": f"Bearer {key}"}
@@ -99,6 +142,8 @@ async def main():
         out = await mcp(base, headers)
     elif scenario == "mcp-bare":
         out = await mcp(base, headers, bare=True)
+    elif scenario == "profile":
+        out = await profile(base, headers, *sys.argv[4:8])
     elif scenario == "cycles":
         n = int(sys.argv[4])
         results = await asyncio.gather(*(cycle(base, headers, ["filesystem"]) for _ in range(n)),

@@ -9,4 +9,5 @@ mod exec;
 mod first_day;
 mod hardening;
 mod host;
+mod profiles;
 mod warm;

@@ -152,11 +152,14 @@ impl Lifecycle {
             .filter_map(|n| self.manifest.get(n))
             .flat_map(|d| d.seeds(benchmark).iter().cloned())
             .collect();
-        if seeds.is_empty() {
-            return Ok(());
-        }
+        let dirs: Vec<_> = names
+            .iter()
+            .filter_map(|n| self.manifest.get(n))
+            .flat_map(|d| d.dirs(benchmark).iter().cloned())
+            .collect();
         let ws = self.ws.clone();
         tokio::task::spawn_blocking(move || {
+            ws.keep_dirs(dirs, true);
             for s in &seeds {
                 seed::place(&ws, s).map_err(|source| LcError::Seed {
                     from: s.from.clone(),
@@ -181,6 +184,8 @@ impl Lifecycle {
             .flat_map(|d| d.state_paths.iter().cloned())
             .collect();
         let guard = if workspace {
+            // The lease's profile directories go with it.
+            self.ws.keep_dirs(Vec::new(), false);
             let wait = Duration::from_millis(self.cfg.workspace_wait_ms);
             Some(self.ws.begin_within("Clear", wait).await?)
         } else {

@@ -56,6 +56,9 @@ pub struct Workspace {
     /// Why the last recovery of an interrupted swap could not finish; every
     /// operation retries it first and is refused while it fails.
     stuck: Mutex<Option<String>>,
+    /// Directories the lease's benchmark profile keeps in the workspace:
+    /// every Initialize and Clear creates them in the new tree.
+    keep: Mutex<Vec<PathBuf>>,
 }
 
 /// The workspace claimed for one operation ([`Workspace::begin`]); released
@@ -101,6 +104,7 @@ impl OpGuard {
                 tracing::warn!(error = %why, "emptying a workspace stuck mid-swap in place");
                 let n = self.ws.txn.remove_contents()?;
                 self.ws.txn.abandon()?;
+                self.ws.make_dirs(self.ws.txn.root(), &self.ws.kept());
                 *self.ws.stuck.lock().unwrap_or_else(|p| p.into_inner()) = None;
                 Ok(n)
             }
@@ -177,11 +181,66 @@ impl Workspace {
             owner,
             busy: Mutex::new(None),
             stuck: Mutex::new(stuck),
+            keep: Mutex::new(Vec::new()),
         })
     }
 
     pub fn path(&self) -> &Path {
         self.txn.root_path()
+    }
+
+    /// Sets the directories every Initialize and Clear keeps in the
+    /// workspace (a lease's profile; empty at Release), and creates them
+    /// now when `create`.
+    pub fn keep_dirs(&self, dirs: Vec<PathBuf>, create: bool) {
+        if create {
+            self.make_dirs(self.txn.root(), &dirs);
+        }
+        *self.keep.lock().unwrap_or_else(|p| p.into_inner()) = dirs;
+    }
+
+    /// Creates the kept directories under `root` (mode 0755, the workspace
+    /// owner's), never through a symlink; one that something else is in
+    /// the way of is left out with a warning (the archive decides).
+    fn make_dirs(&self, root: std::os::fd::BorrowedFd<'_>, dirs: &[PathBuf]) {
+        use rustix::fs::{Mode, OFlags};
+        for d in dirs {
+            let made = (|| -> Result<(), rustix::io::Errno> {
+                let mut cur = rustix::io::dup(root)?;
+                for c in d.components() {
+                    let name = c.as_os_str();
+                    match rustix::fs::mkdirat(&cur, name, Mode::from_raw_mode(0o755)) {
+                        Ok(()) => {
+                            if let Some((u, g)) = self.owner {
+                                rustix::fs::chownat(
+                                    &cur,
+                                    name,
+                                    Some(rustix::fs::Uid::from_raw(u)),
+                                    Some(rustix::fs::Gid::from_raw(g)),
+                                    rustix::fs::AtFlags::SYMLINK_NOFOLLOW,
+                                )?;
+                            }
+                        }
+                        Err(rustix::io::Errno::EXIST) => {}
+                        Err(e) => return Err(e),
+                    }
+                    cur = rustix::fs::openat(
+                        &cur,
+                        name,
+                        OFlags::DIRECTORY | OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                        Mode::empty(),
+                    )?;
+                }
+                Ok(())
+            })();
+            if let Err(e) = made {
+                tracing::warn!(dir = %d.display(), error = %e, "cannot keep a profile directory in the workspace");
+            }
+        }
+    }
+
+    fn kept(&self) -> Vec<PathBuf> {
+        self.keep.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// Retries the recovery of an interrupted swap that failed before (at
@@ -317,6 +376,7 @@ impl Workspace {
                     req.expected_sha256
                 )));
             }
+            self.make_dirs(stage.as_fd(), &self.kept());
             txn::fault_point("before-commit");
             Ok((stats, sha, count))
         })();
@@ -392,14 +452,16 @@ impl Workspace {
     /// swap cannot even write its journal, by deleting in place: emptying
     /// needs no atomicity, and a Release must be able to free the disk.
     fn clear(&self) -> Result<u64, WsError> {
-        let swapped = self
-            .txn
-            .stage()
-            .and_then(|(name, stage)| self.commit(&name, stage, false).map(|(n, _)| n));
+        let swapped = self.txn.stage().and_then(|(name, stage)| {
+            self.make_dirs(stage.as_fd(), &self.kept());
+            self.commit(&name, stage, false).map(|(n, _)| n)
+        });
         match swapped {
             Err(WsError::DiskFull(why)) => {
                 tracing::warn!(error = %why, "the disk is full; emptying the workspace in place");
-                self.txn.remove_contents()
+                let n = self.txn.remove_contents()?;
+                self.make_dirs(self.txn.root(), &self.kept());
+                Ok(n)
             }
             other => other,
         }

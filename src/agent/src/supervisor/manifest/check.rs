@@ -67,6 +67,8 @@ pub enum EntryError {
         .0.display()
     )]
     SeedOutsideState(PathBuf),
+    #[error("{0:?} must be a relative path inside the workspace ({1})")]
+    BadWorkspaceDir(String, String),
 }
 
 /// An [`EntryError`] and the field (`command`, `restart.window_ms`, …) it
@@ -385,6 +387,29 @@ pub(super) fn check_entry(
                     .transpose()?,
                 env,
                 seed,
+                dirs: o
+                    .dirs
+                    .iter()
+                    .map(|d| {
+                        let comps = sandbox_archive::confine::normalize(std::path::Path::new(d))
+                            .map_err(|r| {
+                                field(
+                                    &f("dirs"),
+                                    EntryError::BadWorkspaceDir(d.clone(), r.to_string()),
+                                )
+                            })?;
+                        if comps.is_empty() {
+                            return Err(field(
+                                &f("dirs"),
+                                EntryError::BadWorkspaceDir(
+                                    d.clone(),
+                                    "it names the workspace itself".into(),
+                                ),
+                            ));
+                        }
+                        Ok(comps.iter().collect::<PathBuf>())
+                    })
+                    .collect::<Result<Vec<_>, _>>()?,
             },
         );
     }

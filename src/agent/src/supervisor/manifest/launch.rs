@@ -68,6 +68,13 @@ impl ServerDef {
             .map_or(&[], |o| o.seed.as_slice())
     }
 
+    /// Workspace directories a benchmark profile keeps for the lease.
+    pub fn dirs(&self, benchmark: Option<Benchmark>) -> &[std::path::PathBuf] {
+        benchmark
+            .and_then(|b| self.benchmarks.get(&b))
+            .map_or(&[], |o| o.dirs.as_slice())
+    }
+
     /// The exact process to run for a lease with `benchmark` and `creds`.
     /// `agent_env` is the agent's own environment (for pass_env).
     pub fn launch(

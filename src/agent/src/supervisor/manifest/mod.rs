@@ -98,6 +98,9 @@ pub struct Override {
     pub args: Option<Vec<String>>,
     pub env: BTreeMap<String, String>,
     pub seed: Vec<Seed>,
+    /// Directories the profile keeps in the workspace (normalized relative
+    /// paths).
+    pub dirs: Vec<PathBuf>,
 }
 
 /// One checked manifest entry.

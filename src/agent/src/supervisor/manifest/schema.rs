@@ -120,6 +120,11 @@ pub struct OverrideFile {
     pub env: BTreeMap<String, String>,
     #[serde(default)]
     pub seed: Vec<SeedFile>,
+    /// Directories inside the workspace the server writes into (relative
+    /// paths), present for the whole lease: created at Acquire, and kept by
+    /// every Initialize and Clear.
+    #[serde(default)]
+    pub dirs: Vec<String>,
 }
 
 /// A variable the server cannot start without.

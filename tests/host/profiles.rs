@@ -1,0 +1,135 @@
+//! Benchmark profiles through sandbox-host, as Klavis's clients use them:
+//! `benchmark` at Acquire changes what packaging/servers.toml says it
+//! changes (the official MCP client on the mcp_server_url, the dump through
+//! its signed URL), and `ALL` starts every server that can run here.
+
+use crate::common::host::{Host, KEY_A, acquire, py, release};
+
+/// MCP_Atlas's terminal runs only `ls`, `cat` and `find`; by default the
+/// same command runs.
+#[test]
+fn mcp_atlas_confines_the_terminal() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let host = Host::start(dir.path(), &[]);
+    let echo = r#"{"command":"echo profile-check"}"#;
+    let default = py(
+        &host,
+        KEY_A,
+        &["profile", "-", "terminal", "run_command", echo],
+    );
+    assert_eq!(default["is_error"], false, "{default}");
+    assert!(
+        default["text"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("profile-check"),
+        "{default}"
+    );
+    let atlas = py(
+        &host,
+        KEY_A,
+        &["profile", "MCP_Atlas", "terminal", "run_command", echo],
+    );
+    assert_eq!(atlas["acquire"]["benchmark"], "MCP_Atlas", "{atlas}");
+    let text = atlas["text"].as_str().unwrap_or_default();
+    assert!(
+        !text.contains("profile-check") && text.contains("not allowed"),
+        "{atlas}"
+    );
+    let ls = py(
+        &host,
+        KEY_A,
+        &[
+            "profile",
+            "MCP_Atlas",
+            "terminal",
+            "run_command",
+            r#"{"command":"ls -a"}"#,
+        ],
+    );
+    assert_eq!(ls["is_error"], false, "{ls}");
+}
+
+/// Toolathlon keeps the memory server's graph in the workspace
+/// (`memory/memory.json`), so the dump the evaluation reads carries it; by
+/// default it stays in the server's state path, out of the dump.
+#[test]
+fn toolathlon_memory_is_in_the_dump() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let host = Host::start(dir.path(), &[]);
+    let entity =
+        r#"{"entities":[{"name":"toolathlon-check","entityType":"test","observations":["kept"]}]}"#;
+    let t = py(
+        &host,
+        KEY_A,
+        &[
+            "profile",
+            "Toolathlon",
+            "localmemory",
+            "create_entities",
+            entity,
+        ],
+    );
+    assert_eq!(t["is_error"], false, "{t}");
+    // Dump members are named ./path.
+    let memory = t["files"]["./memory/memory.json"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(memory.contains("toolathlon-check"), "{t}");
+    let d = py(
+        &host,
+        KEY_A,
+        &["profile", "-", "localmemory", "create_entities", entity],
+    );
+    assert_eq!(d["is_error"], false, "{d}");
+    let files = d["files"].as_object().expect("files");
+    assert!(
+        files
+            .values()
+            .all(|v| !v.as_str().unwrap_or_default().contains("toolathlon-check")),
+        "{d}"
+    );
+}
+
+/// `ALL` through the host: every server of the shipped manifest whose
+/// outside service needs nothing starts; google_cloud,
+/// poste_email_toolathlon and canvas, without credentials here, are named
+/// in the message with what they need instead of failing the Acquire.
+#[test]
+fn all_starts_every_local_server() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let host = Host::start(dir.path(), &[]);
+    let a = acquire(&host, KEY_A, r#"{"server_names": "ALL"}"#);
+    let mut names: Vec<&str> = a["servers"]
+        .as_array()
+        .expect("servers")
+        .iter()
+        .filter_map(|s| s["server_name"].as_str())
+        .collect();
+    names.sort();
+    assert_eq!(
+        names,
+        [
+            "arxiv",
+            "code-executor",
+            "code-runner",
+            "desktop-commander",
+            "excel",
+            "filesystem",
+            "git",
+            "localmemory",
+            "pdf-tools",
+            "playwright",
+            "powerpoint",
+            "terminal",
+            "word"
+        ],
+        "{a}"
+    );
+    let message = a["message"].as_str().unwrap_or_default();
+    for absent in ["google_cloud", "poste_email_toolathlon", "canvas"] {
+        assert!(message.contains(absent), "{message}");
+    }
+    assert!(message.contains("CANVAS_API_TOKEN"), "{message}");
+    release(&host, KEY_A, a["local_sandbox_id"].as_str().expect("id"));
+}
