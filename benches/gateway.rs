@@ -79,7 +79,7 @@ fn main() {
         let params = json!({"name": "read_text_file", "arguments": {"path": "small.txt"}});
 
         // Direct: the same server, spawned here, over its stdio.
-        let m = sandbox_agent::supervisor::manifest::Manifest::parse(&text, &mpath, &sandbox_agent::supervisor::manifest::Roots { workspace: &ws, state_root: &ws.with_file_name("state") }).expect("manifest");
+        let m = sandbox_agent::supervisor::manifest::Manifest::parse(&text, &mpath, &sandbox_agent::supervisor::manifest::Roots { workspace: &ws, state_root: &ws.with_file_name("state"), data: None }).expect("manifest");
         let spec = m
             .get("filesystem")
             .expect("filesystem")

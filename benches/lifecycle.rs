@@ -70,6 +70,7 @@ fn main() {
         &sandbox_agent::supervisor::manifest::Roots {
             workspace: &ws,
             state_root: &ws.with_file_name("state"),
+            data: None,
         },
     )
     .expect("manifest");

@@ -52,6 +52,8 @@ cat > "$dir/etc/sandbox-agent/agent.toml" <<'TOML'
 listen = ["vsock://any:1024"]
 mcp_listen = ["vsock://any:1025"]
 workspace = "/workspace"
+data_path = "/data"
+data_link = "bind"
 manifest = "/etc/sandbox-agent/servers.toml"
 TOML
 printf 'vsock\nvmw_vsock_virtio_transport\n' > "$dir/etc/modules-load.d/sandbox-agent.conf"

@@ -244,3 +244,72 @@ fn every_shipped_server_starts_and_answers() {
     sandboxctl(&agent, &["release"]);
     assert!(!account.exists());
 }
+
+/// `--data-path`: the servers also see the workspace there (the
+/// benchmarks' `/data`; here a path of the test's own, as a symlink). A
+/// benchmark profile's filesystem server has it as its root, so a task's
+/// `/data/...` path reads the uploaded file. A restart finds the link in
+/// place; something else in the way stops the start with a clear error.
+#[test]
+fn the_workspace_is_also_at_the_data_path() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let state = dir.path().join("state");
+    let manifest = dir.path().join("servers.toml");
+    std::fs::write(&manifest, shipped_manifest(&state)).expect("manifest");
+    let data = dir.path().join("data");
+    let (m, d) = (manifest.display().to_string(), data.display().to_string());
+    let args = ["--manifest", m.as_str(), "--data-path", d.as_str()];
+    let agent = Agent::start_in(dir, &args, &[]);
+    let ws = agent.dir.path().join("ws");
+    assert_eq!(
+        std::fs::read_link(&data).expect("a symlink"),
+        ws,
+        "data_path points at the workspace"
+    );
+    sandboxctl(
+        &agent,
+        &[
+            "acquire",
+            "--servers",
+            "filesystem",
+            "--benchmark",
+            "MCP_Atlas",
+        ],
+    );
+    std::fs::write(ws.join("Barber Shop.csv"), "chair,price\n1,20\n").expect("csv");
+    let read = format!(r#"{{"path":"{d}/Barber Shop.csv"}}"#);
+    let out = sandboxctl(
+        &agent,
+        &[
+            "mcp",
+            "filesystem",
+            "call",
+            "read_text_file",
+            "--args",
+            &read,
+        ],
+    );
+    assert!(out.contains("chair,price"), "{out}");
+    sandboxctl(&agent, &["release"]);
+
+    let dir = agent.kill9();
+    let again = Agent::start_in(dir, &args, &[]);
+    let dir = again.kill9();
+    std::fs::remove_file(&data).expect("unlink");
+    std::fs::create_dir(&data).expect("a directory in the way");
+    let mut all = vec![
+        "--listen".to_owned(),
+        format!("unix://{}", dir.path().join("agent.sock").display()),
+        "--workspace".to_owned(),
+        dir.path().join("ws").display().to_string(),
+    ];
+    all.extend(args.iter().map(|s| s.to_string()));
+    let all: Vec<&str> = all.iter().map(String::as_str).collect();
+    let out = agent_once(&all, &[]);
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("data_path") && err.contains("exists and is not the workspace"),
+        "{err}"
+    );
+}

@@ -45,6 +45,14 @@ pub struct Config {
     /// `${state_root}` (memory files, arxiv storage, desktop-commander's
     /// home). Default: /var/lib/sandbox-agent (with --dev: ./state).
     pub state_root: PathBuf,
+    /// Where the servers also see the workspace: the benchmarks' task
+    /// prompts cite `/data/...`. The agent makes this path show the
+    /// workspace at start (`data_link`); the manifest's `${data}`. Default:
+    /// none (`${data}` is the workspace).
+    pub data_path: Option<PathBuf>,
+    /// How `data_path` shows the workspace: `symlink` (default), or `bind`
+    /// (a bind mount, as root; what the VM image uses).
+    pub data_link: DataLink,
     /// `text` or `json`.
     pub log_format: LogFormat,
     pub auth: AuthConfig,
@@ -61,6 +69,18 @@ pub struct Config {
     pub exec: ExecConfig,
     /// Duties as the VM's init; used only when the agent is PID 1.
     pub init: crate::init::InitConfig,
+}
+
+/// How `data_path` shows the workspace.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DataLink {
+    /// A symlink to the workspace (works unprivileged; servers that resolve
+    /// paths see the workspace's real path).
+    #[default]
+    Symlink,
+    /// A bind mount of the workspace (root): the path is the workspace.
+    Bind,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
@@ -130,6 +150,8 @@ impl Default for Config {
             mcp_listen: vec![DEFAULT_MCP_LISTEN.to_owned()],
             workspace: PathBuf::from("/workspace"),
             state_root: PathBuf::from(DEFAULT_STATE_ROOT),
+            data_path: None,
+            data_link: DataLink::Symlink,
             log_format: LogFormat::Text,
             auth: AuthConfig::default(),
             limits: Limits::default(),
@@ -179,6 +201,8 @@ pub enum ConfigError {
     Token(TokenError),
     #[error("limits.{0} must be greater than 0")]
     ZeroLimit(&'static str),
+    #[error("data_path: {0}")]
+    DataPath(String),
     #[error("state_root: the path is empty")]
     StateRootEmpty,
     #[error("workspace: the path is empty")]
@@ -209,6 +233,7 @@ pub struct Overrides {
     pub mcp_listen: Vec<String>,
     pub workspace: Option<PathBuf>,
     pub state_root: Option<PathBuf>,
+    pub data_path: Option<PathBuf>,
     pub token_file: Option<PathBuf>,
     /// The token itself, from `SANDBOX_AGENT_TOKEN`. A token file given by
     /// flag or env wins over it; it wins over the config file's token_file.
@@ -236,6 +261,8 @@ pub struct Settings {
     pub mcp_listen: Vec<Endpoint>,
     pub gateway: GatewayConfig,
     pub workspace: PathBuf,
+    /// `data_path` and how it shows the workspace.
+    pub data_path: Option<(PathBuf, DataLink)>,
     pub log_format: LogFormat,
     pub token: Option<Token>,
     pub token_source: TokenSource,
@@ -289,6 +316,9 @@ impl Config {
         }
         if let Some(r) = &o.state_root {
             self.state_root = r.clone();
+        }
+        if let Some(d) = &o.data_path {
+            self.data_path = Some(d.clone());
         }
         if let Some(t) = &o.token_file {
             self.auth.token_file = Some(t.clone());
@@ -402,9 +432,24 @@ impl Config {
                 Some(ep)
             }
         };
+        if let Some(d) = &self.data_path {
+            if !d.is_absolute() {
+                return Err(ConfigError::DataPath(format!(
+                    "{} must be an absolute path",
+                    d.display()
+                )));
+            }
+            if d == &self.workspace || d.starts_with(&self.workspace) {
+                return Err(ConfigError::DataPath(format!(
+                    "{} must not be the workspace or inside it",
+                    d.display()
+                )));
+            }
+        }
         let roots = Roots {
             workspace: &self.workspace,
             state_root: &self.state_root,
+            data: self.data_path.as_deref(),
         };
         let manifest = match &self.manifest {
             Some(p) => Manifest::load(p, &roots)?,
@@ -426,6 +471,7 @@ impl Config {
             mcp_listen,
             gateway: self.gateway.clone(),
             workspace: self.workspace.clone(),
+            data_path: self.data_path.clone().map(|d| (d, self.data_link)),
             log_format: self.log_format,
             token,
             token_source,

@@ -83,6 +83,11 @@ struct Args {
     #[arg(long, value_name = "DIR", env = "SANDBOX_AGENT_STATE_ROOT")]
     state_root: Option<PathBuf>,
 
+    /// Where the servers also see the workspace (data_path; the manifest's
+    /// ${data}), e.g. /data, as Klavis's benchmark tasks cite it.
+    #[arg(long, value_name = "DIR", env = "SANDBOX_AGENT_DATA_PATH")]
+    data_path: Option<PathBuf>,
+
     /// Where script executions live (exec.root). Default:
     /// /var/lib/sandbox-agent/executions (with --dev: ./executions).
     #[arg(long, value_name = "DIR", env = "SANDBOX_AGENT_EXEC_ROOT")]
@@ -149,6 +154,7 @@ fn run(args: Args, pid1: bool) -> anyhow::Result<()> {
         mcp_listen: args.mcp_listen.clone(),
         workspace: args.workspace.clone(),
         state_root: args.state_root.clone(),
+        data_path: args.data_path.clone(),
         token_file: args.token_file.clone(),
         token: env_token.clone(),
         log_format: args.log_format,

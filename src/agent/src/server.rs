@@ -74,6 +74,8 @@ pub enum ServeError {
     Reflection(String),
     #[error("opening the workspace: {0}")]
     Open(String),
+    #[error(transparent)]
+    DataPath(#[from] crate::workspace::data_path::DataPathError),
     #[error("starting the supervisor: {0}")]
     Supervisor(std::io::Error),
 }
@@ -106,6 +108,10 @@ pub async fn bind(settings: &Settings) -> Result<Bound, ServeError> {
         path: settings.workspace.display().to_string(),
         source,
     })?;
+    if let Some((data, link)) = &settings.data_path {
+        crate::workspace::data_path::show_at(&settings.workspace, data, *link)?;
+        info!(data_path = %data.display(), ?link, "the workspace is also at data_path");
+    }
     let (path, limits) = (settings.workspace.clone(), settings.archive.clone());
     let workspace = tokio::task::spawn_blocking(move || Workspace::open(&path, limits))
         .await

@@ -300,6 +300,7 @@ mod tests {
             &crate::supervisor::manifest::Roots {
                 workspace: Path::new("/ws"),
                 state_root: Path::new("/st"),
+                data: None,
             },
         )
         .unwrap()

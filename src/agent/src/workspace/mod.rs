@@ -12,12 +12,14 @@
 //! - [`pack`]: directory → tar, for Dump and for `sandboxctl upload`.
 //! - [`codec`]: gzip/zstd sniffing, decoding, parallel encoding.
 //! - `ops`: [`Workspace`] itself, which ties these together.
+//! - [`data_path`]: the second path (e.g. `/data`) showing the workspace.
 //!
 //! The archive code (`extract`, `pack`, `codec`, `confine`, `limits`,
 //! `stream`) is the `sandbox-archive` crate, re-exported here; `txn` and
 //! `ops` are the agent's own.
 
 pub use sandbox_archive::{codec, confine, error, extract, limits, pack, stream};
+pub mod data_path;
 mod ops;
 pub mod txn;
 

@@ -80,6 +80,10 @@ pub(super) fn process_command(
         // Agents on one machine must not share server state.
         .arg("--state-root")
         .arg(dir.join("state"))
+        // The benchmark profiles' /data: agents on one machine cannot all
+        // own /data, so each gets <slot>/data, a symlink to its workspace.
+        .arg("--data-path")
+        .arg(dir.join("data"))
         .arg("--name")
         .arg(id)
         .env("SANDBOX_AGENT_CONFIG", "/dev/null");

@@ -212,8 +212,10 @@ pub(super) fn check_entry(
     let ws = workspace.display().to_string();
     let state_root = roots.state_root.display().to_string();
     let install = file.install_dir.clone().unwrap_or_default();
+    let data = roots.data.unwrap_or(workspace).display().to_string();
     let vars = [
         ("workspace", ws.as_str()),
+        ("data", data.as_str()),
         ("state_root", state_root.as_str()),
         ("install_dir", install.as_str()),
         ("name", name),

@@ -170,6 +170,10 @@ pub struct Roots<'a> {
     /// Where servers keep state outside the workspace (`state_root`,
     /// `--state-root`; default /var/lib/sandbox-agent).
     pub state_root: &'a Path,
+    /// Where the servers also see the workspace (`data_path`, e.g. /data
+    /// for the benchmarks' task prompts): the manifest's `${data}`. `None`:
+    /// `${data}` is the workspace.
+    pub data: Option<&'a Path>,
 }
 
 impl Manifest {
@@ -234,6 +238,7 @@ mod tests {
             &Roots {
                 workspace: Path::new("/ws"),
                 state_root: Path::new("/st"),
+                data: None,
             },
         )
     }
