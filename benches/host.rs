@@ -26,6 +26,8 @@ use http_body_util::{BodyExt, Full};
 use serde_json::Value;
 
 mod common;
+#[path = "host/profiles.rs"]
+mod profiles;
 #[path = "host/vm.rs"]
 mod vm;
 #[path = "host/warm.rs"]
@@ -418,6 +420,7 @@ fn main() {
 
         let direct_ms = direct_rounds(dir.path()).await;
         let subsets = warm::run(dir.path()).await;
+        let profile_rows = profiles::run(dir.path()).await;
         let vms = vm::run(dir.path()).await;
 
         println!(
@@ -450,6 +453,27 @@ fn main() {
         println!("| pool of bare agents (the Acquire starts the subset) | {:.0} ms | {:.0} ms |", r.bare.0, r.bare.1);
         println!("| warm / bare | {:.3}x | {:.3}x |", r.warm.0 / r.bare.0, r.warm.1 / r.bare.1);
         println!("| memory (PSS) per idle sandbox: warm with the set / bare agent | {:.0} MiB | {:.1} MiB |", r.warm_mib, r.bare_mib);
+        println!();
+        println!(
+            "| benchmark profile: Acquire of its usual servers (`benchmark` set; {} rounds) | cold (bare agent) | warm lease of the profile | warm / cold |",
+            crate::common::pick(7, 2)
+        );
+        println!("|---|---|---|---|");
+        for p in &profile_rows {
+            println!(
+                "| {} ({} servers: {}) | {:.0} ms | {:.1} ms | {:.3}x |",
+                p.benchmark,
+                p.servers,
+                profiles::PROFILES
+                    .iter()
+                    .find(|(b, _)| *b == p.benchmark)
+                    .map(|(_, s)| s.join(", "))
+                    .unwrap_or_default(),
+                p.cold_ms,
+                p.warm_ms,
+                p.warm_ms / p.cold_ms
+            );
+        }
         println!();
         match vms {
             Some(v) => {
