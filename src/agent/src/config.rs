@@ -5,6 +5,7 @@
 //! [`Config::validate`] turns it into [`Settings`], the checked form the
 //! agent runs with. Every limit the agent enforces lives in [`Limits`].
 
+pub use crate::workspace::data_path::DataLink;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -69,18 +70,6 @@ pub struct Config {
     pub exec: ExecConfig,
     /// Duties as the VM's init; used only when the agent is PID 1.
     pub init: crate::init::InitConfig,
-}
-
-/// How `data_path` shows the workspace.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum DataLink {
-    /// A symlink to the workspace (works unprivileged; servers that resolve
-    /// paths see the workspace's real path).
-    #[default]
-    Symlink,
-    /// A bind mount of the workspace (root): the path is the workspace.
-    Bind,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]

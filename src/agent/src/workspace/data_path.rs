@@ -5,7 +5,19 @@
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
-use crate::config::DataLink;
+use serde::{Deserialize, Serialize};
+
+/// How `data_path` shows the workspace.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DataLink {
+    /// A symlink to the workspace (works unprivileged; servers that resolve
+    /// paths see the workspace's real path).
+    #[default]
+    Symlink,
+    /// A bind mount of the workspace (root): the path is the workspace.
+    Bind,
+}
 
 /// Why `data_path` cannot show the workspace.
 #[derive(Debug, thiserror::Error)]

@@ -20,6 +20,7 @@
 
 pub use sandbox_archive::{codec, confine, error, extract, limits, pack, stream};
 pub mod data_path;
+mod moves;
 mod ops;
 pub mod txn;
 

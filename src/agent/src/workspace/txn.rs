@@ -35,6 +35,7 @@ use rustix::fs::{AtFlags, Mode, OFlags};
 
 use super::confine::{list, remove_at};
 use super::error::{WsError, sys};
+use super::moves::{move_entries, open_up, restore_modes, unmovable};
 
 /// Name of the state directory when it lives inside the workspace.
 pub const INNER_STATE_NAME: &str = sandbox_archive::extract::RESERVED_NAME;
@@ -55,7 +56,7 @@ pub struct Txn {
     trash: std::sync::Arc<(std::sync::Mutex<usize>, std::sync::Condvar)>,
 }
 
-fn ctx(what: impl Into<String>) -> impl FnOnce(io::Error) -> WsError {
+pub(super) fn ctx(what: impl Into<String>) -> impl FnOnce(io::Error) -> WsError {
     let what = what.into();
     move |e| WsError::io(what, e)
 }
@@ -435,98 +436,6 @@ impl Txn {
     pub fn root_path(&self) -> &Path {
         &self.root_path
     }
-}
-
-/// The top-level directories of `dir` (but `skip`) that this process
-/// cannot rename to another directory: that rewrites a directory's `..`,
-/// which needs write permission on it unless privileged. Always none for
-/// root.
-fn unmovable(
-    dir: BorrowedFd<'_>,
-    skip: Option<&OsStr>,
-) -> Result<Vec<(OsString, rustix::fs::Stat)>, WsError> {
-    if rustix::process::geteuid().is_root() {
-        return Ok(Vec::new());
-    }
-    let mut out = Vec::new();
-    for name in list(dir).map_err(ctx("listing a directory to move"))? {
-        if Some(name.as_os_str()) == skip {
-            continue;
-        }
-        let st = rustix::fs::statat(dir, &name, AtFlags::SYMLINK_NOFOLLOW).map_err(|e| {
-            WsError::io(format!("inspecting {}", Path::new(&name).display()), sys(e))
-        })?;
-        let is_dir =
-            rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Directory;
-        if is_dir
-            && rustix::fs::accessat(dir, &name, rustix::fs::Access::WRITE_OK, AtFlags::empty())
-                .is_err()
-        {
-            out.push((name, st));
-        }
-    }
-    Ok(out)
-}
-
-/// Adds owner write permission to `dirs` (found by [`unmovable`]).
-fn open_up(dir: BorrowedFd<'_>, dirs: &[(OsString, rustix::fs::Stat)]) -> Result<(), WsError> {
-    for (name, st) in dirs {
-        rustix::fs::chmodat(
-            dir,
-            name,
-            Mode::from_raw_mode((st.st_mode | 0o700) & 0o7777),
-            AtFlags::empty(),
-        )
-        .map_err(|e| {
-            WsError::io(
-                format!("making {} movable", Path::new(name).display()),
-                sys(e),
-            )
-        })?;
-    }
-    Ok(())
-}
-
-/// Gives `dirs` their recorded modes back (best effort: a directory left
-/// writable by its owner is the only cost of a failure).
-fn restore_modes(dir: BorrowedFd<'_>, dirs: &[(OsString, rustix::fs::Stat)]) {
-    for (name, st) in dirs {
-        let mode = Mode::from_raw_mode(st.st_mode & 0o7777);
-        if let Err(e) = rustix::fs::chmodat(dir, name, mode, AtFlags::empty()) {
-            tracing::warn!(entry = %Path::new(name).display(), error = %e, "could not restore a directory's mode");
-        }
-    }
-}
-
-/// Renames every entry of `from` (but `skip`) into `to`; returns how many.
-/// `fault` names the test fault point hit after the first move.
-fn move_entries(
-    from: BorrowedFd<'_>,
-    to: BorrowedFd<'_>,
-    skip: Option<&OsStr>,
-    direction: &str,
-    fault: &str,
-) -> Result<u64, WsError> {
-    let mut n = 0;
-    for name in list(from).map_err(ctx("listing a directory to move"))? {
-        if Some(name.as_os_str()) == skip {
-            continue;
-        }
-        rustix::fs::renameat(from, &name, to, &name).map_err(|e| {
-            WsError::io(
-                format!(
-                    "moving {} {direction} the workspace",
-                    Path::new(&name).display()
-                ),
-                sys(e),
-            )
-        })?;
-        n += 1;
-        if n == 1 {
-            fault_point(fault);
-        }
-    }
-    Ok(n)
 }
 
 fn unique(kind: &str) -> OsString {
