@@ -11,7 +11,8 @@
 # MCP data plane on 1025; its workspace is /workspace.
 #
 # --node-servers DIR adds the npm MCP servers that packaging/install-servers.sh
-# put under DIR (filesystem and localmemory, those of them installed there),
+# put under DIR (filesystem and localmemory, those of them installed there,
+# with only the packages they need),
 # with this machine's node and the shared libraries it links. The image is
 # then about 40 MB larger and wants 1 GiB of guest memory (run-qemu.sh
 # --memory 1024), since an initramfs lives in RAM.
@@ -197,8 +198,36 @@ if [ -n "$node_servers" ]; then
   for lib in $(ldd "$nodebin" | grep -o '/[^ ]*'); do
     install -D -m 0755 "$(readlink -f "$lib")" "$stage$lib"
   done
-  mkdir -p "$stage/opt/sandbox-agent/servers"
-  cp -a "$node_servers/node" "$stage/opt/sandbox-agent/servers/node"
+  # Only filesystem and localmemory and the packages they need (resolved as
+  # node resolves them): the prefix may hold every shipped server, hundreds
+  # of MB that would fill the RAM the initramfs lives in.
+  needed=$(cd "$node_servers/node" && node -e '
+    const fs = require("fs"), path = require("path");
+    const seen = new Set(), todo = [];
+    const add = (from, name) => {
+      for (let dir = from; ; dir = path.dirname(dir)) {
+        const p = path.join(dir, "node_modules", name);
+        if (fs.existsSync(path.join(p, "package.json"))) {
+          if (!seen.has(p)) { seen.add(p); todo.push(p); }
+          return;
+        }
+        if (path.dirname(dir) === dir) return;
+      }
+    };
+    for (const n of process.argv.slice(1)) add(".", n);
+    while (todo.length) {
+      const p = todo.pop();
+      const j = JSON.parse(fs.readFileSync(path.join(p, "package.json"), "utf8"));
+      const deps = { ...j.dependencies, ...j.optionalDependencies, ...j.peerDependencies };
+      for (const d of Object.keys(deps)) add(p, d);
+    }
+    for (const p of seen) console.log(path.relative(".", p));
+  ' @modelcontextprotocol/server-filesystem @modelcontextprotocol/server-memory)
+  mkdir -p "$stage/opt/sandbox-agent/servers/node"
+  if [ -n "$needed" ]; then
+    # shellcheck disable=SC2086
+    (cd "$node_servers/node" && cp -a --parents $needed "$stage/opt/sandbox-agent/servers/node/")
+  fi
   mods=$stage/opt/sandbox-agent/servers/node/node_modules
   if [ -d "$mods/@modelcontextprotocol/server-filesystem" ]; then
     cat >> "$stage/etc/sandbox-agent/servers.toml" <<'TOML'
