@@ -229,6 +229,16 @@ pub fn acquire(host: &Host, key: &str, body: &str) -> Value {
     a
 }
 
+/// The `server_name`s of an Acquire answer's servers, sorted.
+pub fn server_names(acquired: &Value) -> Vec<&str> {
+    let mut names: Vec<&str> = acquired["servers"]
+        .as_array()
+        .map(|v| v.iter().filter_map(|s| s["server_name"].as_str()).collect())
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
 /// `DELETE /local-sandbox/{id}`, which must be accepted (the release
 /// itself ends in the background).
 pub fn release(host: &Host, key: &str, id: &str) {

@@ -3,7 +3,7 @@
 //! changes (the official MCP client on the mcp_server_url, the dump through
 //! its signed URL), and `ALL` starts every server that can run here.
 
-use crate::common::host::{Host, KEY_A, acquire, py, release};
+use crate::common::host::{Host, KEY_A, acquire, py, release, server_names};
 
 /// MCP_Atlas's terminal runs only `ls`, `cat` and `find`; by default the
 /// same command runs.
@@ -100,13 +100,7 @@ fn all_starts_every_local_server() {
     let dir = tempfile::tempdir().expect("tempdir");
     let host = Host::start(dir.path(), &[]);
     let a = acquire(&host, KEY_A, r#"{"server_names": "ALL"}"#);
-    let mut names: Vec<&str> = a["servers"]
-        .as_array()
-        .expect("servers")
-        .iter()
-        .filter_map(|s| s["server_name"].as_str())
-        .collect();
-    names.sort();
+    let names = server_names(&a);
     assert_eq!(
         names,
         [

@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use crate::common::host::{
     Host, KEY_A, KEY_B, acquire, assert_mcp_client_works, assert_mcp_initializes,
-    assert_notebook_outcome, http, metric, py, release, wait_metric,
+    assert_notebook_outcome, http, metric, py, release, server_names, wait_metric,
 };
 
 /// The warm profile of the test's pool: two of the image's servers.
@@ -83,13 +83,7 @@ fn the_qemu_backend_serves_the_api_from_vms() {
         r#"{"server_names": "ALL", "ttl_seconds": 600}"#,
     );
     let all = a["local_sandbox_id"].as_str().expect("id").to_owned();
-    let mut names: Vec<&str> = a["servers"]
-        .as_array()
-        .expect("servers")
-        .iter()
-        .filter_map(|s| s["server_name"].as_str())
-        .collect();
-    names.sort();
+    let names = server_names(&a);
     assert_eq!(names, ["filesystem", "localmemory", "notes"], "{a}");
     assert_mcp_initializes(&b, "localmemory", &all);
     let (code, _) = http(
