@@ -435,6 +435,23 @@ ready_timeout_ms = 60000
         },
     )
     .await;
+    // A read that began while the chatter was still being written also
+    // streams the lines written meanwhile; once it is over, one read is
+    // what the buffer holds.
+    drop(lines);
+    let mut s = c
+        .servers()
+        .logs(proto::LogsRequest {
+            name: "chatty".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("Logs")
+        .into_inner();
+    let mut lines = Vec::new();
+    while let Some(l) = s.message().await.expect("line") {
+        lines.push(l);
+    }
     let bytes: usize = lines.iter().map(|l| l.line.len() + 64).sum();
     assert!(bytes <= 32768, "{bytes} bytes kept");
     assert!(lines[0].seq > 4000, "oldest kept line {}", lines[0].seq);

@@ -144,3 +144,47 @@ async fn narrow_refuses_what_a_cold_acquire_would_not_give_and_trims_the_rest() 
         .expect("Release");
     assert!(descendants(agent.child.id()).is_empty());
 }
+
+/// A warm Toolathlon lease of arxiv and localmemory, narrowed to
+/// localmemory, leaves the workspace a cold Acquire of localmemory gives:
+/// its `memory/` directory, not arxiv's `arxiv_local_storage/`; and an
+/// upload after it keeps only what the kept profile keeps.
+#[tokio::test]
+async fn narrowing_drops_the_dropped_servers_workspace_dirs() {
+    let agent = agent_with("", "");
+    let c = sandbox_client::connect(&agent.unix_uri())
+        .await
+        .expect("connect");
+    let ws = agent.dir.path().join("ws");
+    let listing = || {
+        let mut v: Vec<String> = std::fs::read_dir(&ws)
+            .expect("workspace")
+            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    };
+    c.agent()
+        .acquire(proto::AcquireRequest {
+            lease_id: "warm".into(),
+            server_names: vec!["arxiv".into(), "localmemory".into()],
+            benchmark: proto::Benchmark::Toolathlon as i32,
+            ttl_seconds: Some(0),
+            ..Default::default()
+        })
+        .await
+        .unwrap_or_else(|e| panic!("Acquire: {e}\n{}", agent.stderr.all()));
+    assert_eq!(listing(), ["arxiv_local_storage", "memory"]);
+    let mut n = narrow("warm", "tenant", &["localmemory"]);
+    n.benchmark = proto::Benchmark::Toolathlon as i32;
+    c.agent().narrow(n).await.expect("Narrow");
+    assert_eq!(listing(), ["memory"]);
+    crate::common::ws::initialize(
+        &c,
+        proto::InitializeHeader::default(),
+        crate::common::ws::gzip(&crate::common::ws::Tar::new().file("./task.txt", b"t").end()),
+    )
+    .await
+    .expect("upload");
+    assert_eq!(listing(), ["memory", "task.txt"]);
+}

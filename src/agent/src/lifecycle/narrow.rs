@@ -104,6 +104,21 @@ impl Lifecycle {
                         .any(|k| k.starts_with(sp) || sp.starts_with(k))
                 })
                 .collect();
+            // The workspace directories only dropped servers' profiles keep
+            // go too: a cold Acquire of `keep` would not have made them.
+            let kept_dirs: Vec<_> = keep
+                .iter()
+                .filter_map(|n| self.manifest.get(n))
+                .flat_map(|d| d.dirs(c.lease.benchmark).iter().cloned())
+                .collect();
+            let dropped_dirs: Vec<_> = dropped
+                .iter()
+                .filter_map(|n| self.manifest.get(n))
+                .flat_map(|d| d.dirs(c.lease.benchmark).iter().cloned())
+                .filter(|d| !kept_dirs.iter().any(|k| k.starts_with(d)))
+                .collect();
+            self.ws.keep_dirs(kept_dirs, false);
+            self.ws.remove_dirs(&dropped_dirs);
             let now = now_ms();
             c.ttl.cancel();
             c.ttl = CancellationToken::new();

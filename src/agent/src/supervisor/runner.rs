@@ -332,14 +332,16 @@ pub(super) async fn kill_tree(
     // `exit_rx` is polled only while the exit is unknown: a completed
     // oneshot must not be polled again.
     let mut exit: Option<Exit> = known;
-    let members_of = |pid| spawn::members(pid, cg);
-    let still = |exit: Option<Exit>| {
+    // Sessions and groups seen led by members, across the rounds below.
+    let mut seen = std::collections::HashSet::new();
+    let mut members_of = |pid| spawn::members_tracked(pid, cg, &mut seen);
+    let mut still = |exit: Option<Exit>| {
         let mut m = members_of(pid);
         m.retain(|p| spawn::alive(*p));
         (exit.is_none() || !m.is_empty(), m)
     };
     if !grace.is_zero() {
-        let members = members_of(pid);
+        let (_, members) = still(None);
         spawn::signal_all(pid, &members, Signal::SIGTERM);
         let deadline = Instant::now() + grace;
         while Instant::now() < deadline {

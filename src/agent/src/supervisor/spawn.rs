@@ -363,9 +363,23 @@ fn rlimits(l: &ResourceLimits) -> Vec<(rustix::process::Resource, u64)> {
 /// cgroup members if it has a group, otherwise every process of its
 /// session or process group, and every descendant of `pid`.
 pub fn members(pid: i32, cgroup: Option<&super::cgroup::Cgroup>) -> Vec<i32> {
+    members_tracked(pid, cgroup, &mut std::collections::HashSet::new())
+}
+
+/// [`members`], also counting every process of a session or process group
+/// a member was seen leading in an earlier call (`seen`, kept by the
+/// caller across the rounds of one kill): a child forked just as its parent
+/// (a `setsid` shell) was killed is reparented to the agent, out of the
+/// parent chain, but stays in that session.
+pub fn members_tracked(
+    pid: i32,
+    cgroup: Option<&super::cgroup::Cgroup>,
+    seen: &mut std::collections::HashSet<i32>,
+) -> Vec<i32> {
     if let Some(cg) = cgroup {
         return cg.pids();
     }
+    seen.insert(pid);
     use sysinfo::{ProcessRefreshKind, ProcessStatus, ProcessesToUpdate, System};
     let Ok(mut sys) = System::new() else {
         return vec![pid];
@@ -379,9 +393,12 @@ pub fn members(pid: i32, cgroup: Option<&super::cgroup::Cgroup>) -> Vec<i32> {
             continue;
         }
         let raw = p.as_u32() as i32;
-        let in_session = proc_.session_id().is_some_and(|s| s.as_u32() as i32 == pid);
-        let in_group =
-            nix::unistd::getpgid(Some(Pid::from_raw(raw))).is_ok_and(|g| g.as_raw() == pid);
+        let session = proc_.session_id().map(|s| s.as_u32() as i32);
+        let group = nix::unistd::getpgid(Some(Pid::from_raw(raw)))
+            .ok()
+            .map(|g| g.as_raw());
+        let in_session = session.is_some_and(|s| seen.contains(&s));
+        let in_group = group.is_some_and(|g| seen.contains(&g));
         let mut descendant = false;
         let mut cur = proc_.parent();
         let mut hops = 0;
@@ -398,6 +415,18 @@ pub fn members(pid: i32, cgroup: Option<&super::cgroup::Cgroup>) -> Vec<i32> {
         }
         if raw == pid || in_session || in_group || descendant {
             out.push(raw);
+        }
+    }
+    // Sessions and groups the members lead are the server's own (the
+    // server itself leads its session: setsid at spawn).
+    for &m in &out {
+        if let Some(p) = procs.get(&sysinfo::Pid::from_u32(m as u32))
+            && p.session_id().is_some_and(|s| s.as_u32() as i32 == m)
+        {
+            seen.insert(m);
+        }
+        if nix::unistd::getpgid(Some(Pid::from_raw(m))).is_ok_and(|g| g.as_raw() == m) {
+            seen.insert(m);
         }
     }
     out

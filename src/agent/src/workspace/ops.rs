@@ -239,6 +239,34 @@ impl Workspace {
         }
     }
 
+    /// Removes profile directories that are no longer kept, when empty,
+    /// and their parents up to the workspace while empty and not kept;
+    /// never through a symlink. A directory something was written into
+    /// stays.
+    pub fn remove_dirs(&self, dirs: &[PathBuf]) {
+        let kept = self.kept();
+        for d in dirs {
+            let mut cur = d.clone();
+            while !cur.as_os_str().is_empty() && !kept.iter().any(|k| k.starts_with(&cur)) {
+                let (Some(parent), Some(name)) = (cur.parent(), cur.file_name()) else {
+                    break;
+                };
+                let dir = if parent.as_os_str().is_empty() {
+                    rustix::io::dup(self.txn.root()).map_err(std::io::Error::from)
+                } else {
+                    confine::open_dir(self.txn.root(), parent)
+                };
+                let gone = dir.is_ok_and(|fd| {
+                    rustix::fs::unlinkat(&fd, name, rustix::fs::AtFlags::REMOVEDIR).is_ok()
+                });
+                if !gone {
+                    break;
+                }
+                cur = parent.to_path_buf();
+            }
+        }
+    }
+
     fn kept(&self) -> Vec<PathBuf> {
         self.keep.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
