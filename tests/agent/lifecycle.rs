@@ -390,6 +390,24 @@ ready_timeout_ms = 1000
     );
 }
 
+/// One read of the `chatty` server's whole log buffer.
+async fn chatter(c: &sandbox_client::Client) -> Vec<proto::LogLine> {
+    let mut s = c
+        .servers()
+        .logs(proto::LogsRequest {
+            name: "chatty".into(),
+            ..Default::default()
+        })
+        .await
+        .expect("Logs")
+        .into_inner();
+    let mut lines = Vec::new();
+    while let Some(l) = s.message().await.expect("line") {
+        lines.push(l);
+    }
+    lines
+}
+
 #[tokio::test]
 async fn logs_are_bounded_and_resumable() {
     let extra = r#"
@@ -414,19 +432,7 @@ ready_timeout_ms = 60000
         Duration::from_secs(20),
         "the chatter finishes",
         async || {
-            let mut s = c
-                .servers()
-                .logs(proto::LogsRequest {
-                    name: "chatty".into(),
-                    ..Default::default()
-                })
-                .await
-                .expect("Logs")
-                .into_inner();
-            let mut lines = Vec::new();
-            while let Some(l) = s.message().await.expect("line") {
-                lines.push(l);
-            }
+            let lines = chatter(&c).await;
             if lines.last().is_some_and(|l| l.line.as_ref() == b"done") {
                 Ok(lines)
             } else {
@@ -439,19 +445,7 @@ ready_timeout_ms = 60000
     // streams the lines written meanwhile; once it is over, one read is
     // what the buffer holds.
     drop(lines);
-    let mut s = c
-        .servers()
-        .logs(proto::LogsRequest {
-            name: "chatty".into(),
-            ..Default::default()
-        })
-        .await
-        .expect("Logs")
-        .into_inner();
-    let mut lines = Vec::new();
-    while let Some(l) = s.message().await.expect("line") {
-        lines.push(l);
-    }
+    let lines = chatter(&c).await;
     let bytes: usize = lines.iter().map(|l| l.line.len() + 64).sum();
     assert!(bytes <= 32768, "{bytes} bytes kept");
     assert!(lines[0].seq > 4000, "oldest kept line {}", lines[0].seq);

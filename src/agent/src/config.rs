@@ -422,18 +422,8 @@ impl Config {
             }
         };
         if let Some(d) = &self.data_path {
-            if !d.is_absolute() {
-                return Err(ConfigError::DataPath(format!(
-                    "{} must be an absolute path",
-                    d.display()
-                )));
-            }
-            if d == &self.workspace || d.starts_with(&self.workspace) {
-                return Err(ConfigError::DataPath(format!(
-                    "{} must not be the workspace or inside it",
-                    d.display()
-                )));
-            }
+            crate::workspace::data_path::check(&self.workspace, d)
+                .map_err(ConfigError::DataPath)?;
         }
         let roots = Roots {
             workspace: &self.workspace,

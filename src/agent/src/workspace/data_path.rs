@@ -35,6 +35,20 @@ pub enum DataPathError {
     },
 }
 
+/// Checks a configured `data_path` against the workspace.
+pub fn check(workspace: &Path, data: &Path) -> Result<(), String> {
+    if !data.is_absolute() {
+        return Err(format!("{} must be an absolute path", data.display()));
+    }
+    if data.starts_with(workspace) {
+        return Err(format!(
+            "{} must not be the workspace or inside it",
+            data.display()
+        ));
+    }
+    Ok(())
+}
+
 /// Makes `data` show `workspace`. Nothing to do when it already does (a
 /// restart); a symlink to somewhere else is replaced.
 pub fn show_at(workspace: &Path, data: &Path, link: DataLink) -> Result<(), DataPathError> {
