@@ -46,7 +46,8 @@ SERVERS=(
     # These two declare Python >= 3.12; Debian 12 has 3.11, on which they
     # run unchanged, so the check is skipped.
     "pdf-tools|pip|pdf-tools-mcp==0.1.4|$MCP1 --ignore-requires-python"
-    "poste_email_toolathlon|pip|emails-mcp==0.1.9|$MCP1 --ignore-requires-python"
+    # aiosmtpd: the SMTP side of the sandbox's mail service (sandbox-mail).
+    "poste_email_toolathlon|pip|emails-mcp==0.1.9|$MCP1 aiosmtpd==1.4.6 --ignore-requires-python"
 )
 
 want() {
@@ -104,6 +105,9 @@ for line in "${SERVERS[@]}"; do
         { echo "#!$PREFIX/py/$name/bin/python3"; tail -n +2 "$HERE/launchers/emails-mcp-env"; } \
             >"$PREFIX/py/$name/bin/emails-mcp-env"
         chmod 755 "$PREFIX/py/$name/bin/emails-mcp-env"
+        { echo "#!$PREFIX/py/$name/bin/python3"; tail -n +2 "$HERE/launchers/sandbox-mail"; } \
+            >"$PREFIX/py/$name/bin/sandbox-mail"
+        chmod 755 "$PREFIX/py/$name/bin/sandbox-mail"
         ;;
     esac
 done

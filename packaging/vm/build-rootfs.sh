@@ -38,7 +38,7 @@ trap cleanup EXIT
 
 echo "build-rootfs: debootstrap $suite" >&2
 debootstrap --variant=minbase \
-  --include=systemd-sysv,udev,kmod,ca-certificates,linux-image-amd64,nodejs,npm,python3,python3-venv,python3-pip,git,chromium \
+  --include=systemd-sysv,udev,kmod,ca-certificates,linux-image-amd64,nodejs,npm,python3,python3-venv,python3-pip,git,chromium,dovecot-imapd,dovecot-lmtpd \
   "$suite" "$dir" "$mirror"
 for m in proc sys dev dev/pts; do mount --bind "/$m" "$dir/$m"; done
 
@@ -47,6 +47,7 @@ install -D -m 0644 "$root/packaging/systemd/sandbox-agent.service" "$dir/etc/sys
 install -D -m 0644 "$root/packaging/servers.toml" "$dir/etc/sandbox-agent/servers.toml"
 install -D -m 0755 "$root/packaging/install-servers.sh" "$dir/tmp/install-servers.sh"
 install -D -m 0755 "$root/packaging/launchers/emails-mcp-env" "$dir/tmp/launchers/emails-mcp-env"
+install -D -m 0755 "$root/packaging/launchers/sandbox-mail" "$dir/tmp/launchers/sandbox-mail"
 cat > "$dir/etc/sandbox-agent/agent.toml" <<'TOML'
 # sandbox-agent in a full VM image (packaging/vm/build-rootfs.sh)
 listen = ["vsock://any:1024"]

@@ -15,6 +15,10 @@ Scenarios print one JSON object on stdout:
                     acquire SERVER with benchmark BENCH ("-": none), upload and initialize
                     the 3-file archive, call TOOL with the JSON ARGS through mcp_server_url,
                     dump, release; the files of the dump with their text
+  mail              acquire poste_email_toolathlon (Toolathlon, jsmith@mcp.com), load a
+                    mailbox through its initialize endpoint, read it and send a mail with
+                    the emails server's tools, dump; release, acquire again, dump (empty),
+                    load the default data, dump, release
 """
 import asyncio
 import io
@@ -132,6 +136,63 @@ async def profile(base, headers, bench, server, tool, args):
             "files": files}
 
 
+MAILBOX = {"users": {"jsmith@mcp.com": {"emails": [
+    {"subject": "Quarterly report due Friday", "from_addr": "Ann Lee <ann@mcp.com>",
+     "to_addr": "jsmith@mcp.com", "cc_addr": "team@mcp.com", "date": "Wed, 10 Sep 2025 18:31:19 +0000",
+     "message_id": "<q3-report@mcp.com>", "body_text": "Please send the Q3 numbers by Friday.",
+     "is_read": False, "is_important": True, "folder": "INBOX"},
+    {"subject": "Old newsletter", "from_addr": "news@mcp.com", "to_addr": "jsmith@mcp.com",
+     "date": "Mon, 01 Sep 2025 08:00:00 +0000", "body_text": "archived", "is_read": True,
+     "folder": "Archive"},
+]}}}
+
+
+async def mail(base, headers):
+    from mcp import ClientSession
+    from mcp.client.streamable_http import streamablehttp_client
+    out = {}
+    body = {"server_names": ["poste_email_toolathlon"], "benchmark": "Toolathlon",
+            "test_account_email": "jsmith@mcp.com"}
+    async with httpx.AsyncClient(timeout=300.0) as client:
+        resp = await client.post(f"{base}/local-sandbox", headers=headers, json=body)
+        data = out["acquire"] = resp.json()
+        if resp.status_code != 201:
+            return {"acquire_status": resp.status_code, **out}
+        sid = data["local_sandbox_id"]
+        url = data["servers"][0]["mcp_server_url"]
+        srv = f"{base}/local-sandbox/poste_email_toolathlon/{sid}"
+        resp = await client.post(f"{srv}/initialize", headers=headers, json=MAILBOX)
+        out["initialize"] = [resp.status_code, resp.json()]
+    async with streamablehttp_client(url, timeout=120, sse_read_timeout=300) as (r, w, _):
+        async with ClientSession(r, w) as s:
+            await s.initialize()
+            got = await s.call_tool("get_emails", {"folder": "INBOX"})
+            out["inbox"] = "".join(c.text for c in got.content if c.type == "text")
+            got = await s.call_tool("send_email", {"to": "bob@mcp.com", "subject": "Q3 numbers",
+                                                   "body": "Here they are."})
+            out["sent"] = "".join(c.text for c in got.content if c.type == "text")
+    async with httpx.AsyncClient(timeout=300.0) as client:
+        resp = await client.get(f"{srv}/dump", headers=headers)
+        out["dump"] = [resp.status_code, resp.json()]
+        await client.delete(f"{base}/local-sandbox/{sid}", headers=headers)
+        # The next tenant's mail service starts empty.
+        for _ in range(100):
+            resp = await client.post(f"{base}/local-sandbox", headers=headers, json=body)
+            if resp.status_code == 201:
+                break
+            await asyncio.sleep(0.2)
+        sid = resp.json()["local_sandbox_id"]
+        srv = f"{base}/local-sandbox/poste_email_toolathlon/{sid}"
+        resp = await client.get(f"{srv}/dump", headers=headers)
+        out["dump_after_release"] = [resp.status_code, resp.json()]
+        resp = await client.post(f"{srv}/initialize?init_default_data=true", headers=headers)
+        out["initialize_default"] = [resp.status_code, resp.json()]
+        resp = await client.get(f"{srv}/dump", headers=headers)
+        out["dump_default"] = [resp.status_code, resp.json()]
+        await client.delete(f"{base}/local-sandbox/{sid}", headers=headers)
+    return out
+
+
 async def main():
     base, key, scenario = sys.argv[1], sys.argv[2], sys.argv[3]
     headers = {"Authorization": f"Bearer {key}"}
@@ -144,6 +205,8 @@ async def main():
         out = await mcp(base, headers, bare=True)
     elif scenario == "profile":
         out = await profile(base, headers, *sys.argv[4:8])
+    elif scenario == "mail":
+        out = await mail(base, headers)
     elif scenario == "cycles":
         n = int(sys.argv[4])
         results = await asyncio.gather(*(cycle(base, headers, ["filesystem"]) for _ in range(n)),

@@ -9,5 +9,6 @@ mod exec;
 mod first_day;
 mod hardening;
 mod host;
+mod mail;
 mod profiles;
 mod warm;

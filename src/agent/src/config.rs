@@ -56,6 +56,11 @@ pub struct Config {
     pub data_link: DataLink,
     /// `text` or `json`.
     pub log_format: LogFormat,
+    /// The mail service's ports: `manifest` (its [mail] imap_port and
+    /// smtp_port; default) or `auto` (free loopback ports at every start,
+    /// for several agents on one machine, as sandbox-host's process
+    /// backend runs them). The lease's auth_data names the ports.
+    pub mail_ports: MailPorts,
     pub auth: AuthConfig,
     pub limits: Limits,
     /// Limits of workspace archives (Initialize and Dump).
@@ -70,6 +75,14 @@ pub struct Config {
     pub exec: ExecConfig,
     /// Duties as the VM's init; used only when the agent is PID 1.
     pub init: crate::init::InitConfig,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum MailPorts {
+    #[default]
+    Manifest,
+    Auto,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
@@ -142,6 +155,7 @@ impl Default for Config {
             data_path: None,
             data_link: DataLink::Symlink,
             log_format: LogFormat::Text,
+            mail_ports: MailPorts::Manifest,
             auth: AuthConfig::default(),
             limits: Limits::default(),
             archive: ArchiveLimits::default(),
@@ -228,6 +242,7 @@ pub struct Overrides {
     /// flag or env wins over it; it wins over the config file's token_file.
     pub token: Option<String>,
     pub log_format: Option<LogFormat>,
+    pub mail_ports: Option<MailPorts>,
     pub allow_remote_tcp: bool,
     pub name: Option<String>,
     pub manifest: Option<PathBuf>,
@@ -308,6 +323,9 @@ impl Config {
         }
         if let Some(d) = &o.data_path {
             self.data_path = Some(d.clone());
+        }
+        if let Some(m) = o.mail_ports {
+            self.mail_ports = m;
         }
         if let Some(t) = &o.token_file {
             self.auth.token_file = Some(t.clone());
@@ -437,6 +455,11 @@ impl Config {
             }
             None => Manifest::empty(Path::new(DEFAULT_MANIFEST_PATH)),
         };
+        let mut manifest = manifest;
+        if let (MailPorts::Auto, Some(m)) = (self.mail_ports, manifest.mail.as_mut()) {
+            m.imap_port = 0;
+            m.smtp_port = 0;
+        }
         let name = match &self.name {
             Some(n) => n.clone(),
             None => nix::unistd::gethostname()

@@ -22,6 +22,7 @@ pub mod gateway;
 mod info;
 pub mod init;
 pub mod lifecycle;
+pub mod mail;
 mod rpc;
 pub mod server;
 pub mod supervisor;

@@ -88,6 +88,12 @@ struct Args {
     #[arg(long, value_name = "DIR", env = "SANDBOX_AGENT_DATA_PATH")]
     data_path: Option<PathBuf>,
 
+    /// The mail service's ports: `manifest` ([mail] in servers.toml) or
+    /// `auto` (free loopback ports at every start, e.g. for several agents
+    /// on one machine).
+    #[arg(long, value_name = "MODE", env = "SANDBOX_AGENT_MAIL_PORTS")]
+    mail_ports: Option<sandbox_agent::config::MailPorts>,
+
     /// Where script executions live (exec.root). Default:
     /// /var/lib/sandbox-agent/executions (with --dev: ./executions).
     #[arg(long, value_name = "DIR", env = "SANDBOX_AGENT_EXEC_ROOT")]
@@ -158,6 +164,7 @@ fn run(args: Args, pid1: bool) -> anyhow::Result<()> {
         token_file: args.token_file.clone(),
         token: env_token.clone(),
         log_format: args.log_format,
+        mail_ports: args.mail_ports,
         allow_remote_tcp: args.allow_remote_tcp,
         name: args.name.clone(),
         manifest: args.manifest.clone(),

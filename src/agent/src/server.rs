@@ -340,6 +340,10 @@ fn routes(
         .map_err(|e| ServeError::Reflection(e.to_string()))?;
     let info = Arc::new(sysinfo::Collector::new(&settings.workspace));
 
+    // LoadData and DumpData carry a server's data in one message.
+    let data_max = settings.manifest.mail.as_ref().map_or(max, |m| {
+        max.max(usize::try_from(m.max_data_bytes).unwrap_or(usize::MAX) + (64 << 10))
+    });
     let mut b = Routes::builder();
     b.add_service(health)
         .add_service(reflection_v1)
@@ -360,8 +364,8 @@ fn routes(
         )
         .add_service(
             proto::servers_server::ServersServer::new(rpc::ServersService::new(lifecycle))
-                .max_decoding_message_size(max)
-                .max_encoding_message_size(max),
+                .max_decoding_message_size(data_max)
+                .max_encoding_message_size(data_max),
         )
         .add_service(
             proto::exec_server::ExecServer::new(rpc::ExecService::new(executions))

@@ -28,6 +28,9 @@ const INSTALLED_MANIFEST: &str = "/etc/sandbox-agent/servers.toml";
 /// How long a shutdown waits for releases already accepted (a Release
 /// stops the sandbox's servers; in a VM under TCG that takes seconds).
 const RELEASE_DRAIN: std::time::Duration = std::time::Duration::from_secs(60);
+/// The largest per-server data document (`POST /local-sandbox/{server}/{id}/initialize`)
+/// the host reads; the agent applies its own mail.max_data_bytes (16 MiB by default).
+const MAX_SERVER_DATA_BYTES: usize = 64 << 20;
 
 /// Reference host: the Klavis Local Sandbox REST API over a pool of
 /// sandbox agents (local processes or QEMU VMs).
@@ -350,6 +353,15 @@ fn main() -> anyhow::Result<()> {
             .route("/local-sandbox/{id}/upload-url", post(api::upload_url))
             .route("/local-sandbox/{id}/initialize", post(api::initialize))
             .route("/local-sandbox/{id}/dump", get(api::dump_url))
+            .route(
+                "/local-sandbox/{server}/{id}/initialize",
+                post(api::server_data::initialize)
+                    .layer(axum::extract::DefaultBodyLimit::max(MAX_SERVER_DATA_BYTES)),
+            )
+            .route(
+                "/local-sandbox/{server}/{id}/dump",
+                get(api::server_data::dump),
+            )
             .route(
                 "/local-sandbox/{id}/execution-upload-url",
                 post(api::execution_upload_url),

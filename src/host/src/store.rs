@@ -12,6 +12,10 @@ use serde::{Deserialize, Serialize};
 pub struct ServerRow {
     pub name: String,
     pub id: String,
+    /// What the sandbox gave the server to reach a service it runs (the
+    /// mail account): Klavis's `auth_data`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auth_data: Option<serde_json::Value>,
 }
 
 #[derive(Debug, Clone)]

@@ -168,12 +168,38 @@ impl Lifecycle {
         let mut missing = Vec::new();
         let mut names = Vec::new();
         let mut skipped = Vec::new();
+        let mut account = None;
+        let mut auth_data = BTreeMap::new();
         for name in &wanted {
             let def = self
                 .manifest
                 .get(name)
                 .ok_or_else(|| unknown_servers(&self.manifest, vec![name.clone()]))?;
-            let creds = p.credentials.get(name).cloned().unwrap_or_default();
+            let mut creds = p.credentials.get(name).cloned().unwrap_or_default();
+            // A mail-using server named without an account of its own gets
+            // the lease's account on the sandbox's mail service.
+            if let Some(mail) = self
+                .mail
+                .as_ref()
+                .filter(|_| def.mail && creds.auth.is_empty())
+            {
+                if account.is_none() {
+                    account = Some(mail.new_account(mail.address_for(&p.test_account_email))?);
+                }
+                if let Some(a) = &account {
+                    let fields = a.auth_data();
+                    creds.auth = fields
+                        .iter()
+                        .map(|(k, v)| {
+                            (
+                                k.clone(),
+                                v.as_str().map_or_else(|| v.to_string(), str::to_owned),
+                            )
+                        })
+                        .collect();
+                    auth_data.insert(name.clone(), fields);
+                }
+            }
             match def.launch(p.benchmark, &creds, &|k| std::env::var(k).ok()) {
                 Ok(spec) => {
                     specs.push(spec);
@@ -201,9 +227,13 @@ impl Lifecycle {
         let started = Instant::now();
         async {
             let seeded = self.prepare(&names, p.benchmark).await;
-            let r = match seeded {
-                Ok(()) => self.start_and_wait(&specs).await,
-                Err(e) => Err(e),
+            let r = match (seeded, &account, &self.mail) {
+                (Ok(()), Some(a), Some(m)) => match m.start(a).await {
+                    Ok(()) => self.start_and_wait(&specs).await,
+                    Err(e) => Err(e.into()),
+                },
+                (Ok(()), _, _) => self.start_and_wait(&specs).await,
+                (Err(e), _, _) => Err(e),
             };
             if let Err(e) = r {
                 warn!(error = %e, "acquire failed; undoing it");
@@ -229,6 +259,7 @@ impl Lifecycle {
             },
             test_account_email: p.test_account_email,
             skipped,
+            auth_data,
         };
         let ttl = CancellationToken::new();
         if ttl_seconds > 0 {
@@ -245,6 +276,7 @@ impl Lifecycle {
             ttl,
             broken: None,
             started: lease.servers.clone(),
+            mail: account,
         });
         span.in_scope(|| {
             info!(

@@ -3,6 +3,7 @@
 
 use std::path::PathBuf;
 
+use crate::mail::MailError;
 use crate::supervisor::SupError;
 use crate::supervisor::manifest::LaunchError;
 use crate::workspace::WsError;
@@ -79,6 +80,20 @@ pub enum LcError {
     },
     #[error(transparent)]
     Supervisor(#[from] SupError),
+    #[error(
+        "server {server:?} is not in the lease ({})",
+        if lease.is_empty() { "the sandbox is idle".to_owned() } else { lease.join(", ") }
+    )]
+    NotInLease { server: String, lease: Vec<String> },
+    // ---- the request names something this agent does not do (UNIMPLEMENTED)
+    #[error(
+        "server {server:?} has no data this sandbox can load or dump: only servers with mail = true in the manifest (poste_email_toolathlon) do here{}",
+        if *outside { "; its outside service is reached with the lease's credentials, which sandbox-agent does not load data into yet" } else { "" }
+    )]
+    NoServerData { server: String, outside: bool },
+    // ---- the mail service (mapped by cause)
+    #[error(transparent)]
+    Mail(#[from] MailError),
     // ---- servers did not come up (UNAVAILABLE)
     #[error("{}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n"))]
     NotReady(Vec<ReadyError>),

@@ -18,6 +18,7 @@ mod error;
 mod narrow;
 mod release;
 mod seed;
+mod server_data;
 mod servers;
 
 use std::collections::BTreeMap;
@@ -28,6 +29,7 @@ use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
 use crate::exec::Executions;
+use crate::mail::{Account, Mail};
 use crate::supervisor::manifest::{Benchmark, LaunchSpec, Manifest};
 use crate::supervisor::{State, Supervisor};
 use crate::workspace::Workspace;
@@ -109,6 +111,9 @@ pub struct Lease {
     /// With `Selection::All`: servers left out because the outside service
     /// they need is not configured, each with what is missing.
     pub skipped: Vec<(String, String)>,
+    /// What the agent gave a server to reach a service it runs for the
+    /// lease (the mail account), by server: Klavis's `auth_data`.
+    pub auth_data: BTreeMap<String, BTreeMap<String, serde_json::Value>>,
 }
 
 #[derive(Debug, Clone)]
@@ -143,6 +148,8 @@ struct Current {
     /// state paths Release empties. Servers never leased are not touched
     /// (their paths may not even be writable by this agent).
     started: Vec<String>,
+    /// The lease's mail account while a server of the lease uses mail.
+    mail: Option<Account>,
 }
 
 pub struct Lifecycle {
@@ -150,6 +157,8 @@ pub struct Lifecycle {
     sup: Arc<Supervisor>,
     ws: Arc<Workspace>,
     exec: Arc<Executions>,
+    /// The mail service, when the manifest has `[mail]`.
+    mail: Option<Arc<Mail>>,
     cfg: LifecycleConfig,
     /// Serializes Acquire, Release and Reset.
     op: tokio::sync::Mutex<()>,
@@ -177,11 +186,16 @@ impl Lifecycle {
         exec: Arc<Executions>,
         cfg: LifecycleConfig,
     ) -> Arc<Lifecycle> {
+        let mail = manifest
+            .mail
+            .clone()
+            .map(|def| Arc::new(Mail::new(def, sup.clone())));
         Arc::new_cyclic(|me| Lifecycle {
             manifest,
             sup,
             ws,
             exec,
+            mail,
             cfg,
             op: tokio::sync::Mutex::new(()),
             current: Mutex::new(None),
@@ -234,6 +248,18 @@ impl Lifecycle {
 
     fn current(&self) -> std::sync::MutexGuard<'_, Option<Current>> {
         self.current.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether server `name` gets a mail account.
+    fn uses_mail(&self, name: &str) -> bool {
+        self.manifest.get(name).is_some_and(|d| d.mail)
+    }
+
+    /// Stops the mail service (and empties its mailboxes), if there is one.
+    async fn stop_mail(&self) {
+        if let Some(m) = &self.mail {
+            m.stop().await;
+        }
     }
 }
 

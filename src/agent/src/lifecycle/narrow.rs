@@ -79,7 +79,7 @@ impl Lifecycle {
                 }
                 Some(c) => c,
             };
-            self.narrowable(c, &keep, p.benchmark)?;
+            self.narrowable(c, &keep, p.benchmark, &p.test_account_email)?;
             let dropped: Vec<String> = c
                 .lease
                 .servers
@@ -137,7 +137,17 @@ impl Lifecycle {
                 },
                 test_account_email: p.test_account_email.clone(),
                 skipped: Vec::new(),
+                auth_data: c
+                    .lease
+                    .auth_data
+                    .iter()
+                    .filter(|(n, _)| keep.contains(n))
+                    .map(|(n, a)| (n.clone(), a.clone()))
+                    .collect(),
             };
+            if !keep.iter().any(|n| self.uses_mail(n)) {
+                c.mail = None;
+            }
             if ttl_seconds > 0 {
                 self.arm_ttl(
                     c.lease.id.clone(),
@@ -177,6 +187,7 @@ impl Lifecycle {
         c: &Current,
         keep: &[String],
         benchmark: Option<Benchmark>,
+        test_account_email: &str,
     ) -> Result<(), LcError> {
         let refuse = |why: String| Err(LcError::NotNarrowable { why });
         if c.broken.is_some() {
@@ -206,6 +217,18 @@ impl Lifecycle {
             if state != Some(State::Ready) {
                 return refuse(format!("server {n} is not ready ({state:?})"));
             }
+        }
+        // The mail account is the test_account_email's (or the default):
+        // a warm lease made for another address is not what was asked.
+        if let (Some(a), Some(m)) = (&c.mail, &self.mail)
+            && keep.iter().any(|n| self.uses_mail(n))
+            && a.address != m.address_for(test_account_email)
+        {
+            return refuse(format!(
+                "its mail account is {}, not {}",
+                a.address,
+                m.address_for(test_account_email)
+            ));
         }
         let seeding: Vec<&str> = c
             .lease
@@ -241,6 +264,9 @@ impl Lifecycle {
         futures_util::future::join_all(names.iter().map(|n| self.sup.stop(n, None))).await;
         for n in &names {
             self.sup.forget(n);
+        }
+        if self.current().as_ref().is_some_and(|c| c.mail.is_none()) {
+            self.stop_mail().await;
         }
         let wiped = tokio::task::spawn_blocking(move || {
             let mut failed = BTreeMap::new();

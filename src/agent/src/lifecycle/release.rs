@@ -61,6 +61,7 @@ impl Lifecycle {
             }
             self.exec.close().await;
             self.sup.stop_all().await;
+            self.stop_mail().await;
             self.wipe(&[], true).await?;
             Ok::<_, LcError>(self.wipe_state(&touched).await)
         }
@@ -96,7 +97,7 @@ impl Lifecycle {
     /// Back to the state right after Acquire, keeping the lease.
     pub async fn reset(&self, lease_id: &str) -> Result<(Lease, SandboxStatus), LcError> {
         let _op = self.op.lock().await;
-        let (lease, specs) = {
+        let (lease, specs, account) = {
             let cur = self.current();
             match cur.as_ref() {
                 None => return Err(LcError::NotLeased),
@@ -106,7 +107,7 @@ impl Lifecycle {
                         current: Some(c.lease.id.clone()),
                     });
                 }
-                Some(c) => (c.lease.clone(), c.specs.clone()),
+                Some(c) => (c.lease.clone(), c.specs.clone(), c.mail.clone()),
             }
         };
         let span = tracing::info_span!("reset", lease = %lease.id);
@@ -120,6 +121,10 @@ impl Lifecycle {
                 self.sup.forget(n);
             }
             self.prepare(&lease.servers, lease.benchmark).await?;
+            // The mailboxes go back to empty, with the same account.
+            if let (Some(a), Some(m)) = (&account, &self.mail) {
+                m.start(a).await?;
+            }
             self.start_and_wait(&specs).await
         }
         .instrument(span)
@@ -242,6 +247,7 @@ impl Lifecycle {
             let _ = self.sup.stop(n, None).await;
             self.sup.forget(n);
         }
+        self.stop_mail().await;
         if let Err(e) = self.wipe(names, workspace).await {
             warn!(error = %e, "cleaning up after a failed acquire");
         }

@@ -127,7 +127,37 @@ fn lease(l: &lifecycle::Lease) -> proto::Lease {
                 reason: reason.clone(),
             })
             .collect(),
+        auth_data: l
+            .auth_data
+            .iter()
+            .map(|(server, fields)| {
+                let fields = fields
+                    .iter()
+                    .map(|(k, v)| (k.clone(), json_value(v)))
+                    .collect();
+                (server.clone(), prost_types::Struct { fields })
+            })
+            .collect(),
     }
+}
+
+/// A JSON value as a protobuf one.
+fn json_value(v: &serde_json::Value) -> prost_types::Value {
+    use prost_types::value::Kind;
+    use serde_json::Value as J;
+    let kind = match v {
+        J::Null => Kind::NullValue(0),
+        J::Bool(b) => Kind::BoolValue(*b),
+        J::Number(n) => Kind::NumberValue(n.as_f64().unwrap_or_default()),
+        J::String(s) => Kind::StringValue(s.clone()),
+        J::Array(a) => Kind::ListValue(prost_types::ListValue {
+            values: a.iter().map(json_value).collect(),
+        }),
+        J::Object(o) => Kind::StructValue(prost_types::Struct {
+            fields: o.iter().map(|(k, v)| (k.clone(), json_value(v))).collect(),
+        }),
+    };
+    prost_types::Value { kind: Some(kind) }
 }
 
 /// auth_data values as environment strings: strings as they are, numbers

@@ -19,6 +19,7 @@ pub use workspace::WorkspaceService;
 type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, tonic::Status>> + Send>>;
 
 use crate::lifecycle::LcError;
+use crate::mail::MailError;
 use tonic::Status;
 
 /// The gRPC status for a lifecycle error: the one place its causes meet
@@ -38,6 +39,17 @@ fn lc_status(e: LcError) -> Status {
         | LcError::Launch(_)
         | LcError::MissingCredentials(_) => Status::failed_precondition(message),
         LcError::NoSuchLease { .. } | LcError::Supervisor(_) => Status::not_found(message),
+        LcError::NotInLease { .. } => Status::failed_precondition(message),
+        LcError::NoServerData { .. } => Status::unimplemented(message),
+        LcError::Mail(m) => match m {
+            MailError::InvalidData(_) => Status::invalid_argument(message),
+            MailError::TooLarge { .. } => Status::resource_exhausted(message),
+            MailError::NotRunning => Status::failed_precondition(message),
+            MailError::Start { .. } | MailError::NotReady { .. } | MailError::Timeout { .. } => {
+                Status::unavailable(message)
+            }
+            MailError::Failed { .. } | MailError::Io { .. } => Status::internal(message),
+        },
         LcError::NotReady(_) => Status::unavailable(message),
         LcError::Workspace(w) => workspace::ws_status(w),
         LcError::Seed { .. } | LcError::Wipe { .. } | LcError::Task { .. } => {

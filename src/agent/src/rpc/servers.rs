@@ -9,6 +9,7 @@ use tonic::{Request, Response, Status};
 use super::agent::benchmark_to_proto;
 use super::{BoxStream, lc_status};
 use crate::lifecycle::{Lifecycle, ServerView};
+use crate::mail::Load;
 use crate::supervisor::State;
 use crate::supervisor::logbuf::Stream as LogStream;
 use crate::supervisor::manifest::Transport;
@@ -175,5 +176,37 @@ impl proto::servers_server::Servers for ServersService {
             })
         });
         Ok(Response::new(Box::pin(lines)))
+    }
+
+    async fn load_data(
+        &self,
+        req: Request<proto::LoadDataRequest>,
+    ) -> Result<Response<proto::LoadDataResponse>, Status> {
+        let r = req.into_inner();
+        let what = if r.default_data {
+            Load::Default
+        } else {
+            Load::Json(r.json.as_bytes())
+        };
+        let summary = self
+            .lc
+            .load_server_data(&r.server_name, what)
+            .await
+            .map_err(lc_status)?;
+        Ok(Response::new(proto::LoadDataResponse { summary }))
+    }
+
+    async fn dump_data(
+        &self,
+        req: Request<proto::DumpDataRequest>,
+    ) -> Result<Response<proto::DumpDataResponse>, Status> {
+        let name = req.into_inner().server_name;
+        let json = self.lc.dump_server_data(&name).await.map_err(lc_status)?;
+        let json = String::from_utf8(json)
+            .map_err(|e| Status::internal(format!("the dump of {name} is not UTF-8: {e}")))?;
+        Ok(Response::new(proto::DumpDataResponse {
+            json,
+            dumped_at_ms: crate::supervisor::now_ms(),
+        }))
     }
 }

@@ -16,6 +16,7 @@
 mod exec;
 mod reaper;
 mod sandboxes;
+pub mod server_data;
 mod transfer;
 mod validation;
 
@@ -234,7 +235,7 @@ pub(super) fn server_items(h: &Host, s: &SandboxRow) -> Vec<Value> {
                 "benchmark": s.benchmark,
                 "updated_at": s.updated_at,
                 "metadata": null,
-                "auth_data": null,
+                "auth_data": sv.auth_data,
                 "tags": null,
             })
         })
@@ -261,6 +262,7 @@ pub(super) fn agent_error(what: &str, s: tonic::Status) -> ApiError {
         // The workspace is busy with another transfer: retry later.
         tonic::Code::Aborted => StatusCode::CONFLICT,
         tonic::Code::NotFound => StatusCode::NOT_FOUND,
+        tonic::Code::Unimplemented => StatusCode::NOT_IMPLEMENTED,
         tonic::Code::Unavailable | tonic::Code::DeadlineExceeded => StatusCode::SERVICE_UNAVAILABLE,
         _ => StatusCode::INTERNAL_SERVER_ERROR,
     };

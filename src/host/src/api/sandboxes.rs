@@ -1,6 +1,6 @@
 //! The sandbox endpoints: acquire, list, get, reset and release.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use axum::Json;
 use axum::extract::{Path, Query, State};
@@ -55,36 +55,37 @@ pub async fn acquire(
     })?;
     let slot = taken.slot.clone();
     let id = uuid::Uuid::new_v4().to_string();
-    let (mut servers, profile, miss, skipped) = match lease_slot(&slot, taken, &req, &id).await {
-        Ok(a) => a,
-        Err(e) => {
-            h.metrics.failed();
-            // A failed Acquire leaves the agent idle, but a warm lease the
-            // failure left behind (a Narrow that failed for another reason)
-            // is ended before the sandbox goes back to the pool bare; one
-            // that cannot be ended is replaced.
-            let pool = h.pool.clone();
-            tokio::spawn(async move {
-                let idle = match slot.client().await {
-                    Ok(c) => c
-                        .agent()
-                        .release(proto::ReleaseRequest::default())
-                        .await
-                        .is_ok(),
-                    Err(_) => false,
-                };
-                let _ = tokio::task::spawn_blocking(move || {
-                    if idle {
-                        pool.give_back(&slot.id)
-                    } else {
-                        pool.drop_slot(&slot.id)
-                    }
-                })
-                .await;
-            });
-            return Err(e);
-        }
-    };
+    let (mut servers, profile, miss, skipped, mut auth) =
+        match lease_slot(&slot, taken, &req, &id).await {
+            Ok(a) => a,
+            Err(e) => {
+                h.metrics.failed();
+                // A failed Acquire leaves the agent idle, but a warm lease the
+                // failure left behind (a Narrow that failed for another reason)
+                // is ended before the sandbox goes back to the pool bare; one
+                // that cannot be ended is replaced.
+                let pool = h.pool.clone();
+                tokio::spawn(async move {
+                    let idle = match slot.client().await {
+                        Ok(c) => c
+                            .agent()
+                            .release(proto::ReleaseRequest::default())
+                            .await
+                            .is_ok(),
+                        Err(_) => false,
+                    };
+                    let _ = tokio::task::spawn_blocking(move || {
+                        if idle {
+                            pool.give_back(&slot.id)
+                        } else {
+                            pool.drop_slot(&slot.id)
+                        }
+                    })
+                    .await;
+                });
+                return Err(e);
+            }
+        };
     // In the order asked for (a warm lease lists its profile's order).
     if let Some(asked) = &req.servers {
         servers.sort_by_key(|n| asked.iter().position(|a| a == n).unwrap_or(usize::MAX));
@@ -99,6 +100,7 @@ pub async fn acquire(
         servers: servers
             .into_iter()
             .map(|name| ServerRow {
+                auth_data: auth.remove(&name),
                 name,
                 id: uuid::Uuid::new_v4().to_string(),
             })
@@ -200,6 +202,7 @@ async fn lease_slot(
         Option<usize>,
         Option<Miss>,
         Vec<proto::SkippedServer>,
+        BTreeMap<String, Value>,
     ),
     ApiError,
 > {
@@ -224,8 +227,10 @@ async fn lease_slot(
                 .await;
             match narrowed {
                 Ok(r) => {
-                    let servers = r.into_inner().servers.into_iter().map(|s| s.name);
-                    return Ok((servers.collect(), Some(w.profile), None, Vec::new()));
+                    let r = r.into_inner();
+                    let auth = auth_data(r.lease.as_ref());
+                    let servers = r.servers.into_iter().map(|s| s.name);
+                    return Ok((servers.collect(), Some(w.profile), None, Vec::new(), auth));
                 }
                 Err(s)
                     if matches!(
@@ -282,9 +287,22 @@ async fn lease_slot(
             }
         })?
         .into_inner();
+    let auth = auth_data(r.lease.as_ref());
     let servers = r.servers.into_iter().map(|s| s.name).collect();
     let skipped = r.lease.map(|l| l.skipped).unwrap_or_default();
-    Ok((servers, None, miss, skipped))
+    Ok((servers, None, miss, skipped, auth))
+}
+
+/// The lease's per-server auth_data as JSON.
+fn auth_data(lease: Option<&proto::Lease>) -> BTreeMap<String, Value> {
+    lease
+        .map(|l| {
+            l.auth_data
+                .iter()
+                .map(|(server, s)| (server.clone(), super::server_data::struct_json(s)))
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// `GET /local-sandbox`

@@ -245,14 +245,19 @@ pub(super) fn query_error(name: &str, msg: &str, kind: &str, input: &str) -> Api
 
 /// `?is_ttl=`, parsed as pydantic parses a boolean.
 pub(super) fn is_ttl(q: &HashMap<String, String>) -> Result<bool, ApiError> {
-    let Some(v) = q.get("is_ttl") else {
+    query_bool(q, "is_ttl")
+}
+
+/// A boolean query parameter (default false), parsed as pydantic does.
+pub(super) fn query_bool(q: &HashMap<String, String>, name: &str) -> Result<bool, ApiError> {
+    let Some(v) = q.get(name) else {
         return Ok(false);
     };
     match v.to_ascii_lowercase().as_str() {
         "1" | "true" | "t" | "yes" | "y" | "on" => Ok(true),
         "0" | "false" | "f" | "no" | "n" | "off" => Ok(false),
         _ => Err(query_error(
-            "is_ttl",
+            name,
             "Input should be a valid boolean, unable to interpret input",
             "bool_parsing",
             v,

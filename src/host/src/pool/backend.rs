@@ -84,6 +84,9 @@ pub(super) fn process_command(
         // own /data, so each gets <slot>/data, a symlink to its workspace.
         .arg("--data-path")
         .arg(dir.join("data"))
+        // Several agents share this machine's loopback.
+        .arg("--mail-ports")
+        .arg("auto")
         .arg("--name")
         .arg(id)
         .env("SANDBOX_AGENT_CONFIG", "/dev/null");

@@ -69,6 +69,12 @@ pub enum EntryError {
     SeedOutsideState(PathBuf),
     #[error("{0:?} must be a relative path inside the workspace ({1})")]
     BadWorkspaceDir(String, String),
+    #[error("{0:?} is not a valid mail domain or local part")]
+    BadMailName(String),
+    #[error("must be {0}")]
+    OutOfRange(String),
+    #[error("mail = true needs the manifest's [mail] table (the mail service)")]
+    NoMailService,
 }
 
 /// An [`EntryError`] and the field (`command`, `restart.window_ms`, …) it
@@ -80,7 +86,7 @@ pub struct FieldError {
     pub cause: EntryError,
 }
 
-fn field(f: &str, cause: EntryError) -> FieldError {
+pub(super) fn field(f: &str, cause: EntryError) -> FieldError {
     FieldError {
         field: f.to_owned(),
         cause,
@@ -88,7 +94,7 @@ fn field(f: &str, cause: EntryError) -> FieldError {
 }
 
 /// `${…}` expansion with the known variables; anything else is an error.
-fn expand(s: &str, vars: &[(&str, &str)], f: &str) -> Result<String, FieldError> {
+pub(super) fn expand(s: &str, vars: &[(&str, &str)], f: &str) -> Result<String, FieldError> {
     let mut out = String::with_capacity(s.len());
     let mut rest = s;
     while let Some(i) = rest.find("${") {
@@ -119,6 +125,19 @@ fn expand(s: &str, vars: &[(&str, &str)], f: &str) -> Result<String, FieldError>
     Ok(out)
 }
 
+/// The variables a manifest string may use outside a server entry.
+pub(super) fn file_vars(file: &ManifestFile, roots: &super::Roots) -> Vec<(&'static str, String)> {
+    vec![
+        ("workspace", roots.workspace.display().to_string()),
+        (
+            "data",
+            roots.data.unwrap_or(roots.workspace).display().to_string(),
+        ),
+        ("state_root", roots.state_root.display().to_string()),
+        ("install_dir", file.install_dir.clone().unwrap_or_default()),
+    ]
+}
+
 fn valid_name(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= MAX_NAME_LEN
@@ -133,7 +152,7 @@ pub(super) fn valid_env_name(name: &str) -> bool {
         && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
 }
 
-fn abs_path(p: &str, f: &str) -> Result<PathBuf, FieldError> {
+pub(super) fn abs_path(p: &str, f: &str) -> Result<PathBuf, FieldError> {
     let path = PathBuf::from(p);
     if !path.is_absolute() {
         return Err(field(f, EntryError::NotAbsolute(p.to_owned())));
@@ -435,5 +454,6 @@ pub(super) fn check_entry(
         auth_env: e.auth_env.clone(),
         benchmarks,
         metadata: e.metadata.clone(),
+        mail: e.mail,
     })
 }

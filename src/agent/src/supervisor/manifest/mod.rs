@@ -17,13 +17,15 @@ use serde::{Deserialize, Serialize};
 
 mod check;
 mod launch;
+mod mail;
 mod schema;
 
 pub use check::{EntryError, FieldError};
 pub use launch::{LaunchError, Missing};
+pub use mail::{MailDef, local_part_ok};
 pub use schema::{
-    Defaults, HttpFile, ManifestFile, OverrideFile, RequiredFile, ResourceLimits, RestartFile,
-    RestartPolicy, SeedFile, ServerFile, TransportKind,
+    Defaults, HttpFile, MailFile, ManifestFile, OverrideFile, RequiredFile, ResourceLimits,
+    RestartFile, RestartPolicy, SeedFile, ServerFile, TransportKind,
 };
 
 /// Manifest read when `--manifest` is not given.
@@ -44,6 +46,11 @@ pub enum ManifestError {
     Entry {
         path: PathBuf,
         server: String,
+        error: Box<FieldError>,
+    },
+    #[error("manifest {}: mail.{error}", path.display())]
+    Mail {
+        path: PathBuf,
         error: Box<FieldError>,
     },
 }
@@ -125,6 +132,8 @@ pub struct ServerDef {
     pub auth_env: BTreeMap<String, String>,
     pub benchmarks: BTreeMap<Benchmark, Override>,
     pub metadata: BTreeMap<String, String>,
+    /// Gets an account of the sandbox's mail service ([`Manifest::mail`]).
+    pub mail: bool,
 }
 
 /// Everything needed to start one server process.
@@ -158,6 +167,8 @@ pub struct Credentials {
 pub struct Manifest {
     pub path: PathBuf,
     pub servers: BTreeMap<String, ServerDef>,
+    /// The mail service, when the manifest has `[mail]`.
+    pub mail: Option<MailDef>,
     /// The file after expansion, printed by `--check-config`.
     pub file: ManifestFile,
 }
@@ -182,6 +193,7 @@ impl Manifest {
         Manifest {
             path: path.to_owned(),
             servers: BTreeMap::new(),
+            mail: None,
             file: ManifestFile::default(),
         }
     }
@@ -209,11 +221,30 @@ impl Manifest {
                     error: Box::new(error),
                 }
             })?;
+            if def.mail && file.mail.is_none() {
+                return Err(ManifestError::Entry {
+                    path: path.to_owned(),
+                    server: name.clone(),
+                    error: Box::new(check::field("mail", EntryError::NoMailService)),
+                });
+            }
             servers.insert(name.clone(), def);
         }
+        let vars = check::file_vars(&file, roots);
+        let vars: Vec<(&str, &str)> = vars.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let mail = file
+            .mail
+            .as_ref()
+            .map(|m| mail::check_mail(m, &file, &vars))
+            .transpose()
+            .map_err(|error| ManifestError::Mail {
+                path: path.to_owned(),
+                error: Box::new(error),
+            })?;
         Ok(Manifest {
             path: path.to_owned(),
             servers,
+            mail,
             file,
         })
     }

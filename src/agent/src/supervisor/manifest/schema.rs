@@ -176,6 +176,40 @@ pub struct ServerFile {
     pub benchmarks: BTreeMap<Benchmark, OverrideFile>,
     #[serde(default)]
     pub metadata: BTreeMap<String, String>,
+    /// The server reads and sends mail through the sandbox's mail service
+    /// (`[mail]`): a lease that names it without auth_data gets an account
+    /// there, passed as auth_data fields (email, password, imap_server, …).
+    #[serde(default)]
+    pub mail: bool,
+}
+
+/// `[mail]`: the sandbox's own mail service (IMAP + SMTP submission for one
+/// local domain), run while a lease has a server with `mail = true`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MailFile {
+    /// The `sandbox-mail` launcher (packaging/launchers).
+    pub command: String,
+    /// Default `mcp.com` (Toolathlon's).
+    pub domain: Option<String>,
+    /// Local part of the lease's account when its test_account_email is not
+    /// an address of the domain. Default `sandbox`.
+    pub account: Option<String>,
+    /// Default 1143 and 1587 (Toolathlon's); 0: a free loopback port at
+    /// every start (`--mail-ports auto` sets both to 0).
+    pub imap_port: Option<u16>,
+    pub smtp_port: Option<u16>,
+    /// Where the mailboxes and the service's files live, emptied at every
+    /// start and stop. Default `${state_root}/mail`.
+    pub dir: Option<String>,
+    /// How long the service may take to accept connections. Default 20000.
+    pub ready_timeout_ms: Option<u64>,
+    /// How long loading or dumping mailboxes may take. Default 120000.
+    pub op_timeout_ms: Option<u64>,
+    /// Largest message SMTP accepts. Default 25 MiB.
+    pub max_message_bytes: Option<u64>,
+    /// Largest PosteEmailData JSON loaded or dumped. Default 16 MiB.
+    pub max_data_bytes: Option<u64>,
 }
 
 /// The file as written.
@@ -188,4 +222,5 @@ pub struct ManifestFile {
     pub defaults: Defaults,
     #[serde(default)]
     pub servers: BTreeMap<String, ServerFile>,
+    pub mail: Option<MailFile>,
 }

@@ -1,0 +1,400 @@
+//! The sandbox's mail service: Dovecot (IMAP, LMTP delivery) and an SMTP
+//! submission server for one local domain, run by the `sandbox-mail`
+//! launcher as a supervised job while the lease has a server with
+//! `mail = true` (poste_email_toolathlon). Every address of the domain is
+//! an account, with the lease's one random password; mail to any other
+//! domain is refused, so nothing leaves the sandbox.
+//!
+//! [`Mail::start`] empties the service's directory, starts it and waits
+//! until both ports accept; [`Mail::stop`] kills its process tree and
+//! empties the directory (the mailboxes go with the lease). Loading and
+//! dumping mailboxes in Klavis's `PosteEmailData` shape is [`data`].
+
+mod data;
+
+pub use data::Load;
+
+use std::collections::{BTreeMap, VecDeque};
+use std::os::fd::OwnedFd;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::io::AsyncReadExt;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, info, warn};
+
+use crate::supervisor::Supervisor;
+use crate::supervisor::job::{JobEnd, JobSpec};
+use crate::supervisor::manifest::{MailDef, ResourceLimits, local_part_ok};
+
+/// The service's output kept for error messages (its last bytes).
+const TAIL_BYTES: usize = 8 << 10;
+/// Time between SIGTERM and SIGKILL when the service stops.
+const STOP_GRACE: Duration = Duration::from_secs(3);
+
+/// Why the mail service cannot do what was asked.
+#[derive(Debug, thiserror::Error)]
+pub enum MailError {
+    #[error("the mail service did not start: {why}")]
+    Start { why: String },
+    #[error("the mail service did not accept connections within {ms} ms; its output: {tail}")]
+    NotReady { ms: u128, tail: String },
+    #[error("the mail service is not running: no server of the lease uses mail")]
+    NotRunning,
+    #[error("invalid PosteEmailData: {0}")]
+    InvalidData(String),
+    #[error("the {what} is {size} bytes, over mail.max_data_bytes ({limit})")]
+    TooLarge {
+        what: &'static str,
+        size: u64,
+        limit: u64,
+    },
+    #[error("{what} took longer than mail.op_timeout_ms ({ms} ms); it was stopped")]
+    Timeout { what: &'static str, ms: u128 },
+    #[error("{what} failed: {detail}")]
+    Failed { what: &'static str, detail: String },
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        source: std::io::Error,
+    },
+}
+
+fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> MailError {
+    let what = what.into();
+    move |source| MailError::Io { what, source }
+}
+
+/// The lease's account: what a mail-using server is given as auth_data.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Account {
+    pub address: String,
+    pub password: String,
+    pub imap_port: u16,
+    pub smtp_port: u16,
+}
+
+impl Account {
+    /// The auth_data fields (emails-mcp's account file, and what Klavis's
+    /// acquire answer carries for poste_email_toolathlon).
+    pub fn auth_data(&self) -> BTreeMap<String, serde_json::Value> {
+        use serde_json::json;
+        BTreeMap::from([
+            ("email".into(), json!(self.address)),
+            ("password".into(), json!(self.password)),
+            ("imap_server".into(), json!("127.0.0.1")),
+            ("imap_port".into(), json!(self.imap_port)),
+            ("smtp_server".into(), json!("127.0.0.1")),
+            ("smtp_port".into(), json!(self.smtp_port)),
+            ("use_ssl".into(), json!(false)),
+            ("use_starttls".into(), json!(false)),
+        ])
+    }
+}
+
+struct Running {
+    account: Account,
+    stop: CancellationToken,
+    task: JoinHandle<JobEnd>,
+    tail: Arc<Mutex<VecDeque<u8>>>,
+}
+
+/// The mail service of one agent (at most one instance at a time).
+pub struct Mail {
+    def: MailDef,
+    sup: Arc<Supervisor>,
+    running: tokio::sync::Mutex<Option<Running>>,
+}
+
+impl Mail {
+    pub fn new(def: MailDef, sup: Arc<Supervisor>) -> Mail {
+        Mail {
+            def,
+            sup,
+            running: tokio::sync::Mutex::new(None),
+        }
+    }
+
+    pub fn domain(&self) -> &str {
+        &self.def.domain
+    }
+
+    /// The lease's address: its test_account_email when that is an address
+    /// of the domain, else the configured account.
+    pub fn address_for(&self, test_account_email: &str) -> String {
+        match test_account_email.rsplit_once('@') {
+            Some((local, dom))
+                if dom.eq_ignore_ascii_case(&self.def.domain) && local_part_ok(local) =>
+            {
+                format!("{}@{}", local.to_ascii_lowercase(), self.def.domain)
+            }
+            _ => format!("{}@{}", self.def.account, self.def.domain),
+        }
+    }
+
+    /// A new account for a lease: `address`, a random password, and the
+    /// ports the service will listen on.
+    pub fn new_account(&self, address: String) -> Result<Account, MailError> {
+        let mut b = [0u8; 18];
+        getrandom::fill(&mut b).map_err(|e| MailError::Start {
+            why: format!("no randomness for the password: {e}"),
+        })?;
+        Ok(Account {
+            address,
+            password: hex::encode(b),
+            imap_port: port_or_free(self.def.imap_port)?,
+            smtp_port: port_or_free(self.def.smtp_port)?,
+        })
+    }
+
+    /// The running service's account.
+    pub async fn account(&self) -> Option<Account> {
+        self.running
+            .lock()
+            .await
+            .as_ref()
+            .map(|r| r.account.clone())
+    }
+
+    /// Starts the service for `account` with empty mailboxes (stopping and
+    /// emptying a running one first) and waits until it accepts.
+    pub async fn start(&self, account: &Account) -> Result<(), MailError> {
+        let mut running = self.running.lock().await;
+        if let Some(r) = running.take() {
+            stop_running(r).await;
+        }
+        let span = tracing::info_span!("mail", domain = %self.def.domain);
+        let r = self.launch(account).instrument(span.clone()).await;
+        match r {
+            Ok(r) => {
+                *running = Some(r);
+                Ok(())
+            }
+            Err(e) => {
+                let _ = empty_dir(&self.def.dir).await;
+                Err(e)
+            }
+        }
+    }
+
+    async fn launch(&self, account: &Account) -> Result<Running, MailError> {
+        let dir = &self.def.dir;
+        empty_dir(dir).await?;
+        write_private(&dir.join("password"), account.password.as_bytes()).await?;
+        let spec = JobSpec {
+            group: "mail".into(),
+            command: self.def.command.clone(),
+            args: vec![
+                "serve".into(),
+                "--dir".into(),
+                dir.display().to_string(),
+                "--domain".into(),
+                self.def.domain.clone(),
+                "--imap-port".into(),
+                account.imap_port.to_string(),
+                "--smtp-port".into(),
+                account.smtp_port.to_string(),
+                "--max-message-bytes".into(),
+                self.def.max_message_bytes.to_string(),
+            ],
+            env: base_env(),
+            cwd: dir.clone(),
+            limits: ResourceLimits::default(),
+        };
+        let mut job = self
+            .sup
+            .spawn_job(&spec)
+            .await
+            .map_err(|e| MailError::Start {
+                why: format!("cannot run {}: {e}", self.def.command),
+            })?;
+        let tail = Arc::new(Mutex::new(VecDeque::new()));
+        if let Some(fd) = job.take_output() {
+            tokio::spawn(pump(fd, tail.clone()).in_current_span());
+        }
+        let stop = CancellationToken::new();
+        let st = stop.clone();
+        let mut task = tokio::spawn(async move { job.wait(&st, STOP_GRACE).await });
+        let started = Instant::now();
+        let ready_file = dir.join("service.json");
+        loop {
+            if task.is_finished() {
+                let end = (&mut task).await;
+                tokio::time::sleep(Duration::from_millis(50)).await; // the last output
+                return Err(MailError::Start {
+                    why: format!("it exited ({}): {}", describe(end), tail_text(&tail)),
+                });
+            }
+            if tokio::fs::try_exists(&ready_file).await.unwrap_or(false)
+                && accepts(account.imap_port).await
+                && accepts(account.smtp_port).await
+            {
+                break;
+            }
+            if started.elapsed() >= self.def.ready_timeout {
+                stop.cancel();
+                let _ = task.await;
+                return Err(MailError::NotReady {
+                    ms: self.def.ready_timeout.as_millis(),
+                    tail: tail_text(&tail),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        info!(
+            address = %account.address,
+            imap = account.imap_port,
+            smtp = account.smtp_port,
+            ms = started.elapsed().as_millis() as u64,
+            "mail service ready"
+        );
+        Ok(Running {
+            account: account.clone(),
+            stop,
+            task,
+            tail,
+        })
+    }
+
+    /// Stops the service and empties its directory. Idempotent.
+    pub async fn stop(&self) {
+        let mut running = self.running.lock().await;
+        if let Some(r) = running.take() {
+            stop_running(r).await;
+            info!(domain = %self.def.domain, "mail service stopped");
+        }
+        if let Err(e) = empty_dir(&self.def.dir).await {
+            warn!(error = %e, "emptying the mail service's directory");
+        }
+    }
+
+    /// Whether the service is still running (it stops only with the lease).
+    pub async fn alive(&self) -> Result<(), MailError> {
+        match self.running.lock().await.as_ref() {
+            None => Err(MailError::NotRunning),
+            Some(r) if r.task.is_finished() => Err(MailError::Failed {
+                what: "the mail service",
+                detail: format!("it exited: {}", tail_text(&r.tail)),
+            }),
+            Some(_) => Ok(()),
+        }
+    }
+}
+
+async fn stop_running(r: Running) {
+    r.stop.cancel();
+    if let Err(e) = r.task.await {
+        warn!(error = %e, "the mail service's wait task failed");
+    }
+}
+
+fn describe(end: Result<JobEnd, tokio::task::JoinError>) -> String {
+    match end {
+        Ok(JobEnd::Exited(e)) | Ok(JobEnd::Stopped(e)) => e.to_string(),
+        Err(e) => e.to_string(),
+    }
+}
+
+/// A fixed port, or a free loopback port for 0.
+fn port_or_free(port: u16) -> Result<u16, MailError> {
+    if port != 0 {
+        return Ok(port);
+    }
+    std::net::TcpListener::bind(("127.0.0.1", 0))
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .map_err(|e| MailError::Start {
+            why: format!("no free loopback port: {e}"),
+        })
+}
+
+async fn accepts(port: u16) -> bool {
+    tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .is_ok()
+}
+
+/// PATH and the like for the launcher (it finds Dovecot in /usr/sbin).
+fn base_env() -> BTreeMap<String, String> {
+    ["PATH", "LANG", "LC_ALL", "TZ", "TMPDIR", "HOME"]
+        .iter()
+        .filter_map(|k| std::env::var(k).ok().map(|v| (k.to_string(), v)))
+        .collect()
+}
+
+async fn pump(fd: OwnedFd, tail: Arc<Mutex<VecDeque<u8>>>) {
+    let Ok(mut rx) = tokio::net::unix::pipe::Receiver::from_owned_fd(fd) else {
+        return;
+    };
+    let mut buf = vec![0u8; 8 << 10];
+    loop {
+        match rx.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => {
+                for line in String::from_utf8_lossy(&buf[..n]).lines() {
+                    tracing::debug!(target: "sandbox_agent::mail::service", "{line}");
+                }
+                let mut t = tail.lock().unwrap_or_else(|p| p.into_inner());
+                t.extend(&buf[..n]);
+                let over = t.len().saturating_sub(TAIL_BYTES);
+                t.drain(..over);
+            }
+        }
+    }
+}
+
+fn tail_text(tail: &Mutex<VecDeque<u8>>) -> String {
+    let t = tail.lock().unwrap_or_else(|p| p.into_inner());
+    let (a, b) = t.as_slices();
+    let s = String::from_utf8_lossy(&[a, b].concat()).trim().to_owned();
+    if s.is_empty() {
+        "(no output)".into()
+    } else {
+        s
+    }
+}
+
+/// Empties `dir` (creating it): the mailboxes never outlive their lease.
+async fn empty_dir(dir: &Path) -> Result<(), MailError> {
+    let d = dir.to_owned();
+    tokio::task::spawn_blocking(move || {
+        match std::fs::remove_dir_all(&d) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+        std::fs::create_dir_all(&d)?;
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o711))
+    })
+    .await
+    .map_err(|e| MailError::Io {
+        what: format!("emptying {}", dir.display()),
+        source: std::io::Error::other(e),
+    })?
+    .map_err(io(format!("emptying {}", dir.display())))
+}
+
+async fn write_private(path: &Path, bytes: &[u8]) -> Result<(), MailError> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let p = path.to_owned();
+    let b = bytes.to_vec();
+    tokio::task::spawn_blocking(move || {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&p)
+            .and_then(|mut f| f.write_all(&b))
+    })
+    .await
+    .map_err(|e| MailError::Io {
+        what: format!("writing {}", path.display()),
+        source: std::io::Error::other(e),
+    })?
+    .map_err(io(format!("writing {}", path.display())))
+}
