@@ -12,6 +12,7 @@ mod gateway;
 mod hardening;
 mod hvsock;
 mod lifecycle;
+mod mail;
 mod narrow;
 mod packaging;
 mod readme;

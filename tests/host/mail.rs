@@ -175,4 +175,18 @@ fn server_data_errors_are_clear() {
     );
     assert_eq!(code, 404);
     release(&host, KEY_A, id);
+    // The served OpenAPI document declares these answers.
+    let (_, spec) = http("GET", &format!("{}/openapi.json", host.base), None, None);
+    for (method, path, codes) in [
+        ("post", "initialize", &["200", "400", "422", "501"][..]),
+        ("get", "dump", &["200", "400", "404", "501"][..]),
+    ] {
+        let p = format!("/local-sandbox/poste_email_toolathlon/{{local_sandbox_id}}/{path}");
+        for code in codes {
+            assert!(
+                spec["paths"][&p][method]["responses"].get(code).is_some(),
+                "{method} {p} {code} undeclared"
+            );
+        }
+    }
 }

@@ -73,7 +73,14 @@ fn warm_leases_serve_matching_acquires_and_give_way_to_others() {
     let cut = shipped
         .find("[servers.playwright]")
         .expect("playwright entry");
-    std::fs::write(dir.path().join("servers.toml"), &shipped[..cut]).expect("manifest");
+    // The mail service's table (the manifest's last) stays: poste uses it.
+    let mail = shipped.find("\n[mail]").expect("[mail] table");
+    assert!(mail > cut, "[mail] follows the servers");
+    std::fs::write(
+        dir.path().join("servers.toml"),
+        format!("{}{}", &shipped[..cut], &shipped[mail..]),
+    )
+    .expect("manifest");
     let host = Host::start(dir.path(), &["--warm-servers", "filesystem"]);
     let b = host.base.clone();
 

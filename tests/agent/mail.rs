@@ -1,0 +1,236 @@
+//! The sandbox's mail service through the agent's gRPC API: the lease's
+//! account in `Lease.auth_data`, `Servers.LoadData`/`DumpData`, Reset and
+//! Release emptying the mailboxes, narrowing, and a start failure that
+//! names its cause. Real Dovecot and aiosmtpd, started by the agent.
+
+use std::os::unix::fs::PermissionsExt;
+
+use crate::common::mcp::*;
+use sandbox_client::proto;
+use tonic::Code;
+
+const POSTE: &str = "poste_email_toolathlon";
+/// Free ports for every start: tests run side by side.
+const AUTO_PORTS: &str = "mail_ports = \"auto\"\n";
+
+fn acquire(id: &str, names: &[&str], email: &str) -> proto::AcquireRequest {
+    proto::AcquireRequest {
+        lease_id: id.into(),
+        server_names: names.iter().map(|s| s.to_string()).collect(),
+        ttl_seconds: Some(0),
+        test_account_email: email.into(),
+        ..Default::default()
+    }
+}
+
+fn field<'a>(lease: &'a proto::Lease, name: &str) -> &'a prost_types::value::Kind {
+    lease.auth_data[POSTE].fields[name]
+        .kind
+        .as_ref()
+        .expect("a value")
+}
+
+fn port(lease: &proto::Lease, name: &str) -> u16 {
+    match field(lease, name) {
+        prost_types::value::Kind::NumberValue(n) => *n as u16,
+        other => panic!("{name}: {other:?}"),
+    }
+}
+
+fn accepts(port: u16) -> bool {
+    std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+}
+
+async fn dump(c: &sandbox_client::Client) -> serde_json::Value {
+    let r = c
+        .servers()
+        .dump_data(proto::DumpDataRequest {
+            server_name: POSTE.into(),
+        })
+        .await
+        .expect("DumpData")
+        .into_inner();
+    serde_json::from_str(&r.json).expect("JSON")
+}
+
+#[tokio::test]
+async fn the_lease_account_loads_dumps_and_resets() {
+    let agent = agent_with("", AUTO_PORTS);
+    let c = sandbox_client::connect(&agent.unix_uri())
+        .await
+        .expect("connect");
+    let lease = c
+        .agent()
+        .acquire(acquire("m1", &[POSTE], "Ann@MCP.com"))
+        .await
+        .unwrap_or_else(|e| panic!("Acquire: {e}\n{}", agent.stderr.all()))
+        .into_inner()
+        .lease
+        .expect("lease");
+    assert_eq!(
+        field(&lease, "email"),
+        &prost_types::value::Kind::StringValue("ann@mcp.com".into())
+    );
+    let imap = port(&lease, "imap_port");
+    assert!(accepts(imap) && accepts(port(&lease, "smtp_port")));
+
+    // Data for a server without any: UNIMPLEMENTED; for one not leased:
+    // FAILED_PRECONDITION.
+    let e = c
+        .servers()
+        .load_data(proto::LoadDataRequest {
+            server_name: "canvas".into(),
+            json: "{}".into(),
+            ..Default::default()
+        })
+        .await
+        .expect_err("canvas");
+    assert_eq!(e.code(), Code::Unimplemented, "{e}");
+    let bad = r#"{"users": {"ann@mcp.com": {"emails": [{"subject": "s", "from_addr": "a@mcp.com", "to_addr": "ann@mcp.com", "date": "not a date"}]}}}"#;
+    let e = c
+        .servers()
+        .load_data(proto::LoadDataRequest {
+            server_name: POSTE.into(),
+            json: bad.into(),
+            ..Default::default()
+        })
+        .await
+        .expect_err("bad date");
+    assert_eq!(e.code(), Code::InvalidArgument, "{e}");
+    assert!(e.message().contains("emails[0]"), "{e}");
+    let r = c
+        .servers()
+        .load_data(proto::LoadDataRequest {
+            server_name: POSTE.into(),
+            default_data: true,
+            ..Default::default()
+        })
+        .await
+        .expect("LoadData")
+        .into_inner();
+    assert!(r.summary.contains("\"emails\": 3"), "{}", r.summary);
+    let d = dump(&c).await;
+    assert_eq!(d["users"].as_object().map(|u| u.len()), Some(1), "{d}");
+
+    // Reset: the same account, empty mailboxes.
+    let after = c
+        .agent()
+        .reset(proto::ResetRequest {
+            lease_id: "m1".into(),
+        })
+        .await
+        .expect("Reset")
+        .into_inner()
+        .lease
+        .expect("lease");
+    assert_eq!(after.auth_data, lease.auth_data);
+    assert_eq!(dump(&c).await["users"], serde_json::json!({}));
+
+    // Release: the service is gone, and so is its directory.
+    c.agent()
+        .release(proto::ReleaseRequest {
+            lease_id: "m1".into(),
+            is_ttl: false,
+        })
+        .await
+        .expect("Release");
+    assert!(!accepts(imap), "IMAP still answers after Release");
+    let mail_dir = state_dir(&agent).join("mail");
+    let left: Vec<_> = std::fs::read_dir(&mail_dir)
+        .map(|d| d.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "{left:?}");
+    let e = c
+        .servers()
+        .dump_data(proto::DumpDataRequest {
+            server_name: POSTE.into(),
+        })
+        .await
+        .expect_err("no lease");
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e}");
+}
+
+#[tokio::test]
+async fn narrowing_keeps_the_account_or_refuses() {
+    let agent = agent_with("", AUTO_PORTS);
+    let c = sandbox_client::connect(&agent.unix_uri())
+        .await
+        .expect("connect");
+    let warm = c
+        .agent()
+        .acquire(acquire("warm", &[POSTE, "filesystem"], ""))
+        .await
+        .unwrap_or_else(|e| panic!("Acquire: {e}\n{}", agent.stderr.all()))
+        .into_inner()
+        .lease
+        .expect("lease");
+    assert_eq!(
+        field(&warm, "email"),
+        &prost_types::value::Kind::StringValue("sandbox@mcp.com".into())
+    );
+    let imap = port(&warm, "imap_port");
+    let narrow = |names: &[&str], email: &str| proto::NarrowRequest {
+        lease_id: "warm".into(),
+        new_lease_id: "tenant".into(),
+        server_names: names.iter().map(|s| s.to_string()).collect(),
+        ttl_seconds: Some(0),
+        test_account_email: email.into(),
+        ..Default::default()
+    };
+    let e = c
+        .agent()
+        .narrow(narrow(&[POSTE], "bob@mcp.com"))
+        .await
+        .expect_err("another account");
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e}");
+    assert!(e.message().contains("mail account"), "{e}");
+    // Without the mail server: it stops with the trim.
+    c.agent()
+        .narrow(narrow(&["filesystem"], ""))
+        .await
+        .expect("Narrow");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while accepts(imap) && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(!accepts(imap), "the mail service outlived the narrow");
+}
+
+/// As root, Dovecot keeps the mailboxes as user `mail`: a mail directory it
+/// cannot reach fails the Acquire with the directory named, and leaves the
+/// sandbox idle.
+#[tokio::test]
+async fn an_unreachable_mail_directory_is_named() {
+    if !nix::unistd::Uid::effective().is_root() {
+        eprintln!("skipped: only root hands the mailboxes to user mail");
+        return;
+    }
+    let agent = agent_with("", AUTO_PORTS);
+    let c = sandbox_client::connect(&agent.unix_uri())
+        .await
+        .expect("connect");
+    let state = state_dir(&agent);
+    std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o700)).expect("chmod");
+    let e = c
+        .agent()
+        .acquire(acquire("m", &[POSTE], ""))
+        .await
+        .expect_err("unreachable");
+    assert_eq!(e.code(), Code::Unavailable, "{e}");
+    assert!(
+        e.message().contains(&state.display().to_string()) && e.message().contains("'mail'"),
+        "{e}"
+    );
+    let info = c
+        .agent()
+        .get_info(proto::GetInfoRequest::default())
+        .await
+        .expect("GetInfo")
+        .into_inner();
+    assert_eq!(info.status, proto::SandboxStatus::Idle as i32);
+    std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    c.agent()
+        .acquire(acquire("m", &[POSTE], ""))
+        .await
+        .unwrap_or_else(|e| panic!("Acquire after the fix: {e}"));
+}
