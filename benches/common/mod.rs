@@ -18,7 +18,15 @@ pub fn shipped_manifest(state: &Path) -> String {
         &format!("install_dir = \"{dir}\""),
     )
     .replace("${state_root}", &state.display().to_string())
+    .replace(
+        bench_data::SHIPPED_PREFIX,
+        &bench_data::prefix().display().to_string(),
+    )
 }
+
+/// The tests' small MCP_Atlas dataset, installed as real data is.
+#[path = "../../tests/common/bench_data.rs"]
+pub mod bench_data;
 
 /// Where the MCP servers are installed (`SANDBOX_AGENT_SERVERS_DIR`).
 pub fn servers_dir() -> String {

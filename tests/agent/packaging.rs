@@ -47,3 +47,205 @@ fn the_firecracker_config_maps_the_agent_ports_to_its_vsock_socket() {
         );
     }
 }
+
+mod benchmark_data {
+    use std::path::Path;
+    use std::process::Command;
+
+    use crate::common::bench_data::{ATLAS_CSV, installer, run_installer, write_atlas_data};
+    use crate::common::mcp::memory_js;
+    use crate::common::*;
+    use sandbox_client::proto;
+    use tonic::Code;
+
+    /// Runs the installer expecting a refusal; returns what it said.
+    fn refused(args: &[&str]) -> String {
+        let out = Command::new("bash")
+            .arg(installer())
+            .args(args)
+            .output()
+            .expect("bash");
+        assert_eq!(out.status.code(), Some(2), "{args:?} should be refused");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    }
+
+    fn s(p: &Path) -> String {
+        p.display().to_string()
+    }
+
+    /// Only data whose every file is pinned, with its pinned sum, and
+    /// nothing else, is installed; a refusal leaves the installed tree as
+    /// it was.
+    #[test]
+    fn only_pinned_data_is_installed() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (src, pins, prefix) = (
+            dir.path().join("src"),
+            dir.path().join("pins"),
+            dir.path().join("prefix"),
+        );
+        write_atlas_data(&src);
+        let (src_s, pins_s, prefix_s) = (s(&src), s(&pins), s(&prefix));
+        let no_pins = refused(&[
+            "MCP_Atlas",
+            "--from",
+            &src_s,
+            "--pins",
+            &pins_s,
+            "--prefix",
+            &prefix_s,
+        ]);
+        assert!(no_pins.contains("--pin --from"), "{no_pins}");
+        run_installer(&["MCP_Atlas", "--pin", "--from", &src_s, "--pins", &pins_s]);
+        let install = [
+            "MCP_Atlas",
+            "--from",
+            &src_s,
+            "--pins",
+            &pins_s,
+            "--prefix",
+            &prefix_s,
+        ];
+        run_installer(&install);
+        let csv = prefix.join("MCP_Atlas").join(ATLAS_CSV);
+        let good = std::fs::read_to_string(&csv).expect("installed");
+
+        std::fs::write(src.join(ATLAS_CSV), "tampered\n").expect("write");
+        let e = refused(&install);
+        assert!(e.contains(ATLAS_CSV) && e.contains("FAILED"), "{e}");
+        assert_eq!(std::fs::read_to_string(&csv).expect("kept"), good);
+        std::fs::write(src.join(ATLAS_CSV), &good).expect("write");
+
+        std::fs::write(src.join("unpinned.txt"), "x").expect("write");
+        let e = refused(&install);
+        assert!(e.contains("unpinned.txt"), "{e}");
+        std::fs::remove_file(src.join("unpinned.txt")).expect("rm");
+
+        std::os::unix::fs::symlink("/etc/passwd", src.join("link")).expect("symlink");
+        let e = refused(&install);
+        assert!(e.contains("./link"), "{e}");
+        std::fs::remove_file(src.join("link")).expect("rm");
+
+        std::fs::remove_file(src.join(ATLAS_CSV)).expect("rm");
+        let e = refused(&install);
+        assert!(e.contains(ATLAS_CSV), "{e}");
+        std::fs::write(src.join(ATLAS_CSV), &good).expect("write");
+
+        // From a URL: a tar.gz served on loopback.
+        let served = dir.path().join("served");
+        std::fs::create_dir_all(&served).expect("dir");
+        let st = Command::new("tar")
+            .args(["-czf", &s(&served.join("atlas.tar.gz")), "-C", &src_s, "."])
+            .status()
+            .expect("tar");
+        assert!(st.success());
+        std::fs::remove_dir_all(prefix.join("MCP_Atlas")).expect("rm");
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("port")
+            .port();
+        let mut http = Command::new("python3")
+            .args([
+                "-m",
+                "http.server",
+                "--bind",
+                "127.0.0.1",
+                &port.to_string(),
+            ])
+            .current_dir(&served)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("python3 -m http.server");
+        let url = format!("http://127.0.0.1:{port}/atlas.tar.gz");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err()
+            && std::time::Instant::now() < deadline
+        {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        let r = Command::new("bash")
+            .arg(installer())
+            .args([
+                "MCP_Atlas",
+                "--from",
+                &url,
+                "--pins",
+                &pins_s,
+                "--prefix",
+                &prefix_s,
+            ])
+            .output()
+            .expect("bash");
+        let _ = http.kill();
+        let _ = http.wait();
+        assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+        assert_eq!(std::fs::read_to_string(&csv).expect("from the URL"), good);
+    }
+
+    /// A profile with preloaded data: an Acquire of it fails, naming the
+    /// installer, until the data is installed; then every Acquire and
+    /// Reset places it in the workspace.
+    #[tokio::test]
+    async fn an_acquire_needs_its_profiles_data() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let data = dir.path().join("data");
+        let manifest = dir.path().join("servers.toml");
+        std::fs::write(
+            &manifest,
+            format!(
+                "[servers.notes]\ncommand = \"node\"\nargs = [\"{js}\"]\nenv = {{ MEMORY_FILE_PATH = \"{state}/notes.jsonl\" }}\n\n[benchmarks.MCP_Atlas]\ndata = \"{data}/MCP_Atlas\"\n",
+                js = memory_js(),
+                state = s(&dir.path().join("state")),
+                data = s(&data)
+            ),
+        )
+        .expect("manifest");
+        let m = s(&manifest);
+        let agent = Agent::start_in(dir, &["--manifest", &m], &[]);
+        let c = sandbox_client::connect(&agent.unix_uri())
+            .await
+            .expect("connect");
+        let atlas = |id: &str| proto::AcquireRequest {
+            lease_id: id.into(),
+            server_names: vec!["notes".into()],
+            benchmark: proto::Benchmark::McpAtlas as i32,
+            ttl_seconds: Some(0),
+            ..Default::default()
+        };
+        let e = c.agent().acquire(atlas("a")).await.expect_err("no data");
+        assert_eq!(e.code(), Code::FailedPrecondition, "{e}");
+        assert!(
+            e.message().contains("install-benchmark-data.sh MCP_Atlas"),
+            "{e}"
+        );
+
+        let src = data.join("src");
+        write_atlas_data(&src);
+        let pins = s(&data.join("pins"));
+        run_installer(&["MCP_Atlas", "--pin", "--from", &s(&src), "--pins", &pins]);
+        run_installer(&[
+            "MCP_Atlas",
+            "--from",
+            &s(&src),
+            "--pins",
+            &pins,
+            "--prefix",
+            &s(&data),
+        ]);
+        c.agent()
+            .acquire(atlas("a"))
+            .await
+            .unwrap_or_else(|e| panic!("Acquire: {e}\n{}", agent.stderr.all()));
+        let placed = agent.dir.path().join("ws").join(ATLAS_CSV);
+        assert!(placed.exists(), "the data is in the workspace");
+        std::fs::remove_file(&placed).expect("rm");
+        c.agent()
+            .reset(proto::ResetRequest {
+                lease_id: "a".into(),
+            })
+            .await
+            .expect("Reset");
+        assert!(placed.exists(), "Reset places it again");
+    }
+}

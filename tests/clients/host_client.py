@@ -15,6 +15,8 @@ Scenarios print one JSON object on stdout:
                     acquire SERVER with benchmark BENCH ("-": none), upload and initialize
                     the 3-file archive, call TOOL with the JSON ARGS through mcp_server_url,
                     dump, release; the files of the dump with their text
+  profile-bare BENCH SERVER TOOL ARGS
+                    the same without the upload (MCP_Atlas's harness uploads nothing)
   mail              acquire poste_email_toolathlon (Toolathlon, jsmith@mcp.com), load a
                     mailbox through its initialize endpoint, read it and send a mail with
                     the emails server's tools, dump; release, acquire again, dump (empty),
@@ -97,7 +99,7 @@ async def mcp(base, headers, bare=False):
     return {"tools": tools, "text": text, "url": url}
 
 
-async def profile(base, headers, bench, server, tool, args):
+async def profile(base, headers, bench, server, tool, args, upload=True):
     from mcp import ClientSession
     from mcp.client.streamable_http import streamablehttp_client
     body = {"server_names": [server]}
@@ -113,11 +115,12 @@ async def profile(base, headers, bench, server, tool, args):
     # The task's files first, as the benchmarks' clients upload them: the
     # profile's workspace directories must survive the swap.
     async with httpx.AsyncClient(timeout=300.0) as client:
-        resp = await client.post(f"{base}/local-sandbox/{sid}/upload-url", headers=headers)
-        await client.put(resp.json()["upload_url"], headers={"Content-Type": "application/gzip"},
-                         content=archive())
-        resp = await client.post(f"{base}/local-sandbox/{sid}/initialize", headers=headers)
-        resp.raise_for_status()
+        if upload:
+            resp = await client.post(f"{base}/local-sandbox/{sid}/upload-url", headers=headers)
+            await client.put(resp.json()["upload_url"], headers={"Content-Type": "application/gzip"},
+                             content=archive())
+            resp = await client.post(f"{base}/local-sandbox/{sid}/initialize", headers=headers)
+            resp.raise_for_status()
     async with streamablehttp_client(url, timeout=120, sse_read_timeout=300) as (r, w, _):
         async with ClientSession(r, w) as s:
             await s.initialize()
@@ -205,6 +208,8 @@ async def main():
         out = await mcp(base, headers, bare=True)
     elif scenario == "profile":
         out = await profile(base, headers, *sys.argv[4:8])
+    elif scenario == "profile-bare":
+        out = await profile(base, headers, *sys.argv[4:8], upload=False)
     elif scenario == "mail":
         out = await mail(base, headers)
     elif scenario == "cycles":

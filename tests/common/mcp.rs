@@ -24,6 +24,10 @@ pub fn shipped_manifest(state: &Path) -> String {
         &format!("install_dir = \"{}\"", servers_dir()),
     )
     .replace("${state_root}", &state.display().to_string())
+    .replace(
+        super::bench_data::SHIPPED_PREFIX,
+        &super::bench_data::prefix().display().to_string(),
+    )
 }
 
 /// Path of the memory server's entry point, for test entries that wrap it.

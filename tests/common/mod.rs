@@ -1,6 +1,7 @@
 //! Test harness: starts the real `sandbox-agent` and `sandboxctl` binaries.
 #![allow(dead_code)]
 
+pub mod bench_data;
 pub mod bins;
 pub mod host;
 pub mod mcp;

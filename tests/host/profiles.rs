@@ -3,6 +3,7 @@
 //! changes (the official MCP client on the mcp_server_url, the dump through
 //! its signed URL), and `ALL` starts every server that can run here.
 
+use crate::common::bench_data::{ATLAS_CSV, ATLAS_ENTITY};
 use crate::common::host::{Host, KEY_A, acquire, py, release, server_names};
 
 /// MCP_Atlas's terminal runs only `ls`, `cat` and `find`; by default the
@@ -128,4 +129,67 @@ fn all_starts_every_local_server() {
     }
     assert!(message.contains("CANVAS_API_TOKEN"), "{message}");
     release(&host, KEY_A, a["local_sandbox_id"].as_str().expect("id"));
+}
+
+/// MCP_Atlas's harness uploads nothing: the sandbox comes with the
+/// benchmark's data (here the tests' small dataset, installed by
+/// packaging/install-benchmark-data.sh), which its memory server and
+/// terminal read, and which the dump carries.
+#[test]
+fn mcp_atlas_comes_with_its_data() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let host = Host::start(dir.path(), &[]);
+    let memory = py(
+        &host,
+        KEY_A,
+        &[
+            "profile-bare",
+            "MCP_Atlas",
+            "localmemory",
+            "read_graph",
+            "{}",
+        ],
+    );
+    assert_eq!(memory["is_error"], false, "{memory}");
+    assert!(
+        memory["text"]
+            .as_str()
+            .unwrap_or_default()
+            .contains(ATLAS_ENTITY),
+        "{memory}"
+    );
+    assert!(
+        memory["files"][format!("./{ATLAS_CSV}")]
+            .as_str()
+            .is_some_and(|t| t.contains("Ann,3")),
+        "{memory}"
+    );
+    let cat = py(
+        &host,
+        KEY_A,
+        &[
+            "profile-bare",
+            "MCP_Atlas",
+            "terminal",
+            "run_command",
+            &format!(r#"{{"command":"cat {ATLAS_CSV}"}}"#),
+        ],
+    );
+    assert!(
+        cat["text"].as_str().unwrap_or_default().contains("Bob,5"),
+        "{cat}"
+    );
+    // Without the benchmark, none of it.
+    let plain = py(
+        &host,
+        KEY_A,
+        &["profile-bare", "-", "localmemory", "read_graph", "{}"],
+    );
+    assert!(
+        !plain["text"]
+            .as_str()
+            .unwrap_or_default()
+            .contains(ATLAS_ENTITY),
+        "{plain}"
+    );
 }

@@ -223,6 +223,8 @@ impl Lifecycle {
         if !missing.is_empty() {
             return Err(LcError::MissingCredentials(missing));
         }
+        // Before anything is started or cleared.
+        self.profile_data(p.benchmark)?;
         let span = tracing::info_span!("acquire", lease = %p.lease_id);
         let started = Instant::now();
         async {

@@ -61,6 +61,14 @@ pub enum LcError {
         "the lease cannot be narrowed to what was asked: {why}; release it and acquire instead"
     )]
     NotNarrowable { why: String },
+    #[error(
+        "benchmark {benchmark} needs its preloaded data at {}, which is not installed here: install it with packaging/install-benchmark-data.sh {benchmark} --from DIR|URL",
+        path.display()
+    )]
+    NoBenchmarkData {
+        benchmark: &'static str,
+        path: PathBuf,
+    },
     #[error(transparent)]
     Launch(#[from] LaunchError),
     /// Every server of the request that lacks credentials, each by name.

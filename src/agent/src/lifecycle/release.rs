@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use tracing::{Instrument, info, warn};
 
 use super::{LcError, Lease, Lifecycle, ReleaseRecord, SandboxStatus, seed};
-use crate::supervisor::manifest::Benchmark;
+use crate::supervisor::manifest::{Benchmark, Seed};
 use crate::supervisor::now_ms;
 
 impl Lifecycle {
@@ -152,10 +152,18 @@ impl Lifecycle {
                 what: "waiting for old contents to be deleted",
                 source,
             })?;
-        let seeds: Vec<_> = names
-            .iter()
-            .filter_map(|n| self.manifest.get(n))
-            .flat_map(|d| d.seeds(benchmark).iter().cloned())
+        // The profile's own data first; the servers' seeds go over it.
+        let profile = self
+            .profile_data(benchmark)?
+            .map(|from| Seed { from, to: None });
+        let seeds: Vec<_> = profile
+            .into_iter()
+            .chain(
+                names
+                    .iter()
+                    .filter_map(|n| self.manifest.get(n))
+                    .flat_map(|d| d.seeds(benchmark).iter().cloned()),
+            )
             .collect();
         let dirs: Vec<_> = names
             .iter()
@@ -178,6 +186,25 @@ impl Lifecycle {
             what: "seeding",
             source,
         })?
+    }
+
+    /// The benchmark's preloaded data, which must be installed when the
+    /// manifest names it.
+    pub(super) fn profile_data(
+        &self,
+        benchmark: Option<Benchmark>,
+    ) -> Result<Option<std::path::PathBuf>, LcError> {
+        let Some(b) = benchmark else { return Ok(None) };
+        let Some(path) = self.manifest.profile_data.get(&b) else {
+            return Ok(None);
+        };
+        if !path.exists() {
+            return Err(LcError::NoBenchmarkData {
+                benchmark: b.as_str(),
+                path: path.clone(),
+            });
+        }
+        Ok(Some(path.clone()))
     }
 
     /// Wipes the state paths of `names` and, with `workspace`, clears the

@@ -36,6 +36,7 @@ fn lc_status(e: LcError) -> Status {
         LcError::AlreadyLeased { .. }
         | LcError::NotLeased
         | LcError::NotNarrowable { .. }
+        | LcError::NoBenchmarkData { .. }
         | LcError::Launch(_)
         | LcError::MissingCredentials(_) => Status::failed_precondition(message),
         LcError::NoSuchLease { .. } | LcError::Supervisor(_) => Status::not_found(message),

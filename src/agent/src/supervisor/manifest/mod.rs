@@ -48,8 +48,9 @@ pub enum ManifestError {
         server: String,
         error: Box<FieldError>,
     },
-    #[error("manifest {}: mail.{error}", path.display())]
-    Mail {
+    /// A problem in `[mail]` or `[benchmarks.X]`.
+    #[error("manifest {}: {error}", path.display())]
+    Table {
         path: PathBuf,
         error: Box<FieldError>,
     },
@@ -169,6 +170,8 @@ pub struct Manifest {
     pub servers: BTreeMap<String, ServerDef>,
     /// The mail service, when the manifest has `[mail]`.
     pub mail: Option<MailDef>,
+    /// `[benchmarks.X] data`: what each profile merges into the workspace.
+    pub profile_data: BTreeMap<Benchmark, PathBuf>,
     /// The file after expansion, printed by `--check-config`.
     pub file: ManifestFile,
 }
@@ -194,6 +197,7 @@ impl Manifest {
             path: path.to_owned(),
             servers: BTreeMap::new(),
             mail: None,
+            profile_data: BTreeMap::new(),
             file: ManifestFile::default(),
         }
     }
@@ -237,14 +241,31 @@ impl Manifest {
             .as_ref()
             .map(|m| mail::check_mail(m, &file, &vars))
             .transpose()
-            .map_err(|error| ManifestError::Mail {
+            .map_err(|error| ManifestError::Table {
                 path: path.to_owned(),
-                error: Box::new(error),
+                error: Box::new(FieldError {
+                    field: format!("mail.{}", error.field),
+                    cause: error.cause,
+                }),
             })?;
+        let mut profile_data = BTreeMap::new();
+        for (b, p) in &file.benchmarks {
+            if let Some(d) = &p.data {
+                let f = format!("data of [benchmarks.{}]", b.as_str());
+                let d = check::expand(d, &vars, &f)
+                    .and_then(|d| check::abs_path(&d, &f))
+                    .map_err(|error| ManifestError::Table {
+                        path: path.to_owned(),
+                        error: Box::new(error),
+                    })?;
+                profile_data.insert(*b, d);
+            }
+        }
         Ok(Manifest {
             path: path.to_owned(),
             servers,
             mail,
+            profile_data,
             file,
         })
     }

@@ -223,4 +223,19 @@ pub struct ManifestFile {
     #[serde(default)]
     pub servers: BTreeMap<String, ServerFile>,
     pub mail: Option<MailFile>,
+    /// What a benchmark profile brings whatever servers are leased.
+    #[serde(default)]
+    pub benchmarks: BTreeMap<Benchmark, ProfileFile>,
+}
+
+/// `[benchmarks.X]`: a profile's own data.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProfileFile {
+    /// A directory (or archive) merged into the workspace at every Acquire
+    /// and Reset with this benchmark: data its harness never uploads
+    /// (MCP_Atlas's CSV files, memory graph and repositories), installed by
+    /// packaging/install-benchmark-data.sh. An Acquire with the benchmark
+    /// fails while it is missing.
+    pub data: Option<String>,
 }

@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# Installs the data a benchmark's sandboxes must come with (MCP_Atlas: its
+# CSV files, memory graph and repositories, which its harness never
+# uploads), checked file by file against pinned SHA-256 sums.
+#
+#   packaging/install-benchmark-data.sh BENCH --from DIR|URL [--pins FILE] [--prefix DIR]
+#   packaging/install-benchmark-data.sh BENCH --pin --from DIR [--pins FILE]
+#
+# --from   a directory, or an http(s)/file URL of a tar archive (.tar,
+#          .tar.gz, .tar.zst; GNU tar detects the compression) whose
+#          top level is the data.
+# --pins   the pinned sums, in sha256sum's format with paths relative to
+#          the data's top: packaging/benchmark-data/BENCH.sha256 by default.
+#          Nothing third-party is kept in this repository, only these sums.
+# --prefix where data lives: PREFIX/BENCH, which servers.toml's
+#          [benchmarks.BENCH] data names. Default /opt/sandbox-agent/benchmark-data.
+# --pin    writes the pins from a copy you trust (e.g. a checkout of the
+#          benchmark's repository at its pinned commit) instead of installing.
+#
+# Every pinned file must be present with its sum, and nothing else may be
+# there (no unpinned file, no symlink, no device); otherwise nothing is
+# installed and the offending paths are named. The new tree replaces the
+# old one by rename, so a sandbox never sees half of it.
+set -euo pipefail
+
+HERE=$(cd "$(dirname "$0")" && pwd)
+PREFIX=/opt/sandbox-agent/benchmark-data
+FROM=
+PINS=
+PIN=0
+die() { echo "install-benchmark-data: $*" >&2; exit 2; }
+
+[[ $# -ge 1 ]] || die "usage: $0 BENCH --from DIR|URL [--pins FILE] [--prefix DIR] | BENCH --pin --from DIR"
+BENCH=$1
+shift
+case $BENCH in
+MCP_Atlas | Toolathlon | MCP_Mark) ;;
+*) die "unknown benchmark '$BENCH'; one of MCP_Atlas, Toolathlon, MCP_Mark" ;;
+esac
+while [[ $# -gt 0 ]]; do
+    case $1 in
+    --from) FROM=${2:?--from needs a value}; shift 2 ;;
+    --pins) PINS=${2:?--pins needs a value}; shift 2 ;;
+    --prefix) PREFIX=${2:?--prefix needs a value}; shift 2 ;;
+    --pin) PIN=1; shift ;;
+    *) die "unknown argument '$1'" ;;
+    esac
+done
+[[ -n $FROM ]] || die "--from DIR|URL is required"
+PINS=${PINS:-$HERE/benchmark-data/$BENCH.sha256}
+# Absolute: the checks run from inside the data.
+[[ $PINS == /* ]] || PINS=$PWD/$PINS
+[[ $PREFIX == /* ]] || PREFIX=$PWD/$PREFIX
+
+# Regular files only, as ./relative paths, sorted.
+list_files() { (cd "$1" && find . -type f -print | LC_ALL=C sort); }
+odd_entries() { (cd "$1" && find . ! -type f ! -type d -print | LC_ALL=C sort); }
+
+if [[ $PIN == 1 ]]; then
+    [[ -d $FROM ]] || die "--pin reads a directory; $FROM is not one"
+    odd=$(odd_entries "$FROM")
+    [[ -z $odd ]] || die "only regular files and directories can be pinned; found: $(echo "$odd" | head -5 | tr '\n' ' ')"
+    mkdir -p "$(dirname "$PINS")"
+    tmp=$PINS.part
+    (cd "$FROM" && list_files . | sed 's|^\./||' | tr '\n' '\0' | xargs -0 -r sha256sum --) >"$tmp"
+    mv "$tmp" "$PINS"
+    echo "install-benchmark-data: pinned $(wc -l <"$PINS") files of $FROM in $PINS"
+    exit 0
+fi
+
+[[ -s $PINS ]] || die "no pinned sums for $BENCH at $PINS: write them from a trusted copy with --pin --from DIR"
+
+mkdir -p "$PREFIX"
+STAGE=$(mktemp -d "$PREFIX/.$BENCH.XXXXXX")
+trap 'rm -rf "$STAGE"' EXIT
+mkdir "$STAGE/data"
+case $FROM in
+http://* | https://* | file://*)
+    curl -fsSL --retry 3 -o "$STAGE/archive" "$FROM" || die "cannot download $FROM"
+    tar -xf "$STAGE/archive" -C "$STAGE/data" --no-same-owner --no-same-permissions ||
+        die "$FROM is not a tar archive tar can read"
+    rm -f "$STAGE/archive"
+    ;;
+*)
+    [[ -d $FROM ]] || die "$FROM is neither a directory nor an http(s)/file URL"
+    cp -R --no-preserve=ownership "$FROM/." "$STAGE/data/"
+    ;;
+esac
+
+odd=$(odd_entries "$STAGE/data")
+[[ -z $odd ]] || die "refused: not regular files: $(echo "$odd" | head -5 | tr '\n' ' ')"
+pinned=$(sed -E 's/^[0-9a-f]{64}  //; s|^|./|' "$PINS" | LC_ALL=C sort)
+extra=$(comm -13 <(echo "$pinned") <(list_files "$STAGE/data"))
+[[ -z $extra ]] || die "refused: files not in $PINS: $(echo "$extra" | head -5 | tr '\n' ' ')"
+if ! bad=$(cd "$STAGE/data" && sha256sum --check --strict --quiet "$PINS" 2>&1); then
+    die "refused: files missing or not as pinned in $PINS: $(echo "$bad" | head -5 | tr '\n' ' ')"
+fi
+
+chmod -R u+rwX,go+rX,go-w "$STAGE/data"
+if [[ -e $PREFIX/$BENCH ]]; then
+    mv "$PREFIX/$BENCH" "$STAGE/old"
+fi
+mv "$STAGE/data" "$PREFIX/$BENCH"
+echo "install-benchmark-data: installed $(wc -l <"$PINS") files of $BENCH in $PREFIX/$BENCH"
