@@ -118,4 +118,8 @@ if [[ ${#npm_pkgs[@]} -gt 0 ]]; then
     PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 PUPPETEER_SKIP_DOWNLOAD=1 npm install --no-audit --no-fund --loglevel=error \
         --prefix "$PREFIX/node" "${npm_pkgs[@]}"
 fi
+# desktop-commander's launcher (MCP_Atlas's allowedDirectories).
+if [[ ${#SELECTED[@]} -eq 0 ]] || want desktop-commander "${SELECTED[@]}"; then
+    install -D -m 0755 "$HERE/launchers/desktop-commander-env.mjs" "$PREFIX/node/launchers/desktop-commander-env.mjs"
+fi
 echo "install-servers: done ($PREFIX)"

@@ -48,6 +48,7 @@ install -D -m 0644 "$root/packaging/servers.toml" "$dir/etc/sandbox-agent/server
 install -D -m 0755 "$root/packaging/install-servers.sh" "$dir/tmp/install-servers.sh"
 install -D -m 0755 "$root/packaging/launchers/emails-mcp-env" "$dir/tmp/launchers/emails-mcp-env"
 install -D -m 0755 "$root/packaging/launchers/sandbox-mail" "$dir/tmp/launchers/sandbox-mail"
+install -D -m 0755 "$root/packaging/launchers/desktop-commander-env.mjs" "$dir/tmp/launchers/desktop-commander-env.mjs"
 cat > "$dir/etc/sandbox-agent/agent.toml" <<'TOML'
 # sandbox-agent in a full VM image (packaging/vm/build-rootfs.sh)
 listen = ["vsock://any:1024"]

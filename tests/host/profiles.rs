@@ -193,3 +193,61 @@ fn mcp_atlas_comes_with_its_data() {
         "{plain}"
     );
 }
+
+/// MCP_Atlas confines desktop-commander's file tools to /data (its
+/// data_path), as its harness does right after starting the server; by
+/// default they reach the whole file system.
+#[test]
+fn mcp_atlas_confines_desktop_commander() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let host = Host::start(dir.path(), &[]);
+    let read = r#"{"path":"/etc/hostname"}"#;
+    let atlas = py(
+        &host,
+        KEY_A,
+        &[
+            "profile-bare",
+            "MCP_Atlas",
+            "desktop-commander",
+            "read_file",
+            read,
+        ],
+    );
+    let text = atlas["text"].as_str().unwrap_or_default();
+    assert!(
+        text.contains("not allowed") || text.contains("outside"),
+        "{atlas}"
+    );
+    let config = py(
+        &host,
+        KEY_A,
+        &[
+            "profile-bare",
+            "MCP_Atlas",
+            "desktop-commander",
+            "get_config",
+            "{}",
+        ],
+    );
+    assert!(
+        config["text"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("/data\""),
+        "{config}"
+    );
+    let default = py(
+        &host,
+        KEY_A,
+        &["profile-bare", "-", "desktop-commander", "read_file", read],
+    );
+    assert_eq!(default["is_error"], false, "{default}");
+    let hostname = std::fs::read_to_string("/etc/hostname").unwrap_or_default();
+    assert!(
+        default["text"]
+            .as_str()
+            .unwrap_or_default()
+            .contains(hostname.trim()),
+        "{default}"
+    );
+}
