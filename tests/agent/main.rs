@@ -15,6 +15,7 @@ mod lifecycle;
 mod mail;
 mod narrow;
 mod packaging;
+mod pinned;
 mod readme;
 mod recovery;
 mod rpc;

@@ -54,6 +54,10 @@ impl Lifecycle {
                 let in_lease = lease
                     .as_ref()
                     .is_some_and(|l| l.servers.iter().any(|n| n == name));
+                let benchmark = lease
+                    .as_ref()
+                    .filter(|_| in_lease)
+                    .and_then(|l| l.benchmark);
                 Some(ServerView {
                     name: name.clone(),
                     klavis: server_status(status.state, in_lease),
@@ -64,13 +68,10 @@ impl Lifecycle {
                         .as_ref()
                         .and_then(|l| l.server_ids.get(name).cloned())
                         .unwrap_or_default(),
-                    benchmark: lease
-                        .as_ref()
-                        .filter(|_| in_lease)
-                        .and_then(|l| l.benchmark),
+                    benchmark,
                     transport: def.transport.clone(),
                     mcp_path: def.mcp_path(),
-                    metadata: def.metadata.clone(),
+                    metadata: def.metadata_for(benchmark),
                     stderr_tail: self.sup.stderr_tail(name),
                 })
             })

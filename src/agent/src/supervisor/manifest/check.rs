@@ -408,6 +408,7 @@ pub(super) fn check_entry(
                     .transpose()?,
                 env,
                 seed,
+                metadata: o.metadata.clone(),
                 dirs: o
                     .dirs
                     .iter()

@@ -68,6 +68,15 @@ impl ServerDef {
             .map_or(&[], |o| o.seed.as_slice())
     }
 
+    /// The server's metadata under `benchmark` (the profile's over it).
+    pub fn metadata_for(&self, benchmark: Option<Benchmark>) -> BTreeMap<String, String> {
+        let mut m = self.metadata.clone();
+        if let Some(o) = benchmark.and_then(|b| self.benchmarks.get(&b)) {
+            m.extend(o.metadata.clone());
+        }
+        m
+    }
+
     /// Workspace directories a benchmark profile keeps for the lease.
     pub fn dirs(&self, benchmark: Option<Benchmark>) -> &[std::path::PathBuf] {
         benchmark

@@ -109,6 +109,7 @@ pub struct Override {
     /// Directories the profile keeps in the workspace (normalized relative
     /// paths).
     pub dirs: Vec<PathBuf>,
+    pub metadata: BTreeMap<String, String>,
 }
 
 /// One checked manifest entry.

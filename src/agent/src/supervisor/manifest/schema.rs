@@ -125,6 +125,10 @@ pub struct OverrideFile {
     /// every Initialize and Clear.
     #[serde(default)]
     pub dirs: Vec<String>,
+    /// Merged over the server's metadata (the implementation and version
+    /// the profile runs, shown in server listings).
+    #[serde(default)]
+    pub metadata: BTreeMap<String, String>,
 }
 
 /// A variable the server cannot start without.
