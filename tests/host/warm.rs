@@ -310,10 +310,13 @@ fn benchmark_profiles_serve_their_benchmark_and_never_leak_seed_data() {
     let seed = dir.path().join("atlas-seed");
     std::fs::create_dir_all(&seed).expect("seed dir");
     std::fs::write(seed.join("atlas.txt"), "git's MCP_Atlas data\n").expect("seed");
-    let manifest = format!(
-        "{}\n[servers.git.benchmarks.MCP_Atlas]\nseed = [{{ from = \"{}\" }}]\n",
-        shipped_manifest(Path::new("${state_root}")),
-        seed.display()
+    // Into the shipped profile's git table (it pins git's version).
+    let table = "[servers.git.benchmarks.MCP_Atlas]\n";
+    let shipped = shipped_manifest(Path::new("${state_root}"));
+    assert!(shipped.contains(table), "the shipped MCP_Atlas git table");
+    let manifest = shipped.replace(
+        table,
+        &format!("{table}seed = [{{ from = \"{}\" }}]\n", seed.display()),
     );
     std::fs::write(dir.path().join("servers.toml"), manifest).expect("manifest");
     let profile = "MCP_Atlas:filesystem,git";
