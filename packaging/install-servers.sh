@@ -115,14 +115,15 @@ pip_install() {
 }
 pip_launchers() {
     local name=$1 bin=$PREFIX/py/$1/bin
+    local l launchers=()
     case ${name%@*} in
-    poste_email_toolathlon)
-        for l in emails-mcp-env sandbox-mail; do
-            { echo "#!$bin/python3"; tail -n +2 "$HERE/launchers/$l"; } >"$bin/$l"
-            chmod 755 "$bin/$l"
-        done
-        ;;
+    poste_email_toolathlon) launchers=(emails-mcp-env sandbox-mail) ;;
+    canvas) launchers=(canvas-data) ;;
     esac
+    for l in "${launchers[@]}"; do
+        { echo "#!$bin/python3"; tail -n +2 "$HERE/launchers/$l"; } >"$bin/$l"
+        chmod 755 "$bin/$l"
+    done
 }
 
 mkdir -p "$PREFIX/node" "$PREFIX/py"

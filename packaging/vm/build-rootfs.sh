@@ -49,6 +49,7 @@ install -D -m 0755 "$root/packaging/install-servers.sh" "$dir/tmp/install-server
 install -D -m 0755 "$root/packaging/launchers/emails-mcp-env" "$dir/tmp/launchers/emails-mcp-env"
 install -D -m 0755 "$root/packaging/launchers/sandbox-mail" "$dir/tmp/launchers/sandbox-mail"
 install -D -m 0755 "$root/packaging/launchers/desktop-commander-env.mjs" "$dir/tmp/launchers/desktop-commander-env.mjs"
+install -D -m 0755 "$root/packaging/launchers/canvas-data" "$dir/tmp/launchers/canvas-data"
 cat > "$dir/etc/sandbox-agent/agent.toml" <<'TOML'
 # sandbox-agent in a full VM image (packaging/vm/build-rootfs.sh)
 listen = ["vsock://any:1024"]

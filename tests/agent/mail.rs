@@ -76,16 +76,21 @@ async fn the_lease_account_loads_dumps_and_resets() {
 
     // Data for a server without any: UNIMPLEMENTED; for one not leased:
     // FAILED_PRECONDITION.
-    let e = c
-        .servers()
-        .load_data(proto::LoadDataRequest {
-            server_name: "canvas".into(),
-            json: "{}".into(),
-            ..Default::default()
-        })
-        .await
-        .expect_err("canvas");
-    assert_eq!(e.code(), Code::Unimplemented, "{e}");
+    for (server, code) in [
+        ("filesystem", Code::Unimplemented),
+        ("canvas", Code::FailedPrecondition),
+    ] {
+        let e = c
+            .servers()
+            .load_data(proto::LoadDataRequest {
+                server_name: server.into(),
+                json: "{}".into(),
+                ..Default::default()
+            })
+            .await
+            .expect_err(server);
+        assert_eq!(e.code(), code, "{server}: {e}");
+    }
     let bad = r#"{"users": {"ann@mcp.com": {"emails": [{"subject": "s", "from_addr": "a@mcp.com", "to_addr": "ann@mcp.com", "date": "not a date"}]}}}"#;
     let e = c
         .servers()

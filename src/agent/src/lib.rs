@@ -25,6 +25,7 @@ pub mod lifecycle;
 pub mod mail;
 mod rpc;
 pub mod server;
+pub mod server_data;
 pub mod supervisor;
 pub mod workspace;
 

@@ -341,9 +341,13 @@ fn routes(
     let info = Arc::new(sysinfo::Collector::new(&settings.workspace));
 
     // LoadData and DumpData carry a server's data in one message.
-    let data_max = settings.manifest.mail.as_ref().map_or(max, |m| {
-        max.max(usize::try_from(m.max_data_bytes).unwrap_or(usize::MAX) + (64 << 10))
-    });
+    let data_bytes = settings
+        .manifest
+        .mail
+        .as_ref()
+        .map_or(0, |m| m.max_data_bytes)
+        .max(settings.lifecycle.server_data_max_bytes);
+    let data_max = max.max(usize::try_from(data_bytes).unwrap_or(usize::MAX) + (64 << 10));
     let mut b = Routes::builder();
     b.add_service(health)
         .add_service(reflection_v1)

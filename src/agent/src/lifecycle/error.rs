@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 
 use crate::mail::MailError;
+use crate::server_data::DataError;
 use crate::supervisor::SupError;
 use crate::supervisor::manifest::LaunchError;
 use crate::workspace::WsError;
@@ -95,13 +96,14 @@ pub enum LcError {
     NotInLease { server: String, lease: Vec<String> },
     // ---- the request names something this agent does not do (UNIMPLEMENTED)
     #[error(
-        "server {server:?} has no data this sandbox can load or dump: only servers with mail = true in the manifest (poste_email_toolathlon) do here{}",
-        if *outside { "; its outside service is reached with the lease's credentials, which sandbox-agent does not load data into yet" } else { "" }
+        "server {server:?} has no data this sandbox can load or dump: only servers with mail = true or a data_command in the manifest do"
     )]
-    NoServerData { server: String, outside: bool },
+    NoServerData { server: String },
     // ---- the mail service (mapped by cause)
     #[error(transparent)]
     Mail(#[from] MailError),
+    #[error("server {server}: {source}")]
+    Data { server: String, source: DataError },
     // ---- servers did not come up (UNAVAILABLE)
     #[error("{}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n"))]
     NotReady(Vec<ReadyError>),

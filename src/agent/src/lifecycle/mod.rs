@@ -39,6 +39,10 @@ pub use error::{LcError, MAX_LEASE_ID_LEN, ReadyError};
 pub use narrow::{NarrowParams, Trim};
 pub use servers::ServerView;
 
+/// The most `server_data_max_bytes` may be: a dump travels in one gRPC
+/// message.
+pub const SERVER_DATA_MAX_BYTES_LIMIT: u64 = 256 << 20;
+
 /// `[lifecycle]` in agent.toml.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -55,6 +59,10 @@ pub struct LifecycleConfig {
     /// How long Release waits for a running workspace transfer to end
     /// before giving up (the client may retry; Release is idempotent).
     pub workspace_wait_ms: u64,
+    /// Largest document a server's data_command loads or dumps.
+    pub server_data_max_bytes: u64,
+    /// How long one load or dump by a data_command may take.
+    pub server_data_timeout_ms: u64,
 }
 
 impl Default for LifecycleConfig {
@@ -65,6 +73,8 @@ impl Default for LifecycleConfig {
             default_ttl_seconds: DEFAULT_TTL_SECONDS,
             ready_deadline_ms: 120_000,
             workspace_wait_ms: 30_000,
+            server_data_max_bytes: 16 << 20,
+            server_data_timeout_ms: 120_000,
         }
     }
 }
@@ -77,8 +87,14 @@ impl LifecycleConfig {
         if !(self.min_ttl_seconds..=self.max_ttl_seconds).contains(&self.default_ttl_seconds) {
             return Err(LifecycleConfigError::DefaultTtl);
         }
-        if self.ready_deadline_ms == 0 || self.workspace_wait_ms == 0 {
+        if self.ready_deadline_ms == 0
+            || self.workspace_wait_ms == 0
+            || self.server_data_timeout_ms == 0
+        {
             return Err(LifecycleConfigError::ZeroWait);
+        }
+        if !(1..=SERVER_DATA_MAX_BYTES_LIMIT).contains(&self.server_data_max_bytes) {
+            return Err(LifecycleConfigError::ServerDataBytes);
         }
         Ok(())
     }
@@ -91,8 +107,12 @@ pub enum LifecycleConfigError {
     MinTtl,
     #[error("lifecycle.default_ttl_seconds must lie between min_ttl_seconds and max_ttl_seconds")]
     DefaultTtl,
-    #[error("lifecycle.ready_deadline_ms and workspace_wait_ms must be greater than 0")]
+    #[error(
+        "lifecycle.ready_deadline_ms, workspace_wait_ms and server_data_timeout_ms must be greater than 0"
+    )]
     ZeroWait,
+    #[error("lifecycle.server_data_max_bytes must be 1..={SERVER_DATA_MAX_BYTES_LIMIT}")]
+    ServerDataBytes,
 }
 
 /// A lease as the outside sees it.

@@ -12,27 +12,19 @@
 
 mod data;
 
-pub use data::Load;
-
 use std::collections::{BTreeMap, VecDeque};
-use std::os::fd::OwnedFd;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tokio::io::AsyncReadExt;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, info, warn};
 
+use crate::server_data::{DataError, STOP_GRACE, pump, tail_text, write_private};
 use crate::supervisor::Supervisor;
 use crate::supervisor::job::{JobEnd, JobSpec};
 use crate::supervisor::manifest::{MailDef, ResourceLimits, local_part_ok};
-
-/// The service's output kept for error messages (its last bytes).
-const TAIL_BYTES: usize = 8 << 10;
-/// Time between SIGTERM and SIGKILL when the service stops.
-const STOP_GRACE: Duration = Duration::from_secs(3);
 
 /// Why the mail service cannot do what was asked.
 #[derive(Debug, thiserror::Error)]
@@ -43,16 +35,8 @@ pub enum MailError {
     NotReady { ms: u128, tail: String },
     #[error("the mail service is not running: no server of the lease uses mail")]
     NotRunning,
-    #[error("invalid PosteEmailData: {0}")]
-    InvalidData(String),
-    #[error("the {what} is {size} bytes, over mail.max_data_bytes ({limit})")]
-    TooLarge {
-        what: &'static str,
-        size: u64,
-        limit: u64,
-    },
-    #[error("{what} took longer than mail.op_timeout_ms ({ms} ms); it was stopped")]
-    Timeout { what: &'static str, ms: u128 },
+    #[error("{0}")]
+    Data(#[from] DataError),
     #[error("{what} failed: {detail}")]
     Failed { what: &'static str, detail: String },
     #[error("{what}: {source}")]
@@ -60,11 +44,6 @@ pub enum MailError {
         what: String,
         source: std::io::Error,
     },
-}
-
-fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> MailError {
-    let what = what.into();
-    move |source| MailError::Io { what, source }
 }
 
 /// The lease's account: what a mail-using server is given as auth_data.
@@ -324,38 +303,6 @@ fn base_env() -> BTreeMap<String, String> {
         .collect()
 }
 
-async fn pump(fd: OwnedFd, tail: Arc<Mutex<VecDeque<u8>>>) {
-    let Ok(mut rx) = tokio::net::unix::pipe::Receiver::from_owned_fd(fd) else {
-        return;
-    };
-    let mut buf = vec![0u8; 8 << 10];
-    loop {
-        match rx.read(&mut buf).await {
-            Ok(0) | Err(_) => return,
-            Ok(n) => {
-                for line in String::from_utf8_lossy(&buf[..n]).lines() {
-                    tracing::debug!(target: "sandbox_agent::mail::service", "{line}");
-                }
-                let mut t = tail.lock().unwrap_or_else(|p| p.into_inner());
-                t.extend(&buf[..n]);
-                let over = t.len().saturating_sub(TAIL_BYTES);
-                t.drain(..over);
-            }
-        }
-    }
-}
-
-fn tail_text(tail: &Mutex<VecDeque<u8>>) -> String {
-    let t = tail.lock().unwrap_or_else(|p| p.into_inner());
-    let (a, b) = t.as_slices();
-    let s = String::from_utf8_lossy(&[a, b].concat()).trim().to_owned();
-    if s.is_empty() {
-        "(no output)".into()
-    } else {
-        s
-    }
-}
-
 /// Empties `dir` (creating it): the mailboxes never outlive their lease.
 async fn empty_dir(dir: &Path) -> Result<(), MailError> {
     let d = dir.to_owned();
@@ -374,27 +321,8 @@ async fn empty_dir(dir: &Path) -> Result<(), MailError> {
         what: format!("emptying {}", dir.display()),
         source: std::io::Error::other(e),
     })?
-    .map_err(io(format!("emptying {}", dir.display())))
-}
-
-async fn write_private(path: &Path, bytes: &[u8]) -> Result<(), MailError> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let p = path.to_owned();
-    let b = bytes.to_vec();
-    tokio::task::spawn_blocking(move || {
-        std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&p)
-            .and_then(|mut f| f.write_all(&b))
+    .map_err(|source| MailError::Io {
+        what: format!("emptying {}", dir.display()),
+        source,
     })
-    .await
-    .map_err(|e| MailError::Io {
-        what: format!("writing {}", path.display()),
-        source: std::io::Error::other(e),
-    })?
-    .map_err(io(format!("writing {}", path.display())))
 }

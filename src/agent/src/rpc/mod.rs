@@ -20,7 +20,20 @@ type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, tonic::Status>> + Send>>
 
 use crate::lifecycle::LcError;
 use crate::mail::MailError;
+use crate::server_data::DataError;
 use tonic::Status;
+
+/// The gRPC status for a server-data error.
+fn data_status(e: &DataError, message: String) -> Status {
+    match e {
+        DataError::InvalidData(_) => Status::invalid_argument(message),
+        DataError::TooLarge { .. } => Status::resource_exhausted(message),
+        DataError::Refused { .. } => Status::failed_precondition(message),
+        DataError::Unreachable { .. } => Status::unavailable(message),
+        DataError::Timeout { .. } => Status::deadline_exceeded(message),
+        DataError::Failed { .. } | DataError::Io { .. } => Status::internal(message),
+    }
+}
 
 /// The gRPC status for a lifecycle error: the one place its causes meet
 /// status codes.
@@ -42,14 +55,15 @@ fn lc_status(e: LcError) -> Status {
         LcError::NoSuchLease { .. } | LcError::Supervisor(_) => Status::not_found(message),
         LcError::NotInLease { .. } => Status::failed_precondition(message),
         LcError::NoServerData { .. } => Status::unimplemented(message),
+        LcError::Mail(MailError::Data(d)) | LcError::Data { source: d, .. } => {
+            data_status(&d, message)
+        }
         LcError::Mail(m) => match m {
-            MailError::InvalidData(_) => Status::invalid_argument(message),
-            MailError::TooLarge { .. } => Status::resource_exhausted(message),
             MailError::NotRunning => Status::failed_precondition(message),
-            MailError::Start { .. } | MailError::NotReady { .. } | MailError::Timeout { .. } => {
-                Status::unavailable(message)
+            MailError::Start { .. } | MailError::NotReady { .. } => Status::unavailable(message),
+            MailError::Failed { .. } | MailError::Io { .. } | MailError::Data(_) => {
+                Status::internal(message)
             }
-            MailError::Failed { .. } | MailError::Io { .. } => Status::internal(message),
         },
         LcError::NotReady(_) => Status::unavailable(message),
         LcError::Workspace(w) => workspace::ws_status(w),

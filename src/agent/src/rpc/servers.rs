@@ -9,7 +9,7 @@ use tonic::{Request, Response, Status};
 use super::agent::benchmark_to_proto;
 use super::{BoxStream, lc_status};
 use crate::lifecycle::{Lifecycle, ServerView};
-use crate::mail::Load;
+use crate::server_data::Load;
 use crate::supervisor::State;
 use crate::supervisor::logbuf::Stream as LogStream;
 use crate::supervisor::manifest::Transport;

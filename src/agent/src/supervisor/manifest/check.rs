@@ -456,5 +456,10 @@ pub(super) fn check_entry(
         benchmarks,
         metadata: e.metadata.clone(),
         mail: e.mail,
+        data_command: e
+            .data_command
+            .as_deref()
+            .map(|c| x(c, "data_command"))
+            .transpose()?,
     })
 }

@@ -136,6 +136,8 @@ pub struct ServerDef {
     pub metadata: BTreeMap<String, String>,
     /// Gets an account of the sandbox's mail service ([`Manifest::mail`]).
     pub mail: bool,
+    /// Loads and dumps the server's data (see the schema's `data_command`).
+    pub data_command: Option<String>,
 }
 
 /// Everything needed to start one server process.

@@ -185,6 +185,10 @@ pub struct ServerFile {
     /// there, passed as auth_data fields (email, password, imap_server, …).
     #[serde(default)]
     pub mail: bool,
+    /// Loads and dumps the server's data in its outside service (Klavis's
+    /// per-server initialize/dump), run with the server's environment:
+    /// `CMD load (--file F | --default)`, `CMD dump --out F`.
+    pub data_command: Option<String>,
 }
 
 /// `[mail]`: the sandbox's own mail service (IMAP + SMTP submission for one

@@ -1,0 +1,205 @@
+//! canvas's per-server data through sandbox-host: CanvasData loaded into
+//! the Canvas LMS of the lease's credentials and dumped back, by the
+//! canvas server's data tool (packaging/launchers/canvas-data) over
+//! Canvas's REST API. Canvas LMS itself cannot run here, so a test double
+//! of the few calls used stands in for it (tests/clients/canvas_standin.py);
+//! the canvas MCP server reads the same stand-in.
+
+use std::process::{Child, Command, Stdio};
+
+use crate::common::host::{Host, KEY_A, acquire, http, py, release};
+
+const TOKEN: &str = "canvas-test-token";
+
+struct StandIn {
+    child: Child,
+    url: String,
+}
+
+impl Drop for StandIn {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn stand_in() -> StandIn {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("port")
+        .port();
+    let mut child = Command::new("python3")
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/clients/canvas_standin.py"
+        ))
+        .arg(port.to_string())
+        .arg(TOKEN)
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("python3");
+    let mut line = String::new();
+    if let Some(out) = child.stdout.take() {
+        use std::io::BufRead;
+        let _ = std::io::BufReader::new(out).read_line(&mut line);
+    }
+    assert_eq!(line.trim(), "ready", "the Canvas stand-in did not start");
+    StandIn {
+        child,
+        url: format!("http://127.0.0.1:{port}/api/v1"),
+    }
+}
+
+const COURSE: &str = r#"{"courses": [{
+    "name": "Statistics 201", "course_code": "STAT201", "published": true,
+    "assignments": [{"name": "Regression project", "points_possible": 20,
+                     "submission_types": ["online_upload"]}],
+    "quizzes": [{"title": "Midterm", "questions": [
+        {"question_text": "<p>Is 7 prime?</p>", "question_type": "true_false_question",
+         "answers": [{"answer_text": "True", "answer_weight": 100}]}]}],
+    "enrollments": [{"user_email": "ann@mcp.com", "role": "TeacherEnrollment"}],
+    "announcements": [{"title": "Office hours", "message": "<p>Fridays at 10.</p>"}]
+}]}"#;
+
+#[test]
+fn canvas_data_round_trips_through_its_service() {
+    let canvas = stand_in();
+    let dir = tempfile::tempdir().expect("tempdir");
+    // The host's agents pass these to the canvas server (its pass_env).
+    let host = Host::start_env(
+        dir.path(),
+        &[],
+        &[
+            ("CANVAS_API_URL", &canvas.url),
+            ("CANVAS_API_TOKEN", TOKEN),
+            // The stand-in speaks plain http on loopback.
+            ("CANVAS_ALLOW_INSECURE_HTTP", "true"),
+        ],
+    );
+    let a = acquire(
+        &host,
+        KEY_A,
+        r#"{"server_names": ["canvas", "filesystem"]}"#,
+    );
+    let id = a["local_sandbox_id"].as_str().expect("id");
+    let base = format!("{}/local-sandbox", host.base);
+    let init = format!("{base}/canvas/{id}/initialize");
+
+    // Refused data creates nothing: a missing course_code, an unknown user.
+    let (code, v) = http(
+        "POST",
+        &init,
+        Some(KEY_A),
+        Some(r#"{"courses": [{"name": "No code"}]}"#),
+    );
+    assert_eq!(code, 400, "{v}");
+    assert!(
+        v["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("courses[0].course_code")),
+        "{v}"
+    );
+    let (code, v) = http(
+        "POST",
+        &init,
+        Some(KEY_A),
+        Some(
+            r#"{"courses": [{"name": "X", "course_code": "X1", "enrollments": [{"user_email": "nobody@mcp.com"}]}]}"#,
+        ),
+    );
+    assert_eq!(code, 400, "{v}");
+    assert!(
+        v["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("nobody@mcp.com")),
+        "{v}"
+    );
+
+    let (code, v) = http("POST", &init, Some(KEY_A), Some(COURSE));
+    assert_eq!(code, 200, "{v}");
+    assert!(
+        v["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("\"courses\": 1")),
+        "{v}"
+    );
+
+    let (code, d) = http(
+        "GET",
+        &format!("{base}/canvas/{id}/dump"),
+        Some(KEY_A),
+        None,
+    );
+    assert_eq!(code, 200, "{d}");
+    assert_eq!(d["server_name"], "canvas", "{d}");
+    let courses = d["data"]["courses"].as_array().cloned().unwrap_or_default();
+    assert_eq!(courses.len(), 1, "only what was loaded: {d}");
+    let c = &courses[0];
+    assert_eq!(c["course_code"], "STAT201", "{c}");
+    assert_eq!(c["published"], true, "{c}");
+    assert_eq!(c["assignments"][0]["name"], "Regression project", "{c}");
+    assert_eq!(
+        c["quizzes"][0]["questions"][0]["question_text"], "<p>Is 7 prime?</p>",
+        "{c}"
+    );
+    assert_eq!(c["enrollments"][0]["user_email"], "ann@mcp.com", "{c}");
+    assert_eq!(c["enrollments"][0]["role"], "TeacherEnrollment", "{c}");
+    assert_eq!(c["announcements"][0]["title"], "Office hours", "{c}");
+
+    // The canvas MCP server sees the loaded course in the same service.
+    let listed = py(
+        &host,
+        KEY_A,
+        &["profile-bare", "-", "canvas", "list_courses", "{}"],
+    );
+    assert!(
+        listed["text"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("Statistics 201"),
+        "{listed}"
+    );
+
+    // google_cloud is not in this sandbox; filesystem has no such data.
+    let (code, v) = http(
+        "GET",
+        &format!("{base}/google_cloud/{id}/dump"),
+        Some(KEY_A),
+        None,
+    );
+    assert_eq!(code, 400, "{v}");
+    release(&host, KEY_A, id);
+}
+
+/// Canvas refusing the lease's token is the caller's to fix: a 400 that
+/// says so, not a server error.
+#[test]
+fn a_refused_canvas_token_is_named() {
+    let canvas = stand_in();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let host = Host::start_env(
+        dir.path(),
+        &[],
+        &[
+            ("CANVAS_API_URL", &canvas.url),
+            ("CANVAS_API_TOKEN", "wrong-token"),
+            ("CANVAS_ALLOW_INSECURE_HTTP", "true"),
+        ],
+    );
+    let a = acquire(&host, KEY_A, r#"{"server_names": ["canvas"]}"#);
+    let id = a["local_sandbox_id"].as_str().expect("id");
+    let (code, v) = http(
+        "GET",
+        &format!("{}/local-sandbox/canvas/{id}/dump", host.base),
+        Some(KEY_A),
+        None,
+    );
+    assert_eq!(code, 400, "{v}");
+    assert!(
+        v["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("CANVAS_API_TOKEN")),
+        "{v}"
+    );
+    release(&host, KEY_A, id);
+}
