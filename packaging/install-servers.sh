@@ -119,6 +119,7 @@ pip_launchers() {
     case ${name%@*} in
     poste_email_toolathlon) launchers=(emails-mcp-env sandbox-mail) ;;
     canvas) launchers=(canvas-data) ;;
+    google_cloud) launchers=(google-cloud-data) ;;
     esac
     for l in "${launchers[@]}"; do
         { echo "#!$bin/python3"; tail -n +2 "$HERE/launchers/$l"; } >"$bin/$l"

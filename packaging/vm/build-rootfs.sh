@@ -50,6 +50,7 @@ install -D -m 0755 "$root/packaging/launchers/emails-mcp-env" "$dir/tmp/launcher
 install -D -m 0755 "$root/packaging/launchers/sandbox-mail" "$dir/tmp/launchers/sandbox-mail"
 install -D -m 0755 "$root/packaging/launchers/desktop-commander-env.mjs" "$dir/tmp/launchers/desktop-commander-env.mjs"
 install -D -m 0755 "$root/packaging/launchers/canvas-data" "$dir/tmp/launchers/canvas-data"
+install -D -m 0755 "$root/packaging/launchers/google-cloud-data" "$dir/tmp/launchers/google-cloud-data"
 cat > "$dir/etc/sandbox-agent/agent.toml" <<'TOML'
 # sandbox-agent in a full VM image (packaging/vm/build-rootfs.sh)
 listen = ["vsock://any:1024"]

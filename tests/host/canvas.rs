@@ -5,49 +5,16 @@
 //! of the few calls used stands in for it (tests/clients/canvas_standin.py);
 //! the canvas MCP server reads the same stand-in.
 
-use std::process::{Child, Command, Stdio};
-
+use super::standin::StandIn;
 use crate::common::host::{Host, KEY_A, acquire, http, py, release};
 
 const TOKEN: &str = "canvas-test-token";
 
-struct StandIn {
-    child: Child,
-    url: String,
-}
-
-impl Drop for StandIn {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn stand_in() -> StandIn {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("port")
-        .port();
-    let mut child = Command::new("python3")
-        .arg(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/tests/clients/canvas_standin.py"
-        ))
-        .arg(port.to_string())
-        .arg(TOKEN)
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("python3");
-    let mut line = String::new();
-    if let Some(out) = child.stdout.take() {
-        use std::io::BufRead;
-        let _ = std::io::BufReader::new(out).read_line(&mut line);
-    }
-    assert_eq!(line.trim(), "ready", "the Canvas stand-in did not start");
-    StandIn {
-        child,
-        url: format!("http://127.0.0.1:{port}/api/v1"),
-    }
+/// The Canvas stand-in; its API base URL.
+fn stand_in() -> (StandIn, String) {
+    let s = StandIn::start("canvas_standin.py", &[TOKEN]);
+    let url = format!("{}/api/v1", s.base);
+    (s, url)
 }
 
 const COURSE: &str = r#"{"courses": [{
@@ -63,14 +30,14 @@ const COURSE: &str = r#"{"courses": [{
 
 #[test]
 fn canvas_data_round_trips_through_its_service() {
-    let canvas = stand_in();
+    let (_canvas, canvas_url) = stand_in();
     let dir = tempfile::tempdir().expect("tempdir");
     // The host's agents pass these to the canvas server (its pass_env).
     let host = Host::start_env(
         dir.path(),
         &[],
         &[
-            ("CANVAS_API_URL", &canvas.url),
+            ("CANVAS_API_URL", &canvas_url),
             ("CANVAS_API_TOKEN", TOKEN),
             // The stand-in speaks plain http on loopback.
             ("CANVAS_ALLOW_INSECURE_HTTP", "true"),
@@ -175,13 +142,13 @@ fn canvas_data_round_trips_through_its_service() {
 /// says so, not a server error.
 #[test]
 fn a_refused_canvas_token_is_named() {
-    let canvas = stand_in();
+    let (_canvas, canvas_url) = stand_in();
     let dir = tempfile::tempdir().expect("tempdir");
     let host = Host::start_env(
         dir.path(),
         &[],
         &[
-            ("CANVAS_API_URL", &canvas.url),
+            ("CANVAS_API_URL", &canvas_url),
             ("CANVAS_API_TOKEN", "wrong-token"),
             ("CANVAS_ALLOW_INSECURE_HTTP", "true"),
         ],
