@@ -4,24 +4,7 @@
 //! says which) and answer a tool call through sandboxctl.
 
 use crate::common::mcp::*;
-use crate::common::*;
 use sandbox_client::proto;
-
-fn sandboxctl(agent: &Agent, args: &[&str]) -> String {
-    let at = agent.unix_uri();
-    let mcp = format!("unix://{}", agent.mcp_socket().display());
-    let mut all = vec!["--agent", &at, "--mcp", &mcp];
-    all.extend_from_slice(args);
-    let out = ctl(&all);
-    assert!(
-        out.status.success(),
-        "sandboxctl {args:?}: {}\n{}\nagent:\n{}",
-        text(&out.stdout),
-        text(&out.stderr),
-        agent.stderr.all()
-    );
-    text(&out.stdout)
-}
 
 /// (server, pinned version, tool (`tools`: list them), arguments (`{ws}`:
 /// the workspace), what the answer contains)

@@ -44,22 +44,6 @@ fn pdf(text: &str) -> Vec<u8> {
     out
 }
 
-fn sandboxctl(agent: &Agent, args: &[&str]) -> String {
-    let at = agent.unix_uri();
-    let mcp = format!("unix://{}", agent.mcp_socket().display());
-    let mut all = vec!["--agent", &at, "--mcp", &mcp];
-    all.extend_from_slice(args);
-    let out = ctl(&all);
-    assert!(
-        out.status.success(),
-        "sandboxctl {args:?}: {}\n{}\nagent:\n{}",
-        text(&out.stdout),
-        text(&out.stderr),
-        agent.stderr.all()
-    );
-    text(&out.stdout)
-}
-
 #[test]
 fn every_shipped_server_starts_and_answers() {
     let agent = agent_with("", "");

@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::Agent;
+use super::{Agent, ctl, text};
 
 /// Where the test command installed the servers.
 pub fn servers_dir() -> String {
@@ -137,4 +137,22 @@ pub fn free_port() -> u16 {
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
         .expect("free port")
+}
+
+/// Runs sandboxctl against `agent`'s control and data planes; panics with
+/// its output (and the agent's) unless it succeeds; returns its stdout.
+pub fn sandboxctl(agent: &Agent, args: &[&str]) -> String {
+    let at = agent.unix_uri();
+    let mcp = format!("unix://{}", agent.mcp_socket().display());
+    let mut all = vec!["--agent", &at, "--mcp", &mcp];
+    all.extend_from_slice(args);
+    let out = ctl(&all);
+    assert!(
+        out.status.success(),
+        "sandboxctl {args:?}: {}\n{}\nagent:\n{}",
+        text(&out.stdout),
+        text(&out.stderr),
+        agent.stderr.all()
+    );
+    text(&out.stdout)
 }

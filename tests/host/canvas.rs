@@ -17,6 +17,21 @@ fn stand_in() -> (StandIn, String) {
     (s, url)
 }
 
+/// A host whose agents reach Canvas at `url` with `token`: they pass the
+/// variables on to the canvas server (its pass_env).
+fn host_for(dir: &std::path::Path, url: &str, token: &str) -> Host {
+    Host::start_env(
+        dir,
+        &[],
+        &[
+            ("CANVAS_API_URL", url),
+            ("CANVAS_API_TOKEN", token),
+            // The stand-in speaks plain http on loopback.
+            ("CANVAS_ALLOW_INSECURE_HTTP", "true"),
+        ],
+    )
+}
+
 const COURSE: &str = r#"{"courses": [{
     "name": "Statistics 201", "course_code": "STAT201", "published": true,
     "assignments": [{"name": "Regression project", "points_possible": 20,
@@ -32,17 +47,7 @@ const COURSE: &str = r#"{"courses": [{
 fn canvas_data_round_trips_through_its_service() {
     let (_canvas, canvas_url) = stand_in();
     let dir = tempfile::tempdir().expect("tempdir");
-    // The host's agents pass these to the canvas server (its pass_env).
-    let host = Host::start_env(
-        dir.path(),
-        &[],
-        &[
-            ("CANVAS_API_URL", &canvas_url),
-            ("CANVAS_API_TOKEN", TOKEN),
-            // The stand-in speaks plain http on loopback.
-            ("CANVAS_ALLOW_INSECURE_HTTP", "true"),
-        ],
-    );
+    let host = host_for(dir.path(), &canvas_url, TOKEN);
     let a = acquire(
         &host,
         KEY_A,
@@ -144,15 +149,7 @@ fn canvas_data_round_trips_through_its_service() {
 fn a_refused_canvas_token_is_named() {
     let (_canvas, canvas_url) = stand_in();
     let dir = tempfile::tempdir().expect("tempdir");
-    let host = Host::start_env(
-        dir.path(),
-        &[],
-        &[
-            ("CANVAS_API_URL", &canvas_url),
-            ("CANVAS_API_TOKEN", "wrong-token"),
-            ("CANVAS_ALLOW_INSECURE_HTTP", "true"),
-        ],
-    );
+    let host = host_for(dir.path(), &canvas_url, "wrong-token");
     let a = acquire(&host, KEY_A, r#"{"server_names": ["canvas"]}"#);
     let id = a["local_sandbox_id"].as_str().expect("id");
     let (code, v) = http(

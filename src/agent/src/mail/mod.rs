@@ -21,7 +21,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, info, warn};
 
-use crate::server_data::{DataError, STOP_GRACE, pump, tail_text, write_private};
+use crate::server_data::{DataError, STOP_GRACE, io, pump, tail_text, write_private};
 use crate::supervisor::Supervisor;
 use crate::supervisor::job::{JobEnd, JobSpec};
 use crate::supervisor::manifest::{MailDef, ResourceLimits, local_part_ok};
@@ -35,15 +35,10 @@ pub enum MailError {
     NotReady { ms: u128, tail: String },
     #[error("the mail service is not running: no server of the lease uses mail")]
     NotRunning,
+    #[error("the mail service exited during the lease: {tail}")]
+    Exited { tail: String },
     #[error("{0}")]
     Data(#[from] DataError),
-    #[error("{what} failed: {detail}")]
-    Failed { what: &'static str, detail: String },
-    #[error("{what}: {source}")]
-    Io {
-        what: String,
-        source: std::io::Error,
-    },
 }
 
 /// The lease's account: what a mail-using server is given as auth_data.
@@ -253,9 +248,8 @@ impl Mail {
     pub async fn alive(&self) -> Result<(), MailError> {
         match self.running.lock().await.as_ref() {
             None => Err(MailError::NotRunning),
-            Some(r) if r.task.is_finished() => Err(MailError::Failed {
-                what: "the mail service",
-                detail: format!("it exited: {}", tail_text(&r.tail)),
+            Some(r) if r.task.is_finished() => Err(MailError::Exited {
+                tail: tail_text(&r.tail),
             }),
             Some(_) => Ok(()),
         }
@@ -304,7 +298,7 @@ fn base_env() -> BTreeMap<String, String> {
 }
 
 /// Empties `dir` (creating it): the mailboxes never outlive their lease.
-async fn empty_dir(dir: &Path) -> Result<(), MailError> {
+async fn empty_dir(dir: &Path) -> Result<(), DataError> {
     let d = dir.to_owned();
     tokio::task::spawn_blocking(move || {
         match std::fs::remove_dir_all(&d) {
@@ -317,12 +311,6 @@ async fn empty_dir(dir: &Path) -> Result<(), MailError> {
         std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o711))
     })
     .await
-    .map_err(|e| MailError::Io {
-        what: format!("emptying {}", dir.display()),
-        source: std::io::Error::other(e),
-    })?
-    .map_err(|source| MailError::Io {
-        what: format!("emptying {}", dir.display()),
-        source,
-    })
+    .map_err(|e| io(format!("emptying {}", dir.display()))(std::io::Error::other(e)))?
+    .map_err(io(format!("emptying {}", dir.display())))
 }

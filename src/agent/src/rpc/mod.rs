@@ -60,10 +60,10 @@ fn lc_status(e: LcError) -> Status {
         }
         LcError::Mail(m) => match m {
             MailError::NotRunning => Status::failed_precondition(message),
-            MailError::Start { .. } | MailError::NotReady { .. } => Status::unavailable(message),
-            MailError::Failed { .. } | MailError::Io { .. } | MailError::Data(_) => {
-                Status::internal(message)
+            MailError::Start { .. } | MailError::NotReady { .. } | MailError::Exited { .. } => {
+                Status::unavailable(message)
             }
+            MailError::Data(_) => Status::internal(message),
         },
         LcError::NotReady(_) => Status::unavailable(message),
         LcError::Workspace(w) => workspace::ws_status(w),
