@@ -27,6 +27,7 @@ mod rpc;
 pub mod server;
 pub mod server_data;
 pub mod supervisor;
+pub mod tenant;
 pub mod workspace;
 
 pub use sandbox_client::VERSION;

@@ -94,6 +94,12 @@ struct Args {
     #[arg(long, value_name = "MODE", env = "SANDBOX_AGENT_MAIL_PORTS")]
     mail_ports: Option<sandbox_agent::config::MailPorts>,
 
+    /// Who MCP servers, executions and data tools run as
+    /// (supervisor.tenant_user): `auto` (1000:1000 when the agent is root),
+    /// `UID:GID`, or `none` (the agent's own user: development only).
+    #[arg(long, value_name = "USER", env = "SANDBOX_AGENT_TENANT_USER")]
+    tenant_user: Option<String>,
+
     /// Where script executions live (exec.root). Default:
     /// /var/lib/sandbox-agent/executions (with --dev: ./executions).
     #[arg(long, value_name = "DIR", env = "SANDBOX_AGENT_EXEC_ROOT")]
@@ -165,6 +171,7 @@ fn run(args: Args, pid1: bool) -> anyhow::Result<()> {
         token: env_token.clone(),
         log_format: args.log_format,
         mail_ports: args.mail_ports,
+        tenant_user: args.tenant_user.clone(),
         allow_remote_tcp: args.allow_remote_tcp,
         name: args.name.clone(),
         manifest: args.manifest.clone(),

@@ -108,6 +108,18 @@ pub async fn bind(settings: &Settings) -> Result<Bound, ServeError> {
         path: settings.workspace.display().to_string(),
         source,
     })?;
+    // Tenants work in the workspace: its root is theirs, and so is every
+    // entry extracted into it (archive.owner defaults to the root's owner).
+    let tenant = crate::tenant::parse(&settings.supervisor.tenant_user)
+        .map_err(|e| ServeError::Open(e.to_string()))?;
+    if let Some((uid, gid)) = tenant {
+        std::os::unix::fs::chown(&settings.workspace, Some(uid), Some(gid)).map_err(|source| {
+            ServeError::Workspace {
+                path: settings.workspace.display().to_string(),
+                source,
+            }
+        })?;
+    }
     if let Some((data, link)) = &settings.data_path {
         crate::workspace::data_path::show_at(&settings.workspace, data, *link)?;
         info!(data_path = %data.display(), ?link, "the workspace is also at data_path");
@@ -168,7 +180,11 @@ async fn serve_inner(
             .await;
     }
     let supervisor = Arc::new(
-        Supervisor::new(&settings.manifest, settings.supervisor.clone())
+        Supervisor::new(
+            &settings.manifest,
+            settings.supervisor.clone(),
+            &settings.effective.state_root,
+        )
             .map_err(ServeError::Supervisor)?,
     );
     let manifest = Arc::new(settings.manifest.clone());
@@ -201,6 +217,7 @@ async fn serve_inner(
         let policy = AuthPolicy {
             token: settings.token.clone(),
             required: matches!(endpoint, Endpoint::Tcp { .. }) || settings.require_token_on_local,
+            lease: None,
         };
         info!(%endpoint, token_required = policy.required, "listening");
         let keepalive = Duration::from_millis(limits.keepalive_interval_ms);
@@ -241,6 +258,7 @@ async fn serve_inner(
             token: settings.token.clone(),
             required: matches!(listener.local_endpoint(), Endpoint::Tcp { .. })
                 || settings.require_token_on_local,
+            lease: None,
         };
         servers.spawn(
             gateway
@@ -251,14 +269,13 @@ async fn serve_inner(
     }
     if let Some(listener) = bound.exec_mcp {
         // Scripts get their own token for this listener: it is in their
-        // environment, and opens nothing but the data plane.
-        let token = random_token();
+        // environment, opens nothing but the data plane, and lives as long
+        // as the lease (made at Acquire, Narrow and Reset, revoked at
+        // Release: Executions::open/close).
         let policy = AuthPolicy {
-            token: Some(
-                sandbox_client::auth::Token::new(&token, "exec.mcp_listen")
-                    .map_err(|e| ServeError::Open(e.to_string()))?,
-            ),
+            token: None,
             required: true,
+            lease: Some(executions.lease_token()),
         };
         if let Endpoint::Tcp { host, port } = listener.local_endpoint() {
             let host = if host.contains(':') {
@@ -268,7 +285,6 @@ async fn serve_inner(
             };
             executions.set_mcp_access(McpAccess {
                 base_url: format!("http://{host}:{port}"),
-                token,
             });
         }
         servers.spawn(
@@ -379,19 +395,3 @@ fn routes(
     Ok(b.routes())
 }
 
-/// 32 random bytes as hex: the scripts' data-plane token.
-fn random_token() -> String {
-    let mut b = [0u8; 32];
-    if getrandom::fill(&mut b).is_err() {
-        // Never run a token-less listener: fall back to what the kernel
-        // gives per process (still unguessable from outside the sandbox).
-        let boot = std::fs::read("/proc/sys/kernel/random/uuid").unwrap_or_default();
-        use sha2::Digest;
-        let mut h = sha2::Sha256::new();
-        h.update(&boot);
-        h.update(std::process::id().to_le_bytes());
-        h.update(crate::supervisor::now_ms().to_le_bytes());
-        b.copy_from_slice(&h.finalize());
-    }
-    hex::encode(b)
-}

@@ -175,6 +175,7 @@ impl DataTool {
             env: self.env.clone(),
             cwd: self.dir.clone(),
             limits: ResourceLimits::default(),
+            tenant: true,
         };
         let span = tracing::info_span!("server_data", op = what);
         let mut job = self

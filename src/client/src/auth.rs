@@ -144,6 +144,30 @@ pub struct AuthPolicy {
     pub token: Option<Token>,
     /// Reject requests that carry no token.
     pub required: bool,
+    /// When set, the token is this one instead of `token`: a token that
+    /// lives only as long as a lease ([`LeaseToken`]); while it is unset
+    /// every request is refused.
+    pub lease: Option<LeaseToken>,
+}
+
+/// A token made for one lease and revoked when it ends (the scripts'
+/// data-plane token): shared by the listener's policy and whoever rotates
+/// it.
+#[derive(Clone, Debug, Default)]
+pub struct LeaseToken(Arc<std::sync::RwLock<Option<Token>>>);
+
+impl LeaseToken {
+    /// Replaces the token (a new lease, or the same lease after a Reset).
+    pub fn set(&self, token: Token) {
+        *self.0.write().unwrap_or_else(|p| p.into_inner()) = Some(token);
+    }
+    /// Revokes it: nothing is admitted until the next [`LeaseToken::set`].
+    pub fn revoke(&self) {
+        *self.0.write().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+    pub fn get(&self) -> Option<Token> {
+        self.0.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
 }
 
 impl AuthPolicy {
@@ -152,7 +176,19 @@ impl AuthPolicy {
         if path.starts_with(HEALTH_PREFIX) {
             return Ok(());
         }
-        match (authorization, &self.token) {
+        let current;
+        let token = match &self.lease {
+            Some(lease) => {
+                current = lease.get().ok_or_else(|| {
+                    Status::unauthenticated(
+                        "no lease: this listener's token was revoked when the lease ended",
+                    )
+                })?;
+                Some(&current)
+            }
+            None => self.token.as_ref(),
+        };
+        match (authorization, token) {
             (None, _) if !self.required => Ok(()),
             (None, _) => Err(Status::unauthenticated(
                 "missing bearer token: this listener requires 'authorization: Bearer <token>' \
@@ -304,6 +340,7 @@ mod tests {
         let p = AuthPolicy {
             token: Some(token()),
             required: true,
+            lease: None,
         };
         let m = "/sandbox.agent.v1.Agent/GetInfo";
         assert!(p.check(m, Some(b"Bearer 0123456789abcdef-secret")).is_ok());
@@ -321,6 +358,7 @@ mod tests {
         let p = AuthPolicy {
             token: Some(token()),
             required: false,
+            lease: None,
         };
         let m = "/sandbox.agent.v1.Agent/GetInfo";
         assert!(p.check(m, None).is_ok());
@@ -328,6 +366,7 @@ mod tests {
         let open = AuthPolicy {
             token: None,
             required: false,
+            lease: None,
         };
         assert!(open.check(m, None).is_ok());
         assert!(open.check(m, Some(b"Bearer whatever-whatever")).is_err());

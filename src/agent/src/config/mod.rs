@@ -243,6 +243,7 @@ pub struct Overrides {
     pub token: Option<String>,
     pub log_format: Option<LogFormat>,
     pub mail_ports: Option<MailPorts>,
+    pub tenant_user: Option<String>,
     pub allow_remote_tcp: bool,
     pub name: Option<String>,
     pub manifest: Option<PathBuf>,
@@ -323,6 +324,9 @@ impl Config {
         }
         if let Some(d) = &o.data_path {
             self.data_path = Some(d.clone());
+        }
+        if let Some(t) = &o.tenant_user {
+            self.supervisor.tenant_user = t.clone();
         }
         if let Some(m) = o.mail_ports {
             self.mail_ports = m;

@@ -103,7 +103,6 @@ pub struct ExecView {
 pub struct McpAccess {
     /// `http://127.0.0.1:PORT`
     pub base_url: String,
-    pub token: String,
 }
 
 struct Progress {
@@ -195,6 +194,8 @@ pub struct Executions {
     sup: Arc<Supervisor>,
     workspace: PathBuf,
     mcp: Mutex<Option<McpAccess>>,
+    /// The scripts' data-plane token of the current lease.
+    token: sandbox_client::auth::LeaseToken,
     inner: Mutex<Inner>,
     slots: Arc<Semaphore>,
 }
@@ -207,6 +208,7 @@ impl Executions {
             sup,
             workspace,
             mcp: Mutex::new(None),
+            token: Default::default(),
             inner: Mutex::new(Inner::default()),
             slots,
         })
@@ -225,8 +227,26 @@ impl Executions {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Admits executions for `lease` (Acquire).
+    /// The token the scripts' MCP listener checks.
+    pub fn lease_token(&self) -> sandbox_client::auth::LeaseToken {
+        self.token.clone()
+    }
+
+    /// The current lease's data-plane token, if any.
+    pub(crate) fn current_token(&self) -> Option<String> {
+        self.token.get().map(|t| t.expose().to_owned())
+    }
+
+    /// Admits executions for `lease` (Acquire, Narrow, Reset), with a new
+    /// data-plane token: no earlier lease's token opens this one.
     pub fn open(&self, lease: &str, servers: &[String]) {
+        match sandbox_client::auth::Token::generate() {
+            Ok(t) => self.token.set(t),
+            Err(e) => {
+                tracing::error!(error = %e, "cannot make the scripts' token; their MCP listener refuses all");
+                self.token.revoke();
+            }
+        }
         let mut i = self.inner();
         i.generation += 1;
         i.lease = Some(LeaseInfo {
@@ -240,6 +260,7 @@ impl Executions {
     /// [`Executions::open`]. Returns how many were running.
     pub async fn close(&self) -> usize {
         let execs: Vec<Arc<Execution>> = {
+            self.token.revoke();
             let mut i = self.inner();
             i.generation += 1;
             i.lease = None;
@@ -343,7 +364,12 @@ impl Executions {
             cfg: self.cfg.clone(),
             sup: self.sup.clone(),
             workspace: self.workspace.clone(),
-            mcp: self.mcp.lock().unwrap_or_else(|p| p.into_inner()).clone(),
+            mcp: self
+                .mcp
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone()
+                .zip(self.current_token()),
             servers,
             slots: self.slots.clone(),
         };

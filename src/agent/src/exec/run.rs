@@ -32,7 +32,8 @@ pub(super) struct RunCtx {
     pub cfg: ExecConfig,
     pub sup: Arc<Supervisor>,
     pub workspace: PathBuf,
-    pub mcp: Option<McpAccess>,
+    /// The data plane's address and the lease's token.
+    pub mcp: Option<(McpAccess, String)>,
     pub servers: Vec<String>,
     pub slots: Arc<Semaphore>,
 }
@@ -234,6 +235,9 @@ impl Steps<'_> {
             env: self.env.clone(),
             cwd: self.work.clone(),
             limits: ResourceLimits::default(),
+            // Installing packages.txt is the agent's own step (as root, in
+            // a VM); everything else runs as the tenant.
+            tenant: step != APT_STEP,
         };
         let mut job = self.ctx.sup.spawn_job(&spec).await.map_err(|e| {
             Halt::Failed(format!(
@@ -303,10 +307,7 @@ fn environment(ctx: &RunCtx, exec: &Execution, venv: &Path) -> BTreeMap<String, 
         "PATH".into(),
         format!("{}:{path}", venv.join("bin").display()),
     );
-    env.insert(
-        "HOME".into(),
-        std::env::var("HOME").unwrap_or_else(|_| "/root".into()),
-    );
+    // HOME, TMPDIR and the XDG directories: the lease's (JobSpec::tenant).
     env.insert("LANG".into(), "C.UTF-8".into());
     // Unbuffered: stdout and stderr reach the log in the order written.
     env.insert("PYTHONUNBUFFERED".into(), "1".into());
@@ -324,9 +325,9 @@ fn environment(ctx: &RunCtx, exec: &Execution, venv: &Path) -> BTreeMap<String, 
         exec.work().display().to_string(),
     );
     env.insert("SANDBOX_MCP_SERVERS".into(), ctx.servers.join(","));
-    if let Some(m) = &ctx.mcp {
+    if let Some((m, token)) = &ctx.mcp {
         env.insert("SANDBOX_MCP_URL".into(), m.base_url.clone());
-        env.insert("SANDBOX_MCP_TOKEN".into(), m.token.clone());
+        env.insert("SANDBOX_MCP_TOKEN".into(), token.clone());
         for s in &ctx.servers {
             env.insert(
                 format!("SANDBOX_MCP_URL_{}", env_key(s)),
@@ -408,6 +409,11 @@ fn valid_package(p: &str) -> bool {
         })
 }
 
+/// The step that installs packages.txt: the only one run as the agent.
+const APT_STEP: &str = "apt";
+/// dpkg's database: writable where packages can be installed.
+const DPKG_DIR: &str = "/var/lib/dpkg";
+
 async fn install_packages(s: &Steps<'_>, packages: &[String]) -> Result<(), Halt> {
     let status = tokio::fs::read_to_string(DPKG_STATUS)
         .await
@@ -432,6 +438,12 @@ async fn install_packages(s: &Steps<'_>, packages: &[String]) -> Result<(), Halt
         Some("the agent does not run as root".to_owned())
     } else if which("apt-get", path).is_none() {
         Some("there is no apt-get in this sandbox".to_owned())
+    } else if rustix::fs::access(DPKG_DIR, rustix::fs::Access::WRITE_OK).is_err() {
+        // The process backend shows the host's system read-only: a tenant
+        // never changes the host.
+        Some(format!(
+            "its system directories ({DPKG_DIR}) are read-only; only packages already installed can be listed"
+        ))
     } else {
         None
     };
@@ -448,15 +460,15 @@ async fn install_packages(s: &Steps<'_>, packages: &[String]) -> Result<(), Halt
     let mut install = strings(&["install", "-y", "-q", "--no-install-recommends", "--"]);
     install.extend(missing.iter().cloned());
     let apt = || "apt-get".to_owned();
-    if s.run("apt", apt(), install.clone()).await? == Exit::Code(0) {
+    if s.run(APT_STEP, apt(), install.clone()).await? == Exit::Code(0) {
         return Ok(());
     }
     // A fresh image has no package lists yet: update once, then retry.
     s.log
         .note("[sandbox-agent] apt-get install failed; running apt-get update and retrying");
-    s.must("apt", apt(), strings(&["update", "-q"]), "apt-get update")
+    s.must(APT_STEP, apt(), strings(&["update", "-q"]), "apt-get update")
         .await?;
-    s.must("apt", apt(), install, &format!("installing {PACKAGES}"))
+    s.must(APT_STEP, apt(), install, &format!("installing {PACKAGES}"))
         .await
 }
 

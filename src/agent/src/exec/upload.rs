@@ -70,6 +70,12 @@ impl Executions {
             .join(format!(".upload-{}-{}", name, hex::encode(rnd)));
         std::fs::create_dir_all(stage.join("work"))
             .map_err(io_err(format!("creating {}", stage.display())))?;
+        // The run makes its venv here and works in work/: the tenant's.
+        let tenant = self.sup.tenant();
+        tenant
+            .own(&stage)
+            .and_then(|()| tenant.own(&stage.join("work")))
+            .map_err(io_err(format!("giving {} to the tenant", stage.display())))?;
         Ok(Upload {
             name: name.to_owned(),
             generation,
@@ -92,7 +98,7 @@ impl Executions {
         let opts = extract::ExtractOptions {
             limits: &self.cfg.archive,
             compression,
-            owner: None,
+            owner: self.sup.tenant().uid().zip(self.sup.tenant().gid()),
             merge: false,
         };
         let stats = extract::extract(src, dir.as_fd(), &opts).map_err(ExecError::Archive)?;

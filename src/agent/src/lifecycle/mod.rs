@@ -17,7 +17,7 @@ mod acquire;
 mod error;
 mod narrow;
 mod release;
-mod seed;
+pub(crate) mod seed;
 mod server_data;
 mod servers;
 

@@ -62,6 +62,7 @@ impl Lifecycle {
             self.exec.close().await;
             self.sup.stop_all().await;
             self.stop_mail().await;
+            self.end_tenant(true).await;
             self.wipe(&[], true).await?;
             Ok::<_, LcError>(self.wipe_state(&touched).await)
         }
@@ -117,6 +118,7 @@ impl Lifecycle {
             self.exec.close().await;
             self.exec.open(&lease.id, &lease.servers);
             self.sup.stop_all().await;
+            self.end_tenant(false).await;
             for n in &lease.servers {
                 self.sup.forget(n);
             }
@@ -171,6 +173,12 @@ impl Lifecycle {
             .flat_map(|d| d.dirs(benchmark).iter().cloned())
             .collect();
         let ws = self.ws.clone();
+        let tenant = self.sup.tenant().clone();
+        let state: Vec<_> = names
+            .iter()
+            .filter_map(|n| self.manifest.get(n))
+            .flat_map(|d| d.state_paths.iter().cloned())
+            .collect();
         tokio::task::spawn_blocking(move || {
             ws.keep_dirs(dirs, true);
             for s in &seeds {
@@ -179,7 +187,18 @@ impl Lifecycle {
                     source,
                 })?;
             }
-            Ok(())
+            // The servers run as the tenant: their state and a fresh home
+            // are the tenant's.
+            for p in &state {
+                tenant.own_tree(p).map_err(|source| LcError::Wipe {
+                    path: p.clone(),
+                    source,
+                })?;
+            }
+            tenant.fresh_home().map_err(|source| LcError::Wipe {
+                path: tenant.home().to_owned(),
+                source,
+            })
         })
         .await
         .map_err(|source| LcError::Task {
@@ -268,6 +287,32 @@ impl Lifecycle {
         failed
     }
 
+    /// Ends every process the tenant still has (whatever it did to leave
+    /// its session or cgroup) and what it left in the shared temporary
+    /// directories; at a Release (`release`) its home goes too (Acquire and
+    /// Reset make a fresh one in `prepare`).
+    pub(super) async fn end_tenant(&self, release: bool) {
+        let tenant = self.sup.tenant().clone();
+        let r = tokio::task::spawn_blocking(move || {
+            let killed = tenant.kill_all();
+            tenant.clear_shared_tmp();
+            let home = if release { tenant.clear_home() } else { Ok(()) };
+            (killed, home)
+        })
+        .await;
+        match r {
+            Ok((killed, home)) => {
+                if killed > 0 {
+                    info!(killed, "tenant processes left over were killed");
+                }
+                if let Err(e) = home {
+                    warn!(error = %e, "emptying the tenant's home");
+                }
+            }
+            Err(e) => warn!(error = %e, "the task ending tenant processes failed"),
+        }
+    }
+
     /// Stops the servers of a failed Acquire and wipes what it placed.
     pub(super) async fn teardown(&self, names: &[String], workspace: bool) {
         for n in names {
@@ -275,6 +320,7 @@ impl Lifecycle {
             self.sup.forget(n);
         }
         self.stop_mail().await;
+        self.end_tenant(false).await;
         if let Err(e) = self.wipe(names, workspace).await {
             warn!(error = %e, "cleaning up after a failed acquire");
         }

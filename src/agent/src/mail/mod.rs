@@ -176,6 +176,7 @@ impl Mail {
             env: base_env(),
             cwd: dir.clone(),
             limits: ResourceLimits::default(),
+            tenant: false,
         };
         let mut job = self
             .sup

@@ -32,6 +32,9 @@ pub struct JobSpec {
     pub env: BTreeMap<String, String>,
     pub cwd: PathBuf,
     pub limits: ResourceLimits,
+    /// Runs as the tenant (its user and per-lease home): executions and
+    /// data tools. The mail service is the agent's own.
+    pub tenant: bool,
 }
 
 /// How a job ended.
@@ -78,13 +81,17 @@ async fn spawn_job(shared: &Shared, spec: &JobSpec) -> std::io::Result<Job> {
         tracing::warn!(error = %e, "cannot set the job's memory.max");
     }
     let procs = cg.as_ref().and_then(|c| c.procs_fd().ok());
+    let (mut uid, mut gid, mut env) = (None, None, std::borrow::Cow::Borrowed(&spec.env));
+    if spec.tenant {
+        shared.tenant.apply(&mut uid, &mut gid, env.to_mut());
+    }
     let launch = Launch {
         command: &spec.command,
         args: &spec.args,
-        env: &spec.env,
+        env: &env,
         cwd: &spec.cwd,
-        uid: None,
-        gid: None,
+        uid,
+        gid,
         limits: &spec.limits,
         io: spawn::Io::Combined,
     };

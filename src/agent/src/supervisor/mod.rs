@@ -40,6 +40,8 @@ use mcp::StdioConn;
 use runner::{runner, set_state};
 use spawn::{Exit, Reaper, Spawner};
 
+use crate::tenant::Tenant;
+
 /// Milliseconds since the Unix epoch.
 pub use sandbox_client::{now_ms, when};
 
@@ -58,6 +60,10 @@ pub struct SupervisorConfig {
     /// cgroup v2 use: "auto" (a writable hierarchy if there is one), "off",
     /// or the directory to create server groups in.
     pub cgroup: String,
+    /// Who MCP servers, executions and data tools run as: "auto" (uid and
+    /// gid 1000 when the agent is root, else the agent's own), "none" (the
+    /// agent's own: development only) or "UID:GID". Never root.
+    pub tenant_user: String,
 }
 
 impl Default for SupervisorConfig {
@@ -68,6 +74,7 @@ impl Default for SupervisorConfig {
             stdio_message_bytes: 16 << 20,
             stderr_tail_lines: 20,
             cgroup: "auto".into(),
+            tenant_user: crate::tenant::DEFAULT_TENANT_USER.into(),
         }
     }
 }
@@ -86,6 +93,7 @@ impl SupervisorConfig {
         if self.log_line_bytes > self.log_buffer_bytes {
             return Err(SupervisorConfigError::LineOverBuffer);
         }
+        crate::tenant::parse(&self.tenant_user)?;
         Ok(())
     }
 }
@@ -93,6 +101,8 @@ impl SupervisorConfig {
 /// A `[supervisor]` setting out of its bounds.
 #[derive(Debug, thiserror::Error)]
 pub enum SupervisorConfigError {
+    #[error(transparent)]
+    Tenant(#[from] crate::tenant::TenantError),
     #[error("supervisor.{0} must be greater than 0")]
     Zero(&'static str),
     #[error("supervisor.log_line_bytes must not exceed log_buffer_bytes")]
@@ -159,6 +169,7 @@ struct Shared {
     spawner: Spawner,
     cgroups: Option<cgroup::CgroupRoot>,
     cfg: SupervisorConfig,
+    tenant: Tenant,
 }
 
 /// Supervises the servers of one manifest.
@@ -170,7 +181,19 @@ pub struct Supervisor {
 
 impl Supervisor {
     /// Starts the reaper and spawner. Must run inside the tokio runtime.
-    pub fn new(manifest: &Manifest, cfg: SupervisorConfig) -> std::io::Result<Supervisor> {
+    /// `state_root` holds the tenant's per-lease home.
+    pub fn new(
+        manifest: &Manifest,
+        cfg: SupervisorConfig,
+        state_root: &std::path::Path,
+    ) -> std::io::Result<Supervisor> {
+        let ids = crate::tenant::parse(&cfg.tenant_user).map_err(std::io::Error::other)?;
+        let tenant = Tenant::new(ids, state_root);
+        if let Some(uid) = tenant.uid() {
+            tracing::info!(uid, "servers, executions and data tools run unprivileged");
+        } else {
+            tracing::warn!("servers, executions and data tools run as the agent's own user (supervisor.tenant_user)");
+        }
         let reaper = Reaper::start()?;
         let spawner = Spawner::start(reaper.clone())?;
         let cgroups = cgroup::CgroupRoot::detect(&cfg.cgroup).map_err(std::io::Error::other)?;
@@ -208,6 +231,7 @@ impl Supervisor {
                 spawner,
                 cgroups,
                 cfg,
+                tenant,
             }),
             reaper,
         })
@@ -218,6 +242,11 @@ impl Supervisor {
             name: name.to_owned(),
             known: self.names().join(", "),
         })
+    }
+
+    /// Who tenant processes run as.
+    pub fn tenant(&self) -> &Tenant {
+        &self.shared.tenant
     }
 
     pub fn names(&self) -> Vec<String> {

@@ -98,6 +98,10 @@ pub(super) async fn runner(
     spec: LaunchSpec,
     stop: CancellationToken,
 ) {
+    let mut spec = spec;
+    shared
+        .tenant
+        .apply(&mut spec.uid, &mut spec.gid, &mut spec.env);
     let mut policy = RestartTracker::new(spec.restart.clone());
     loop {
         set_state(&server, State::Starting, String::new());
