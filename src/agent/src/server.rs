@@ -185,7 +185,7 @@ async fn serve_inner(
             settings.supervisor.clone(),
             &settings.effective.state_root,
         )
-            .map_err(ServeError::Supervisor)?,
+        .map_err(ServeError::Supervisor)?,
     );
     let manifest = Arc::new(settings.manifest.clone());
     let executions = Executions::new(
@@ -394,4 +394,3 @@ fn routes(
         );
     Ok(b.routes())
 }
-

@@ -139,13 +139,7 @@ impl Tenant {
     /// config, caches, planted symlinks) is gone.
     pub fn fresh_home(&self) -> io::Result<()> {
         crate::lifecycle::seed::wipe(&self.home)?;
-        for sub in [
-            ".config",
-            ".cache",
-            ".local/share",
-            ".local/state",
-            "tmp",
-        ] {
+        for sub in [".config", ".cache", ".local/share", ".local/state", "tmp"] {
             std::fs::create_dir_all(self.home.join(sub))?;
         }
         use std::os::unix::fs::PermissionsExt;
@@ -342,11 +336,12 @@ pub fn chown_tree(path: &Path, uid: u32, gid: u32, skip: &[&std::ffi::OsStr]) ->
             }
             let is_dir = match ent.file_type() {
                 rustix::fs::FileType::Directory => true,
-                rustix::fs::FileType::Unknown => rustix::fs::statat(&dir, name, AtFlags::SYMLINK_NOFOLLOW)
-                    .is_ok_and(|st| {
+                rustix::fs::FileType::Unknown => {
+                    rustix::fs::statat(&dir, name, AtFlags::SYMLINK_NOFOLLOW).is_ok_and(|st| {
                         rustix::fs::FileType::from_raw_mode(st.st_mode)
                             == rustix::fs::FileType::Directory
-                    }),
+                    })
+                }
                 _ => false,
             };
             if is_dir {
@@ -417,7 +412,9 @@ mod tests {
         assert_eq!(std::fs::metadata(tree.join("a/b/f")).unwrap().uid(), 4321);
         assert_eq!(std::fs::metadata(tree.join("a/b")).unwrap().gid(), 4322);
         assert_eq!(
-            std::fs::symlink_metadata(tree.join("a/link")).unwrap().uid(),
+            std::fs::symlink_metadata(tree.join("a/link"))
+                .unwrap()
+                .uid(),
             4321
         );
         assert_eq!(std::fs::metadata(&outside).unwrap().uid(), 0);

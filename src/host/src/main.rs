@@ -52,8 +52,9 @@ struct Args {
     /// State: the SQLite database, agents' directories, uploads.
     #[arg(long, value_name = "DIR")]
     data_dir: PathBuf,
-    /// An API key (repeatable). Each key is its own owner.
-    #[arg(long = "api-key", value_name = "KEY", env = "SANDBOX_HOST_API_KEY")]
+    /// Refused: a key on the command line is in every process listing.
+    /// Use --api-key-file, or SANDBOX_HOST_API_KEY in the environment.
+    #[arg(long = "api-key", value_name = "KEY", hide = true)]
     api_keys: Vec<String>,
     /// File with one API key per line, optionally followed by its owner
     /// (`key owner`); keys with the same owner share sandboxes.
@@ -116,6 +117,31 @@ struct Args {
     /// Largest archive a PUT may upload, in bytes.
     #[arg(long, default_value_t = 8 << 30)]
     max_upload_bytes: u64,
+    /// How the process backend isolates its sandboxes: `namespaces` (each
+    /// agent in its own user, mount, pid, ipc, uts, cgroup and network
+    /// namespaces, tenants unprivileged; needs bubblewrap, util-linux,
+    /// uidmap, passt and a subordinate id range in /etc/subuid and
+    /// /etc/subgid) or `none` (development only: tenants run as this
+    /// host's user and reach its files, processes and loopback).
+    #[arg(long, value_enum, default_value = "namespaces")]
+    isolation: pool::isolate::Mode,
+    /// What an isolated sandbox may reach over the network: `outbound`
+    /// (the internet through pasta; never this host's loopback services or
+    /// link-local/cloud-metadata addresses) or `none` (its own loopback).
+    #[arg(long, value_enum, default_value = "outbound")]
+    sandbox_network: pool::isolate::Network,
+    /// A path an isolated sandbox sees read-only at the same place
+    /// (repeatable): interpreters or servers installed outside /usr, /etc
+    /// and /opt. The agent binary and the manifest's directory always are.
+    #[arg(long = "sandbox-ro", value_name = "PATH")]
+    sandbox_ro: Vec<PathBuf>,
+    /// memory.max of each isolated sandbox (its agent, servers and
+    /// scripts together), in bytes.
+    #[arg(long, default_value_t = 8 << 30, value_name = "BYTES")]
+    slot_memory_max: u64,
+    /// pids.max of each isolated sandbox (processes and threads).
+    #[arg(long, default_value_t = 4096, value_name = "N")]
+    slot_pids_max: u64,
     /// Live sandboxes one owner (an API key, or the keys sharing an owner in
     /// --api-key-file) may hold at once; one more Acquire is a 429.
     #[arg(long, default_value_t = 64, value_name = "N")]
@@ -161,9 +187,14 @@ fn backend(args: &Args) -> anyhow::Result<pool::Backend> {
             if let Some(m) = &args.manifest {
                 anyhow::ensure!(m.is_file(), "no manifest at {} (--manifest)", m.display());
             }
+            // Absolute: the agents run elsewhere (their own root, when
+            // isolated).
+            let abs = |p: &std::path::Path| {
+                std::fs::canonicalize(p).with_context(|| format!("resolving {}", p.display()))
+            };
             Ok(pool::Backend::Process {
-                agent_bin,
-                manifest: args.manifest.clone(),
+                agent_bin: abs(&agent_bin)?,
+                manifest: args.manifest.as_deref().map(abs).transpose()?,
             })
         }
         BackendKind::Qemu => {
@@ -226,10 +257,26 @@ fn warm_profiles(args: &Args) -> anyhow::Result<Vec<pool::WarmProfile>> {
     Ok(out)
 }
 
-fn keys(args: &Args) -> anyhow::Result<HashMap<String, String>> {
+/// The environment variable that may hold API keys (comma- or
+/// newline-separated). Read once at start, then removed, so no child
+/// process inherits it.
+pub(crate) const API_KEY_ENV: &str = "SANDBOX_HOST_API_KEY";
+
+fn keys(args: &Args, from_env: Option<String>) -> anyhow::Result<HashMap<String, String>> {
+    anyhow::ensure!(
+        args.api_keys.is_empty(),
+        "--api-key puts the key in every process listing (ps, /proc/<pid>/cmdline): put it in \
+         --api-key-file FILE (one key per line, optionally followed by its owner) or in \
+         {API_KEY_ENV}"
+    );
     let mut keys = HashMap::new();
-    for k in &args.api_keys {
-        keys.insert(k.clone(), owner_of_key(k));
+    for k in from_env
+        .iter()
+        .flat_map(|v| v.split([',', '\n']))
+        .map(str::trim)
+        .filter(|k| !k.is_empty())
+    {
+        keys.insert(k.to_owned(), owner_of_key(k));
     }
     if let Some(f) = &args.api_key_file {
         let text =
@@ -261,6 +308,9 @@ fn owner_of_key(key: &str) -> String {
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    let env_keys = std::env::var(API_KEY_ENV).ok();
+    // SAFETY: no other thread runs yet (the runtime starts below).
+    unsafe { std::env::remove_var(API_KEY_ENV) };
     let logs = tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
@@ -274,18 +324,16 @@ fn main() -> anyhow::Result<()> {
         LogFormat::Json => logs.json().with_current_span(true).init(),
     }
     anyhow::ensure!(args.time_scale > 0.0, "--time-scale must be positive");
-    let mut keys = keys(&args)?;
+    let mut keys = keys(&args, env_keys)?;
     let mut generated = None;
     if keys.is_empty() {
         let k = sandbox_client::auth::Token::generate().context("generating an API key")?;
         keys.insert(k.expose().to_owned(), owner_of_key(k.expose()));
         generated = Some(k.expose().to_owned());
     }
-    std::fs::create_dir_all(&args.data_dir)
-        .with_context(|| format!("creating {}", args.data_dir.display()))?;
-    let uploads = args.data_dir.join("uploads");
-    std::fs::create_dir_all(&uploads)?;
+    let uploads = private_dirs(&args.data_dir)?;
     let backend = backend(&args)?;
+    let isolation = isolation(&args, &backend)?;
     let warm = warm_profiles(&args)?;
     let store = store::Store::open(&args.data_dir.join("host.db"))?;
     let signing_key = signing_key(&args.data_dir)?;
@@ -299,6 +347,7 @@ fn main() -> anyhow::Result<()> {
             size: args.pool_size,
             warm,
             on_release: args.on_release,
+            isolation,
         })?;
         // Sandboxes from before a restart keep their agents; those whose
         // agent is gone are marked error.
@@ -469,6 +518,66 @@ fn raise_open_files(max_connections: usize) {
 
 /// The key that signs transfer URLs: random, kept in the data dir so URLs
 /// stay valid across a restart.
+/// The data dir and what in it only this host may read: the database,
+/// the signing key and the uploads are its user's alone; isolated agents
+/// only pass through the data dir to their own slot's directories.
+/// Returns the uploads directory.
+fn private_dirs(data: &std::path::Path) -> anyhow::Result<PathBuf> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let mode = |p: &std::path::Path, m: u32| {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(m))
+            .with_context(|| format!("chmod {m:o} {}", p.display()))
+    };
+    std::fs::create_dir_all(data).with_context(|| format!("creating {}", data.display()))?;
+    mode(data, 0o711)?;
+    let uploads = data.join("uploads");
+    std::fs::create_dir_all(&uploads)?;
+    mode(&uploads, 0o700)?;
+    for f in ["host.db", "host.db-wal", "host.db-shm", "signing.key"] {
+        let p = data.join(f);
+        if p.exists() {
+            mode(&p, 0o600)?;
+        } else if f == "host.db" {
+            // SQLite creates its WAL and shm files with the database's mode.
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&p)
+                .with_context(|| format!("creating {}", p.display()))?;
+        }
+    }
+    Ok(uploads)
+}
+
+/// The process backend's isolation, checked (`None` for the qemu backend,
+/// whose VMs isolate, and for `--isolation none`, said loudly).
+fn isolation(
+    args: &Args,
+    backend: &pool::Backend,
+) -> anyhow::Result<Option<Arc<pool::isolate::Isolation>>> {
+    if !matches!(backend, pool::Backend::Process { .. }) {
+        return Ok(None);
+    }
+    match args.isolation {
+        pool::isolate::Mode::None => {
+            tracing::warn!(
+                "--isolation none: sandboxes are NOT isolated; tenants run as this host's user and can read its data dir (API keys, signing key, database), other sandboxes and its loopback services. Use it for development only."
+            );
+            Ok(None)
+        }
+        pool::isolate::Mode::Namespaces => {
+            let iso = pool::isolate::Isolation::new(pool::isolate::IsolationConfig {
+                read_only: args.sandbox_ro.clone(),
+                memory_max: args.slot_memory_max,
+                pids_max: args.slot_pids_max,
+                network: args.sandbox_network,
+            })?;
+            Ok(Some(Arc::new(iso)))
+        }
+    }
+}
+
 fn signing_key(dir: &std::path::Path) -> anyhow::Result<Vec<u8>> {
     use std::os::unix::fs::OpenOptionsExt;
     let path = dir.join("signing.key");

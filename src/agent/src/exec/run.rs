@@ -466,8 +466,13 @@ async fn install_packages(s: &Steps<'_>, packages: &[String]) -> Result<(), Halt
     // A fresh image has no package lists yet: update once, then retry.
     s.log
         .note("[sandbox-agent] apt-get install failed; running apt-get update and retrying");
-    s.must(APT_STEP, apt(), strings(&["update", "-q"]), "apt-get update")
-        .await?;
+    s.must(
+        APT_STEP,
+        apt(),
+        strings(&["update", "-q"]),
+        "apt-get update",
+    )
+    .await?;
     s.must(APT_STEP, apt(), install, &format!("installing {PACKAGES}"))
         .await
 }

@@ -192,7 +192,9 @@ impl Supervisor {
         if let Some(uid) = tenant.uid() {
             tracing::info!(uid, "servers, executions and data tools run unprivileged");
         } else {
-            tracing::warn!("servers, executions and data tools run as the agent's own user (supervisor.tenant_user)");
+            tracing::warn!(
+                "servers, executions and data tools run as the agent's own user (supervisor.tenant_user)"
+            );
         }
         let reaper = Reaper::start()?;
         let spawner = Spawner::start(reaper.clone())?;

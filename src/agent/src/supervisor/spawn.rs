@@ -86,6 +86,10 @@ impl Reaper {
 
     fn reap(&self) {
         loop {
+            // Held across waitpid: the spawner holds it across a fork, and
+            // a child whose exec failed is reaped by `Command::spawn` itself
+            // (which panics if another waitpid took it first).
+            let mut waiters = self.waiters.lock().unwrap_or_else(|p| p.into_inner());
             let (pid, exit) = match waitpid(None, Some(WaitPidFlag::WNOHANG)) {
                 Ok(WaitStatus::Exited(pid, code)) => (pid, Exit::Code(code)),
                 Ok(WaitStatus::Signaled(pid, sig, _)) => (pid, Exit::Signal(sig as i32)),
@@ -97,11 +101,8 @@ impl Reaper {
                     return;
                 }
             };
-            let waiter = self
-                .waiters
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .remove(&pid.as_raw());
+            let waiter = waiters.remove(&pid.as_raw());
+            drop(waiters);
             match waiter {
                 Some(tx) => {
                     let _ = tx.send(exit);

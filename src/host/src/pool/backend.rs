@@ -60,40 +60,71 @@ impl Kind {
     }
 }
 
-/// The command line of a local agent in slot `dir`.
-pub(super) fn process_command(
+/// The agent's arguments in slot `dir`: its paths as the agent sees them
+/// (inside its namespaces when isolated, else the slot's directories).
+pub(super) fn agent_args(
     dir: &Path,
     id: &str,
     agent_bin: &Path,
     manifest: Option<&Path>,
-) -> anyhow::Result<std::process::Command> {
-    std::fs::create_dir_all(dir.join("ws"))?;
-    let mut cmd = std::process::Command::new(agent_bin);
-    cmd.arg("--listen")
-        .arg(format!("unix://{}", dir.join("agent.sock").display()))
-        .arg("--mcp-listen")
-        .arg(format!("unix://{}", dir.join("mcp.sock").display()))
-        .arg("--workspace")
-        .arg(dir.join("ws"))
-        .arg("--exec-root")
-        .arg(dir.join("exec"))
+    isolated: bool,
+) -> anyhow::Result<Vec<String>> {
+    use super::isolate::{IN_DATA, IN_EXEC, IN_RUN, IN_STATE, IN_WORKSPACE};
+    let s = |p: &Path| p.display().to_string();
+    let (ws, exec, state, data, run) = if isolated {
+        (
+            IN_WORKSPACE.to_owned(),
+            IN_EXEC.to_owned(),
+            IN_STATE.to_owned(),
+            IN_DATA.to_owned(),
+            IN_RUN.to_owned(),
+        )
+    } else {
+        for sub in ["ws", "run"] {
+            std::fs::create_dir_all(dir.join(sub))?;
+        }
+        (
+            s(&dir.join("ws")),
+            s(&dir.join("exec")),
+            s(&dir.join("state")),
+            // The benchmark profiles' /data: agents on one machine cannot
+            // all own /data, so each gets <slot>/data, a symlink to its
+            // workspace.
+            s(&dir.join("data")),
+            s(&dir.join("run")),
+        )
+    };
+    let mut a = vec![
+        s(agent_bin),
+        "--listen".into(),
+        format!("unix://{run}/agent.sock"),
+        "--mcp-listen".into(),
+        format!("unix://{run}/mcp.sock"),
+        "--workspace".into(),
+        ws,
+        "--exec-root".into(),
+        exec,
         // Agents on one machine must not share server state.
-        .arg("--state-root")
-        .arg(dir.join("state"))
-        // The benchmark profiles' /data: agents on one machine cannot all
-        // own /data, so each gets <slot>/data, a symlink to its workspace.
-        .arg("--data-path")
-        .arg(dir.join("data"))
-        // Several agents share this machine's loopback.
-        .arg("--mail-ports")
-        .arg("auto")
-        .arg("--name")
-        .arg(id)
-        .env("SANDBOX_AGENT_CONFIG", "/dev/null");
-    if let Some(m) = manifest {
-        cmd.arg("--manifest").arg(m);
+        "--state-root".into(),
+        state,
+        "--data-path".into(),
+        data,
+        // Several agents may share this machine's loopback.
+        "--mail-ports".into(),
+        "auto".into(),
+        "--name".into(),
+        id.to_owned(),
+    ];
+    if !isolated {
+        // Without namespaces the agent cannot switch users: tenants run as
+        // it does (development only).
+        a.extend(["--tenant-user".into(), "none".into()]);
     }
-    Ok(cmd)
+    if let Some(m) = manifest {
+        a.push("--manifest".into());
+        a.push(s(m));
+    }
+    Ok(a)
 }
 
 /// Where the slots' directories are, in the data dir.

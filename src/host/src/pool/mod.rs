@@ -23,6 +23,7 @@
 //! - `warm`: warm profiles and the task that keeps idle slots warm.
 
 mod backend;
+pub mod isolate;
 mod slot;
 mod warm;
 
@@ -38,7 +39,7 @@ use sandbox_client::proto;
 use tokio::sync::Notify;
 use tracing::info;
 
-use backend::process_command;
+use backend::agent_args;
 pub use backend::{Backend, Kind, probe_accel, slots_dir};
 use backend::{VM_AGENT_PORT, VM_MCP_PORT};
 pub use slot::Slot;
@@ -113,6 +114,9 @@ pub struct PoolConfig {
     pub warm: Vec<WarmProfile>,
     /// What a released sandbox becomes.
     pub on_release: OnRelease,
+    /// How the process backend confines its slots (`None`: it does not,
+    /// `--isolation none`).
+    pub isolation: Option<Arc<isolate::Isolation>>,
 }
 
 /// What happens to a sandbox once its tenant released it.
@@ -441,11 +445,31 @@ impl Pool {
         let kind = self.cfg.backend.kind();
         std::fs::write(dir.join("backend"), kind.name())?;
         let log = std::fs::File::create(dir.join("agent.log"))?;
-        let mut cmd = match &self.cfg.backend {
+        let pid = match &self.cfg.backend {
             Backend::Process {
                 agent_bin,
                 manifest,
-            } => process_command(&dir, &id, agent_bin, manifest.as_deref())?,
+            } => match &self.cfg.isolation {
+                Some(iso) => {
+                    let (iso, d, i) = (iso.clone(), dir.clone(), id.clone());
+                    let (agent_bin, manifest) = (agent_bin.clone(), manifest.clone());
+                    tokio::task::spawn_blocking(move || {
+                        spawn_isolated(&iso, &d, &i, &agent_bin, manifest.as_deref(), log)
+                    })
+                    .await
+                    .context("the task starting a sandbox")?
+                    .inspect_err(|_| {
+                        let s = self.cfg.dir.join(&id);
+                        let _ = std::fs::remove_dir_all(s);
+                    })?
+                }
+                None => {
+                    let a = agent_args(&dir, &id, agent_bin, manifest.as_deref(), false)?;
+                    let mut cmd = std::process::Command::new(&a[0]);
+                    cmd.args(&a[1..]).env("SANDBOX_AGENT_CONFIG", "/dev/null");
+                    spawn_in_session(cmd, log)?
+                }
+            },
             Backend::Qemu {
                 run_script,
                 image,
@@ -460,30 +484,10 @@ impl Pool {
                     .arg("--memory")
                     .arg(memory_mib.to_string())
                     .env("SANDBOX_AGENT_ACCEL", accel);
-                c
+                spawn_in_session(c, log)?
             }
         };
-        cmd.stdin(std::process::Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log);
-        // Its own session (and process group): a host restart (or its
-        // terminal closing) does not take the slot down, and a stop reaches
-        // every process of it.
-        // SAFETY: setsid is async-signal-safe.
-        unsafe {
-            cmd.pre_exec(|| {
-                nix::unistd::setsid()
-                    .map(|_| ())
-                    .map_err(std::io::Error::from)
-            });
-        }
-        let mut child = cmd.spawn().with_context(|| format!("starting {cmd:?}"))?;
-        let pid = child.id();
         std::fs::write(dir.join("agent.pid"), pid.to_string())?;
-        // Reap it when it exits (while this host runs).
-        std::thread::spawn(move || {
-            let _ = child.wait();
-        });
         let slot = Slot { id, dir, pid, kind };
         {
             let mut starting = self.starting();
@@ -560,4 +564,78 @@ impl Pool {
         });
         slots.len()
     }
+}
+
+/// Starts `cmd` in its own session (and process group), output to `log`:
+/// a host restart (or its terminal closing) does not take the slot down,
+/// and a stop reaches every process of it. Returns its pid; a thread reaps
+/// it when it exits (while this host runs).
+fn spawn_in_session(mut cmd: std::process::Command, log: std::fs::File) -> anyhow::Result<u32> {
+    cmd.stdin(std::process::Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log);
+    // SAFETY: setsid is async-signal-safe.
+    unsafe {
+        cmd.pre_exec(|| {
+            nix::unistd::setsid()
+                .map(|_| ())
+                .map_err(std::io::Error::from)
+        });
+    }
+    let mut child = cmd.spawn().with_context(|| format!("starting {cmd:?}"))?;
+    let pid = child.id();
+    std::thread::spawn(move || {
+        let _ = child.wait();
+    });
+    Ok(pid)
+}
+
+/// Starts an isolated agent (see [`isolate`]): its id block, directories
+/// and cgroups, then the agent in its namespaces, then its network.
+/// Returns the agent's host pid (PID 1 of its pid namespace). Blocking.
+fn spawn_isolated(
+    iso: &isolate::Isolation,
+    dir: &std::path::Path,
+    id: &str,
+    agent_bin: &std::path::Path,
+    manifest: Option<&std::path::Path>,
+    log: std::fs::File,
+) -> anyhow::Result<u32> {
+    let block = {
+        let _held = isolate::BLOCKS.lock().unwrap_or_else(|p| p.into_inner());
+        iso.take_block(dir.parent().unwrap_or(dir), dir)?
+    };
+    iso.prepare_dirs(dir, block)?;
+    let cgroups = iso.cgroups(id, block)?;
+    let args = agent_args(dir, id, agent_bin, manifest, true)?;
+    let (info_r, info_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
+    let mut cmd = iso.command(dir, block, &args, agent_bin, manifest, &cgroups, info_w);
+    cmd.env("SANDBOX_AGENT_CONFIG", "/dev/null")
+        .stdin(std::process::Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log);
+    let mut monitor = cmd.spawn().context("starting unshare and bwrap")?;
+    // The parent's copy of the write end went with `cmd`.
+    drop(cmd);
+    let pid = match iso.agent_pid(info_r) {
+        Ok(p) => p,
+        Err(e) => {
+            let _ = monitor.kill();
+            let _ = monitor.wait();
+            isolate::teardown(id, dir);
+            return Err(e.into());
+        }
+    };
+    std::thread::spawn(move || {
+        let _ = monitor.wait();
+    });
+    if let Err(e) = iso.network(dir, pid) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+        isolate::teardown(id, dir);
+        return Err(e.into());
+    }
+    Ok(pid)
 }

@@ -22,7 +22,7 @@ pub struct Slot {
 impl Slot {
     pub fn agent_uri(&self) -> String {
         match self.kind {
-            Kind::Process => format!("unix://{}", self.dir.join("agent.sock").display()),
+            Kind::Process => format!("unix://{}", self.dir.join("run/agent.sock").display()),
             Kind::Qemu => format!(
                 "hvsock://{}:{VM_AGENT_PORT}",
                 self.dir.join("vsock.sock").display()
@@ -32,7 +32,7 @@ impl Slot {
     /// The agent's MCP data plane.
     pub fn mcp_endpoint(&self) -> Endpoint {
         match self.kind {
-            Kind::Process => Endpoint::Unix(self.dir.join("mcp.sock")),
+            Kind::Process => Endpoint::Unix(self.dir.join("run/mcp.sock")),
             Kind::Qemu => Endpoint::HybridVsock {
                 path: self.dir.join("vsock.sock"),
                 port: VM_MCP_PORT,
@@ -70,8 +70,10 @@ impl Slot {
             }
             Err(e) => return gone(&e),
         }
+        // Its command line names the slot (the agent's --name, or
+        // run-qemu.sh's socket path in the slot directory).
         match std::fs::read(format!("/proc/{}/cmdline", self.pid)) {
-            Ok(c) => !String::from_utf8_lossy(&c).contains(&*self.dir.to_string_lossy()),
+            Ok(c) => !String::from_utf8_lossy(&c).contains(&self.id),
             Err(e) => gone(&e),
         }
     }
@@ -89,8 +91,15 @@ pub(super) fn tail(s: &str, max: usize) -> &str {
 
 /// SIGTERM to the slot's process (the agent stops its servers; run-qemu.sh
 /// stops QEMU and vhost-device-vsock), SIGKILL to its whole process group
-/// after a grace.
+/// after a grace; then whatever an isolated slot had left (its cgroups,
+/// its pasta): as the agent is PID 1 of its pid namespace, its death ends
+/// every process there.
 pub(super) fn stop(slot: &Slot) {
+    stop_main(slot);
+    super::isolate::teardown(&slot.id, &slot.dir);
+}
+
+fn stop_main(slot: &Slot) {
     use nix::sys::signal::{Signal, kill, killpg};
     let pid = nix::unistd::Pid::from_raw(slot.pid as i32);
     if !slot.alive() {
@@ -103,6 +112,7 @@ pub(super) fn stop(slot: &Slot) {
     }
     if slot.alive() {
         let _ = killpg(pid, Signal::SIGKILL);
+        let _ = kill(pid, Signal::SIGKILL);
     }
 }
 

@@ -1,0 +1,76 @@
+"""Runs one main.py in a sandbox through the host's execution API, as a
+tenant's notebook would, and prints JSON: the sandbox id, the run's final
+status and its log.
+
+    run_script.py BASE KEY SCRIPT [--sandbox ID] [--servers a,b] [--name N]
+
+Without --sandbox a sandbox is acquired (with --servers, default none) and
+kept: the caller releases it. The script gets the sandbox's environment
+(SANDBOX_MCP_URL, SANDBOX_MCP_TOKEN, ...) as any execution does.
+"""
+import argparse
+import io
+import json
+import sys
+import tarfile
+import time
+
+import httpx
+
+
+def archive(script: bytes) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        info = tarfile.TarInfo("main.py")
+        info.size = len(script)
+        tar.addfile(info, io.BytesIO(script))
+    return buf.getvalue()
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("base")
+    p.add_argument("key")
+    p.add_argument("script")
+    p.add_argument("--sandbox")
+    p.add_argument("--servers", default="")
+    p.add_argument("--name", default="run")
+    p.add_argument("--timeout", type=float, default=120.0)
+    a = p.parse_args()
+    h = {"Authorization": f"Bearer {a.key}"}
+    with open(a.script, "rb") as f:
+        script = f.read()
+    with httpx.Client(timeout=60.0) as c:
+        sid = a.sandbox
+        if not sid:
+            names = [n for n in a.servers.split(",") if n]
+            r = c.post(f"{a.base}/local-sandbox", headers=h, json={"server_names": names})
+            r.raise_for_status()
+            sid = r.json()["local_sandbox_id"]
+        r = c.post(f"{a.base}/local-sandbox/{sid}/execution-upload-url", headers=h,
+                   json={"execution_name": a.name})
+        r.raise_for_status()
+        r = c.put(r.json()["upload_url"], headers={"Content-Type": "application/gzip"},
+                  content=archive(script))
+        r.raise_for_status()
+        r = c.post(f"{a.base}/local-sandbox/{sid}/execute", headers=h,
+                   json={"execution_name": a.name})
+        r.raise_for_status()
+        logs, cursor, status = "", 0, ""
+        deadline = time.monotonic() + a.timeout
+        while time.monotonic() < deadline:
+            r = c.get(f"{a.base}/local-sandbox/{sid}/execution-logs", headers=h,
+                      params={"execution_name": a.name, "cursor": cursor})
+            r.raise_for_status()
+            d = r.json()
+            logs += d["logs"]
+            cursor = d["cursor"]
+            status = d["status"]
+            if status in ("completed", "failed"):
+                break
+            time.sleep(0.1)
+        json.dump({"sandbox_id": sid, "status": status, "logs": logs}, sys.stdout)
+
+
+if __name__ == "__main__":
+    main()
