@@ -37,6 +37,14 @@ command -v openssl >/dev/null || apt_pkgs+=(openssl)      # a test's service-acc
 # The mail service (IMAP + LMTP) behind poste_email_toolathlon. Debian
 # starts a system-wide Dovecot on install; the sandbox runs its own.
 dpkg -s dovecot-imapd dovecot-lmtpd >/dev/null 2>&1 || apt_pkgs+=(dovecot-imapd dovecot-lmtpd)
+# The host's isolated process backend: bubblewrap (mount, pid, ipc, uts,
+# cgroup, network namespaces), uidmap (newuidmap for the user namespace),
+# passt (pasta: the sandboxes' outbound network), iproute2 (closing
+# link-local addresses there).
+command -v bwrap >/dev/null || apt_pkgs+=(bubblewrap)
+command -v newuidmap >/dev/null || apt_pkgs+=(uidmap)
+command -v pasta >/dev/null || apt_pkgs+=(passt)
+command -v ip >/dev/null || apt_pkgs+=(iproute2)
 # The VM image takes Debian's kernel package (apt-get download): the
 # package lists must know linux-image-amd64.
 if [ ${#apt_pkgs[@]} -gt 0 ] || ! apt-cache show linux-image-amd64 >/dev/null 2>&1; then
@@ -44,6 +52,18 @@ if [ ${#apt_pkgs[@]} -gt 0 ] || ! apt-cache show linux-image-amd64 >/dev/null 2>
 fi
 if [ ${#apt_pkgs[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${apt_pkgs[@]}"
+fi
+# Subordinate ids for the isolated sandboxes: 64 slots of 65536 ids each
+# (sandbox-host --isolation namespaces; see docs/security.md).
+me=$(id -un)
+for f in /etc/subuid /etc/subgid; do
+  grep -q "^$me:" "$f" 2>/dev/null || echo "$me:1000000:4194304" | $SUDO tee -a "$f" >/dev/null
+done
+# The tests' tenants (uid 1000: MCP servers, scripts) run the Python the
+# tests installed their packages into; under pyenv that is below $HOME,
+# which they must be able to pass through (not list: o+x only).
+if [ -d "$HOME/.pyenv" ] && [ "$(stat -c %a "$HOME")" = 700 ]; then
+  chmod o+x "$HOME"
 fi
 rustup target list --installed | grep -qx x86_64-unknown-linux-musl \
   || rustup target add x86_64-unknown-linux-musl

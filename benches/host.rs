@@ -95,7 +95,9 @@ fn spawn_host(dir: &Path, name: &str, args: &[&str]) -> Host {
     use std::io::BufRead;
     let data = dir.join(format!("data-{name}"));
     let mut child = Command::new(&*HOST)
-        .args(["--listen", "127.0.0.1:0", "--api-key", KEY])
+        .args(["--listen", "127.0.0.1:0"])
+        .env("SANDBOX_HOST_API_KEY", KEY)
+        .args(sandbox_read_only())
         .args(args)
         .arg("--data-dir")
         .arg(&data)
@@ -486,4 +488,20 @@ fn main() {
             None => println!("(qemu backend: skipped in short mode, or QEMU / vhost-device-vsock missing)"),
         }
     });
+}
+
+/// What the isolated sandboxes must see besides the system directories:
+/// this source tree and the Python under $HOME/.pyenv (as the tests).
+fn sandbox_read_only() -> Vec<String> {
+    let mut out = vec![
+        "--sandbox-ro".to_owned(),
+        env!("CARGO_MANIFEST_DIR").to_owned(),
+    ];
+    let pyenv = std::env::var("PYENV_ROOT")
+        .ok()
+        .or_else(|| std::env::var("HOME").ok().map(|h| format!("{h}/.pyenv")));
+    if let Some(p) = pyenv.filter(|p| Path::new(p).is_dir()) {
+        out.extend(["--sandbox-ro".to_owned(), p]);
+    }
+    out
 }

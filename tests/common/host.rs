@@ -71,6 +71,7 @@ impl Host {
             .expect("host.log");
         let mut child = Command::new(&*HOST)
             .args(["--listen", "127.0.0.1:0", "--pool-size", "1"])
+            .args(sandbox_read_only())
             .arg("--data-dir")
             .arg(&data)
             .arg("--api-key-file")
@@ -134,11 +135,32 @@ impl Drop for Host {
     fn drop(&mut self) {
         self.stop();
         // Sandboxes outlive the host on purpose (restarts); not the test.
+        // An isolated agent is PID 1 of its pid namespace: its death ends
+        // every process there; its pasta and cgroups go after it.
+        let sig = nix::sys::signal::Signal::SIGKILL;
         for pid in self.agents() {
-            let _ = nix::sys::signal::killpg(
-                nix::unistd::Pid::from_raw(pid),
-                nix::sys::signal::Signal::SIGKILL,
-            );
+            let pid = nix::unistd::Pid::from_raw(pid);
+            let _ = nix::sys::signal::killpg(pid, sig);
+            let _ = nix::sys::signal::kill(pid, sig);
+        }
+        let Ok(rd) = std::fs::read_dir(self.data.join("slots")) else {
+            return;
+        };
+        for slot in rd.flatten() {
+            if let Some(p) = std::fs::read_to_string(slot.path().join("pasta.pid"))
+                .ok()
+                .and_then(|p| p.trim().parse().ok())
+            {
+                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(p), sig);
+            }
+            let id = slot.file_name();
+            for base in [
+                "/sys/fs/cgroup/unified/sandbox-slots",
+                "/sys/fs/cgroup/sandbox-slots",
+                "/sys/fs/cgroup/pids/sandbox-slots",
+            ] {
+                remove_cgroup(&Path::new(base).join(&id));
+            }
         }
     }
 }
@@ -336,4 +358,44 @@ pub fn wait_metric(host: &Host, sample: &str, want: f64, within: std::time::Dura
             Err(format!("{got}"))
         }
     });
+}
+
+/// What the tests' isolated sandboxes must see besides the system
+/// directories: this source tree (the test servers and clients) and the
+/// Python the tests installed their packages into (pyenv under $HOME on
+/// the CI machines).
+pub fn sandbox_read_only() -> Vec<String> {
+    let mut out = vec![
+        "--sandbox-ro".to_owned(),
+        env!("CARGO_MANIFEST_DIR").to_owned(),
+    ];
+    let pyenv = std::env::var("PYENV_ROOT")
+        .ok()
+        .or_else(|| std::env::var("HOME").ok().map(|h| format!("{h}/.pyenv")));
+    if let Some(p) = pyenv.filter(|p| std::path::Path::new(p).is_dir()) {
+        out.extend(["--sandbox-ro".to_owned(), p]);
+    }
+    out
+}
+
+/// Removes a (dead) slot's cgroup and the groups below it, deepest first.
+fn remove_cgroup(d: &Path) {
+    let mut all = vec![d.to_owned()];
+    let mut i = 0;
+    while i < all.len() {
+        if let Ok(rd) = std::fs::read_dir(&all[i]) {
+            all.extend(rd.flatten().map(|e| e.path()).filter(|p| p.is_dir()));
+        }
+        i += 1;
+    }
+    for _ in 0..50 {
+        if all
+            .iter()
+            .rev()
+            .all(|g| std::fs::remove_dir(g).is_ok() || !g.exists())
+        {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
 }

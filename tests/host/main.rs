@@ -11,6 +11,7 @@ mod first_day;
 mod google_cloud;
 mod hardening;
 mod host;
+mod isolation;
 mod mail;
 mod profiles;
 mod standin;

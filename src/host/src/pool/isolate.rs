@@ -311,6 +311,15 @@ impl Isolation {
     /// mounts.
     fn view(&self, dir: &Path, agent_bin: &Path, manifest: Option<&Path>) -> Vec<OsString> {
         let mut mounts: Vec<(&str, PathBuf, PathBuf)> = Vec::new();
+        // First (what is bound below /tmp must stay visible), and mount
+        // points, so the agent (PID 1) mounts none over them; it mounts its
+        // own sysfs and, in its cgroup namespace, the slot's
+        // delegated cgroup v2 group at /sys/fs/cgroup.
+        mounts.push(("--proc", PathBuf::new(), "/proc".into()));
+        mounts.push(("--dev", PathBuf::new(), "/dev".into()));
+        for t in ["/run", "/tmp", "/var/tmp", "/dev/shm"] {
+            mounts.push(("--tmpfs", PathBuf::new(), t.into()));
+        }
         for d in SYSTEM_DIRS.iter().filter(|d| Path::new(d).is_dir()) {
             mounts.push(("--ro-bind", d.into(), d.into()));
         }
@@ -328,14 +337,6 @@ impl Isolation {
         for p in ro {
             mounts.push(("--ro-bind", p.clone(), p));
         }
-        // Mount points, so the agent (PID 1) mounts none over them; it
-        // mounts its own sysfs and, in its cgroup namespace, the slot's
-        // delegated cgroup v2 group at /sys/fs/cgroup.
-        mounts.push(("--proc", PathBuf::new(), "/proc".into()));
-        mounts.push(("--dev", PathBuf::new(), "/dev".into()));
-        for t in ["/run", "/tmp", "/var/tmp", "/dev/shm"] {
-            mounts.push(("--tmpfs", PathBuf::new(), t.into()));
-        }
         for (sub, inside) in [
             ("ws", IN_WORKSPACE),
             ("state", IN_STATE),
@@ -344,22 +345,29 @@ impl Isolation {
         ] {
             mounts.push(("--bind", dir.join(sub), inside.into()));
         }
-        let mut parents = std::collections::BTreeSet::new();
-        for (_, _, dest) in &mounts {
-            for a in dest.ancestors().skip(1) {
-                // Inside another mount (or /dev's own): not ours to make.
-                let covered = mounts.iter().any(|(_, _, d)| a.starts_with(d) && a != d);
-                if a.parent().is_some() && !covered {
-                    parents.insert(a.to_owned());
-                }
-            }
-        }
+        // Before each mount, the directories leading to it that are not
+        // there yet (made world-traversable); none inside a read-only bind.
         let mut args: Vec<OsString> = Vec::new();
-        // BTreeSet order puts every parent before its children.
-        for p in parents {
-            args.extend(["--perms".into(), "0755".into(), "--dir".into(), p.into()]);
-        }
+        let mut made: std::collections::BTreeSet<PathBuf> = std::collections::BTreeSet::new();
+        let mut read_only: Vec<PathBuf> = Vec::new();
         for (op, src, dest) in mounts {
+            let mut parents: Vec<&Path> = dest
+                .ancestors()
+                .skip(1)
+                .filter(|a| a.parent().is_some())
+                .collect();
+            parents.reverse();
+            for a in parents {
+                if made.contains(a) || read_only.iter().any(|r| a.starts_with(r)) {
+                    continue;
+                }
+                args.extend(["--perms".into(), "0755".into(), "--dir".into(), a.into()]);
+                made.insert(a.to_owned());
+            }
+            if op == "--ro-bind" {
+                read_only.push(dest.clone());
+            }
+            made.insert(dest.clone());
             args.push(op.into());
             if !src.as_os_str().is_empty() {
                 args.push(src.into());

@@ -635,7 +635,8 @@ fn spawn_isolated(
             nix::sys::signal::Signal::SIGKILL,
         );
         isolate::teardown(id, dir);
-        return Err(e.into());
+        let log = std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default();
+        anyhow::bail!("{e}; the sandbox's log: {}", tail(&log, 2000));
     }
     Ok(pid)
 }

@@ -1,0 +1,268 @@
+//! The process backend isolates (issue 27): a tenant's script, run through
+//! the real host's execution API, plays the attacker against the host,
+//! another tenant and the next lease. Each test fails on a host without
+//! isolation (`--isolation none`, the old default).
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::common::host::*;
+
+const RUN: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/clients/run_script.py");
+
+/// Runs `script` as `key`'s tenant (in `sandbox`, or a new one with no
+/// servers); returns (sandbox id, final status, log).
+fn run(host: &Host, key: &str, sandbox: Option<&str>, script: &str) -> (String, String, String) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let f = dir.path().join("main.py");
+    std::fs::write(&f, script).expect("script");
+    let mut c = Command::new("python3");
+    c.arg(RUN).arg(&host.base).arg(key).arg(&f);
+    if let Some(s) = sandbox {
+        c.args(["--sandbox", s]);
+    }
+    let out = c.output().expect("python3");
+    assert!(
+        out.status.success(),
+        "run_script.py: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    (
+        v["sandbox_id"].as_str().unwrap_or_default().to_owned(),
+        v["status"].as_str().unwrap_or_default().to_owned(),
+        v["logs"].as_str().unwrap_or_default().to_owned(),
+    )
+}
+
+/// The lines `name: ...` a probe script printed, by name.
+fn verdicts(log: &str) -> std::collections::BTreeMap<String, String> {
+    log.lines()
+        .filter_map(|l| l.split_once(": "))
+        .map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned()))
+        .collect()
+}
+
+/// A tenant's script tries the host's secrets, its processes, another
+/// tenant's files and the host's loopback API: it reaches none of them,
+/// and it is not root.
+#[test]
+fn a_tenant_reaches_nothing_of_the_host_or_other_tenants() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let host = Host::start(dir.path(), &[]);
+    let port = host.base.rsplit(':').next().expect("port").to_owned();
+    // Tenant B's sandbox, with a file in its workspace.
+    let (b_id, status, log) = run(
+        &host,
+        KEY_B,
+        None,
+        "open('/workspace/secret-of-b', 'w').write('b')\nprint('written')\n",
+    );
+    assert_eq!(status, "completed", "{log}");
+    let b_files: Vec<String> = std::fs::read_dir(host.data.join("slots"))
+        .expect("slots")
+        .flatten()
+        .map(|e| e.path().join("ws/secret-of-b"))
+        .filter(|p| p.exists())
+        .map(|p| p.display().to_string())
+        .collect();
+    assert_eq!(b_files.len(), 1, "B's file on the host: {b_files:?}");
+    let data = host.data.display().to_string();
+    let host_pid = host.pid().expect("host pid");
+    let probe = format!(
+        r#"
+import os, socket
+def probe(name, f):
+    try:
+        f()
+        print(f"{{name}}: REACHED")
+    except Exception as e:
+        print(f"{{name}}: denied ({{type(e).__name__}})")
+print(f"uid: {{os.getuid()}}")
+probe("signing key", lambda: open("{data}/signing.key", "rb").read())
+probe("database", lambda: open("{data}/host.db", "rb").read(16))
+probe("host cmdline", lambda: open("/proc/{host_pid}/cmdline").read())
+probe("other tenant's file", lambda: open("{b_file}").read())
+probe("host api", lambda: socket.create_connection(("127.0.0.1", {port}), timeout=3).close())
+probe("metadata", lambda: socket.create_connection(("169.254.169.254", 80), timeout=3).close())
+probe("agent socket", lambda: socket.socket(socket.AF_UNIX).connect("/run/sandbox-agent/agent.sock"))
+probe("cgroup root", lambda: open("/sys/fs/cgroup/cgroup.procs", "w").write(str(os.getpid())))
+probe("system dirs", lambda: open("/usr/pwned", "w"))
+"#,
+        b_file = b_files[0],
+    );
+    let (a_id, status, log) = run(&host, KEY_A, None, &probe);
+    assert_eq!(status, "completed", "{log}");
+    assert_ne!(a_id, b_id);
+    let v = verdicts(&log);
+    assert_ne!(v.get("uid").map(String::as_str), Some("0"), "{log}");
+    for what in [
+        "signing key",
+        "database",
+        "host cmdline",
+        "other tenant's file",
+        "host api",
+        "metadata",
+        "agent socket",
+        "cgroup root",
+        "system dirs",
+    ] {
+        let got = v.get(what).map(String::as_str).unwrap_or("(not run)");
+        assert!(got.starts_with("denied"), "{what}: {got}\nlog:\n{log}");
+    }
+    // The host's own files are its user's alone.
+    use std::os::unix::fs::PermissionsExt;
+    for f in ["signing.key", "host.db"] {
+        let mode = std::fs::metadata(host.data.join(f))
+            .expect(f)
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o077, 0, "{f} is mode {mode:o}");
+    }
+    release(&host, KEY_A, &a_id);
+    release(&host, KEY_B, &b_id);
+}
+
+/// A process that leaves its session and tries to leave its cgroup, then
+/// keeps writing into the workspace, is gone once the lease is released:
+/// the next tenant of the same slot never sees it.
+#[test]
+fn nothing_a_tenant_started_outlives_its_release() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let host = Host::start(dir.path(), &[]);
+    let ghost = r#"
+import os, time
+if os.fork() == 0:
+    os.setsid()
+    for f in ("/sys/fs/cgroup/cgroup.procs", "/sys/fs/cgroup/unified/cgroup.procs"):
+        try:
+            open(f, "w").write(str(os.getpid()))
+        except OSError:
+            pass
+    if os.fork() == 0:
+        while True:
+            for d in ("/workspace", "/tmp"):
+                try:
+                    open(d + "/ghost", "w").write(str(time.time()))
+                except OSError:
+                    pass
+            time.sleep(0.05)
+    os._exit(0)
+time.sleep(0.5)
+print("ghost started:", os.path.exists("/workspace/ghost"))
+"#;
+    let (a_id, status, log) = run(&host, KEY_A, None, ghost);
+    assert_eq!(status, "completed", "{log}");
+    assert!(log.contains("ghost started: True"), "{log}");
+    release(&host, KEY_A, &a_id);
+    // The pool keeps one slot: B gets the one A released.
+    std::thread::sleep(Duration::from_millis(500));
+    let check = r#"
+import os, time
+time.sleep(1.0)
+print("workspace ghost:", os.path.exists("/workspace/ghost"))
+print("tmp ghost:", os.path.exists("/tmp/ghost"))
+"#;
+    let (b_id, status, log) = run(&host, KEY_B, None, check);
+    assert_eq!(status, "completed", "{log}");
+    assert!(log.contains("workspace ghost: False"), "{log}");
+    assert!(log.contains("tmp ghost: False"), "{log}");
+    release(&host, KEY_B, &b_id);
+}
+
+/// With `--on-release replace` the whole sandbox goes: no process of it is
+/// left on the host, however it left its session or cgroup.
+#[test]
+fn replace_ends_every_process_of_the_sandbox() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let host = Host::start(dir.path(), &["--on-release", "replace"]);
+    let marker = format!("ghost-{}", std::process::id());
+    let ghost = format!(
+        r#"
+import os, sys, time
+if os.fork() == 0:
+    os.setsid()
+    try:
+        open("/sys/fs/cgroup/cgroup.procs", "w").write(str(os.getpid()))
+    except OSError:
+        pass
+    if os.fork() == 0:
+        os.execv(sys.executable, [sys.executable, "-c", "import time; time.sleep(3600)", "{marker}"])
+    os._exit(0)
+time.sleep(0.5)
+print("started")
+"#
+    );
+    let (a_id, status, log) = run(&host, KEY_A, None, &ghost);
+    assert_eq!(status, "completed", "{log}");
+    assert!(
+        !processes_mentioning(&marker).is_empty(),
+        "the ghost should run before the release"
+    );
+    release(&host, KEY_A, &a_id);
+    crate::common::eventually(Duration::from_secs(20), "the ghost is gone", || {
+        let left = processes_mentioning(&marker);
+        crate::common::when(left.is_empty(), || format!("still running:\n{left}"))
+    });
+}
+
+/// One lease's global git config (HOME) never reaches the next lease's
+/// git: the home is the lease's own, emptied at Release.
+#[test]
+fn a_global_git_config_does_not_reach_the_next_lease() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let host = Host::start(dir.path(), &[]);
+    let plant = r#"
+import subprocess
+subprocess.run(["git", "config", "--global", "core.fsmonitor", "touch /workspace/pwned-by-a"], check=True)
+print("planted:", subprocess.run(["git", "config", "--global", "core.fsmonitor"], capture_output=True, text=True).stdout.strip())
+"#;
+    let (a_id, status, log) = run(&host, KEY_A, None, plant);
+    assert_eq!(status, "completed", "{log}");
+    assert!(log.contains("planted: touch"), "{log}");
+    release(&host, KEY_A, &a_id);
+    std::thread::sleep(Duration::from_millis(500));
+    let victim = r#"
+import os, subprocess
+os.makedirs("/workspace/repo", exist_ok=True)
+subprocess.run(["git", "init", "-q", "/workspace/repo"], check=True)
+subprocess.run(["git", "-C", "/workspace/repo", "status", "--short"], check=True)
+got = subprocess.run(["git", "config", "--global", "core.fsmonitor"], capture_output=True, text=True).stdout.strip()
+print("inherited config:", repr(got))
+print("pwned:", os.path.exists("/workspace/pwned-by-a"))
+"#;
+    let (b_id, status, log) = run(&host, KEY_B, None, victim);
+    assert_eq!(status, "completed", "{log}");
+    assert!(log.contains("inherited config: ''"), "{log}");
+    assert!(log.contains("pwned: False"), "{log}");
+    release(&host, KEY_B, &b_id);
+}
+
+/// The host refuses an API key on its command line (every process listing
+/// shows it) and says where to put it instead.
+#[test]
+fn api_keys_never_go_on_the_command_line() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = Command::new(&*crate::common::bins::HOST)
+        .args([
+            "--listen",
+            "127.0.0.1:0",
+            "--api-key",
+            "a-key-of-sixteen-chars",
+        ])
+        .arg("--data-dir")
+        .arg(dir.path().join("data"))
+        .arg("--manifest")
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("packaging/servers.toml"))
+        .output()
+        .expect("sandbox-host");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--api-key-file") && err.contains("SANDBOX_HOST_API_KEY"),
+        "{err}"
+    );
+}
