@@ -480,3 +480,127 @@ async fn packages_the_sandbox_may_not_install_fail_clearly() {
         status(&c, "opt").await
     );
 }
+
+/// Runs `script` as execution `name` to its end; returns (status, log).
+async fn run_to_end(c: &sandbox_client::Client, name: &str, script: &str) -> (String, String) {
+    upload(c, name, targz(&[("main.py", script)]))
+        .await
+        .expect("Upload");
+    start(c, name).await;
+    let (log, _, status) = read_all(c, name, 1 << 20).await;
+    (status, log)
+}
+
+async fn release(c: &sandbox_client::Client, id: &str) {
+    c.agent()
+        .release(proto::ReleaseRequest {
+            lease_id: id.into(),
+            is_ttl: false,
+        })
+        .await
+        .expect("Release");
+}
+
+/// A root agent runs scripts unprivileged, each lease in a home of its
+/// own: a lease's global git config, files in its home and a process that
+/// left its session and tried to leave its cgroup are all gone when the
+/// next lease starts (the attack of issue 27, findings 3 and 4).
+#[tokio::test]
+async fn nothing_of_a_lease_reaches_the_next_one() {
+    if !root_or_skip("tenants run as uid 1000") {
+        return;
+    }
+    let agent = agent_with("", "");
+    let c = client(&agent).await;
+    acquire(&c, "lease-1").await;
+    let marker = format!("ghost-{}", std::process::id());
+    let plant = format!(
+        r#"
+import os, subprocess, sys, time
+print("uid:", os.getuid())
+subprocess.run(["git", "config", "--global", "core.fsmonitor", "touch /tmp/pwned"], check=True)
+open(os.path.join(os.environ["HOME"], "left-by-lease-1"), "w").write("x")
+if os.fork() == 0:
+    os.setsid()
+    for f in ("/sys/fs/cgroup/cgroup.procs", "/sys/fs/cgroup/unified/cgroup.procs"):
+        try:
+            open(f, "w").write(str(os.getpid()))
+        except OSError:
+            pass
+    if os.fork() == 0:
+        os.execv(sys.executable, [sys.executable, "-c", "import time; time.sleep(3600)", "{marker}"])
+    os._exit(0)
+time.sleep(0.5)
+"#
+    );
+    let (status, log) = run_to_end(&c, "plant", &plant).await;
+    assert_eq!(status, "completed", "{log}");
+    assert!(log.contains("uid: 1000"), "{log}");
+    release(&c, "lease-1").await;
+    assert!(
+        with_marker(&marker).is_empty(),
+        "left running after Release: {:?}",
+        with_marker(&marker)
+    );
+    acquire(&c, "lease-2").await;
+    let check = r#"
+import os, subprocess
+got = subprocess.run(["git", "config", "--global", "core.fsmonitor"], capture_output=True, text=True).stdout.strip()
+print("inherited config:", repr(got))
+print("home left:", os.path.exists(os.path.join(os.environ["HOME"], "left-by-lease-1")))
+"#;
+    let (status, log) = run_to_end(&c, "check", check).await;
+    assert_eq!(status, "completed", "{log}");
+    assert!(log.contains("inherited config: ''"), "{log}");
+    assert!(log.contains("home left: False"), "{log}");
+}
+
+/// The scripts' data-plane token is the lease's: after a Release, the
+/// token a script of that lease saw opens nothing, and the next lease's
+/// scripts get another (finding 2).
+#[tokio::test]
+async fn the_scripts_token_dies_with_its_lease() {
+    let agent = agent_with("", "");
+    let c = client(&agent).await;
+    acquire(&c, "lease-1").await;
+    let show = r#"
+import os
+print("url:", os.environ["SANDBOX_MCP_URL"])
+print("token:", os.environ["SANDBOX_MCP_TOKEN"])
+"#;
+    let field = |log: &str, k: &str| {
+        log.lines()
+            .find_map(|l| l.strip_prefix(k))
+            .map(|v| v.trim().to_owned())
+            .unwrap_or_else(|| panic!("no {k} in {log}"))
+    };
+    let (status, log) = run_to_end(&c, "show", show).await;
+    assert_eq!(status, "completed", "{log}");
+    let (url, old) = (field(&log, "url:"), field(&log, "token:"));
+    let code = |token: &str| {
+        let out = std::process::Command::new("curl")
+            .args(["-s", "-o", "/dev/null", "-w", "%{http_code}", "-X", "POST"])
+            .args(["-H", &format!("authorization: Bearer {token}")])
+            .args(["-H", "content-type: application/json"])
+            .args(["-H", "accept: application/json, text/event-stream"])
+            .args(["-d", r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#])
+            .arg(format!("{url}/filesystem/mcp"))
+            .output()
+            .expect("curl");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    assert_eq!(code(&old), "200", "the lease's own token works");
+    release(&c, "lease-1").await;
+    assert_eq!(code(&old), "401", "a released lease's token");
+    acquire(&c, "lease-2").await;
+    assert_eq!(
+        code(&old),
+        "401",
+        "the last lease's token in the next lease"
+    );
+    let (status, log) = run_to_end(&c, "show", show).await;
+    assert_eq!(status, "completed", "{log}");
+    let new = field(&log, "token:");
+    assert_ne!(new, old);
+    assert_eq!(code(&new), "200", "the new lease's token works");
+}

@@ -87,12 +87,23 @@ impl Agent {
                     .env("HOME", d);
                 c
             }
-            None => Command::new(&*AGENT),
+            None => {
+                // A root agent runs its tenants as uid 1000, which must
+                // pass through to the workspace and state below `dir`.
+                std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711))
+                    .expect("chmod");
+                Command::new(&*AGENT)
+            }
         };
         if !extra.contains(&"--mcp-listen") {
             // Not the default vsock://any:1025: tests run agents in parallel.
             cmd.arg("--mcp-listen")
                 .arg(format!("unix://{}", dir.path().join("mcp.sock").display()));
+        }
+        if !extra.contains(&"--state-root") {
+            // Not the shared default under /var/lib: one per agent (the
+            // tenant's home is there).
+            cmd.arg("--state-root").arg(dir.path().join("state"));
         }
         if !extra.contains(&"--exec-root") {
             // Not the shared default under /var/lib: one per agent.

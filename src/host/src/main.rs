@@ -135,6 +135,11 @@ struct Args {
     /// and /opt. The agent binary and the manifest's directory always are.
     #[arg(long = "sandbox-ro", value_name = "PATH")]
     sandbox_ro: Vec<PathBuf>,
+    /// A port of this host's loopback that isolated sandboxes reach at the
+    /// same port of their own loopback (repeatable): a local package
+    /// mirror or proxy. Never the host's own API port.
+    #[arg(long = "sandbox-host-port", value_name = "PORT")]
+    sandbox_host_ports: Vec<u16>,
     /// memory.max of each isolated sandbox (its agent, servers and
     /// scripts together), in bytes.
     #[arg(long, default_value_t = 8 << 30, value_name = "BYTES")]
@@ -333,7 +338,15 @@ fn main() -> anyhow::Result<()> {
     }
     let uploads = private_dirs(&args.data_dir)?;
     let backend = backend(&args)?;
-    let isolation = isolation(&args, &backend)?;
+    // The port asked for (0: the kernel's choice, which a forward of a
+    // fixed port is checked against once bound).
+    let api_port = args
+        .listen
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse::<u16>().ok())
+        .unwrap_or(0);
+    let isolation = isolation(&args, &backend, api_port)?;
     let warm = warm_profiles(&args)?;
     let store = store::Store::open(&args.data_dir.join("host.db"))?;
     let signing_key = signing_key(&args.data_dir)?;
@@ -366,6 +379,12 @@ fn main() -> anyhow::Result<()> {
         let listener = sandbox_client::transport::Listener::bind(&endpoint)
             .await
             .with_context(|| format!("listening on {}", args.listen))?;
+        if let sandbox_client::transport::Endpoint::Tcp { port, .. } = listener.local_endpoint() {
+            anyhow::ensure!(
+                !args.sandbox_host_ports.contains(port),
+                "--sandbox-host-port {port} is this host's own API port: never forwarded into a sandbox"
+            );
+        }
         let addr = match listener.local_endpoint() {
             sandbox_client::transport::Endpoint::Tcp { host, port } => {
                 format!("{}:{port}", if host.contains(':') { format!("[{host}]") } else { host.clone() })
@@ -555,6 +574,7 @@ fn private_dirs(data: &std::path::Path) -> anyhow::Result<PathBuf> {
 fn isolation(
     args: &Args,
     backend: &pool::Backend,
+    api_port: u16,
 ) -> anyhow::Result<Option<Arc<pool::isolate::Isolation>>> {
     if !matches!(backend, pool::Backend::Process { .. }) {
         return Ok(None);
@@ -572,6 +592,9 @@ fn isolation(
                 memory_max: args.slot_memory_max,
                 pids_max: args.slot_pids_max,
                 network: args.sandbox_network,
+                host_ports: args.sandbox_host_ports.clone(),
+                data_dir: args.data_dir.clone(),
+                api_port,
             })?;
             Ok(Some(Arc::new(iso)))
         }

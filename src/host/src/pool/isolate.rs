@@ -91,6 +91,13 @@ pub struct IsolationConfig {
     /// pids.max of each slot (processes and threads).
     pub pids_max: u64,
     pub network: Network,
+    /// Ports of this host's loopback forwarded into every sandbox's own
+    /// loopback (a local package mirror, or a test's stand-in).
+    pub host_ports: Vec<u16>,
+    /// The host's data dir and its listening port: never shown to a
+    /// sandbox, through a read-only path or a forwarded port.
+    pub data_dir: PathBuf,
+    pub api_port: u16,
 }
 
 /// Why the process backend cannot isolate its slots.
@@ -116,6 +123,14 @@ pub enum IsolationError {
     ZeroLimit,
     #[error("--sandbox-ro {0}: not an absolute path to something that exists")]
     BadReadOnly(PathBuf),
+    #[error(
+        "--sandbox-ro {0} would show this host's data dir {1} (its signing key, database and every sandbox's files) to tenants; install what the sandboxes need elsewhere"
+    )]
+    ExposesData(PathBuf, PathBuf),
+    #[error("--sandbox-host-port {0}: this host's own API port is never forwarded into a sandbox")]
+    ForwardsApi(u16),
+    #[error("--sandbox-host-port needs --sandbox-network outbound")]
+    PortsWithoutNetwork,
     #[error("every one of the {0} subordinate id blocks is in use: no more slots can start")]
     Exhausted(u32),
     #[error("setting up the sandbox: {0}")]
@@ -160,10 +175,21 @@ impl Isolation {
         if cfg.memory_max == 0 || cfg.pids_max == 0 {
             return Err(IsolationError::ZeroLimit);
         }
+        let data = std::fs::canonicalize(&cfg.data_dir).unwrap_or_else(|_| cfg.data_dir.clone());
         for p in &cfg.read_only {
             if !p.is_absolute() || !p.exists() {
                 return Err(IsolationError::BadReadOnly(p.clone()));
             }
+            let real = std::fs::canonicalize(p).unwrap_or_else(|_| p.clone());
+            if data.starts_with(&real) || real.starts_with(&data) {
+                return Err(IsolationError::ExposesData(p.clone(), data));
+            }
+        }
+        if cfg.host_ports.contains(&cfg.api_port) {
+            return Err(IsolationError::ForwardsApi(cfg.api_port));
+        }
+        if !cfg.host_ports.is_empty() && cfg.network == Network::None {
+            return Err(IsolationError::PortsWithoutNetwork);
         }
         let uid = nix::unistd::getuid().as_raw();
         let user = nix::unistd::User::from_uid(uid.into())
@@ -332,8 +358,9 @@ impl Isolation {
         }
         let mut ro: Vec<PathBuf> = self.cfg.read_only.clone();
         ro.push(agent_bin.to_owned());
-        // The manifest's directory: its launchers and seeds sit beside it.
-        ro.extend(manifest.and_then(Path::parent).map(Path::to_owned));
+        // The manifest file alone (what it names must be in the system
+        // directories or --sandbox-ro; its directory may hold secrets).
+        ro.extend(manifest.map(Path::to_owned));
         for p in ro {
             mounts.push(("--ro-bind", p.clone(), p));
         }
@@ -410,9 +437,21 @@ impl Isolation {
         // pasta must open the namespace of a process of another user
         // namespace, which only this host's root may; it confines itself
         // (seccomp, its own empty namespaces) once set up.
+        // -T: the sandbox's loopback ports that reach this host's loopback
+        // (only those asked for); nothing is forwarded the other way.
+        let to_host = if self.cfg.host_ports.is_empty() {
+            "none".to_owned()
+        } else {
+            self.cfg
+                .host_ports
+                .iter()
+                .map(u16::to_string)
+                .collect::<Vec<_>>()
+                .join(",")
+        };
         let out = Command::new("pasta")
             .args(["--runas", "0:0", "--config-net", "--no-map-gw", "--quiet"])
-            .args(["-T", "none", "-U", "none", "-t", "none", "-u", "none"])
+            .args(["-T", &to_host, "-U", "none", "-t", "none", "-u", "none"])
             .arg("--pid")
             .arg(dir.join("pasta.pid"))
             .arg("--netns")

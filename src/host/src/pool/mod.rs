@@ -590,10 +590,39 @@ fn spawn_in_session(mut cmd: std::process::Command, log: std::fs::File) -> anyho
     Ok(pid)
 }
 
+/// How many times an isolated slot's namespaces are set up before its
+/// start fails (bubblewrap's netlink setup of the loopback interface has
+/// been seen to fail once in a while when slots start together).
+const ISOLATED_START_TRIES: usize = 3;
+
+/// [`spawn_isolated_once`], tried again when the setup failed before the
+/// agent ran.
+fn spawn_isolated(
+    iso: &isolate::Isolation,
+    dir: &std::path::Path,
+    id: &str,
+    agent_bin: &std::path::Path,
+    manifest: Option<&std::path::Path>,
+    log: std::fs::File,
+) -> anyhow::Result<u32> {
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        match spawn_isolated_once(iso, dir, id, agent_bin, manifest, log.try_clone()?) {
+            Ok(pid) => return Ok(pid),
+            Err(e) if tries < ISOLATED_START_TRIES => {
+                tracing::warn!(slot = %id, error = %e, "setting up a sandbox failed; trying again");
+                let _ = std::fs::remove_file(dir.join("uid_block"));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 /// Starts an isolated agent (see [`isolate`]): its id block, directories
 /// and cgroups, then the agent in its namespaces, then its network.
 /// Returns the agent's host pid (PID 1 of its pid namespace). Blocking.
-fn spawn_isolated(
+fn spawn_isolated_once(
     iso: &isolate::Isolation,
     dir: &std::path::Path,
     id: &str,
