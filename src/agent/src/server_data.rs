@@ -23,7 +23,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, info};
 
 use crate::supervisor::Supervisor;
-use crate::supervisor::job::{JobEnd, JobSpec};
+use crate::supervisor::job::{JobEnd, JobGroup, JobSpec};
 use crate::supervisor::manifest::ResourceLimits;
 use crate::supervisor::spawn::Exit;
 
@@ -169,7 +169,7 @@ impl DataTool {
     async fn run(&self, what: &'static str, args: Vec<String>) -> Result<String, DataError> {
         let started = Instant::now();
         let spec = JobSpec {
-            group: "server-data".into(),
+            group: JobGroup::Service("server-data"),
             command: self.command.clone(),
             args,
             env: self.env.clone(),

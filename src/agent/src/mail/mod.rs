@@ -23,7 +23,7 @@ use tracing::{Instrument, info, warn};
 
 use crate::server_data::{DataError, STOP_GRACE, io, pump, tail_text, write_private};
 use crate::supervisor::Supervisor;
-use crate::supervisor::job::{JobEnd, JobSpec};
+use crate::supervisor::job::{JobEnd, JobGroup, JobSpec};
 use crate::supervisor::manifest::{MailDef, ResourceLimits, local_part_ok};
 
 /// Why the mail service cannot do what was asked.
@@ -158,7 +158,7 @@ impl Mail {
         empty_dir(dir).await?;
         write_private(&dir.join("password"), account.password.as_bytes()).await?;
         let spec = JobSpec {
-            group: "mail".into(),
+            group: JobGroup::Service("mail"),
             command: self.def.command.clone(),
             args: vec![
                 "serve".into(),
