@@ -21,7 +21,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, info, warn};
 
-use crate::server_data::{DataError, STOP_GRACE, io, pump, tail_text, write_private};
+use crate::server_data::{DataError, STOP_GRACE, io, pump, tail_text, write_new_file};
 use crate::supervisor::Supervisor;
 use crate::supervisor::job::{JobEnd, JobGroup, JobSpec};
 use crate::supervisor::manifest::{MailDef, ResourceLimits, local_part_ok};
@@ -156,7 +156,7 @@ impl Mail {
     async fn launch(&self, account: &Account) -> Result<Running, MailError> {
         let dir = &self.def.dir;
         empty_dir(dir).await?;
-        write_private(&dir.join("password"), account.password.as_bytes()).await?;
+        write_new_file(&dir.join("password"), account.password.as_bytes()).await?;
         let spec = JobSpec {
             group: JobGroup::Service("mail"),
             command: self.def.command.clone(),
