@@ -34,9 +34,10 @@ dpkg -s busybox-static >/dev/null 2>&1 || apt_pkgs+=(busybox-static)   # the VM 
 command -v pgrep >/dev/null || apt_pkgs+=(procps)
 command -v chromium >/dev/null || apt_pkgs+=(chromium)    # the playwright MCP server
 command -v openssl >/dev/null || apt_pkgs+=(openssl)      # a test's service-account key
-# The mail service (IMAP + LMTP) behind poste_email_toolathlon. Debian
-# starts a system-wide Dovecot on install; the sandbox runs its own.
-dpkg -s dovecot-imapd dovecot-lmtpd >/dev/null 2>&1 || apt_pkgs+=(dovecot-imapd dovecot-lmtpd)
+# The mail service (IMAP; dovecot-lda, in dovecot-core, delivers) behind
+# poste_email_toolathlon. Debian starts a system-wide Dovecot on install;
+# the sandbox runs its own.
+dpkg -s dovecot-imapd >/dev/null 2>&1 || apt_pkgs+=(dovecot-imapd)
 # The VM image takes Debian's kernel package (apt-get download): the
 # package lists must know linux-image-amd64.
 if [ ${#apt_pkgs[@]} -gt 0 ] || ! apt-cache show linux-image-amd64 >/dev/null 2>&1; then

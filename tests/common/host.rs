@@ -54,11 +54,6 @@ impl Host {
     /// Like [`Host::start_with`], with extra environment for the host (and
     /// so for its agents).
     pub fn start_with_env(dir: &Path, args: &[String], env: &[(&str, &str)]) -> Host {
-        // The sandboxes' mail service (as root) keeps mailboxes as user
-        // `mail`, which must be able to pass through this directory, as it
-        // passes through /var/lib in an installed sandbox.
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o711)).expect("chmod");
         let keys = dir.join("keys");
         std::fs::write(&keys, format!("{KEY_A} alice\n{KEY_B} bob\n")).expect("keys");
         let data = dir.join("data");

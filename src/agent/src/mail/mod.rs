@@ -1,4 +1,4 @@
-//! The sandbox's mail service: Dovecot (IMAP, LMTP delivery) and an SMTP
+//! The sandbox's mail service: Dovecot (IMAP, `dovecot-lda` delivery) and an SMTP
 //! submission server for one local domain, run by the `sandbox-mail`
 //! launcher as a supervised job while the lease has a server with
 //! `mail = true` (poste_email_toolathlon). Every address of the domain is
