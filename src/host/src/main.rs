@@ -116,6 +116,22 @@ struct Args {
     /// Largest archive a PUT may upload, in bytes.
     #[arg(long, default_value_t = 8 << 30)]
     max_upload_bytes: u64,
+    /// Execution archives one sandbox may hold in the upload store (one per
+    /// name; uploading to a name again replaces it). The same as the
+    /// agent's exec.max_executions (32 by default): a name beyond it could
+    /// never run. A new name over it is refused at execution-upload-url and
+    /// at the PUT (429).
+    #[arg(long, default_value_t = 32, value_name = "N")]
+    max_executions_per_sandbox: usize,
+    /// Bytes of uploaded archives (workspace and executions) one sandbox may
+    /// hold, counted while they stream; an upload over it is a 413 and
+    /// keeps nothing. Release frees them.
+    #[arg(long, default_value_t = 16 << 30, value_name = "BYTES")]
+    max_stored_bytes_per_sandbox: u64,
+    /// Bytes of uploaded archives all sandboxes of one owner (an API key,
+    /// or the keys sharing an owner) may hold at once; over it: 413.
+    #[arg(long, default_value_t = 64 << 30, value_name = "BYTES")]
+    max_stored_bytes_per_key: u64,
     /// Live sandboxes one owner (an API key, or the keys sharing an owner in
     /// --api-key-file) may hold at once; one more Acquire is a 429.
     #[arg(long, default_value_t = 64, value_name = "N")]
@@ -285,6 +301,14 @@ fn main() -> anyhow::Result<()> {
         .with_context(|| format!("creating {}", args.data_dir.display()))?;
     let uploads = args.data_dir.join("uploads");
     std::fs::create_dir_all(&uploads)?;
+    anyhow::ensure!(
+        args.max_upload_bytes > 0
+            && args.max_executions_per_sandbox > 0
+            && args.max_stored_bytes_per_sandbox > 0
+            && args.max_stored_bytes_per_key > 0,
+        "--max-upload-bytes, --max-executions-per-sandbox, --max-stored-bytes-per-sandbox \
+         and --max-stored-bytes-per-key must be at least 1"
+    );
     let backend = backend(&args)?;
     let warm = warm_profiles(&args)?;
     let store = store::Store::open(&args.data_dir.join("host.db"))?;
@@ -336,9 +360,20 @@ fn main() -> anyhow::Result<()> {
             signer: signed::Signer::new(signing_key),
             keys,
             public_url: public_url.clone(),
-            uploads,
+            uploads: api::Uploads::open(
+                uploads,
+                api::UploadLimits {
+                    archive_bytes: args.max_upload_bytes,
+                    executions: args.max_executions_per_sandbox,
+                    sandbox_bytes: args.max_stored_bytes_per_sandbox,
+                    owner_bytes: args.max_stored_bytes_per_key,
+                },
+                &live
+                    .iter()
+                    .map(|s| (s.id.clone(), s.owner.clone()))
+                    .collect::<Vec<_>>(),
+            ),
             time_scale: args.time_scale,
-            max_upload_bytes: args.max_upload_bytes,
             max_per_owner: args.max_sandboxes_per_key,
             acquiring: Default::default(),
             releases: tokio_util::task::TaskTracker::new(),
