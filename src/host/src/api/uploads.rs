@@ -200,6 +200,9 @@ impl Uploads {
             } else if let Ok(md) = e.metadata() {
                 found.push((Key::Workspace, md.len()));
             }
+            if found.is_empty() {
+                continue;
+            }
             let held = st.sandboxes.entry(id).or_insert_with(|| Held {
                 owner: owner.to_string(),
                 ..Held::default()
@@ -425,7 +428,7 @@ impl Reservation<'_> {
         };
         let old = h.files.insert(self.key.clone(), self.bytes).unwrap_or(0);
         h.inflight -= self.bytes;
-        h.stored = h.stored - old + self.bytes;
+        h.stored = h.stored.saturating_sub(old) + self.bytes;
         st.owner_sub(&self.owner, old);
         self.committed = true;
         Ok(self.bytes)
