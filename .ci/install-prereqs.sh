@@ -34,9 +34,10 @@ dpkg -s busybox-static >/dev/null 2>&1 || apt_pkgs+=(busybox-static)   # the VM 
 command -v pgrep >/dev/null || apt_pkgs+=(procps)
 command -v chromium >/dev/null || apt_pkgs+=(chromium)    # the playwright MCP server
 command -v openssl >/dev/null || apt_pkgs+=(openssl)      # a test's service-account key
-# The mail service (IMAP + LMTP) behind poste_email_toolathlon. Debian
-# starts a system-wide Dovecot on install; the sandbox runs its own.
-dpkg -s dovecot-imapd dovecot-lmtpd >/dev/null 2>&1 || apt_pkgs+=(dovecot-imapd dovecot-lmtpd)
+# The mail service (IMAP; dovecot-lda, in dovecot-core, delivers) behind
+# poste_email_toolathlon. Debian starts a system-wide Dovecot on install;
+# the sandbox runs its own.
+dpkg -s dovecot-imapd >/dev/null 2>&1 || apt_pkgs+=(dovecot-imapd)
 # The host's isolated process backend: bubblewrap (mount, pid, ipc, uts,
 # cgroup, network namespaces), uidmap (newuidmap for the user namespace),
 # passt (pasta: the sandboxes' outbound network), iproute2 (closing

@@ -38,7 +38,7 @@ trap cleanup EXIT
 
 echo "build-rootfs: debootstrap $suite" >&2
 debootstrap --variant=minbase \
-  --include=systemd-sysv,udev,kmod,ca-certificates,linux-image-amd64,nodejs,npm,python3,python3-venv,python3-pip,git,chromium,dovecot-imapd,dovecot-lmtpd \
+  --include=systemd-sysv,udev,kmod,ca-certificates,linux-image-amd64,nodejs,npm,python3,python3-venv,python3-pip,git,chromium,dovecot-imapd \
   "$suite" "$dir" "$mirror"
 for m in proc sys dev dev/pts; do mount --bind "/$m" "$dir/$m"; done
 

@@ -603,4 +603,78 @@ print("token:", os.environ["SANDBOX_MCP_TOKEN"])
     let new = field(&log, "token:");
     assert_ne!(new, old);
     assert_eq!(code(&new), "200", "the new lease's token works");
+/// Executions have their own cgroup names: one named after the agent's own
+/// jobs (`mail`, the mail service; `server-data`, a data tool) stops
+/// neither the mail service nor a load running beside it. (Before, an
+/// execution `mail` took the group `job.mail` and creating it killed the
+/// mail service; with cgroups only, as without them groups play no part.)
+#[tokio::test]
+async fn executions_named_like_the_agents_own_jobs_stop_nothing() {
+    const POSTE: &str = "poste_email_toolathlon";
+    let agent = agent_with("", "mail_ports = \"auto\"\n");
+    let c = client(&agent).await;
+    let lease = c
+        .agent()
+        .acquire(proto::AcquireRequest {
+            lease_id: "lease-m".into(),
+            server_names: vec![POSTE.into()],
+            ..Default::default()
+        })
+        .await
+        .unwrap_or_else(|e| panic!("Acquire: {e}\n{}", agent.stderr.all()))
+        .into_inner()
+        .lease
+        .expect("lease");
+    let imap = match lease.auth_data[POSTE].fields["imap_port"].kind {
+        Some(prost_types::value::Kind::NumberValue(n)) => n as u16,
+        ref other => panic!("imap_port: {other:?}"),
+    };
+    let accepts = || std::net::TcpStream::connect(("127.0.0.1", imap)).is_ok();
+    let load = async || {
+        c.servers()
+            .load_data(proto::LoadDataRequest {
+                server_name: POSTE.into(),
+                default_data: true,
+                ..Default::default()
+            })
+            .await
+    };
+    assert!(accepts());
+
+    upload(&c, "mail", targz(&[("main.py", "print('named mail')\n")]))
+        .await
+        .expect("Upload");
+    start(&c, "mail").await;
+    let (text, _, last) = read_all(&c, "mail", 0).await;
+    assert_eq!(last, "completed", "{text}");
+    assert!(accepts(), "the execution `mail` stopped the mail service");
+    load()
+        .await
+        .unwrap_or_else(|e| panic!("a load after the execution `mail`: {e}"));
+
+    // A load (a `server-data` job) while an execution `server-data` runs.
+    let main = "import time\nprint('started', flush=True)\ntime.sleep(3)\nprint('done')\n";
+    upload(&c, "server-data", targz(&[("main.py", main)]))
+        .await
+        .expect("Upload");
+    start(&c, "server-data").await;
+    eventually_async(Duration::from_secs(60), "the script started", async || {
+        let r = c
+            .exec()
+            .logs(proto::ExecLogsRequest {
+                execution_name: "server-data".into(),
+                ..Default::default()
+            })
+            .await
+            .map(|r| r.into_inner().logs)
+            .unwrap_or_default();
+        when(r.contains("started"), || r.clone())
+    })
+    .await;
+    let loaded = load().await;
+    let (text, _, last) = read_all(&c, "server-data", 0).await;
+    loaded.unwrap_or_else(|e| panic!("a load beside the execution `server-data`: {e}"));
+    assert_eq!(last, "completed", "{text}");
+    assert!(text.contains("started\ndone\n"), "{text}");
+    assert!(accepts(), "the mail service stopped");
 }

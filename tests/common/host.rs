@@ -54,11 +54,6 @@ impl Host {
     /// Like [`Host::start_with`], with extra environment for the host (and
     /// so for its agents).
     pub fn start_with_env(dir: &Path, args: &[String], env: &[(&str, &str)]) -> Host {
-        // The sandboxes' mail service (as root) keeps mailboxes as user
-        // `mail`, which must be able to pass through this directory, as it
-        // passes through /var/lib in an installed sandbox.
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o711)).expect("chmod");
         let keys = dir.join("keys");
         std::fs::write(&keys, format!("{KEY_A} alice\n{KEY_B} bob\n")).expect("keys");
         let data = dir.join("data");
@@ -234,12 +229,83 @@ pub fn http(method: &str, url: &str, key: Option<&str>, body: Option<&str>) -> (
     if let Some(b) = body {
         c.args(["-H", "content-type: application/json", "-d", b]);
     }
-    let out = c.output().expect("curl");
+    answer(&c.output().expect("curl"))
+}
+
+/// curl's output with `-w "\n%{http_code}"`: (status, body).
+fn answer(out: &std::process::Output) -> (u16, Value) {
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     let (body, code) = text.rsplit_once('\n').expect("status");
     (
         code.parse().expect("code"),
         serde_json::from_str(body).unwrap_or(Value::String(body.to_owned())),
+    )
+}
+
+/// `PUT url` with `body`, as a client PUTs to a signed upload URL (no
+/// key): (status, body).
+pub fn put(url: &str, body: &[u8]) -> (u16, Value) {
+    use std::io::Write;
+    let mut c = Command::new("curl")
+        .args(["-s", "-o", "-", "-w", "\n%{http_code}", "-X", "PUT"])
+        .args(["-H", "content-type: application/gzip"])
+        .args(["--data-binary", "@-", url])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("curl");
+    if let Some(mut stdin) = c.stdin.take() {
+        stdin.write_all(body).expect("the body to curl");
+    }
+    answer(&c.wait_with_output().expect("curl"))
+}
+
+/// A tar.gz holding `main.py`, an execution archive.
+pub fn script_archive(main_py: &str) -> Vec<u8> {
+    super::ws::gzip(
+        &super::ws::Tar::new()
+            .file("main.py", main_py.as_bytes())
+            .end(),
+    )
+}
+
+/// Runs `main_py` as execution `name` of sandbox `id` through the host's
+/// execution endpoints (upload URL, PUT, execute) and waits for its end:
+/// (its Klavis status, its log).
+pub fn run_script(host: &Host, key: &str, id: &str, name: &str, main_py: &str) -> (String, String) {
+    let b = format!("{}/local-sandbox/{id}", host.base);
+    let body = format!(r#"{{"execution_name": "{name}"}}"#);
+    let (code, u) = http(
+        "POST",
+        &format!("{b}/execution-upload-url"),
+        Some(key),
+        Some(&body),
+    );
+    assert_eq!(code, 200, "{u}");
+    let (code, v) = put(
+        u["upload_url"].as_str().expect("upload_url"),
+        &script_archive(main_py),
+    );
+    assert_eq!(code, 200, "{v}");
+    let (code, v) = http("POST", &format!("{b}/execute"), Some(key), Some(&body));
+    assert_eq!(code, 200, "{v}");
+    super::eventually(
+        std::time::Duration::from_secs(120),
+        "the execution ends",
+        || {
+            let (code, v) = http(
+                "GET",
+                &format!("{b}/execution-logs?execution_name={name}"),
+                Some(key),
+                None,
+            );
+            let status = v["status"].as_str().unwrap_or_default().to_owned();
+            super::when(
+                code == 200 && (status == "completed" || status == "failed"),
+                || format!("{code} {v}"),
+            )
+            .map(|()| (status, v["logs"].as_str().unwrap_or_default().to_owned()))
+        },
     )
 }
 

@@ -42,10 +42,6 @@ pub fn memory_js() -> String {
 /// `config` as its agent.toml.
 pub fn agent_with(extra: &str, config: &str) -> Agent {
     let dir = tempfile::tempdir().expect("tempdir");
-    // The mail service (as root) keeps mailboxes as user `mail`, which must
-    // pass through here as it passes through /var/lib when installed.
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711)).expect("chmod");
     let state = dir.path().join("state");
     std::fs::create_dir_all(&state).expect("state dir");
     let manifest = dir.path().join("servers.toml");

@@ -6,7 +6,7 @@
 //! the canvas MCP server reads the same stand-in.
 
 use super::standin::StandIn;
-use crate::common::host::{Host, KEY_A, acquire, http, py, release};
+use crate::common::host::{Host, KEY_A, acquire, http, py, release, run_script};
 
 const TOKEN: &str = "canvas-test-token";
 
@@ -20,16 +20,19 @@ fn stand_in() -> (StandIn, String) {
 /// A host whose agents reach Canvas at `url` with `token`: they pass the
 /// variables on to the canvas server (its pass_env).
 fn host_for(dir: &std::path::Path, url: &str, token: &str) -> Host {
-    Host::start_env(
-        dir,
-        &[],
-        &[
-            ("CANVAS_API_URL", url),
-            ("CANVAS_API_TOKEN", token),
-            // The stand-in speaks plain http on loopback.
-            ("CANVAS_ALLOW_INSECURE_HTTP", "true"),
-        ],
-    )
+    host_with(dir, url, token, &[])
+}
+
+/// [`host_for`] with more environment for the host and its agents.
+fn host_with(dir: &std::path::Path, url: &str, token: &str, env: &[(&str, &str)]) -> Host {
+    let mut all = vec![
+        ("CANVAS_API_URL", url),
+        ("CANVAS_API_TOKEN", token),
+        // The stand-in speaks plain http on loopback.
+        ("CANVAS_ALLOW_INSECURE_HTTP", "true"),
+    ];
+    all.extend_from_slice(env);
+    Host::start_env(dir, &[], &all)
 }
 
 const COURSE: &str = r#"{"courses": [{
@@ -165,5 +168,95 @@ fn a_refused_canvas_token_is_named() {
             .is_some_and(|d| d.contains("CANVAS_API_TOKEN")),
         "{v}"
     );
+    release(&host, KEY_A, id);
+}
+
+/// The attack of issue 27's finding 5: a tenant's script plants symlinks
+/// at the names data tools wrote to (`$TMPDIR/load-<agent pid>-<n>.json`,
+/// `dump-…`, the same in the mail service's directory), pointing at a file
+/// it wants overwritten, then runs loads and dumps. Each run now writes in
+/// a fresh private directory, so the file stays as it was and the loads
+/// work.
+#[test]
+fn planted_symlinks_are_never_written_through() {
+    let (_canvas, canvas_url) = stand_in();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let tmp = dir.path().join("tmp");
+    std::fs::create_dir(&tmp).expect("tmp");
+    // World-writable and sticky, as /tmp is.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o1777)).expect("chmod");
+    let victim = dir.path().join("victim.txt");
+    std::fs::write(&victim, "the operator's file\n").expect("victim");
+    let tmp_s = tmp.display().to_string();
+    let host = host_with(dir.path(), &canvas_url, TOKEN, &[("TMPDIR", &tmp_s)]);
+    let a = acquire(
+        &host,
+        KEY_A,
+        r#"{"server_names": ["canvas", "poste_email_toolathlon"]}"#,
+    );
+    let id = a["local_sandbox_id"].as_str().expect("id");
+    let plant = format!(
+        r#"import os
+TMP, VICTIM = {tmp:?}, {victim:?}
+def parent(p):
+    return int(open(f"/proc/{{p}}/stat").read().rsplit(")", 1)[1].split()[1])
+def argv(p):
+    return open(f"/proc/{{p}}/cmdline", "rb").read().decode().split("\0")
+agent = os.getppid()
+while agent > 1 and not argv(agent)[0].endswith("sandbox-agent"):
+    agent = parent(agent)
+a = argv(agent)
+dirs = [TMP, os.path.join(a[a.index("--state-root") + 1], "mail")]
+n = 0
+for d in dirs:
+    for kind in ("load", "dump"):
+        for seq in range(64):
+            os.symlink(VICTIM, os.path.join(d, f"{{kind}}-{{agent}}-{{seq}}.json"))
+            n += 1
+print(f"planted {{n}} links for agent {{agent}} in {{dirs}}")
+"#,
+        tmp = tmp_s,
+        victim = victim.display().to_string(),
+    );
+    let (status, log) = run_script(&host, KEY_A, id, "plant", &plant);
+    assert_eq!(status, "completed", "{log}");
+    assert!(log.contains("planted 256 links"), "{log}");
+
+    let base = format!("{}/local-sandbox", host.base);
+    for server in ["canvas", "poste_email_toolathlon"] {
+        let data = if server == "canvas" {
+            COURSE
+        } else {
+            r#"{"users": {"ann@mcp.com": {"emails": [{"subject": "s", "from_addr": "b@mcp.com", "to_addr": "ann@mcp.com"}]}}}"#
+        };
+        let (code, v) = http(
+            "POST",
+            &format!("{base}/{server}/{id}/initialize"),
+            Some(KEY_A),
+            Some(data),
+        );
+        assert_eq!(code, 200, "{server}: {v}");
+        let (code, v) = http(
+            "GET",
+            &format!("{base}/{server}/{id}/dump"),
+            Some(KEY_A),
+            None,
+        );
+        assert_eq!(code, 200, "{server}: {v}");
+    }
+    assert_eq!(
+        std::fs::read_to_string(&victim).expect("victim"),
+        "the operator's file\n",
+        "a data tool wrote through a planted symlink"
+    );
+    // Each run's directory went with it.
+    let left: Vec<String> = std::fs::read_dir(&tmp)
+        .expect("tmp")
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("sandbox-data-"))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
     release(&host, KEY_A, id);
 }

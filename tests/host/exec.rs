@@ -1,9 +1,13 @@
 //! Klavis's execution endpoints on `sandbox-host` (process backend): the
-//! execution notebook's flow with httpx, and the 404/422 answers.
+//! execution notebook's flow with httpx, the 404/422 answers, and the
+//! bounds of the upload store.
 
 use std::process::Command;
 
-use crate::common::host::{EXEC_CLIENT, Host, KEY_A, KEY_B, acquire, http, release};
+use crate::common::host::{
+    EXEC_CLIENT, Host, KEY_A, KEY_B, acquire, http, put, release, script_archive,
+};
+use crate::common::ws::incompressible;
 use serde_json::{Value, json};
 
 /// Where the test command put the wheels scripts install offline.
@@ -201,4 +205,163 @@ fn unknown_executions_are_404_and_bad_bodies_422() {
     let (code, _) = http("PUT", &url, None, Some("x"));
     assert_eq!(code, 403);
     release(&host, KEY_A, id);
+}
+
+/// A signed execution upload URL of sandbox `id` for `name`: (status, body).
+fn exec_upload_url(host: &Host, key: &str, id: &str, name: &str) -> (u16, Value) {
+    http(
+        "POST",
+        &format!("{}/local-sandbox/{id}/execution-upload-url", host.base),
+        Some(key),
+        Some(&format!(r#"{{"execution_name": "{name}"}}"#)),
+    )
+}
+
+/// What the upload store holds for sandbox `id`: its workspace archive and
+/// execution archives, partial ones included.
+fn stored(host: &Host, id: &str) -> Vec<String> {
+    let up = host.data.join("uploads");
+    let mut out: Vec<String> = std::fs::read_dir(&up)
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with(id) && !n.ends_with(".exec"))
+                .collect()
+        })
+        .unwrap_or_default();
+    if let Ok(d) = std::fs::read_dir(up.join(format!("{id}.exec"))) {
+        out.extend(
+            d.flatten()
+                .map(|e| format!("exec/{}", e.file_name().to_string_lossy())),
+        );
+    }
+    out.sort();
+    out
+}
+
+/// Issue 27's finding 7: the upload store kept every archive a tenant
+/// PUT (60 never-executed ones in one sandbox). Now a sandbox holds at
+/// most `--max-executions-per-sandbox` (32, the agent's own cap) names:
+/// URLs handed out before the cap was reached are refused at the PUT, a
+/// new name at execution-upload-url; a held name can be replaced.
+#[test]
+fn a_flood_of_execution_names_is_refused_at_the_cap() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let host = Host::start(dir.path(), &[]);
+    let a = acquire(&host, KEY_A, r#"{"server_names": ["filesystem"]}"#);
+    let id = a["local_sandbox_id"].as_str().expect("id");
+    let archive = script_archive("print('flood')\n");
+    // Every URL first (nothing is stored yet), then every PUT.
+    let urls: Vec<String> = (0..40)
+        .map(|i| {
+            let (code, v) = exec_upload_url(&host, KEY_A, id, &format!("flood-{i}"));
+            assert_eq!(code, 200, "{v}");
+            v["upload_url"].as_str().expect("url").to_owned()
+        })
+        .collect();
+    let codes: Vec<u16> = urls.iter().map(|u| put(u, &archive).0).collect();
+    assert_eq!(codes[..32], [200; 32], "{codes:?}");
+    assert_eq!(codes[32..], [429; 8], "{codes:?}");
+    let (code, v) = put(&urls[39], &archive);
+    assert_eq!(code, 429, "{v}");
+    let d = v["detail"].as_str().unwrap_or_default();
+    assert!(
+        d.contains("32 execution archives")
+            && d.contains("--max-executions-per-sandbox")
+            && d.contains("release the sandbox"),
+        "{v}"
+    );
+    let (code, v) = exec_upload_url(&host, KEY_A, id, "one-more");
+    assert_eq!(code, 429, "{v}");
+    assert_eq!(stored(&host, id).len(), 32, "{:?}", stored(&host, id));
+    // A held name takes a new archive, and runs.
+    let (code, v) = exec_upload_url(&host, KEY_A, id, "flood-0");
+    assert_eq!(code, 200, "{v}");
+    let (code, v) = put(v["upload_url"].as_str().expect("url"), &archive);
+    assert_eq!(code, 200, "{v}");
+    release(&host, KEY_A, id);
+    assert!(stored(&host, id).is_empty(), "{:?}", stored(&host, id));
+}
+
+/// PUTs `body` as execution `name`'s archive of sandbox `id`.
+fn exec_put(host: &Host, key: &str, id: &str, name: &str, body: &[u8]) -> (u16, Value) {
+    let (code, v) = exec_upload_url(host, key, id, name);
+    assert_eq!(code, 200, "{v}");
+    put(v["upload_url"].as_str().expect("url"), body)
+}
+
+/// A new sandbox of `key` (filesystem only); its id.
+fn new_sandbox(host: &Host, key: &str) -> String {
+    acquire(host, key, r#"{"server_names": ["filesystem"]}"#)["local_sandbox_id"]
+        .as_str()
+        .expect("id")
+        .to_owned()
+}
+
+/// The store's bytes are bounded per sandbox and per API key, counted
+/// while an upload streams: one over either is a 413 that names the flag
+/// and keeps nothing (no archive, no partial file), also after a host
+/// restart; Release frees a sandbox's bytes, so the owner can upload
+/// again; another owner is not affected.
+#[test]
+fn stored_bytes_are_capped_per_sandbox_and_per_key_and_freed_at_release() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let args = [
+        "--max-stored-bytes-per-sandbox",
+        "1000000",
+        "--max-stored-bytes-per-key",
+        "1500000",
+    ];
+    let mut host = Host::start(dir.path(), &args);
+    let big = |seed| incompressible(600_000, seed);
+    let a1 = new_sandbox(&host, KEY_A);
+    assert_eq!(exec_put(&host, KEY_A, &a1, "a", &big(1)).0, 200);
+    let (code, v) = exec_put(&host, KEY_A, &a1, "b", &big(2));
+    assert_eq!(code, 413, "{v}");
+    assert!(
+        v["detail"].as_str().is_some_and(
+            |d| d.contains("1000000 bytes") && d.contains("--max-stored-bytes-per-sandbox")
+        ),
+        "{v}"
+    );
+    assert_eq!(stored(&host, &a1), ["exec/a.tar.gz"], "nothing of b stays");
+    // A restarted host counts what is stored.
+    host.stop();
+    let host = Host::start(dir.path(), &args);
+    assert_eq!(exec_put(&host, KEY_A, &a1, "b", &big(2)).0, 413);
+    assert_eq!(stored(&host, &a1), ["exec/a.tar.gz"]);
+
+    // A second sandbox of the same key: its own room, but the key's is
+    // 1.5 MB.
+    let a2 = new_sandbox(&host, KEY_A);
+    let (_, u) = http(
+        "POST",
+        &format!("{}/local-sandbox/{a2}/upload-url", host.base),
+        Some(KEY_A),
+        None,
+    );
+    let (code, v) = put(u["upload_url"].as_str().expect("url"), &big(3));
+    assert_eq!(code, 200, "{v}");
+    let (code, v) = exec_put(&host, KEY_A, &a2, "c", &incompressible(400_000, 4));
+    assert_eq!(code, 413, "{v}");
+    assert!(
+        v["detail"].as_str().is_some_and(
+            |d| d.contains("1500000 bytes") && d.contains("--max-stored-bytes-per-key")
+        ),
+        "{v}"
+    );
+    assert_eq!(stored(&host, &a2), [format!("{a2}.tar.gz")]);
+    // Another key is not held back by this one's uploads.
+    let b = new_sandbox(&host, KEY_B);
+    assert_eq!(exec_put(&host, KEY_B, &b, "b", &big(5)).0, 200);
+
+    // Release frees a1's 600 kB: the key's next upload fits again.
+    release(&host, KEY_A, &a1);
+    assert!(stored(&host, &a1).is_empty());
+    let a3 = new_sandbox(&host, KEY_A);
+    let (code, v) = exec_put(&host, KEY_A, &a3, "d", &big(6));
+    assert_eq!(code, 200, "{v}");
+    for (key, id) in [(KEY_A, &a2), (KEY_A, &a3), (KEY_B, &b)] {
+        release(&host, key, id);
+    }
 }

@@ -190,3 +190,115 @@ fn server_data_errors_are_clear() {
         }
     }
 }
+
+/// The folders of `account` (an Acquire answer's mail auth_data), listed
+/// over IMAP by Python's imaplib.
+fn imap_folders(auth: &Value) -> Vec<String> {
+    let script = "import imaplib, json, sys\n\
+                  m = imaplib.IMAP4('127.0.0.1', int(sys.argv[1]))\n\
+                  m.login(sys.argv[2], sys.argv[3])\n\
+                  print(json.dumps([l.decode() for l in m.list()[1] if isinstance(l, bytes)]))\n";
+    let out = std::process::Command::new("python3")
+        .args(["-c", script])
+        .arg(auth["imap_port"].to_string())
+        .arg(auth["email"].as_str().expect("email"))
+        .arg(auth["password"].as_str().expect("password"))
+        .output()
+        .expect("python3");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("JSON")
+}
+
+/// The attack of issue 27's finding 8: a folder name with CR LF in it
+/// ended the IMAP command it was sent in and ran the next line as a
+/// command of its own (here CREATE Injected); the load answered 500 with
+/// the injected folder made. Now a control character is refused (400)
+/// before any IMAP command, a name Dovecot refuses is a 400 with nothing
+/// loaded and no folder left, and names with quotes, backslashes, `&` and
+/// non-ASCII letters load and dump back as they were. The sandbox's dir is
+/// 0700, which user `mail` cannot pass through: the mail service works
+/// anyway.
+#[test]
+fn an_injected_folder_name_is_refused_before_imap() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700)).expect("chmod");
+    let host = Host::start(dir.path(), &[]);
+    let a = acquire(
+        &host,
+        KEY_A,
+        r#"{"server_names": ["poste_email_toolathlon"], "test_account_email": "ann@mcp.com"}"#,
+    );
+    let id = a["local_sandbox_id"].as_str().expect("id");
+    let auth = &a["servers"][0]["auth_data"];
+    let init = format!(
+        "{}/local-sandbox/poste_email_toolathlon/{id}/initialize",
+        host.base
+    );
+    let dump = format!(
+        "{}/local-sandbox/poste_email_toolathlon/{id}/dump",
+        host.base
+    );
+    let email = |folder: &str| serde_json::json!({"subject": "s", "from_addr": "b@mcp.com", "to_addr": "ann@mcp.com", "folder": folder});
+    let doc = |emails: Vec<Value>| {
+        serde_json::json!({"users": {"ann@mcp.com": {"emails": emails}}}).to_string()
+    };
+    for (folder, code) in [
+        ("Evil\r\nA1 CREATE Injected\r\nA2 NOOP", "U+000D"),
+        ("Bad\u{7f}name", "U+007F"),
+        ("Tab\tbed", "U+0009"),
+    ] {
+        let (status, v) = http("POST", &init, Some(KEY_A), Some(&doc(vec![email(folder)])));
+        assert_eq!(status, 400, "{folder:?}: {v}");
+        let d = v["detail"].as_str().unwrap_or_default();
+        assert!(
+            d.contains("emails[0].folder") && d.contains(code) && d.contains("control character"),
+            "{folder:?}: {v}"
+        );
+    }
+    // A name Dovecot refuses ('.' in Maildir++): refused whole, and the
+    // folder the same document made first is gone again.
+    let (status, v) = http(
+        "POST",
+        &init,
+        Some(KEY_A),
+        Some(&doc(vec![email("Fine"), email("a.b")])),
+    );
+    assert_eq!(status, 400, "{v}");
+    assert!(
+        v["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("refuses the folder 'a.b'")),
+        "{v}"
+    );
+    let folders = imap_folders(auth);
+    assert!(
+        !folders
+            .iter()
+            .any(|f| f.contains("Injected") || f.contains("Fine")),
+        "{folders:?}"
+    );
+    let (status, v) = http("GET", &dump, Some(KEY_A), None);
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(
+        v["data"]["users"],
+        serde_json::json!({}),
+        "nothing loaded: {v}"
+    );
+
+    // Quotes, a backslash, '&' and non-ASCII letters are names like any.
+    let odd = r#"Q3 "final" \ Überblick & 日本"#;
+    let (status, v) = http("POST", &init, Some(KEY_A), Some(&doc(vec![email(odd)])));
+    assert_eq!(status, 200, "{v}");
+    let (status, v) = http("GET", &dump, Some(KEY_A), None);
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(
+        v["data"]["users"]["ann@mcp.com"]["emails"][0]["folder"], odd,
+        "{v}"
+    );
+    release(&host, KEY_A, id);
+}

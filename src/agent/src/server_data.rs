@@ -9,12 +9,17 @@
 //! writes the data. Exit 2: the data is refused (nothing was loaded);
 //! 3: the service refused the credentials; 4: the service is unreachable.
 //! The last line of output is the message.
+//!
+//! Each run has a [`RunDir`] of its own: a directory with a random name,
+//! made by `mkdir` (never an existing one, never through a planted
+//! symlink), mode 0700, its files created `O_EXCL|O_NOFOLLOW`, and removed
+//! with everything in it after the run. Nothing goes to a predictable name
+//! in a shared directory.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::io::Read;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -23,7 +28,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, info};
 
 use crate::supervisor::Supervisor;
-use crate::supervisor::job::{JobEnd, JobSpec};
+use crate::supervisor::job::{JobEnd, JobGroup, JobSpec};
 use crate::supervisor::manifest::ResourceLimits;
 use crate::supervisor::spawn::Exit;
 
@@ -35,8 +40,10 @@ const EXIT_UNREACHABLE: i32 = 4;
 pub(crate) const TAIL_BYTES: usize = 8 << 10;
 /// Time between SIGTERM and SIGKILL when a tool overruns.
 pub(crate) const STOP_GRACE: Duration = Duration::from_secs(3);
-
-static SEQ: AtomicU64 = AtomicU64::new(0);
+/// The data file a load reads, and the one a dump writes, in the run's
+/// directory.
+const LOAD_FILE: &str = "load.json";
+const DUMP_FILE: &str = "dump.json";
 
 /// What to load.
 pub enum Load<'a> {
@@ -84,8 +91,11 @@ pub struct DataTool {
     /// Arguments after the subcommand (e.g. `--dir DIR`).
     pub base_args: Vec<String>,
     pub env: BTreeMap<String, String>,
-    /// Where the data files go (private, removed after each run).
-    pub dir: PathBuf,
+    /// Where each run's private directory ([`RunDir`]) is made.
+    pub parent: PathBuf,
+    /// The owner (uid, gid) of each run's directory and files, for a tool
+    /// that runs as another user; None: the agent's.
+    pub owner: Option<(u32, u32)>,
     pub timeout: Duration,
     pub max_bytes: u64,
 }
@@ -94,86 +104,67 @@ impl DataTool {
     /// Loads `what`; returns the tool's summary. Refused data loads
     /// nothing (INVALID_ARGUMENT).
     pub async fn load(&self, what: Load<'_>) -> Result<String, DataError> {
-        let file = self.file("load");
         let mut args = vec!["load".to_owned()];
         args.extend(self.base_args.iter().cloned());
-        match what {
-            Load::Json(json) => {
-                let size = json.len() as u64;
-                if size > self.max_bytes {
-                    return Err(DataError::TooLarge {
-                        what: "data",
-                        size,
-                        limit: self.max_bytes,
-                    });
-                }
-                serde_json::from_slice::<serde_json::Value>(json)
-                    .map_err(|e| DataError::InvalidData(format!("not JSON: {e}")))?;
-                write_private(&file, json).await?;
-                args.extend(["--file".into(), file.display().to_string()]);
+        if let Load::Json(json) = what {
+            let size = json.len() as u64;
+            if size > self.max_bytes {
+                return Err(DataError::TooLarge {
+                    what: "data",
+                    size,
+                    limit: self.max_bytes,
+                });
             }
-            Load::Default => args.push("--default".into()),
+            serde_json::from_slice::<serde_json::Value>(json)
+                .map_err(|e| DataError::InvalidData(format!("not JSON: {e}")))?;
         }
-        let r = self.run("loading data", args).await;
-        let _ = tokio::fs::remove_file(&file).await;
+        let dir = RunDir::create(&self.parent, self.owner).await?;
+        let r = async {
+            match what {
+                Load::Json(json) => {
+                    let file = dir.write_new(LOAD_FILE, json).await?;
+                    args.extend(["--file".into(), file.display().to_string()]);
+                }
+                Load::Default => args.push("--default".into()),
+            }
+            self.run("loading data", args, dir.path()).await
+        }
+        .await;
+        dir.remove().await;
         r
     }
 
     /// The data as JSON, at most `max_bytes`.
     pub async fn dump(&self) -> Result<Vec<u8>, DataError> {
-        let out = self.file("dump");
+        let dir = RunDir::create(&self.parent, self.owner).await?;
+        let out = dir.path().join(DUMP_FILE);
         let mut args = vec!["dump".to_owned()];
         args.extend(self.base_args.iter().cloned());
         args.extend(["--out".into(), out.display().to_string()]);
         let r = async {
-            self.run("dumping data", args).await?;
-            let limit = self.max_bytes;
-            let path = out.clone();
-            tokio::task::spawn_blocking(move || {
-                let f = std::fs::File::open(&path)
-                    .map_err(io(format!("reading {}", path.display())))?;
-                let size = f.metadata().map(|m| m.len()).unwrap_or(0);
-                if size > limit {
-                    return Err(DataError::TooLarge {
-                        what: "dump",
-                        size,
-                        limit,
-                    });
-                }
-                let mut buf = Vec::with_capacity(size as usize);
-                f.take(limit + 1)
-                    .read_to_end(&mut buf)
-                    .map_err(io(format!("reading {}", path.display())))?;
-                Ok(buf)
-            })
-            .await
-            .map_err(|e| DataError::Failed {
-                what: "reading the dump",
-                detail: e.to_string(),
-            })?
+            self.run("dumping data", args, dir.path()).await?;
+            dir.read(DUMP_FILE, self.max_bytes).await
         }
         .await;
-        let _ = tokio::fs::remove_file(&out).await;
-        let _ = tokio::fs::remove_file(out.with_extension("json.part")).await;
+        dir.remove().await;
         r
-    }
-
-    fn file(&self, what: &str) -> PathBuf {
-        let n = SEQ.fetch_add(1, Ordering::Relaxed);
-        self.dir
-            .join(format!("{what}-{}-{n}.json", std::process::id()))
     }
 
     /// Runs the tool once, within the timeout; its last line of output is
     /// the answer (success) or the error's detail.
-    async fn run(&self, what: &'static str, args: Vec<String>) -> Result<String, DataError> {
+    async fn run(
+        &self,
+        what: &'static str,
+        args: Vec<String>,
+        cwd: &Path,
+    ) -> Result<String, DataError> {
         let started = Instant::now();
         let spec = JobSpec {
-            group: "server-data".into(),
+            group: JobGroup::Service("server-data"),
             command: self.command.clone(),
             args,
             env: self.env.clone(),
-            cwd: self.dir.clone(),
+            cwd: cwd.to_owned(),
             limits: ResourceLimits::default(),
             tenant: true,
         };
@@ -280,26 +271,165 @@ pub(crate) fn tail_text(tail: &Mutex<VecDeque<u8>>) -> String {
     }
 }
 
-pub(crate) async fn write_private(path: &Path, bytes: &[u8]) -> Result<(), DataError> {
+/// One data-tool run's private directory (see the module docs). Removed by
+/// [`RunDir::remove`], or when dropped.
+pub struct RunDir {
+    dir: Option<tempfile::TempDir>,
+    /// The directory itself, opened: files are made relative to it.
+    fd: Arc<OwnedFd>,
+    owner: Option<(u32, u32)>,
+}
+
+impl RunDir {
+    /// Makes a new directory in `parent`: a random name, mode 0700, owned
+    /// by `owner` (uid, gid) when given (set through the opened directory,
+    /// never by a path that could be swapped), else by the agent.
+    pub async fn create(parent: &Path, owner: Option<(u32, u32)>) -> Result<RunDir, DataError> {
+        let p = parent.to_owned();
+        blocking(
+            format!("making a private directory in {}", parent.display()),
+            move || {
+                use std::os::unix::fs::PermissionsExt;
+                let dir = tempfile::Builder::new()
+                    .prefix("sandbox-data-")
+                    .permissions(std::fs::Permissions::from_mode(0o700))
+                    .tempdir_in(&p)?;
+                let fd = open_dir(dir.path())?;
+                if let Some((uid, gid)) = owner {
+                    rustix::fs::fchown(
+                        &fd,
+                        Some(rustix::fs::Uid::from_raw(uid)),
+                        Some(rustix::fs::Gid::from_raw(gid)),
+                    )?;
+                }
+                Ok(RunDir {
+                    dir: Some(dir),
+                    fd: Arc::new(fd),
+                    owner,
+                })
+            },
+        )
+        .await
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.as_ref().map_or(Path::new(""), |d| d.path())
+    }
+
+    /// Writes `bytes` to a new file `name` (0600, `O_EXCL|O_NOFOLLOW`, the
+    /// directory's owner); its path.
+    pub async fn write_new(&self, name: &'static str, bytes: &[u8]) -> Result<PathBuf, DataError> {
+        let path = self.path().join(name);
+        let (fd, owner, b) = (self.fd.clone(), self.owner, bytes.to_vec());
+        blocking(format!("writing {}", path.display()), move || {
+            use rustix::fs::{Mode, OFlags};
+            let f = rustix::fs::openat(
+                &*fd,
+                name,
+                OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                Mode::from_raw_mode(0o600),
+            )?;
+            if let Some((uid, gid)) = owner {
+                rustix::fs::fchown(
+                    &f,
+                    Some(rustix::fs::Uid::from_raw(uid)),
+                    Some(rustix::fs::Gid::from_raw(gid)),
+                )?;
+            }
+            std::io::Write::write_all(&mut std::fs::File::from(f), &b)
+        })
+        .await?;
+        Ok(path)
+    }
+
+    /// Reads the regular file `name` the tool wrote (never through a
+    /// symlink), at most `limit` bytes.
+    pub async fn read(&self, name: &'static str, limit: u64) -> Result<Vec<u8>, DataError> {
+        let path = self.path().join(name);
+        let fd = self.fd.clone();
+        let what = format!("reading {}", path.display());
+        let opened = blocking(what.clone(), move || {
+            use rustix::fs::{Mode, OFlags};
+            let f = rustix::fs::openat(
+                &*fd,
+                name,
+                OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
+                Mode::empty(),
+            )?;
+            let f = std::fs::File::from(f);
+            let md = f.metadata()?;
+            if !md.is_file() {
+                return Err(std::io::Error::other("not a regular file"));
+            }
+            Ok((f, md.len()))
+        })
+        .await;
+        let (f, size) = opened?;
+        if size > limit {
+            return Err(DataError::TooLarge {
+                what: "dump",
+                size,
+                limit,
+            });
+        }
+        blocking(what, move || {
+            let mut buf = Vec::with_capacity(size as usize);
+            f.take(limit + 1).read_to_end(&mut buf)?;
+            Ok(buf)
+        })
+        .await
+    }
+
+    /// Removes the directory and everything in it.
+    pub async fn remove(mut self) {
+        if let Some(d) = self.dir.take() {
+            let shown = d.path().display().to_string();
+            let r = tokio::task::spawn_blocking(move || d.close()).await;
+            if let Ok(Err(e)) = r {
+                tracing::warn!(dir = %shown, error = %e, "removing a data tool's directory");
+            }
+        }
+    }
+}
+
+fn open_dir(path: &Path) -> std::io::Result<OwnedFd> {
+    use rustix::fs::{Mode, OFlags};
+    Ok(rustix::fs::open(
+        path,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?)
+}
+
+/// Runs blocking file work off the runtime; its errors as [`DataError::Io`].
+async fn blocking<T: Send + 'static>(
+    what: String,
+    f: impl FnOnce() -> std::io::Result<T> + Send + 'static,
+) -> Result<T, DataError> {
+    match tokio::task::spawn_blocking(f).await {
+        Ok(r) => r.map_err(io(what)),
+        Err(e) => Err(io(what)(std::io::Error::other(e))),
+    }
+}
+
+/// Writes `bytes` to a new file at `path` (0600): `O_EXCL|O_NOFOLLOW`, so
+/// an existing file or a planted symlink fails it instead of being written
+/// through.
+pub(crate) async fn write_new_file(path: &Path, bytes: &[u8]) -> Result<(), DataError> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     let p = path.to_owned();
     let b = bytes.to_vec();
-    tokio::task::spawn_blocking(move || {
+    blocking(format!("writing {}", path.display()), move || {
         std::fs::OpenOptions::new()
             .write(true)
-            .create(true)
-            .truncate(true)
+            .create_new(true)
+            .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32)
             .mode(0o600)
             .open(&p)
             .and_then(|mut f| f.write_all(&b))
     })
     .await
-    .map_err(|e| DataError::Io {
-        what: format!("writing {}", path.display()),
-        source: std::io::Error::other(e),
-    })?
-    .map_err(io(format!("writing {}", path.display())))
 }
 
 #[cfg(test)]

@@ -147,6 +147,22 @@ struct Args {
     /// pids.max of each isolated sandbox (processes and threads).
     #[arg(long, default_value_t = 4096, value_name = "N")]
     slot_pids_max: u64,
+    /// Execution archives one sandbox may hold in the upload store (one per
+    /// name; uploading to a name again replaces it). The same as the
+    /// agent's exec.max_executions (32 by default): a name beyond it could
+    /// never run. A new name over it is refused at execution-upload-url and
+    /// at the PUT (429).
+    #[arg(long, default_value_t = 32, value_name = "N")]
+    max_executions_per_sandbox: usize,
+    /// Bytes of uploaded archives (workspace and executions) one sandbox may
+    /// hold, counted while they stream; an upload over it is a 413 and
+    /// keeps nothing. Release frees them.
+    #[arg(long, default_value_t = 16 << 30, value_name = "BYTES")]
+    max_stored_bytes_per_sandbox: u64,
+    /// Bytes of uploaded archives all sandboxes of one owner (an API key,
+    /// or the keys sharing an owner) may hold at once; over it: 413.
+    #[arg(long, default_value_t = 64 << 30, value_name = "BYTES")]
+    max_stored_bytes_per_key: u64,
     /// Live sandboxes one owner (an API key, or the keys sharing an owner in
     /// --api-key-file) may hold at once; one more Acquire is a 429.
     #[arg(long, default_value_t = 64, value_name = "N")]
@@ -337,6 +353,14 @@ fn main() -> anyhow::Result<()> {
         generated = Some(k.expose().to_owned());
     }
     let uploads = private_dirs(&args.data_dir)?;
+    anyhow::ensure!(
+        args.max_upload_bytes > 0
+            && args.max_executions_per_sandbox > 0
+            && args.max_stored_bytes_per_sandbox > 0
+            && args.max_stored_bytes_per_key > 0,
+        "--max-upload-bytes, --max-executions-per-sandbox, --max-stored-bytes-per-sandbox \
+         and --max-stored-bytes-per-key must be at least 1"
+    );
     let backend = backend(&args)?;
     // The port asked for (0: the kernel's choice, which a forward of a
     // fixed port is checked against once bound).
@@ -404,9 +428,20 @@ fn main() -> anyhow::Result<()> {
             signer: signed::Signer::new(signing_key),
             keys,
             public_url: public_url.clone(),
-            uploads,
+            uploads: api::Uploads::open(
+                uploads,
+                api::UploadLimits {
+                    archive_bytes: args.max_upload_bytes,
+                    executions: args.max_executions_per_sandbox,
+                    sandbox_bytes: args.max_stored_bytes_per_sandbox,
+                    owner_bytes: args.max_stored_bytes_per_key,
+                },
+                &live
+                    .iter()
+                    .map(|s| (s.id.clone(), s.owner.clone()))
+                    .collect::<Vec<_>>(),
+            ),
             time_scale: args.time_scale,
-            max_upload_bytes: args.max_upload_bytes,
             max_per_owner: args.max_sandboxes_per_key,
             acquiring: Default::default(),
             releases: tokio_util::task::TaskTracker::new(),

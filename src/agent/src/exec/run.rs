@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 use super::log::ExecLog;
 use super::{ExecConfig, ExecState, Execution, McpAccess, PACKAGES, REQUIREMENTS};
 use crate::supervisor::Supervisor;
-use crate::supervisor::job::{JobEnd, JobSpec};
+use crate::supervisor::job::{JobEnd, JobGroup, JobSpec};
 use crate::supervisor::manifest::ResourceLimits;
 use crate::supervisor::now_ms;
 use crate::supervisor::spawn::Exit;
@@ -229,7 +229,7 @@ impl Steps<'_> {
             return Err(Halt::Stopped("cancelled".into()));
         }
         let spec = JobSpec {
-            group: self.exec.name.clone(),
+            group: JobGroup::Exec(self.exec.name.clone()),
             command: command.clone(),
             args,
             env: self.env.clone(),

@@ -80,7 +80,8 @@ impl Lifecycle {
             command,
             base_args: Vec::new(),
             env: spec.env.clone(),
-            dir: std::env::temp_dir(),
+            parent: std::env::temp_dir(),
+            owner: None,
             timeout: Duration::from_millis(self.cfg.server_data_timeout_ms),
             max_bytes: self.cfg.server_data_max_bytes,
         }))

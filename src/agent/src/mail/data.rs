@@ -14,7 +14,8 @@ impl Mail {
             command: self.def.command.clone(),
             base_args: vec!["--dir".into(), self.def.dir.display().to_string()],
             env: super::base_env(),
-            dir: self.def.dir.clone(),
+            parent: self.def.dir.clone(),
+            owner: None,
             timeout: self.def.op_timeout,
             max_bytes: self.def.max_data_bytes,
         }

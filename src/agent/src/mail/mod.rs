@@ -1,4 +1,4 @@
-//! The sandbox's mail service: Dovecot (IMAP, LMTP delivery) and an SMTP
+//! The sandbox's mail service: Dovecot (IMAP, `dovecot-lda` delivery) and an SMTP
 //! submission server for one local domain, run by the `sandbox-mail`
 //! launcher as a supervised job while the lease has a server with
 //! `mail = true` (poste_email_toolathlon). Every address of the domain is
@@ -21,9 +21,9 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, info, warn};
 
-use crate::server_data::{DataError, STOP_GRACE, io, pump, tail_text, write_private};
+use crate::server_data::{DataError, STOP_GRACE, io, pump, tail_text, write_new_file};
 use crate::supervisor::Supervisor;
-use crate::supervisor::job::{JobEnd, JobSpec};
+use crate::supervisor::job::{JobEnd, JobGroup, JobSpec};
 use crate::supervisor::manifest::{MailDef, ResourceLimits, local_part_ok};
 
 /// Why the mail service cannot do what was asked.
@@ -156,9 +156,9 @@ impl Mail {
     async fn launch(&self, account: &Account) -> Result<Running, MailError> {
         let dir = &self.def.dir;
         empty_dir(dir).await?;
-        write_private(&dir.join("password"), account.password.as_bytes()).await?;
+        write_new_file(&dir.join("password"), account.password.as_bytes()).await?;
         let spec = JobSpec {
-            group: "mail".into(),
+            group: JobGroup::Service("mail"),
             command: self.def.command.clone(),
             args: vec![
                 "serve".into(),

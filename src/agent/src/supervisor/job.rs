@@ -21,11 +21,35 @@ use super::runner::kill_tree;
 use super::spawn::{self, Exit, Launch};
 use super::{Shared, Supervisor};
 
+/// The cgroup name space of a job. The agent's own jobs (`job.<name>`)
+/// and a tenant's executions (`exec.<name>`) are apart, and server groups
+/// have no dot (manifest names are `[a-z0-9_-]`), so no execution name
+/// can take a server's or a service's group: creating a group empties a
+/// leftover one of the same name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum JobGroup {
+    /// The agent's own jobs: the mail service (`mail`), data tools
+    /// (`server-data`).
+    Service(&'static str),
+    /// A tenant's execution, by its name.
+    Exec(String),
+}
+
+impl JobGroup {
+    /// The job's cgroup (below the agent's).
+    pub fn cgroup_name(&self) -> String {
+        match self {
+            JobGroup::Service(n) => format!("job.{n}"),
+            JobGroup::Exec(n) => format!("exec.{n}"),
+        }
+    }
+}
+
 /// What to run.
 #[derive(Debug, Clone)]
 pub struct JobSpec {
-    /// Names the job's cgroup (`job.<group>`) and its log lines.
-    pub group: String,
+    /// Names the job's cgroup.
+    pub group: JobGroup,
     pub command: String,
     pub args: Vec<String>,
     /// The complete environment.
@@ -67,7 +91,7 @@ async fn spawn_job(shared: &Shared, spec: &JobSpec) -> std::io::Result<Job> {
     let cg = shared
         .cgroups
         .as_ref()
-        .and_then(|root| match root.create(&format!("job.{}", spec.group)) {
+        .and_then(|root| match root.create(&spec.group.cgroup_name()) {
             Ok(cg) => Some(Arc::new(cg)),
             Err(e) => {
                 tracing::warn!(error = %e, "cannot create the job's cgroup; using its session only");

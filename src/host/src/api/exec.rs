@@ -4,8 +4,9 @@
 //! execution-logs (by byte cursor) and export-artifacts (a signed GET
 //! streaming the agent's export).
 //!
-//! Archives wait in `<uploads>/<sandbox>.exec/<name>.tar.gz` until
-//! execute; Release removes them with the sandbox's other uploads.
+//! Archives wait in the upload store (`uploads`) until execute, at most
+//! `--max-executions-per-sandbox` names per sandbox; Release removes them
+//! with the sandbox's other uploads.
 
 use std::collections::HashMap;
 
@@ -19,14 +20,10 @@ use sandbox_client::proto;
 use serde_json::{Value, json};
 
 use super::sandboxes::agent_of;
-use super::transfer::{SignedQuery, archive_response, check_signed, signed_url, store_upload};
+use super::transfer::{SignedQuery, archive_response, check_signed, signed_url};
+use super::uploads::Kind;
 use super::validation::{body_object, check_region, query_error};
 use super::*;
-
-/// The directory of a sandbox's execution archives.
-pub(super) fn exec_uploads(h: &Host, id: &str) -> std::path::PathBuf {
-    h.uploads.join(format!("{id}.exec"))
-}
 
 /// The signed-URL action for an execution `name` (the signature binds it).
 fn action(kind: &str, name: &str) -> String {
@@ -129,6 +126,7 @@ pub async fn execution_upload_url(
     check_region(&q)?;
     let name = body_name(&body)?;
     sandbox_of(&h, &headers, &id)?;
+    h.uploads.check_exec_name(&id, &name)?;
     let url = signed_url(
         &h,
         &action("exec-upload", &name),
@@ -146,10 +144,11 @@ pub async fn exec_upload(
     body: Body,
 ) -> ApiResult {
     check_name("path", &name)?;
-    check_signed(&h, &action("exec-upload", &name), &id, &q)?;
-    let dir = exec_uploads(&h, &id);
-    tokio::fs::create_dir_all(&dir).await.map_err(internal)?;
-    let total = store_upload(&h, &dir.join(format!("{name}.tar.gz")), body).await?;
+    let s = check_signed(&h, &action("exec-upload", &name), &id, &q)?;
+    let total = h
+        .uploads
+        .store(&id, &s.owner, Kind::Exec(&name), body, || is_live(&h, &id))
+        .await?;
     tracing::info!(sandbox = %id, execution = %name, bytes = total, "execution archive uploaded");
     Ok(StatusCode::OK.into_response())
 }
@@ -167,7 +166,7 @@ pub async fn execute(
     check_region(&q)?;
     let name = body_name(&body)?;
     let s = sandbox_of(&h, &headers, &id)?;
-    let path = exec_uploads(&h, &id).join(format!("{name}.tar.gz"));
+    let path = h.uploads.exec_path(&id, &name);
     let file = tokio::fs::File::open(&path).await.map_err(|_| {
         detail(
             StatusCode::NOT_FOUND,

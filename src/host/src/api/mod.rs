@@ -11,6 +11,7 @@
 //! - `sandboxes`: acquire, list, get, reset, release.
 //! - `transfer`: signed upload/download URLs and the streams behind them.
 //! - `exec`: the execution endpoints over the agent's `Exec` service.
+//! - `uploads`: the bounded store of uploaded archives.
 //! - `reaper`: TTL expiry and dead agents.
 
 mod exec;
@@ -18,10 +19,10 @@ mod reaper;
 mod sandboxes;
 pub mod server_data;
 mod transfer;
+mod uploads;
 mod validation;
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -41,6 +42,7 @@ pub use exec::{
 pub use reaper::reap;
 pub use sandboxes::{acquire, get, list, release, release_in_background, reset};
 pub use transfer::{download, dump_url, initialize, upload, upload_url};
+pub use uploads::{UploadLimits, Uploads};
 
 /// The server names of Klavis's `LocalSandboxMCPServer` enum.
 pub const SERVER_NAMES: &[&str] = &[
@@ -73,10 +75,9 @@ pub struct Host {
     /// API key → owner.
     pub keys: HashMap<String, String>,
     pub public_url: String,
-    pub uploads: PathBuf,
+    pub uploads: Uploads,
     /// Multiplies TTLs (tests shorten the clock with it).
     pub time_scale: f64,
-    pub max_upload_bytes: u64,
     /// Live sandboxes per owner (`--max-sandboxes-per-key`).
     pub max_per_owner: usize,
     /// Acquires in flight per owner, counted against `max_per_owner`
@@ -195,6 +196,11 @@ pub(super) fn not_found(id: &str) -> ApiError {
         StatusCode::NOT_FOUND,
         format!("Local sandbox {id} not found"),
     )
+}
+
+/// Whether sandbox `id` is still live (not released).
+pub(super) fn is_live(h: &Host, id: &str) -> bool {
+    matches!(h.store.get_live(id), Ok(Some(_)))
 }
 
 /// A sandbox of the caller, or 404.

@@ -325,8 +325,7 @@ pub fn release_in_background(h: &Shared, s: &SandboxRow, is_ttl: bool) {
     if let Err(e) = h.store.mark_released(&s.id, &timestamp()) {
         warn!(sandbox = %s.id, error = %e, "cannot record the release");
     }
-    let _ = std::fs::remove_file(h.uploads.join(format!("{}.tar.gz", s.id)));
-    let _ = std::fs::remove_dir_all(super::exec::exec_uploads(h, &s.id));
+    h.uploads.release(&s.id);
     let (h, id, slot_id) = (h.clone(), s.id.clone(), s.slot.clone());
     let releases = h.releases.clone();
     releases.spawn(async move {

@@ -1,5 +1,6 @@
 //! Workspace transfers: expiring signed URLs this host serves itself, the
-//! bounded upload store, and the streams to and from the agent.
+//! archives they upload (into `uploads`), and the streams to and from the
+//! agent.
 
 use std::collections::HashMap;
 
@@ -15,7 +16,6 @@ use serde_json::json;
 
 /// The `message` of Klavis's initialize answer.
 const KLAVIS_INITIALIZE_MESSAGE: &str = "Extracted archive from GCS to workspace";
-use tokio::io::AsyncWriteExt;
 use tracing::info;
 
 use crate::signed::Invalid;
@@ -24,6 +24,7 @@ use crate::store::SandboxRow;
 use super::*;
 
 use super::sandboxes::agent_of;
+use super::uploads::Kind;
 use super::validation::check_region;
 
 fn unix_now() -> u64 {
@@ -126,54 +127,13 @@ pub async fn upload(
     Query(q): Query<SignedQuery>,
     body: Body,
 ) -> ApiResult {
-    check_signed(&h, "upload", &id, &q)?;
-    let total = store_upload(&h, &h.uploads.join(format!("{id}.tar.gz")), body).await?;
+    let s = check_signed(&h, "upload", &id, &q)?;
+    let total = h
+        .uploads
+        .store(&id, &s.owner, Kind::Workspace, body, || is_live(&h, &id))
+        .await?;
     info!(sandbox = %id, bytes = total, "archive uploaded");
     Ok(StatusCode::OK.into_response())
-}
-
-/// Streams `body` to `final_path` through a temporary file of its own
-/// (bounded by `max_upload_bytes`); only a complete upload is renamed into
-/// place, so a broken or concurrent one never leaves a mixed file.
-pub(super) async fn store_upload(
-    h: &Host,
-    final_path: &std::path::Path,
-    body: Body,
-) -> Result<u64, ApiError> {
-    let mut rnd = [0u8; 8];
-    let _ = getrandom::fill(&mut rnd);
-    let mut part = final_path.as_os_str().to_owned();
-    part.push(format!(".{}.part", hex::encode(rnd)));
-    let part = std::path::PathBuf::from(part);
-    let stored = async {
-        let mut f = tokio::fs::File::create(&part).await.map_err(internal)?;
-        let mut stream = body.into_data_stream();
-        let mut total: u64 = 0;
-        while let Some(chunk) = stream.next().await {
-            let chunk = chunk
-                .map_err(|e| detail(StatusCode::BAD_REQUEST, format!("reading the upload: {e}")))?;
-            total += chunk.len() as u64;
-            if total > h.max_upload_bytes {
-                return Err(detail(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    format!("the archive is larger than {} bytes", h.max_upload_bytes),
-                ));
-            }
-            f.write_all(&chunk)
-                .await
-                .map_err(|e| internal(format!("storing the upload: {e}")))?;
-        }
-        f.sync_all().await.map_err(internal)?;
-        tokio::fs::rename(&part, final_path)
-            .await
-            .map_err(internal)?;
-        Ok(total)
-    }
-    .await;
-    if stored.is_err() {
-        let _ = tokio::fs::remove_file(&part).await;
-    }
-    stored
 }
 
 /// `POST /local-sandbox/{id}/initialize`: streams the stored archive into
@@ -187,7 +147,7 @@ pub async fn initialize(
     owner(&h, &headers)?;
     check_region(&q)?;
     let s = sandbox_of(&h, &headers, &id)?;
-    let path = h.uploads.join(format!("{id}.tar.gz"));
+    let path = h.uploads.workspace_path(&id);
     let file = tokio::fs::File::open(&path).await.map_err(|_| {
         detail(
             StatusCode::BAD_REQUEST,
