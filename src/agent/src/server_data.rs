@@ -9,6 +9,13 @@
 //! writes the data. Exit 2: the data is refused (nothing was loaded);
 //! 3: the service refused the credentials; 4: the service is unreachable.
 //! The last line of output is the message.
+//!
+//! Whose account the credentials open is the tool's to know:
+//! `SANDBOX_DATA_ACCOUNT=own` (the lease brought them: a dump shows the
+//! whole account, nothing is deleted) or `shared` (the operator's, which
+//! every lease uses): then `SANDBOX_DATA_LEDGER` names the lease's ledger,
+//! where a load records what it created, a dump shows only that, and
+//! `TOOL cleanup [BASE_ARGS]` deletes it (Release, Reset).
 
 use std::collections::{BTreeMap, VecDeque};
 use std::io::Read;
@@ -33,6 +40,9 @@ const EXIT_REFUSED: i32 = 3;
 const EXIT_UNREACHABLE: i32 = 4;
 /// A tool's output kept for the answer (its last bytes).
 pub(crate) const TAIL_BYTES: usize = 8 << 10;
+/// The variables that tell a tool whose account it works in.
+pub const ACCOUNT_ENV: &str = "SANDBOX_DATA_ACCOUNT";
+pub const LEDGER_ENV: &str = "SANDBOX_DATA_LEDGER";
 /// Time between SIGTERM and SIGKILL when a tool overruns.
 pub(crate) const STOP_GRACE: Duration = Duration::from_secs(3);
 
@@ -88,6 +98,9 @@ pub struct DataTool {
     pub dir: PathBuf,
     pub timeout: Duration,
     pub max_bytes: u64,
+    /// The lease's ledger when the credentials are the operator's shared
+    /// account; `None`: the lease's own account.
+    pub ledger: Option<PathBuf>,
 }
 
 impl DataTool {
@@ -158,6 +171,14 @@ impl DataTool {
         r
     }
 
+    /// Deletes what the lease's ledger records (shared account only);
+    /// returns the tool's summary. A failure names what is left.
+    pub async fn cleanup(&self) -> Result<String, DataError> {
+        let mut args = vec!["cleanup".to_owned()];
+        args.extend(self.base_args.iter().cloned());
+        self.run("deleting what the lease created", args).await
+    }
+
     fn file(&self, what: &str) -> PathBuf {
         let n = SEQ.fetch_add(1, Ordering::Relaxed);
         self.dir
@@ -168,11 +189,23 @@ impl DataTool {
     /// the answer (success) or the error's detail.
     async fn run(&self, what: &'static str, args: Vec<String>) -> Result<String, DataError> {
         let started = Instant::now();
+        // Set last: the lease's own env cannot change the mode.
+        let mut env = self.env.clone();
+        env.remove(LEDGER_ENV);
+        match &self.ledger {
+            Some(l) => {
+                env.insert(ACCOUNT_ENV.into(), "shared".into());
+                env.insert(LEDGER_ENV.into(), l.display().to_string());
+            }
+            None => {
+                env.insert(ACCOUNT_ENV.into(), "own".into());
+            }
+        }
         let spec = JobSpec {
             group: "server-data".into(),
             command: self.command.clone(),
             args,
-            env: self.env.clone(),
+            env,
             cwd: self.dir.clone(),
             limits: ResourceLimits::default(),
         };

@@ -17,6 +17,8 @@ impl Mail {
             dir: self.def.dir.clone(),
             timeout: self.def.op_timeout,
             max_bytes: self.def.max_data_bytes,
+            // The lease's own mailboxes, emptied at Release.
+            ledger: None,
         }
     }
 
