@@ -13,5 +13,4 @@ mod hardening;
 mod host;
 mod mail;
 mod profiles;
-mod standin;
 mod warm;
