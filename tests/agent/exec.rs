@@ -603,6 +603,8 @@ print("token:", os.environ["SANDBOX_MCP_TOKEN"])
     let new = field(&log, "token:");
     assert_ne!(new, old);
     assert_eq!(code(&new), "200", "the new lease's token works");
+}
+
 /// Executions have their own cgroup names: one named after the agent's own
 /// jobs (`mail`, the mail service; `server-data`, a data tool) stops
 /// neither the mail service nor a load running beside it. (Before, an

@@ -14,6 +14,7 @@ mod hvsock;
 mod lifecycle;
 mod mail;
 mod narrow;
+mod outside_accounts;
 mod packaging;
 mod pinned;
 mod readme;

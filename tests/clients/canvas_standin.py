@@ -75,6 +75,11 @@ class Handler(BaseHTTPRequestHandler):
             return self.page([u for u in USERS if term in u["login_id"]], url, q)
         if p in (f"/accounts/{ACCOUNT}/courses", "/courses"):
             return self.page(state["courses"], url, q)
+        m = re.fullmatch(r"/courses/(\d+)", p)
+        if m:
+            c = next((c for c in state["courses"] if c["id"] == int(m[1])), None)
+            if c is not None:
+                return self.reply(200, c)
         m = re.fullmatch(r"/courses/(\d+)/quizzes/(\d+)/questions", p)
         if m:
             return self.page(children.get((int(m[2]), "questions"), []), url, q)

@@ -3,7 +3,9 @@ google_cloud data tool makes (BigQuery, Cloud Storage, Cloud Logging,
 Compute Engine) and of the OAuth token endpoint a service-account key
 names: a stand-in for an outside service that cannot run here. State is
 kept in memory; every API call needs the bearer token the token endpoint
-issued for a signed JWT assertion. An instance named "fail-me" fails to be
+issued for a signed JWT assertion. As Google's, a bucket that holds
+objects and a dataset that holds tables (without deleteContents) are not
+deleted. An instance named "fail-me" fails to be
 created (a service error midway through a load).
 
     gcp_standin.py PORT
@@ -81,6 +83,12 @@ class H(BaseHTTPRequestHandler):
             if ds not in S["datasets"]:
                 return self.reply(404, {"error": {"code": 404}})
             if method == "DELETE":
+                tables = [k for k in S["tables"] if k[0] == ds]
+                if tables and q.get("deleteContents") != "true":
+                    return self.reply(400, {"error": {"code": 400, "message": f"Dataset {ds} is "
+                                                      "still in use"}})
+                for k in tables:
+                    del S["tables"][k]
                 del S["datasets"][ds]
                 return self.reply(204, raw=b"")
             return self.reply(200, S["datasets"][ds])
@@ -114,7 +122,14 @@ class H(BaseHTTPRequestHandler):
                 return self.reply(200, b)
             if method == "GET" and bucket is None:
                 return self.reply(200, {"items": list(S["buckets"].values())})
+            if method == "GET":
+                if bucket not in S["buckets"]:
+                    return self.reply(404, {"error": {"code": 404}})
+                return self.reply(200, S["buckets"][bucket])
             if method == "DELETE":
+                if any(b == bucket for b, _ in S["objects"]):
+                    return self.reply(409, {"error": {"code": 409, "message": "The bucket you tried "
+                                                      "to delete is not empty."}})
                 S["buckets"].pop(bucket, None)
                 return self.reply(204, raw=b"")
         if path == "/v2/entries:write" and method == "POST":

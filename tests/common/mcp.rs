@@ -11,14 +11,52 @@ pub fn servers_dir() -> String {
         .unwrap_or_else(|_| "/opt/sandbox-agent/servers".to_owned())
 }
 
-/// The shipped manifest, pointed at the installed servers and with its
-/// state directories moved under `state` (tests run in parallel).
+/// The data tools whose launchers the tests take from this checkout, by
+/// the server whose virtualenv runs them.
+const DATA_TOOLS: [(&str, &str); 2] = [
+    ("canvas", "canvas-data"),
+    ("google_cloud", "google-cloud-data"),
+];
+
+/// This checkout's `packaging/launchers/TOOL`, written as
+/// install-servers.sh writes it (run by its server's virtualenv's python)
+/// into this build's temporary directory: the tests run the data tools of
+/// the tree they test, not the copy installed last.
+fn checkout_launcher(server: &str, tool: &str) -> PathBuf {
+    let src = format!("{}/packaging/launchers/{tool}", env!("CARGO_MANIFEST_DIR"));
+    let body = std::fs::read_to_string(&src).expect("launcher");
+    let (_, rest) = body.split_once('\n').expect("a #! line");
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("launchers");
+    std::fs::create_dir_all(&dir).expect("launchers dir");
+    let path = dir.join(tool);
+    // Test binaries run side by side: a whole file, renamed into place.
+    let part = dir.join(format!("{tool}.{}.part", std::process::id()));
+    std::fs::write(
+        &part,
+        format!("#!{}/py/{server}/bin/python3\n{rest}", servers_dir()),
+    )
+    .expect("launcher copy");
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&part, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    std::fs::rename(&part, &path).expect("launcher in place");
+    path
+}
+
+/// The shipped manifest, pointed at the installed servers (the data tools
+/// at this checkout's) and with its state directories moved under `state`
+/// (tests run in parallel).
 pub fn shipped_manifest(state: &Path) -> String {
-    let text = std::fs::read_to_string(concat!(
+    let mut text = std::fs::read_to_string(concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/packaging/servers.toml"
     ))
     .expect("packaging/servers.toml");
+    for (server, tool) in DATA_TOOLS {
+        text = text.replace(
+            &format!("\"${{install_dir}}/py/{server}/bin/{tool}\""),
+            &format!("\"{}\"", checkout_launcher(server, tool).display()),
+        );
+    }
     text.replace(
         "install_dir = \"/opt/sandbox-agent/servers\"",
         &format!("install_dir = \"{}\"", servers_dir()),
@@ -41,6 +79,11 @@ pub fn memory_js() -> String {
 /// Starts an agent with the shipped manifest plus `extra` TOML, and
 /// `config` as its agent.toml.
 pub fn agent_with(extra: &str, config: &str) -> Agent {
+    agent_with_env(extra, config, &[])
+}
+
+/// [`agent_with`], the agent's environment extended by `env`.
+pub fn agent_with_env(extra: &str, config: &str, env: &[(&str, &str)]) -> Agent {
     let dir = tempfile::tempdir().expect("tempdir");
     let state = dir.path().join("state");
     std::fs::create_dir_all(&state).expect("state dir");
@@ -51,7 +94,7 @@ pub fn agent_with(extra: &str, config: &str) -> Agent {
     std::fs::write(&cfg, config).expect("config");
     let m = manifest.display().to_string();
     let c = cfg.display().to_string();
-    Agent::start_in(dir, &["--manifest", &m, "--config", &c], &[])
+    Agent::start_in(dir, &["--manifest", &m, "--config", &c], env)
 }
 
 pub fn state_dir(agent: &Agent) -> PathBuf {

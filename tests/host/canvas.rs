@@ -5,8 +5,11 @@
 //! of the few calls used stands in for it (tests/clients/canvas_standin.py);
 //! the canvas MCP server reads the same stand-in.
 
-use super::standin::StandIn;
-use crate::common::host::{Host, KEY_A, acquire, http, py, release, run_script};
+use std::time::Duration;
+
+use crate::common::host::{Host, KEY_A, KEY_B, acquire, http, py, release, run_script};
+use crate::common::standin::StandIn;
+use crate::common::{eventually, when};
 
 const TOKEN: &str = "canvas-test-token";
 
@@ -259,4 +262,113 @@ print(f"planted {{n}} links for agent {{agent}} in {{dirs}}")
         .collect();
     assert!(left.is_empty(), "{left:?}");
     release(&host, KEY_A, id);
+}
+
+/// The names of `courses` (a Canvas list or a dump's `courses`), sorted.
+fn names(courses: &serde_json::Value) -> Vec<String> {
+    let mut n: Vec<String> = courses
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|c| c["name"].as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default();
+    n.sort();
+    n
+}
+
+/// Every course in the stand-in's account, read with the operator's token
+/// outside any sandbox.
+fn in_canvas(url: &str) -> Vec<String> {
+    let (code, v) = http(
+        "GET",
+        &format!("{url}/accounts/1/courses?per_page=100"),
+        Some(TOKEN),
+        None,
+    );
+    assert_eq!(code, 200, "{v}");
+    names(&v)
+}
+
+/// The courses sandbox `id`'s dump shows its owner `key`.
+fn dumped(host: &Host, key: &str, id: &str) -> Vec<String> {
+    let (code, d) = http(
+        "GET",
+        &format!("{}/local-sandbox/canvas/{id}/dump", host.base),
+        Some(key),
+        None,
+    );
+    assert_eq!(code, 200, "{d}");
+    names(&d["data"]["courses"])
+}
+
+/// Two tenants on the operator's Canvas account (the host's environment,
+/// shared by every sandbox): B's fresh sandbox dumps none of A's courses,
+/// nor the account's own; Reset and Release delete from Canvas what the
+/// lease loaded, and nothing else.
+#[test]
+fn tenants_of_the_operators_canvas_account_see_and_delete_only_their_own() {
+    let (_canvas, url) = stand_in();
+    // A course the account had before any sandbox.
+    let (code, v) = http(
+        "POST",
+        &format!("{url}/accounts/1/courses"),
+        Some(TOKEN),
+        Some(r#"{"course": {"name": "Operator course", "course_code": "OPS"}, "offer": true}"#),
+    );
+    assert_eq!(code, 200, "{v}");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let host = host_for(dir.path(), &url, TOKEN);
+    let body = r#"{"server_names": ["canvas"]}"#;
+    let a = acquire(&host, KEY_A, body);
+    let a = a["local_sandbox_id"].as_str().expect("id");
+    let init = |id: &str| format!("{}/local-sandbox/canvas/{id}/initialize", host.base);
+    let (code, v) = http("POST", &init(a), Some(KEY_A), Some(COURSE));
+    assert_eq!(code, 200, "{v}");
+    assert_eq!(dumped(&host, KEY_A, a), ["Statistics 201"]);
+
+    let b = acquire(&host, KEY_B, body);
+    let b = b["local_sandbox_id"].as_str().expect("id");
+    assert_ne!(a, b);
+    assert_eq!(
+        dumped(&host, KEY_B, b),
+        Vec::<String>::new(),
+        "B's fresh sandbox shows another tenant's courses"
+    );
+    let (code, v) = http(
+        "POST",
+        &init(b),
+        Some(KEY_B),
+        Some(r#"{"courses": [{"name": "B course", "course_code": "B1"}]}"#),
+    );
+    assert_eq!(code, 200, "{v}");
+    assert_eq!(dumped(&host, KEY_B, b), ["B course"]);
+    assert_eq!(
+        in_canvas(&url),
+        ["B course", "Operator course", "Statistics 201"]
+    );
+
+    // Reset is what a fresh Acquire gives: B's course is gone from Canvas.
+    let (code, v) = http(
+        "POST",
+        &format!("{}/local-sandbox/{b}/reset", host.base),
+        Some(KEY_B),
+        None,
+    );
+    assert_eq!(code, 200, "{v}");
+    assert_eq!(dumped(&host, KEY_B, b), Vec::<String>::new());
+    assert_eq!(in_canvas(&url), ["Operator course", "Statistics 201"]);
+
+    // A's Release deletes A's course (the release ends in the background).
+    release(&host, KEY_A, a);
+    eventually(
+        Duration::from_secs(60),
+        "A's course deleted from Canvas at A's Release",
+        || {
+            let left = in_canvas(&url);
+            when(left == ["Operator course"], || format!("{left:?}"))
+        },
+    );
+    release(&host, KEY_B, b);
 }

@@ -6,10 +6,13 @@
 //! calls used, and of the key's token endpoint, stands in for it
 //! (tests/clients/gcp_standin.py, through GOOGLE_CLOUD_ENDPOINT).
 
+use std::time::Duration;
+
 use serde_json::Value;
 
-use super::standin::StandIn;
-use crate::common::host::{Host, KEY_A, acquire, http, release};
+use crate::common::host::{Host, KEY_A, KEY_B, acquire, http, release};
+use crate::common::standin::{GCP_ACCESS, StandIn, gcp_key_file};
+use crate::common::{eventually, when};
 
 const DATA: &str = r#"{
   "datasets": [{"id": "hr", "description": "People data", "location": "EU"}],
@@ -28,30 +31,6 @@ const DATA: &str = r#"{
                  "labels": {"team": "hr"}}]
 }"#;
 
-fn key_file(dir: &std::path::Path) -> String {
-    let key = std::process::Command::new("openssl")
-        .args(["genrsa", "2048"])
-        .output()
-        .expect("openssl genrsa");
-    assert!(key.status.success());
-    let path = dir.join("service-account.json");
-    std::fs::write(
-        &path,
-        serde_json::json!({
-            "type": "service_account",
-            "project_id": "sandbox-test",
-            "private_key_id": "1",
-            "private_key": String::from_utf8_lossy(&key.stdout),
-            "client_email": "data@sandbox-test.iam.gserviceaccount.com",
-            "client_id": "1",
-            "token_uri": "https://oauth2.googleapis.com/token",
-        })
-        .to_string(),
-    )
-    .expect("key file");
-    path.display().to_string()
-}
-
 fn named<'a>(d: &'a Value, kind: &str, name: &str) -> &'a Value {
     d["data"][kind]
         .as_array()
@@ -63,7 +42,7 @@ fn named<'a>(d: &'a Value, kind: &str, name: &str) -> &'a Value {
 fn google_cloud_data_round_trips_through_its_service() {
     let gcp = StandIn::start("gcp_standin.py", &[]);
     let dir = tempfile::tempdir().expect("tempdir");
-    let key = key_file(dir.path());
+    let key = gcp_key_file(dir.path());
     let host = Host::start_env(
         dir.path(),
         &[],
@@ -153,4 +132,156 @@ fn google_cloud_data_round_trips_through_its_service() {
         .unwrap_or_default();
     assert_eq!(buckets, ["hr-exports"], "{after}");
     release(&host, KEY_A, id);
+}
+
+/// The names `path` of the stand-in lists under `key` (read with its
+/// token, outside any sandbox), sorted.
+fn listed(gcp: &StandIn, path: &str, key: &str, name: &str) -> Vec<String> {
+    let (code, v) = http(
+        "GET",
+        &format!("{}{path}", gcp.base),
+        Some(GCP_ACCESS),
+        None,
+    );
+    assert_eq!(code, 200, "{path}: {v}");
+    let mut out: Vec<String> = v[key]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|x| x.pointer(name).and_then(Value::as_str))
+                .map(|n| n.rsplit('/').next().unwrap_or(n).to_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    out.sort();
+    out
+}
+
+/// What the stand-in's project holds, by kind, by name.
+fn in_project(gcp: &StandIn) -> Value {
+    let p = "/bigquery/v2/projects/sandbox-test";
+    let (code, agg) = http(
+        "GET",
+        &format!(
+            "{}/compute/v1/projects/sandbox-test/aggregated/instances",
+            gcp.base
+        ),
+        Some(GCP_ACCESS),
+        None,
+    );
+    assert_eq!(code, 200, "{agg}");
+    let instances: Vec<&Value> = agg["items"]
+        .as_object()
+        .map(|z| {
+            z.values()
+                .flat_map(|s| s["instances"].as_array().into_iter().flatten())
+                .map(|v| &v["name"])
+                .collect()
+        })
+        .unwrap_or_default();
+    serde_json::json!({
+        "datasets": listed(gcp, &format!("{p}/datasets"), "datasets", "/datasetReference/datasetId"),
+        "tables of hr": listed(gcp, &format!("{p}/datasets/hr/tables"), "tables", "/tableReference/tableId"),
+        "buckets": listed(gcp, "/storage/v1/b?project=sandbox-test", "items", "/name"),
+        "objects of hr-exports": listed(gcp, "/storage/v1/b/hr-exports/o", "items", "/name"),
+        "sinks": listed(gcp, "/v2/projects/sandbox-test/sinks", "sinks", "/name"),
+        "log buckets": listed(gcp, "/v2/projects/sandbox-test/locations/-/buckets", "buckets", "/name"),
+        "instances": instances,
+    })
+}
+
+/// Two tenants on the operator's project (the host's environment, shared
+/// by every sandbox): B's fresh sandbox dumps none of A's datasets,
+/// buckets, log entries, sinks or instances, nor the project's own; A's
+/// Release deletes from the project what A loaded (its bucket emptied
+/// first, with what A's tools added), and nothing else.
+#[test]
+fn tenants_of_the_operators_project_see_and_delete_only_their_own() {
+    let gcp = StandIn::start("gcp_standin.py", &[]);
+    // A bucket the project had before any sandbox.
+    let (code, v) = http(
+        "POST",
+        &format!("{}/storage/v1/b?project=sandbox-test", gcp.base),
+        Some(GCP_ACCESS),
+        Some(r#"{"name": "ops-archive"}"#),
+    );
+    assert_eq!(code, 200, "{v}");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let key = gcp_key_file(dir.path());
+    let host = Host::start_env(
+        dir.path(),
+        &[],
+        &[
+            ("GOOGLE_CLOUD_PROJECT", "sandbox-test"),
+            ("GOOGLE_APPLICATION_CREDENTIALS", &key),
+            ("GOOGLE_CLOUD_ENDPOINT", &gcp.base),
+        ],
+    );
+    let body = r#"{"server_names": ["google_cloud"]}"#;
+    let url = |id: &str, op: &str| format!("{}/local-sandbox/google_cloud/{id}/{op}", host.base);
+    let a = acquire(&host, KEY_A, body);
+    let a = a["local_sandbox_id"].as_str().expect("id");
+    let (code, v) = http("POST", &url(a, "initialize"), Some(KEY_A), Some(DATA));
+    assert_eq!(code, 200, "{v}");
+    let (code, d) = http("GET", &url(a, "dump"), Some(KEY_A), None);
+    assert_eq!(code, 200, "{d}");
+    let buckets: Vec<&Value> = d["data"]["buckets"]
+        .as_array()
+        .map(|v| v.iter().map(|b| &b["name"]).collect())
+        .unwrap_or_default();
+    assert_eq!(buckets, ["hr-exports"], "only what A loaded: {d}");
+    assert_eq!(
+        d["data"]["log_entries"].as_array().map(Vec::len),
+        Some(2),
+        "{d}"
+    );
+
+    let b = acquire(&host, KEY_B, body);
+    let b = b["local_sandbox_id"].as_str().expect("id");
+    let (code, d) = http("GET", &url(b, "dump"), Some(KEY_B), None);
+    assert_eq!(code, 200, "{d}");
+    for kind in [
+        "datasets",
+        "tables",
+        "buckets",
+        "objects",
+        "log_entries",
+        "log_sinks",
+        "log_buckets",
+        "instances",
+    ] {
+        assert_eq!(
+            d["data"][kind],
+            serde_json::json!([]),
+            "B's fresh sandbox shows {kind} of another tenant or of the project: {d}"
+        );
+    }
+
+    // A's tools add an object to A's bucket (here straight through the
+    // API): it goes with the bucket.
+    let (code, v) = http(
+        "POST",
+        &format!(
+            "{}/upload/storage/v1/b/hr-exports/o?uploadType=media&name=notes.txt",
+            gcp.base
+        ),
+        Some(GCP_ACCESS),
+        Some("by A's tools"),
+    );
+    assert_eq!(code, 200, "{v}");
+    release(&host, KEY_A, a);
+    let want = serde_json::json!({
+        "datasets": [], "tables of hr": [], "buckets": ["ops-archive"],
+        "objects of hr-exports": [], "sinks": [], "log buckets": ["_Default", "_Required"],
+        "instances": [],
+    });
+    eventually(
+        Duration::from_secs(60),
+        "what A loaded deleted from the project at A's Release",
+        || {
+            let now = in_project(&gcp);
+            when(now == want, || now.to_string())
+        },
+    );
+    release(&host, KEY_B, b);
 }

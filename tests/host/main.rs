@@ -14,5 +14,4 @@ mod host;
 mod isolation;
 mod mail;
 mod profiles;
-mod standin;
 mod warm;

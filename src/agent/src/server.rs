@@ -199,6 +199,7 @@ async fn serve_inner(
         bound.workspace.clone(),
         executions.clone(),
         settings.lifecycle.clone(),
+        settings.effective.state_root.join("server-data"),
     );
     publish_server_health(&supervisor, &health).await;
     let routes = routes(

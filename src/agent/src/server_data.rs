@@ -15,6 +15,13 @@
 //! symlink), mode 0700, its files created `O_EXCL|O_NOFOLLOW`, and removed
 //! with everything in it after the run. Nothing goes to a predictable name
 //! in a shared directory.
+//!
+//! Whose account the credentials open is the tool's to know:
+//! `SANDBOX_DATA_ACCOUNT=own` (the lease brought them: a dump shows the
+//! whole account, nothing is deleted) or `shared` (the operator's, which
+//! every lease uses): then `SANDBOX_DATA_LEDGER` names the lease's ledger,
+//! where a load records what it created, a dump shows only that, and
+//! `TOOL cleanup [BASE_ARGS]` deletes it (Release, Reset).
 
 use std::collections::{BTreeMap, VecDeque};
 use std::io::Read;
@@ -28,7 +35,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, info};
 
 use crate::supervisor::Supervisor;
-use crate::supervisor::job::{JobEnd, JobGroup, JobSpec};
+use crate::supervisor::job::{JobEnd, JobGroup, JobSpec, RunAs};
 use crate::supervisor::manifest::ResourceLimits;
 use crate::supervisor::spawn::Exit;
 
@@ -38,6 +45,9 @@ const EXIT_REFUSED: i32 = 3;
 const EXIT_UNREACHABLE: i32 = 4;
 /// A tool's output kept for the answer (its last bytes).
 pub(crate) const TAIL_BYTES: usize = 8 << 10;
+/// The variables that tell a tool whose account it works in.
+pub const ACCOUNT_ENV: &str = "SANDBOX_DATA_ACCOUNT";
+pub const LEDGER_ENV: &str = "SANDBOX_DATA_LEDGER";
 /// Time between SIGTERM and SIGKILL when a tool overruns.
 pub(crate) const STOP_GRACE: Duration = Duration::from_secs(3);
 /// The data file a load reads, and the one a dump writes, in the run's
@@ -93,14 +103,26 @@ pub struct DataTool {
     pub env: BTreeMap<String, String>,
     /// Where each run's private directory ([`RunDir`]) is made.
     pub parent: PathBuf,
-    /// The owner (uid, gid) of each run's directory and files, for a tool
-    /// that runs as another user; None: the agent's.
-    pub owner: Option<(u32, u32)>,
+    /// Who the tool runs as; each run's directory and files are theirs.
+    pub run_as: RunAs,
     pub timeout: Duration,
     pub max_bytes: u64,
+    /// The lease's ledger when the credentials are the operator's shared
+    /// account; `None`: the lease's own account.
+    pub ledger: Option<PathBuf>,
 }
 
 impl DataTool {
+    /// The (uid, gid) the tool runs as, when not the agent's.
+    fn owner(&self) -> Option<(u32, u32)> {
+        let t = self.sup.tenant();
+        match self.run_as {
+            RunAs::Agent => None,
+            RunAs::Tenant => t.uid().zip(t.gid()),
+            RunAs::Service => t.service(),
+        }
+    }
+
     /// Loads `what`; returns the tool's summary. Refused data loads
     /// nothing (INVALID_ARGUMENT).
     pub async fn load(&self, what: Load<'_>) -> Result<String, DataError> {
@@ -118,7 +140,7 @@ impl DataTool {
             serde_json::from_slice::<serde_json::Value>(json)
                 .map_err(|e| DataError::InvalidData(format!("not JSON: {e}")))?;
         }
-        let dir = RunDir::create(&self.parent, self.owner).await?;
+        let dir = RunDir::create(&self.parent, self.owner()).await?;
         let r = async {
             match what {
                 Load::Json(json) => {
@@ -136,7 +158,7 @@ impl DataTool {
 
     /// The data as JSON, at most `max_bytes`.
     pub async fn dump(&self) -> Result<Vec<u8>, DataError> {
-        let dir = RunDir::create(&self.parent, self.owner).await?;
+        let dir = RunDir::create(&self.parent, self.owner()).await?;
         let out = dir.path().join(DUMP_FILE);
         let mut args = vec!["dump".to_owned()];
         args.extend(self.base_args.iter().cloned());
@@ -150,6 +172,19 @@ impl DataTool {
         r
     }
 
+    /// Deletes what the lease's ledger records (shared account only);
+    /// returns the tool's summary. A failure names what is left.
+    pub async fn cleanup(&self) -> Result<String, DataError> {
+        let mut args = vec!["cleanup".to_owned()];
+        args.extend(self.base_args.iter().cloned());
+        let dir = RunDir::create(&self.parent, self.owner()).await?;
+        let r = self
+            .run("deleting what the lease created", args, dir.path())
+            .await;
+        dir.remove().await;
+        r
+    }
+
     /// Runs the tool once, within the timeout; its last line of output is
     /// the answer (success) or the error's detail.
     async fn run(
@@ -159,14 +194,26 @@ impl DataTool {
         cwd: &Path,
     ) -> Result<String, DataError> {
         let started = Instant::now();
+        // Set last: the lease's own env cannot change the mode.
+        let mut env = self.env.clone();
+        env.remove(LEDGER_ENV);
+        match &self.ledger {
+            Some(l) => {
+                env.insert(ACCOUNT_ENV.into(), "shared".into());
+                env.insert(LEDGER_ENV.into(), l.display().to_string());
+            }
+            None => {
+                env.insert(ACCOUNT_ENV.into(), "own".into());
+            }
+        }
         let spec = JobSpec {
             group: JobGroup::Service("server-data"),
             command: self.command.clone(),
             args,
-            env: self.env.clone(),
+            env,
             cwd: cwd.to_owned(),
             limits: ResourceLimits::default(),
-            tenant: true,
+            run_as: self.run_as,
         };
         let span = tracing::info_span!("server_data", op = what);
         let mut job = self

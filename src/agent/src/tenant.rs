@@ -23,6 +23,9 @@ use rustix::fs::{AtFlags, Mode, OFlags};
 pub const DEFAULT_TENANT_USER: &str = "auto";
 /// The tenant's ids under "auto" when the agent runs as root.
 pub const AUTO_TENANT_ID: u32 = 1000;
+/// The service user's ids (data tools of outside services), whenever
+/// tenants have a user of their own.
+pub const SERVICE_ID: u32 = 999;
 /// Rounds of [`Tenant::kill_all`] before it gives up on a process that
 /// keeps forking (bounded in any case by the slot's `pids.max`).
 const MAX_KILL_ROUNDS: usize = 200;
@@ -91,6 +94,11 @@ impl Tenant {
     }
     pub fn gid(&self) -> Option<u32> {
         self.ids.map(|(_, g)| g)
+    }
+    /// The service user (see `RunAs::Service`): unprivileged, not the
+    /// tenant; `None` when tenants keep the agent's identity.
+    pub fn service(&self) -> Option<(u32, u32)> {
+        self.ids.map(|_| (SERVICE_ID, SERVICE_ID))
     }
     pub fn home(&self) -> &Path {
         &self.home

@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 use super::log::ExecLog;
 use super::{ExecConfig, ExecState, Execution, McpAccess, PACKAGES, REQUIREMENTS};
 use crate::supervisor::Supervisor;
-use crate::supervisor::job::{JobEnd, JobGroup, JobSpec};
+use crate::supervisor::job::{JobEnd, JobGroup, JobSpec, RunAs};
 use crate::supervisor::manifest::ResourceLimits;
 use crate::supervisor::now_ms;
 use crate::supervisor::spawn::Exit;
@@ -237,7 +237,11 @@ impl Steps<'_> {
             limits: ResourceLimits::default(),
             // Installing packages.txt is the agent's own step (as root, in
             // a VM); everything else runs as the tenant.
-            tenant: step != APT_STEP,
+            run_as: if step == APT_STEP {
+                RunAs::Agent
+            } else {
+                RunAs::Tenant
+            },
         };
         let mut job = self.ctx.sup.spawn_job(&spec).await.map_err(|e| {
             Halt::Failed(format!(

@@ -8,7 +8,9 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, info, warn};
 
-use super::{Current, LcError, Lease, Lifecycle, LifecycleConfig, MAX_LEASE_ID_LEN, SandboxStatus};
+use super::{
+    Current, LcError, Lease, Lifecycle, LifecycleConfig, MAX_LEASE_ID_LEN, Outside, SandboxStatus,
+};
 use crate::supervisor::manifest::{Benchmark, Credentials, LaunchError, Manifest};
 use crate::supervisor::now_ms;
 
@@ -170,12 +172,15 @@ impl Lifecycle {
         let mut skipped = Vec::new();
         let mut account = None;
         let mut auth_data = BTreeMap::new();
+        let mut outside = BTreeMap::new();
         for name in &wanted {
             let def = self
                 .manifest
                 .get(name)
                 .ok_or_else(|| unknown_servers(&self.manifest, vec![name.clone()]))?;
             let mut creds = p.credentials.get(name).cloned().unwrap_or_default();
+            // Before the mail account: that one is the sandbox's own.
+            let own = def.lease_account(&creds);
             // A mail-using server named without an account of its own gets
             // the lease's account on the sandbox's mail service.
             if let Some(mail) = self
@@ -202,6 +207,15 @@ impl Lifecycle {
             }
             match def.launch(p.benchmark, &creds, &|k| std::env::var(k).ok()) {
                 Ok(spec) => {
+                    if def.data_command.is_some() && !def.mail {
+                        outside.insert(
+                            name.clone(),
+                            Outside {
+                                own,
+                                env: spec.env.clone(),
+                            },
+                        );
+                    }
                     specs.push(spec);
                     names.push(name.clone());
                 }
@@ -225,6 +239,7 @@ impl Lifecycle {
         }
         // Before anything is started or cleared.
         self.profile_data(p.benchmark)?;
+        self.forget_ledgers().await;
         let span = tracing::info_span!("acquire", lease = %p.lease_id);
         let started = Instant::now();
         async {
@@ -279,6 +294,7 @@ impl Lifecycle {
             broken: None,
             started: lease.servers.clone(),
             mail: account,
+            outside,
         });
         span.in_scope(|| {
             info!(

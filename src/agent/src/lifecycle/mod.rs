@@ -3,8 +3,9 @@
 //! - **Acquire** checks the request against the manifest, places the
 //!   benchmark's seed data, starts the servers and waits for readiness.
 //!   On failure everything it did is undone and the sandbox stays idle.
-//! - **Release** kills every execution, stops every server, clears the workspace and the servers'
-//!   state paths, and returns to idle. Idempotent.
+//! - **Release** kills every execution, stops every server, deletes what the
+//!   lease loaded through the operator's shared outside accounts, clears the
+//!   workspace and the servers' state paths, and returns to idle. Idempotent.
 //! - **Reset** goes back to the state right after Acquire, keeping the lease.
 //! - **Narrow** hands a warm (pre-acquired) lease to a tenant: renamed,
 //!   trimmed to the servers asked for; the rest stop after the answer.
@@ -158,6 +159,18 @@ pub struct View {
     pub last_release: Option<ReleaseRecord>,
 }
 
+/// How a leased server with a `data_command` reaches its outside service.
+#[derive(Debug, Clone)]
+struct Outside {
+    /// The lease brought every credential the server requires (auth_data
+    /// or env): the account is its own, whole. Else it is the operator's,
+    /// which every lease shares: what the lease loads is recorded in its
+    /// ledger, its dump shows only that, Release and Reset delete it.
+    own: bool,
+    /// The server's environment for its data tool (its credentials).
+    env: BTreeMap<String, String>,
+}
+
 struct Current {
     lease: Lease,
     specs: Vec<LaunchSpec>,
@@ -170,6 +183,8 @@ struct Current {
     started: Vec<String>,
     /// The lease's mail account while a server of the lease uses mail.
     mail: Option<Account>,
+    /// Every server of the lease with a data tool, narrowed away or not.
+    outside: BTreeMap<String, Outside>,
 }
 
 pub struct Lifecycle {
@@ -180,6 +195,9 @@ pub struct Lifecycle {
     /// The mail service, when the manifest has `[mail]`.
     mail: Option<Arc<Mail>>,
     cfg: LifecycleConfig,
+    /// Where the lease's ledgers of what it created through a shared
+    /// outside account live (`<state_root>/server-data`, private).
+    ledgers: std::path::PathBuf,
     /// Serializes Acquire, Release and Reset.
     op: tokio::sync::Mutex<()>,
     current: Mutex<Option<Current>>,
@@ -205,6 +223,7 @@ impl Lifecycle {
         ws: Arc<Workspace>,
         exec: Arc<Executions>,
         cfg: LifecycleConfig,
+        ledgers: std::path::PathBuf,
     ) -> Arc<Lifecycle> {
         let mail = manifest
             .mail
@@ -217,6 +236,7 @@ impl Lifecycle {
             exec,
             mail,
             cfg,
+            ledgers,
             op: tokio::sync::Mutex::new(()),
             current: Mutex::new(None),
             last_release: Mutex::new(None),

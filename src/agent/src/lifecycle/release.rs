@@ -1,5 +1,6 @@
-//! Release (back to idle: servers stopped, workspace and state paths
-//! cleared; idempotent) and Reset (back to right after Acquire, keeping the
+//! Release (back to idle: servers stopped, what the lease loaded through a
+//! shared outside account deleted, workspace and state paths cleared;
+//! idempotent) and Reset (back to right after Acquire, keeping the
 //! lease), and the clearing and seeding both share with Acquire.
 
 use std::time::{Duration, Instant};
@@ -45,15 +46,15 @@ impl Lifecycle {
         }
         let span = tracing::info_span!("release", lease = %cur_id, is_ttl);
         let started = Instant::now();
-        let touched = self
+        let (touched, outside) = self
             .current()
             .as_ref()
-            .map(|c| c.started.clone())
+            .map(|c| (c.started.clone(), c.outside.clone()))
             .unwrap_or_default();
         // A state path that cannot be emptied does not keep the lease: the
         // next Acquire of that server empties it again before starting it
         // (and fails there, by name, if it still cannot).
-        let unwiped = async {
+        let (unwiped, undeleted) = async {
             // A transfer in flight (a stalled Dump reader, a 1 B/s upload)
             // stops now instead of holding the workspace.
             if let Some(op) = self.ws.cancel_transfers() {
@@ -63,8 +64,12 @@ impl Lifecycle {
             self.sup.stop_all().await;
             self.stop_mail().await;
             self.end_tenant(true).await;
+            // Before the state goes, with the servers stopped: what the
+            // lease loaded into the operator's shared accounts. A failure
+            // is logged and named; it does not keep the lease.
+            let undeleted = self.clean_outside(&outside).await;
             self.wipe(&[], true).await?;
-            Ok::<_, LcError>(self.wipe_state(&touched).await)
+            Ok::<_, LcError>((self.wipe_state(&touched).await, undeleted))
         }
         .instrument(span.clone())
         .await?;
@@ -92,13 +97,19 @@ impl Lifecycle {
                 unwiped.join("; ")
             ));
         }
+        if !undeleted.is_empty() {
+            msg.push_str(&format!(
+                "; could not delete what the lease loaded into the shared account of {}",
+                undeleted.join("; ")
+            ));
+        }
         Ok(msg)
     }
 
     /// Back to the state right after Acquire, keeping the lease.
     pub async fn reset(&self, lease_id: &str) -> Result<(Lease, SandboxStatus), LcError> {
         let _op = self.op.lock().await;
-        let (lease, specs, account) = {
+        let (lease, specs, account, outside) = {
             let cur = self.current();
             match cur.as_ref() {
                 None => return Err(LcError::NotLeased),
@@ -108,7 +119,12 @@ impl Lifecycle {
                         current: Some(c.lease.id.clone()),
                     });
                 }
-                Some(c) => (c.lease.clone(), c.specs.clone(), c.mail.clone()),
+                Some(c) => (
+                    c.lease.clone(),
+                    c.specs.clone(),
+                    c.mail.clone(),
+                    c.outside.clone(),
+                ),
             }
         };
         let span = tracing::info_span!("reset", lease = %lease.id);
@@ -122,6 +138,9 @@ impl Lifecycle {
             for n in &lease.servers {
                 self.sup.forget(n);
             }
+            // As after Acquire: nothing of the lease's in the shared
+            // accounts (a failure is logged).
+            self.clean_outside(&outside).await;
             self.prepare(&lease.servers, lease.benchmark).await?;
             // The mailboxes go back to empty, with the same account.
             if let (Some(a), Some(m)) = (&account, &self.mail) {

@@ -6,6 +6,7 @@
 
 use super::{Mail, MailError};
 use crate::server_data::{DataTool, Load};
+use crate::supervisor::job::RunAs;
 
 impl Mail {
     fn tool(&self) -> DataTool {
@@ -15,9 +16,12 @@ impl Mail {
             base_args: vec!["--dir".into(), self.def.dir.display().to_string()],
             env: super::base_env(),
             parent: self.def.dir.clone(),
-            owner: None,
+            // It reads the lease's account in the service's own files.
+            run_as: RunAs::Agent,
             timeout: self.def.op_timeout,
             max_bytes: self.def.max_data_bytes,
+            // The lease's own mailboxes, emptied at Release.
+            ledger: None,
         }
     }
 

@@ -23,7 +23,7 @@ use tracing::{Instrument, info, warn};
 
 use crate::server_data::{DataError, STOP_GRACE, io, pump, tail_text, write_new_file};
 use crate::supervisor::Supervisor;
-use crate::supervisor::job::{JobEnd, JobGroup, JobSpec};
+use crate::supervisor::job::{JobEnd, JobGroup, JobSpec, RunAs};
 use crate::supervisor::manifest::{MailDef, ResourceLimits, local_part_ok};
 
 /// Why the mail service cannot do what was asked.
@@ -176,7 +176,7 @@ impl Mail {
             env: base_env(),
             cwd: dir.clone(),
             limits: ResourceLimits::default(),
-            tenant: false,
+            run_as: RunAs::Agent,
         };
         let mut job = self
             .sup

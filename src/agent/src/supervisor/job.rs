@@ -56,9 +56,22 @@ pub struct JobSpec {
     pub env: BTreeMap<String, String>,
     pub cwd: PathBuf,
     pub limits: ResourceLimits,
-    /// Runs as the tenant (its user and per-lease home): executions and
-    /// data tools. The mail service is the agent's own.
-    pub tenant: bool,
+    /// Whose process it is.
+    pub run_as: RunAs,
+}
+
+/// Who a job runs as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunAs {
+    /// The agent itself: the mail service and its data tool (they keep the
+    /// lease's account in the agent's own files), packages.txt's install.
+    Agent,
+    /// The tenant, with its per-lease home: executions.
+    Tenant,
+    /// The agent's unprivileged service user, neither root nor the tenant:
+    /// data tools of outside services, which keep the lease's ledger where
+    /// the tenant cannot change it (nor trace them, another uid).
+    Service,
 }
 
 /// How a job ended.
@@ -106,8 +119,20 @@ async fn spawn_job(shared: &Shared, spec: &JobSpec) -> std::io::Result<Job> {
     }
     let procs = cg.as_ref().and_then(|c| c.procs_fd().ok());
     let (mut uid, mut gid, mut env) = (None, None, std::borrow::Cow::Borrowed(&spec.env));
-    if spec.tenant {
-        shared.tenant.apply(&mut uid, &mut gid, env.to_mut());
+    match spec.run_as {
+        RunAs::Agent => {}
+        RunAs::Tenant => shared.tenant.apply(&mut uid, &mut gid, env.to_mut()),
+        RunAs::Service => {
+            if let Some((u, g)) = shared.tenant.service() {
+                (uid, gid) = (Some(u), Some(g));
+            }
+            // Nothing of the tenant's home: the job's own directory.
+            let here = spec.cwd.display().to_string();
+            let env = env.to_mut();
+            for k in ["HOME", "TMPDIR"] {
+                env.insert(k.into(), here.clone());
+            }
+        }
     }
     let launch = Launch {
         command: &spec.command,

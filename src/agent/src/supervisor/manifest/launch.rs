@@ -104,11 +104,7 @@ impl ServerDef {
             env.extend(o.env.clone());
         }
         for (k, v) in &creds.auth {
-            let var = self
-                .auth_env
-                .get(k)
-                .cloned()
-                .unwrap_or_else(|| k.to_ascii_uppercase());
+            let var = self.auth_var(k);
             if !valid_env_name(&var) {
                 return Err(LaunchError::UnmappedAuthField {
                     server: self.name.clone(),
@@ -165,6 +161,29 @@ impl ServerDef {
             restart: self.restart.clone(),
             limits: self.limits.clone(),
         })
+    }
+
+    /// The environment variable an `auth_data` field sets.
+    fn auth_var(&self, field: &str) -> String {
+        self.auth_env
+            .get(field)
+            .cloned()
+            .unwrap_or_else(|| field.to_ascii_uppercase())
+    }
+
+    /// Whether the lease itself sets every variable the server requires
+    /// (in auth_data or its env), so that the outside account they open is
+    /// the lease's own rather than the operator's, which every lease shares.
+    /// A server that requires none uses whatever the operator configured.
+    pub fn lease_account(&self, creds: &Credentials) -> bool {
+        let by_lease = |var: &str| match creds.env.get(var) {
+            Some(v) => !v.is_empty(),
+            None => creds
+                .auth
+                .iter()
+                .any(|(k, v)| !v.is_empty() && self.auth_var(k) == var),
+        };
+        !self.requires.is_empty() && self.requires.iter().all(|r| by_lease(&r.var))
     }
 
     /// The endpoint path of this server on the MCP data plane.

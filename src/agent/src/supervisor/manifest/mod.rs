@@ -367,4 +367,39 @@ env = { A = "2" }
         assert_eq!(s.args, vec!["--bench"]);
         assert_eq!(s.env.get("A").map(String::as_str), Some("2"));
     }
+
+    #[test]
+    fn the_account_is_the_leases_only_when_it_brings_every_credential() {
+        let m = parse(
+            r#"
+[servers.c]
+command = "c"
+requires = [{ var = "URL", what = "u" }, { var = "TOKEN", what = "t" }]
+auth_env = { api_token = "TOKEN" }
+[servers.free]
+command = "f"
+"#,
+        )
+        .expect("valid");
+        let (c, free) = (m.get("c").expect("c"), m.get("free").expect("free"));
+        let creds = |auth: &[(&str, &str)], env: &[(&str, &str)]| Credentials {
+            auth: auth
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        };
+        // The operator's (from the agent's environment): shared.
+        assert!(!c.lease_account(&Credentials::default()));
+        // Half of them: the other half is still the operator's.
+        assert!(!c.lease_account(&creds(&[("api_token", "t")], &[])));
+        assert!(c.lease_account(&creds(&[("api_token", "t"), ("url", "u")], &[])));
+        assert!(c.lease_account(&creds(&[("api_token", "t")], &[("URL", "u")])));
+        // An empty value sets nothing; the lease's env wins over auth_data.
+        assert!(!c.lease_account(&creds(&[("api_token", "t"), ("url", "u")], &[("URL", "")])));
+        assert!(!free.lease_account(&creds(&[("x", "y")], &[])));
+    }
 }

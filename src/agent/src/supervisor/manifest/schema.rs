@@ -187,7 +187,10 @@ pub struct ServerFile {
     pub mail: bool,
     /// Loads and dumps the server's data in its outside service (Klavis's
     /// per-server initialize/dump), run with the server's environment:
-    /// `CMD load (--file F | --default)`, `CMD dump --out F`.
+    /// `CMD load (--file F | --default)`, `CMD dump --out F`, and, when the
+    /// credentials are the operator's shared account
+    /// (`SANDBOX_DATA_ACCOUNT=shared`, `SANDBOX_DATA_LEDGER`), `CMD cleanup`
+    /// at Release and Reset (see `server_data`).
     pub data_command: Option<String>,
 }
 

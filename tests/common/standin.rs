@@ -46,3 +46,33 @@ impl Drop for StandIn {
         let _ = self.child.wait();
     }
 }
+
+/// The bearer token gcp_standin.py issues: the test reads the stand-in's
+/// state with it, outside any sandbox.
+pub const GCP_ACCESS: &str = "standin-access-token";
+
+/// A service-account key (a fresh RSA key) for project `sandbox-test`,
+/// written into `dir`; its path.
+pub fn gcp_key_file(dir: &std::path::Path) -> String {
+    let key = std::process::Command::new("openssl")
+        .args(["genrsa", "2048"])
+        .output()
+        .expect("openssl genrsa");
+    assert!(key.status.success());
+    let path = dir.join("service-account.json");
+    std::fs::write(
+        &path,
+        serde_json::json!({
+            "type": "service_account",
+            "project_id": "sandbox-test",
+            "private_key_id": "1",
+            "private_key": String::from_utf8_lossy(&key.stdout),
+            "client_email": "data@sandbox-test.iam.gserviceaccount.com",
+            "client_id": "1",
+            "token_uri": "https://oauth2.googleapis.com/token",
+        })
+        .to_string(),
+    )
+    .expect("key file");
+    path.display().to_string()
+}
