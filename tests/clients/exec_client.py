@@ -5,7 +5,7 @@ locations (its working directory and AGENT_WORKSPACE), and the lease's MCP
 servers. The public URLs the notebook's script fetches are replaced by a
 loopback HTTP server this client starts: tests reach nothing else.
 
-    exec_client.py BASE API_KEY
+    exec_client.py BASE API_KEY [PORT]
 
 Prints one JSON object on stdout.
 """
@@ -88,8 +88,8 @@ def archive(url):
     return buf.getvalue()
 
 
-async def notebook(base, headers):
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Fake)
+async def notebook(base, headers, port=0):
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", port), Fake)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{srv.server_address[1]}"
     out = {}
@@ -166,7 +166,10 @@ async def read_through_mcp(acquired, headers, path):
 
 async def main():
     base, key = sys.argv[1], sys.argv[2]
-    out = await notebook(base, {"Authorization": f"Bearer {key}"})
+    # PORT: where the stand-in listens; an isolated sandbox reaches this
+    # host's loopback only at the ports the host forwards (--sandbox-host-port).
+    port = int(sys.argv[3]) if len(sys.argv) > 3 else 0
+    out = await notebook(base, {"Authorization": f"Bearer {key}"}, port)
     print(json.dumps(out))
 
 

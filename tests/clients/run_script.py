@@ -2,7 +2,7 @@
 tenant's notebook would, and prints JSON: the sandbox id, the run's final
 status and its log.
 
-    run_script.py BASE KEY SCRIPT [--sandbox ID] [--servers a,b] [--name N]
+    run_script.py BASE KEY SCRIPT [--sandbox ID] [--servers a,b] [--name N] [--no-wait]
 
 Without --sandbox a sandbox is acquired (with --servers, default none) and
 kept: the caller releases it. The script gets the sandbox's environment
@@ -36,6 +36,7 @@ def main():
     p.add_argument("--servers", default="")
     p.add_argument("--name", default="run")
     p.add_argument("--timeout", type=float, default=120.0)
+    p.add_argument("--no-wait", action="store_true", help="return once it started")
     a = p.parse_args()
     h = {"Authorization": f"Bearer {a.key}"}
     with open(a.script, "rb") as f:
@@ -57,7 +58,7 @@ def main():
                    json={"execution_name": a.name})
         r.raise_for_status()
         logs, cursor, status = "", 0, ""
-        deadline = time.monotonic() + a.timeout
+        deadline = time.monotonic() + (0 if a.no_wait else a.timeout)
         while time.monotonic() < deadline:
             r = c.get(f"{a.base}/local-sandbox/{sid}/execution-logs", headers=h,
                       params={"execution_name": a.name, "cursor": cursor})

@@ -441,6 +441,12 @@ pub fn sandbox_read_only() -> Vec<String> {
     if let Some(p) = pyenv.filter(|p| std::path::Path::new(p).is_dir()) {
         out.extend(["--sandbox-ro".to_owned(), p]);
     }
+    // The benchmark data the tests install (where a real host has it
+    // under /opt).
+    out.extend([
+        "--sandbox-ro".to_owned(),
+        super::bench_data::prefix().display().to_string(),
+    ]);
     out
 }
 

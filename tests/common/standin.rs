@@ -40,6 +40,16 @@ impl StandIn {
     }
 }
 
+/// The host arguments that let isolated sandboxes reach the stand-in at
+/// `url` (`http://127.0.0.1:PORT`): its port forwarded into their loopback.
+pub fn reach(url: &str) -> Vec<String> {
+    let port = url.rsplit(':').next().unwrap_or_default();
+    vec![
+        "--sandbox-host-port".into(),
+        port.trim_end_matches('/').into(),
+    ]
+}
+
 impl Drop for StandIn {
     fn drop(&mut self) {
         let _ = self.child.kill();

@@ -35,7 +35,9 @@ fn host_with(dir: &std::path::Path, url: &str, token: &str, env: &[(&str, &str)]
         ("CANVAS_ALLOW_INSECURE_HTTP", "true"),
     ];
     all.extend_from_slice(env);
-    Host::start_env(dir, &[], &all)
+    let reach = crate::common::standin::reach(url);
+    let extra: Vec<&str> = reach.iter().map(String::as_str).collect();
+    Host::start_env(dir, &extra, &all)
 }
 
 const COURSE: &str = r#"{"courses": [{

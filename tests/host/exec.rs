@@ -24,11 +24,11 @@ fn wheels() -> String {
 }
 
 /// A host whose agents install Python packages only from the wheel dir.
-fn offline_host(dir: &std::path::Path) -> Host {
+fn offline_host_with(dir: &std::path::Path, extra: &[&str]) -> Host {
     let w = wheels();
     Host::start_env(
         dir,
-        &[],
+        extra,
         &[
             ("PIP_FIND_LINKS", &w),
             ("PIP_NO_INDEX", "1"),
@@ -42,11 +42,20 @@ fn offline_host(dir: &std::path::Path) -> Host {
 #[test]
 fn the_execution_notebook_runs_against_the_host() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let host = offline_host(dir.path());
+    // The stand-in for the public URLs the notebook's script fetches
+    // listens on this host's loopback, which the sandbox reaches only at a
+    // port the host forwards.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+        .to_string();
+    let host = offline_host_with(dir.path(), &["--sandbox-host-port", &port]);
     let out = Command::new("python3")
         .arg(EXEC_CLIENT)
         .arg(&host.base)
         .arg(KEY_A)
+        .arg(&port)
         .output()
         .expect("python3");
     assert!(

@@ -43,9 +43,11 @@ fn google_cloud_data_round_trips_through_its_service() {
     let gcp = StandIn::start("gcp_standin.py", &[]);
     let dir = tempfile::tempdir().expect("tempdir");
     let key = gcp_key_file(dir.path());
+    let extra = sandbox_args(&gcp.base, &key);
+    let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
     let host = Host::start_env(
         dir.path(),
-        &[],
+        &extra,
         &[
             ("GOOGLE_CLOUD_PROJECT", "sandbox-test"),
             ("GOOGLE_APPLICATION_CREDENTIALS", &key),
@@ -208,9 +210,11 @@ fn tenants_of_the_operators_project_see_and_delete_only_their_own() {
     assert_eq!(code, 200, "{v}");
     let dir = tempfile::tempdir().expect("tempdir");
     let key = gcp_key_file(dir.path());
+    let extra = sandbox_args(&gcp.base, &key);
+    let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
     let host = Host::start_env(
         dir.path(),
-        &[],
+        &extra,
         &[
             ("GOOGLE_CLOUD_PROJECT", "sandbox-test"),
             ("GOOGLE_APPLICATION_CREDENTIALS", &key),
@@ -284,4 +288,12 @@ fn tenants_of_the_operators_project_see_and_delete_only_their_own() {
         },
     );
     release(&host, KEY_B, b);
+}
+
+/// What an isolated sandbox needs to use the stand-in: its port, and the
+/// operator's key file (shown read-only: the servers use that account).
+fn sandbox_args(url: &str, key: &str) -> Vec<String> {
+    let mut v = crate::common::standin::reach(url);
+    v.extend(["--sandbox-ro".to_owned(), key.to_owned()]);
+    v
 }

@@ -16,6 +16,17 @@ const RUN: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/clients/run_script
 /// Runs `script` as `key`'s tenant (in `sandbox`, or a new one with no
 /// servers); returns (sandbox id, final status, log).
 fn run(host: &Host, key: &str, sandbox: Option<&str>, script: &str) -> (String, String, String) {
+    run_with(host, key, sandbox, script, &[])
+}
+
+/// [`run`] with more arguments for run_script.py (`--no-wait`).
+fn run_with(
+    host: &Host,
+    key: &str,
+    sandbox: Option<&str>,
+    script: &str,
+    more: &[&str],
+) -> (String, String, String) {
     let dir = tempfile::tempdir().expect("tempdir");
     let f = dir.path().join("main.py");
     std::fs::write(&f, script).expect("script");
@@ -24,6 +35,7 @@ fn run(host: &Host, key: &str, sandbox: Option<&str>, script: &str) -> (String, 
     if let Some(s) = sandbox {
         c.args(["--sandbox", s]);
     }
+    c.args(more);
     let out = c.output().expect("python3");
     assert!(
         out.status.success(),
@@ -151,12 +163,19 @@ if os.fork() == 0:
                     pass
             time.sleep(0.05)
     os._exit(0)
-time.sleep(0.5)
-print("ghost started:", os.path.exists("/workspace/ghost"))
+time.sleep(3600)
 "#;
-    let (a_id, status, log) = run(&host, KEY_A, None, ghost);
-    assert_eq!(status, "completed", "{log}");
-    assert!(log.contains("ghost started: True"), "{log}");
+    // The script keeps running: the Release, not the end of the run, must
+    // end the ghost.
+    let (a_id, _, _) = run_with(&host, KEY_A, None, ghost, &["--no-wait"]);
+    let on_host = || {
+        std::fs::read_dir(host.data.join("slots"))
+            .map(|d| d.flatten().any(|e| e.path().join("ws/ghost").exists()))
+            .unwrap_or(false)
+    };
+    crate::common::eventually(Duration::from_secs(60), "the ghost writes", || {
+        crate::common::when(on_host(), || "no ghost file yet".into())
+    });
     release(&host, KEY_A, &a_id);
     // The pool keeps one slot: B gets the one A released.
     std::thread::sleep(Duration::from_millis(500));
@@ -192,16 +211,15 @@ if os.fork() == 0:
     if os.fork() == 0:
         os.execv(sys.executable, [sys.executable, "-c", "import time; time.sleep(3600)", "{marker}"])
     os._exit(0)
-time.sleep(0.5)
-print("started")
+time.sleep(3600)
 "#
     );
-    let (a_id, status, log) = run(&host, KEY_A, None, &ghost);
-    assert_eq!(status, "completed", "{log}");
-    assert!(
-        !processes_mentioning(&marker).is_empty(),
-        "the ghost should run before the release"
-    );
+    let (a_id, _, _) = run_with(&host, KEY_A, None, &ghost, &["--no-wait"]);
+    crate::common::eventually(Duration::from_secs(60), "the ghost runs", || {
+        crate::common::when(!processes_mentioning(&marker).is_empty(), || {
+            "not yet".into()
+        })
+    });
     release(&host, KEY_A, &a_id);
     crate::common::eventually(Duration::from_secs(20), "the ghost is gone", || {
         let left = processes_mentioning(&marker);

@@ -22,9 +22,9 @@ pub(crate) fn slot_dirs(host: &Host) -> Vec<PathBuf> {
         .unwrap_or_default()
 }
 
-/// The lease an agent holds, and the pid of each server it runs.
+/// The lease an agent holds, and the (host) pid of each server it runs.
 pub(crate) async fn agent_state(slot: &Path) -> Option<(String, Vec<(String, u32)>)> {
-    let c = sandbox_client::connect(&format!("unix://{}", slot.join("agent.sock").display()))
+    let c = sandbox_client::connect(&format!("unix://{}", slot.join("run/agent.sock").display()))
         .await
         .ok()?;
     let info = c
@@ -43,9 +43,41 @@ pub(crate) async fn agent_state(slot: &Path) -> Option<(String, Vec<(String, u32
         .servers
         .into_iter()
         .filter(|s| s.in_lease && s.pid != 0)
-        .map(|s| (s.name, s.pid))
+        .map(|s| (s.name, host_pid(slot, s.pid)))
         .collect();
     Some((lease, servers))
+}
+
+/// The host's pid of the process an isolated agent knows as `pid` (in its
+/// own pid namespace); `pid` itself when the slot shares the host's.
+fn host_pid(slot: &Path, pid: u32) -> u32 {
+    let ns = |p: &str| std::fs::read_link(format!("/proc/{p}/ns/pid")).ok();
+    let Some(agent) = std::fs::read_to_string(slot.join("agent.pid")).ok() else {
+        return pid;
+    };
+    let Some(theirs) = ns(agent.trim()) else {
+        return pid;
+    };
+    let Ok(rd) = std::fs::read_dir("/proc") else {
+        return pid;
+    };
+    for e in rd.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if !name.bytes().all(|b| b.is_ascii_digit()) || ns(&name).as_ref() != Some(&theirs) {
+            continue;
+        }
+        let inner = std::fs::read_to_string(format!("/proc/{name}/status"))
+            .ok()
+            .and_then(|st| {
+                st.lines()
+                    .find_map(|l| l.strip_prefix("NSpid:"))
+                    .and_then(|v| v.split_whitespace().last().map(str::to_owned))
+            });
+        if inner.as_deref() == Some(&pid.to_string()) {
+            return name.parse().unwrap_or(pid);
+        }
+    }
+    pid
 }
 
 /// Waits until exactly one slot exists and its agent holds a lease with
@@ -179,7 +211,7 @@ fn agent_mcp_status(slot: &Path, server: &str) -> String {
             "%{http_code}",
             "--unix-socket",
         ])
-        .arg(slot.join("mcp.sock"))
+        .arg(slot.join("run/mcp.sock"))
         .args([
             "-H",
             "content-type: application/json",
