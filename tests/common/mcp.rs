@@ -30,7 +30,9 @@ fn checkout_launcher(server: &str, tool: &str) -> PathBuf {
     std::fs::create_dir_all(&dir).expect("launchers dir");
     let path = dir.join(tool);
     // Test binaries run side by side: a whole file, renamed into place.
-    let part = dir.join(format!("{tool}.{}.part", std::process::id()));
+    static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let part = dir.join(format!("{tool}.{}.{n}.part", std::process::id()));
     std::fs::write(
         &part,
         format!("#!{}/py/{server}/bin/python3\n{rest}", servers_dir()),

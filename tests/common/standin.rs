@@ -43,11 +43,14 @@ impl StandIn {
 /// The host arguments that let isolated sandboxes reach the stand-in at
 /// `url` (`http://127.0.0.1:PORT`): its port forwarded into their loopback.
 pub fn reach(url: &str) -> Vec<String> {
-    let port = url.rsplit(':').next().unwrap_or_default();
-    vec![
-        "--sandbox-host-port".into(),
-        port.trim_end_matches('/').into(),
-    ]
+    let authority = url
+        .split_once("://")
+        .map_or(url, |(_, r)| r)
+        .split('/')
+        .next()
+        .unwrap_or_default();
+    let port = authority.rsplit(':').next().unwrap_or_default();
+    vec!["--sandbox-host-port".into(), port.into()]
 }
 
 impl Drop for StandIn {

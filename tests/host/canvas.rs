@@ -35,8 +35,14 @@ fn host_with(dir: &std::path::Path, url: &str, token: &str, env: &[(&str, &str)]
         ("CANVAS_ALLOW_INSECURE_HTTP", "true"),
     ];
     all.extend_from_slice(env);
-    let reach = crate::common::standin::reach(url);
-    let extra: Vec<&str> = reach.iter().map(String::as_str).collect();
+    let mut extra = crate::common::standin::reach(url);
+    if env.iter().any(|(k, _)| *k == "TMPDIR") {
+        // The agents' own temporary directory, shared with the tenant: the
+        // setting of finding 5 (an agent without namespaces, as in a VM
+        // whose /tmp the tenant shares), so no --isolation here.
+        extra.extend(["--isolation".into(), "none".into()]);
+    }
+    let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
     Host::start_env(dir, &extra, &all)
 }
 
