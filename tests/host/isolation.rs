@@ -284,3 +284,29 @@ fn api_keys_never_go_on_the_command_line() {
         "{err}"
     );
 }
+
+/// An isolated host refuses a data dir below a directory other users
+/// cannot pass through (each sandbox's root mounts its directories from
+/// there), and says what to do.
+#[test]
+fn a_data_dir_below_a_private_directory_is_refused_clearly() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let private = dir.path().join("private");
+    std::fs::create_dir(&private).expect("mkdir");
+    std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o700)).expect("chmod");
+    let out = Command::new(&*crate::common::bins::HOST)
+        .args(["--listen", "127.0.0.1:0"])
+        .arg("--data-dir")
+        .arg(private.join("data"))
+        .arg("--manifest")
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("packaging/servers.toml"))
+        .output()
+        .expect("sandbox-host");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&*private.display().to_string()) && err.contains("chmod o+x"),
+        "{err}"
+    );
+}

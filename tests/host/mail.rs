@@ -221,13 +221,15 @@ fn imap_folders(auth: &Value) -> Vec<String> {
 /// loaded and no folder left, and names with quotes, backslashes, `&` and
 /// non-ASCII letters load and dump back as they were. The sandbox's dir is
 /// 0700, which user `mail` cannot pass through: the mail service works
-/// anyway.
+/// anyway. (That is an agent without namespaces, as `--isolation none`
+/// runs them: an isolated host refuses a data dir others cannot pass
+/// through, and its agents keep the mail below their own root.)
 #[test]
 fn an_injected_folder_name_is_refused_before_imap() {
     use std::os::unix::fs::PermissionsExt;
     let dir = tempfile::tempdir().expect("tempdir");
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700)).expect("chmod");
-    let host = Host::start(dir.path(), &[]);
+    let host = Host::start(dir.path(), &["--isolation", "none"]);
     let a = acquire(
         &host,
         KEY_A,

@@ -129,6 +129,10 @@ pub enum IsolationError {
     ExposesData(PathBuf, PathBuf),
     #[error("--sandbox-host-port {0}: this host's own API port is never forwarded into a sandbox")]
     ForwardsApi(u16),
+    #[error(
+        "the data dir {0} is below {1}, which other users cannot pass through: each sandbox's root (an unprivileged user of this host) mounts its own directories from the data dir; use a data dir elsewhere (e.g. /var/lib/sandbox-host) or `chmod o+x {1}`"
+    )]
+    PrivateDataDir(PathBuf, PathBuf),
     #[error("--sandbox-host-port needs --sandbox-network outbound")]
     PortsWithoutNetwork,
     #[error("every one of the {0} subordinate id blocks is in use: no more slots can start")]
@@ -184,6 +188,9 @@ impl Isolation {
             if data.starts_with(&real) || real.starts_with(&data) {
                 return Err(IsolationError::ExposesData(p.clone(), data));
             }
+        }
+        if let Some(private) = unreachable_ancestor(&data) {
+            return Err(IsolationError::PrivateDataDir(data, private));
         }
         if cfg.host_ports.contains(&cfg.api_port) {
             return Err(IsolationError::ForwardsApi(cfg.api_port));
@@ -420,10 +427,10 @@ impl Isolation {
         match values.next() {
             Some(Ok(i)) => Ok(i.child_pid),
             Some(Err(e)) => Err(IsolationError::Setup(format!(
-                "bubblewrap did not report the sandbox's pid ({e}); see agent.log"
+                "bubblewrap did not report the sandbox's pid ({e})"
             ))),
             None => Err(IsolationError::Setup(
-                "bubblewrap exited before the sandbox started; see agent.log".into(),
+                "bubblewrap exited before the sandbox started".into(),
             )),
         }
     }
@@ -496,6 +503,15 @@ impl Isolation {
 
 /// The lock under which a slot's id block is chosen and recorded.
 pub(super) static BLOCKS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// The first directory above `dir` that others cannot pass through (no
+/// `o+x`), if any.
+fn unreachable_ancestor(dir: &Path) -> Option<PathBuf> {
+    dir.ancestors().skip(1).find_map(|a| {
+        let mode = std::fs::metadata(a).ok()?.permissions().mode();
+        (mode & 0o001 == 0).then(|| a.to_owned())
+    })
+}
 
 /// The first range of `user` (by name or uid) in a subordinate id file.
 fn subids(file: &str, user: &str, uid: u32) -> Option<(u32, u32)> {

@@ -652,7 +652,8 @@ fn spawn_isolated_once(
             let _ = monitor.kill();
             let _ = monitor.wait();
             isolate::teardown(id, dir);
-            return Err(e.into());
+            let log = std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default();
+            anyhow::bail!("{e}: {}", tail(&log, 2000));
         }
     };
     std::thread::spawn(move || {
@@ -665,7 +666,7 @@ fn spawn_isolated_once(
         );
         isolate::teardown(id, dir);
         let log = std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default();
-        anyhow::bail!("{e}; the sandbox's log: {}", tail(&log, 2000));
+        anyhow::bail!("{e}: {}", tail(&log, 2000));
     }
     Ok(pid)
 }
