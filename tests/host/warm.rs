@@ -352,7 +352,10 @@ fn benchmark_profiles_serve_their_benchmark_and_never_leak_seed_data() {
     );
     std::fs::write(dir.path().join("servers.toml"), manifest).expect("manifest");
     let profile = "MCP_Atlas:filesystem,git";
-    let host = Host::start(dir.path(), &["--warm", profile]);
+    // The seed is shown to the isolated sandboxes, as a real host shows
+    // what its manifest names outside the system directories.
+    let seed_s = seed.display().to_string();
+    let host = Host::start(dir.path(), &["--warm", profile, "--sandbox-ro", &seed_s]);
     let warm = format!("sandbox_host_pool_sandboxes{{state=\"warm\",profile=\"{profile}\"}}");
     let hits = format!("sandbox_host_warm_hits_total{{profile=\"{profile}\"}}");
     wait_metric(&host, &warm, 1.0, Duration::from_secs(60));
