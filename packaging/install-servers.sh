@@ -125,6 +125,16 @@ pip_launchers() {
         { echo "#!$bin/python3"; tail -n +2 "$HERE/launchers/$l"; } >"$bin/$l"
         chmod 755 "$bin/$l"
     done
+    # excel-mcp-server 0.1.4 (Toolathlon's pin) logs into its own install
+    # (lib/python3.X/excel-mcp.log), which its unprivileged user cannot
+    # write (and an isolated sandbox sees read-only): the log goes to the
+    # sandbox's /tmp instead.
+    if [ "$name" = excel@Toolathlon ]; then
+        local lib
+        for lib in "$PREFIX/py/$name"/lib/python3*; do
+            ln -sfn /tmp/excel-mcp.log "$lib/excel-mcp.log"
+        done
+    fi
 }
 
 mkdir -p "$PREFIX/node" "$PREFIX/py"

@@ -2,6 +2,7 @@
 //! (streamable HTTP) against real servers (filesystem, memory, git) behind
 //! the real agent, and by curl for raw HTTP checks.
 
+use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
@@ -119,6 +120,7 @@ async fn sdk_client_lists_and_calls_real_servers() {
         .expect("git");
     assert!(git.success());
     std::fs::write(repo.join("hello.txt"), "hi").expect("write");
+    as_tenant(&ws, &repo);
     let args = format!(r#"{{"repo_path": "{}"}}"#, repo.display());
     let v = sdk(&agent, &["git", "call", "git_status", &args]);
     assert_eq!(v["is_error"], false, "{v}");
@@ -168,6 +170,8 @@ async fn a_killed_server_fails_the_call_then_comes_back() {
     // The server creates `started` once the call is in flight: killing it
     // earlier would test a restart, not a call whose server dies under it.
     let marks = tempfile::tempdir().expect("tempdir");
+    // The server runs as the tenant: it must be able to write there.
+    std::fs::set_permissions(marks.path(), std::fs::Permissions::from_mode(0o777)).expect("chmod");
     let started = marks.path().join("started");
     let args = serde_json::json!({"seconds": 60, "started": started}).to_string();
     let mut call = Command::new("python3")

@@ -224,7 +224,8 @@ async fn bad_requests_get_clear_errors() {
 #[tokio::test]
 async fn killed_server_comes_back_and_crash_loop_fails_the_sandbox() {
     // "flaky" serves the first time, then exits 7 on every restart.
-    let marker = "${workspace}/../state/flaky-started";
+    // In the workspace: the server runs as the tenant, who owns it.
+    let marker = "${workspace}/.flaky-started";
     let extra = format!(
         r#"
 [servers.flaky]

@@ -3,6 +3,7 @@
 //! versions (the process is the pinned install, the listing's metadata
 //! says which) and answer a tool call through sandboxctl.
 
+use crate::common::as_tenant;
 use crate::common::mcp::*;
 use sandbox_client::proto;
 
@@ -36,6 +37,7 @@ async fn check_profile(bench: &str, calls: &[Call]) {
         .status()
         .expect("git init");
     assert!(st.success());
+    as_tenant(&ws, &ws);
     let c = sandbox_client::connect(&agent.unix_uri())
         .await
         .expect("connect");

@@ -72,6 +72,7 @@ fn every_shipped_server_starts_and_answers() {
         .status()
         .expect("git init");
     assert!(st.success());
+    as_tenant(&ws, &ws);
     let w = ws.display().to_string();
     // (server, tool, arguments, what the answer must contain)
     let calls: Vec<(&str, &str, String, &str)> = vec![

@@ -101,7 +101,13 @@ impl Agent {
             cmd.arg("--mcp-listen")
                 .arg(format!("unix://{}", dir.path().join("mcp.sock").display()));
         }
-        if !extra.contains(&"--state-root") {
+        let config_sets_it = extra
+            .iter()
+            .position(|a| *a == "--config")
+            .and_then(|i| extra.get(i + 1))
+            .and_then(|c| std::fs::read_to_string(c).ok())
+            .is_some_and(|t| t.lines().any(|l| l.trim_start().starts_with("state_root")));
+        if !extra.contains(&"--state-root") && !config_sets_it {
             // Not the shared default under /var/lib: one per agent (the
             // tenant's home is there).
             cmd.arg("--state-root").arg(dir.path().join("state"));
@@ -318,4 +324,18 @@ pub fn write_token(dir: &Path) -> PathBuf {
     let p = dir.join("token");
     std::fs::write(&p, format!("{TOKEN}\n")).unwrap();
     p
+}
+
+/// Gives `path` (and everything below it) to the owner of `workspace`: the
+/// tenant of a root agent. What a test puts into a workspace itself is the
+/// test's (root's); an Initialize gives its files to the tenant, and git
+/// refuses a repository another user owns.
+pub fn as_tenant(workspace: &Path, path: &Path) {
+    let st = Command::new("chown")
+        .arg("-R")
+        .arg(format!("--reference={}", workspace.display()))
+        .arg(path)
+        .status()
+        .expect("chown");
+    assert!(st.success(), "chown -R {}", path.display());
 }

@@ -78,6 +78,15 @@ pub enum ServeError {
     DataPath(#[from] crate::workspace::data_path::DataPathError),
     #[error("starting the supervisor: {0}")]
     Supervisor(std::io::Error),
+    #[error(
+        "the tenant (uid {uid}) cannot reach {what} {path}: {blocked} does not let other users pass through; move it, `chmod o+x {blocked}`, or set supervisor.tenant_user = \"none\" (development only)"
+    )]
+    Unreachable {
+        uid: u32,
+        what: &'static str,
+        path: String,
+        blocked: String,
+    },
 }
 
 /// Listeners bound and ready to serve.
@@ -119,6 +128,20 @@ pub async fn bind(settings: &Settings) -> Result<Bound, ServeError> {
                 source,
             }
         })?;
+        for (what, path) in [
+            ("the workspace", &settings.workspace),
+            ("the state root", &settings.effective.state_root),
+            ("exec.root", &settings.exec.root),
+        ] {
+            if let Some(blocked) = crate::tenant::unreachable(path) {
+                return Err(ServeError::Unreachable {
+                    uid,
+                    what,
+                    path: path.display().to_string(),
+                    blocked: blocked.display().to_string(),
+                });
+            }
+        }
     }
     if let Some((data, link)) = &settings.data_path {
         crate::workspace::data_path::show_at(&settings.workspace, data, *link)?;

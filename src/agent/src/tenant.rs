@@ -252,6 +252,16 @@ impl Tenant {
     }
 }
 
+/// The first existing directory on the way to `path` (itself excluded)
+/// that other users cannot pass through (no `o+x`), if any.
+pub fn unreachable(path: &Path) -> Option<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    path.ancestors().skip(1).find_map(|a| {
+        let mode = std::fs::metadata(a).ok()?.permissions().mode();
+        (mode & 0o001 == 0).then(|| a.to_owned())
+    })
+}
+
 /// Pids of `uid`'s processes below `root` in the process tree.
 fn tenant_descendants(root: i32, uid: u32) -> Vec<i32> {
     let Ok(entries) = std::fs::read_dir("/proc") else {
