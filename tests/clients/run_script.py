@@ -18,12 +18,16 @@ import time
 import httpx
 
 
-def archive(script: bytes) -> bytes:
+def archive(script: bytes, packages: str) -> bytes:
     buf = io.BytesIO()
+    files = [("main.py", script)]
+    if packages:
+        files.append(("packages.txt", packages.replace(",", "\n").encode()))
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-        info = tarfile.TarInfo("main.py")
-        info.size = len(script)
-        tar.addfile(info, io.BytesIO(script))
+        for name, data in files:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
     return buf.getvalue()
 
 
@@ -37,6 +41,7 @@ def main():
     p.add_argument("--name", default="run")
     p.add_argument("--timeout", type=float, default=120.0)
     p.add_argument("--no-wait", action="store_true", help="return once it started")
+    p.add_argument("--packages", default="", help="packages.txt, comma-separated")
     a = p.parse_args()
     h = {"Authorization": f"Bearer {a.key}"}
     with open(a.script, "rb") as f:
@@ -52,7 +57,7 @@ def main():
                    json={"execution_name": a.name})
         r.raise_for_status()
         r = c.put(r.json()["upload_url"], headers={"Content-Type": "application/gzip"},
-                  content=archive(script))
+                  content=archive(script, a.packages))
         r.raise_for_status()
         r = c.post(f"{a.base}/local-sandbox/{sid}/execute", headers=h,
                    json={"execution_name": a.name})

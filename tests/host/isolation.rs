@@ -310,3 +310,79 @@ fn a_data_dir_below_a_private_directory_is_refused_clearly() {
         "{err}"
     );
 }
+
+/// packages.txt never changes the host: on the process backend a package
+/// already installed passes, and anything else is refused, saying why,
+/// before the script runs.
+#[test]
+fn packages_txt_never_installs_on_the_host() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let host = Host::start(dir.path(), &[]);
+    let script = "print('the script ran')\n";
+    let (id, status, log) = run_with(&host, KEY_A, None, script, &["--packages", "curl"]);
+    assert_eq!(status, "completed", "{log}");
+    assert!(log.contains("already installed"), "{log}");
+    let (_, status, log) = run_with(
+        &host,
+        KEY_A,
+        Some(&id),
+        script,
+        &["--packages", "cowsay", "--name", "more"],
+    );
+    assert_eq!(status, "failed", "{log}");
+    assert!(
+        log.contains("cowsay") && log.contains("read-only") && !log.contains("the script ran"),
+        "{log}"
+    );
+    assert!(
+        !Path::new("/usr/games/cowsay").exists(),
+        "the host got a package"
+    );
+    release(&host, KEY_A, &id);
+}
+
+/// A sandbox's processes and memory are bounded (`--slot-pids-max`,
+/// `--slot-memory-max`): a fork loop stops at the limit, and a child that
+/// grabs more memory than the slot has is killed, while the sandbox lives.
+#[test]
+fn a_sandbox_cannot_exceed_its_pids_and_memory() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let host = Host::start(
+        dir.path(),
+        &["--slot-pids-max", "150", "--slot-memory-max", "402653184"],
+    );
+    let script = r#"
+import os, signal, subprocess, sys, time
+kids = []
+try:
+    for _ in range(400):
+        pid = os.fork()
+        if pid == 0:
+            time.sleep(30)
+            os._exit(0)
+        kids.append(pid)
+except OSError as e:
+    print("fork refused:", e.errno)
+print("forked:", len(kids))
+for k in kids:
+    os.kill(k, signal.SIGKILL)
+    os.waitpid(k, 0)
+hog = subprocess.run([sys.executable, "-c", "b = bytearray(1024 * 1024 * 1024); b[::4096] = b'x' * (len(b) // 4096); print('survived')"])
+print("hog ended:", hog.returncode)
+"#;
+    let (id, status, log) = run(&host, KEY_A, None, script);
+    assert_eq!(status, "completed", "{log}");
+    let forked: usize = log
+        .lines()
+        .find_map(|l| l.strip_prefix("forked: "))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{log}"));
+    assert!(forked < 150, "{forked} processes under pids.max 150\n{log}");
+    assert!(log.contains("fork refused"), "{log}");
+    assert!(
+        log.contains("hog ended: -9"),
+        "the hog must be killed\n{log}"
+    );
+    assert!(!log.contains("survived"), "{log}");
+    release(&host, KEY_A, &id);
+}

@@ -4,7 +4,11 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use std::os::unix::process::CommandExt;
+
 use anyhow::Context;
+
+use super::isolate::Isolation;
 
 /// The VM image's agent ports (`packaging/vm/build-initramfs.sh`).
 pub(super) const VM_AGENT_PORT: u32 = sandbox_client::limits::AGENT_VSOCK_PORT;
@@ -151,4 +155,118 @@ pub fn probe_accel(run_script: &Path, image: &Path) -> anyhow::Result<String> {
         String::from_utf8_lossy(&out.stderr).trim()
     );
     Ok(accel)
+}
+
+/// Starts `cmd` in its own session (and process group), output to `log`:
+/// a host restart (or its terminal closing) does not take the slot down,
+/// and a stop reaches every process of it. Returns its pid; a thread reaps
+/// it when it exits (while this host runs).
+pub(super) fn spawn_in_session(
+    mut cmd: std::process::Command,
+    log: std::fs::File,
+) -> anyhow::Result<u32> {
+    cmd.stdin(std::process::Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log);
+    // SAFETY: setsid is async-signal-safe.
+    unsafe {
+        cmd.pre_exec(|| {
+            nix::unistd::setsid()
+                .map(|_| ())
+                .map_err(std::io::Error::from)
+        });
+    }
+    let mut child = cmd.spawn().with_context(|| format!("starting {cmd:?}"))?;
+    let pid = child.id();
+    std::thread::spawn(move || {
+        let _ = child.wait();
+    });
+    Ok(pid)
+}
+
+/// How many times an isolated slot's namespaces are set up before its
+/// start fails (bubblewrap's netlink setup of the loopback interface has
+/// been seen to fail once in a while when slots start together).
+const ISOLATED_START_TRIES: usize = 3;
+
+/// [`spawn_isolated_once`], tried again when the setup failed before the
+/// agent ran.
+pub(super) fn spawn_isolated(
+    iso: &Isolation,
+    dir: &std::path::Path,
+    id: &str,
+    agent_bin: &std::path::Path,
+    manifest: Option<&std::path::Path>,
+    log: std::fs::File,
+) -> anyhow::Result<u32> {
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        match spawn_isolated_once(iso, dir, id, agent_bin, manifest, log.try_clone()?) {
+            Ok(pid) => return Ok(pid),
+            Err(e) if tries < ISOLATED_START_TRIES => {
+                tracing::warn!(slot = %id, error = %e, "setting up a sandbox failed; trying again");
+                let _ = std::fs::remove_file(dir.join("uid_block"));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Starts an isolated agent (see [`isolate`]): its id block, directories
+/// and cgroups, then the agent in its namespaces, then its network.
+/// Returns the agent's host pid (PID 1 of its pid namespace). Blocking.
+fn spawn_isolated_once(
+    iso: &Isolation,
+    dir: &std::path::Path,
+    id: &str,
+    agent_bin: &std::path::Path,
+    manifest: Option<&std::path::Path>,
+    log: std::fs::File,
+) -> anyhow::Result<u32> {
+    let block = {
+        let _held = super::isolate::BLOCKS
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        iso.take_block(dir.parent().unwrap_or(dir), dir)?
+    };
+    iso.prepare_dirs(dir, block)?;
+    let cgroups = iso.cgroups(id, block)?;
+    let args = agent_args(dir, id, agent_bin, manifest, true)?;
+    let (info_r, info_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
+    let mut cmd = iso.command(dir, block, &args, agent_bin, manifest, &cgroups, info_w);
+    cmd.env("SANDBOX_AGENT_CONFIG", "/dev/null")
+        .stdin(std::process::Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log);
+    let mut monitor = cmd.spawn().context("starting unshare and bwrap")?;
+    // The parent's copy of the write end went with `cmd`.
+    drop(cmd);
+    let pid = match iso.agent_pid(info_r) {
+        Ok(p) => p,
+        Err(e) => {
+            let _ = monitor.kill();
+            let _ = monitor.wait();
+            return Err(abandon(id, dir, e.into()));
+        }
+    };
+    std::thread::spawn(move || {
+        let _ = monitor.wait();
+    });
+    if let Err(e) = iso.network(dir, pid) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+        return Err(abandon(id, dir, e.into()));
+    }
+    Ok(pid)
+}
+
+/// Undoes a slot whose setup failed (its cgroups, its pasta) and returns
+/// the error with the end of the slot's log, which says why.
+fn abandon(id: &str, dir: &Path, e: anyhow::Error) -> anyhow::Error {
+    super::isolate::teardown(id, dir);
+    let log = std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default();
+    anyhow::anyhow!("{e}: {}", super::slot::tail(&log, 2000))
 }

@@ -3,7 +3,8 @@
 //! A *slot* is one sandbox agent with its own directory under
 //! `<data>/slots/<id>`. Two backends make slots:
 //! - `process`: a local `sandbox-agent` process (workspace, unix sockets and
-//!   log in the slot directory);
+//!   log in the slot directory), by default PID 1 of its own namespaces
+//!   with its tenants unprivileged (`isolate`);
 //! - `qemu`: a VM booted from the image of `packaging/vm` by `run-qemu.sh`,
 //!   whose agent is reached over hybrid vsock (`vsock.sock` in the slot
 //!   directory; gRPC on port 1024, the MCP data plane on 1025).
@@ -18,7 +19,8 @@
 //! or is stopped when the pool is full. Slots that die are dropped and
 //! replaced.
 //!
-//! - `backend`: how a slot's agent is started (process or QEMU VM).
+//! - `backend`: how a slot's agent is started (process, isolated or not, or QEMU VM).
+//! - `isolate`: the process backend's namespaces, ids, cgroups and network.
 //! - `slot`: one running sandbox and how it is stopped.
 //! - `warm`: warm profiles and the task that keeps idle slots warm.
 
@@ -28,7 +30,6 @@ mod slot;
 mod warm;
 
 use std::collections::HashMap;
-use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -39,9 +40,9 @@ use sandbox_client::proto;
 use tokio::sync::Notify;
 use tracing::info;
 
-use backend::agent_args;
 pub use backend::{Backend, Kind, probe_accel, slots_dir};
 use backend::{VM_AGENT_PORT, VM_MCP_PORT};
+use backend::{agent_args, spawn_in_session, spawn_isolated};
 pub use slot::Slot;
 use slot::{discard, stop, tail};
 pub use warm::{Want, WarmLease, WarmProfile};
@@ -564,109 +565,4 @@ impl Pool {
         });
         slots.len()
     }
-}
-
-/// Starts `cmd` in its own session (and process group), output to `log`:
-/// a host restart (or its terminal closing) does not take the slot down,
-/// and a stop reaches every process of it. Returns its pid; a thread reaps
-/// it when it exits (while this host runs).
-fn spawn_in_session(mut cmd: std::process::Command, log: std::fs::File) -> anyhow::Result<u32> {
-    cmd.stdin(std::process::Stdio::null())
-        .stdout(log.try_clone()?)
-        .stderr(log);
-    // SAFETY: setsid is async-signal-safe.
-    unsafe {
-        cmd.pre_exec(|| {
-            nix::unistd::setsid()
-                .map(|_| ())
-                .map_err(std::io::Error::from)
-        });
-    }
-    let mut child = cmd.spawn().with_context(|| format!("starting {cmd:?}"))?;
-    let pid = child.id();
-    std::thread::spawn(move || {
-        let _ = child.wait();
-    });
-    Ok(pid)
-}
-
-/// How many times an isolated slot's namespaces are set up before its
-/// start fails (bubblewrap's netlink setup of the loopback interface has
-/// been seen to fail once in a while when slots start together).
-const ISOLATED_START_TRIES: usize = 3;
-
-/// [`spawn_isolated_once`], tried again when the setup failed before the
-/// agent ran.
-fn spawn_isolated(
-    iso: &isolate::Isolation,
-    dir: &std::path::Path,
-    id: &str,
-    agent_bin: &std::path::Path,
-    manifest: Option<&std::path::Path>,
-    log: std::fs::File,
-) -> anyhow::Result<u32> {
-    let mut tries = 0;
-    loop {
-        tries += 1;
-        match spawn_isolated_once(iso, dir, id, agent_bin, manifest, log.try_clone()?) {
-            Ok(pid) => return Ok(pid),
-            Err(e) if tries < ISOLATED_START_TRIES => {
-                tracing::warn!(slot = %id, error = %e, "setting up a sandbox failed; trying again");
-                let _ = std::fs::remove_file(dir.join("uid_block"));
-            }
-            Err(e) => return Err(e),
-        }
-    }
-}
-
-/// Starts an isolated agent (see [`isolate`]): its id block, directories
-/// and cgroups, then the agent in its namespaces, then its network.
-/// Returns the agent's host pid (PID 1 of its pid namespace). Blocking.
-fn spawn_isolated_once(
-    iso: &isolate::Isolation,
-    dir: &std::path::Path,
-    id: &str,
-    agent_bin: &std::path::Path,
-    manifest: Option<&std::path::Path>,
-    log: std::fs::File,
-) -> anyhow::Result<u32> {
-    let block = {
-        let _held = isolate::BLOCKS.lock().unwrap_or_else(|p| p.into_inner());
-        iso.take_block(dir.parent().unwrap_or(dir), dir)?
-    };
-    iso.prepare_dirs(dir, block)?;
-    let cgroups = iso.cgroups(id, block)?;
-    let args = agent_args(dir, id, agent_bin, manifest, true)?;
-    let (info_r, info_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
-    let mut cmd = iso.command(dir, block, &args, agent_bin, manifest, &cgroups, info_w);
-    cmd.env("SANDBOX_AGENT_CONFIG", "/dev/null")
-        .stdin(std::process::Stdio::null())
-        .stdout(log.try_clone()?)
-        .stderr(log);
-    let mut monitor = cmd.spawn().context("starting unshare and bwrap")?;
-    // The parent's copy of the write end went with `cmd`.
-    drop(cmd);
-    let pid = match iso.agent_pid(info_r) {
-        Ok(p) => p,
-        Err(e) => {
-            let _ = monitor.kill();
-            let _ = monitor.wait();
-            isolate::teardown(id, dir);
-            let log = std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default();
-            anyhow::bail!("{e}: {}", tail(&log, 2000));
-        }
-    };
-    std::thread::spawn(move || {
-        let _ = monitor.wait();
-    });
-    if let Err(e) = iso.network(dir, pid) {
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(pid as i32),
-            nix::sys::signal::Signal::SIGKILL,
-        );
-        isolate::teardown(id, dir);
-        let log = std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default();
-        anyhow::bail!("{e}: {}", tail(&log, 2000));
-    }
-    Ok(pid)
 }
