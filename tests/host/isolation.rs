@@ -204,10 +204,11 @@ fn replace_ends_every_process_of_the_sandbox() {
 import os, sys, time
 if os.fork() == 0:
     os.setsid()
-    try:
-        open("/sys/fs/cgroup/cgroup.procs", "w").write(str(os.getpid()))
-    except OSError:
-        pass
+    for f in ("/sys/fs/cgroup/cgroup.procs", "/sys/fs/cgroup/unified/cgroup.procs"):
+        try:
+            open(f, "w").write(str(os.getpid()))
+        except OSError:
+            pass
     if os.fork() == 0:
         os.execv(sys.executable, [sys.executable, "-c", "import time; time.sleep(3600)", "{marker}"])
     os._exit(0)
