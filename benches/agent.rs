@@ -13,7 +13,7 @@
 //! Targets from the foundation issue: start ≤ 20 ms, idle RSS ≤ 8 MiB,
 //! binary ≤ 15 MiB, health p99 ≤ 1 ms.
 
-mod common;
+use crate::common;
 use common::AGENT;
 
 use std::io::{Read, Write};
@@ -35,7 +35,7 @@ fn throughput_secs() -> u64 {
 }
 const CONCURRENCY: usize = 32;
 
-fn main() {
+pub fn main() {
     // `cargo bench` passes --bench; ignore all arguments.
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)

@@ -18,7 +18,7 @@ use sandbox_client::mcp_client::McpHttpClient;
 use sandbox_client::proto;
 use serde_json::json;
 
-mod common;
+use crate::common;
 use common::AGENT;
 
 fn calls() -> usize {
@@ -28,7 +28,7 @@ fn throughput_secs() -> u64 {
     common::pick(3, 1)
 }
 
-fn main() {
+pub fn main() {
     let dir = tempfile::tempdir().expect("tempdir");
     let ws = dir.path().join("ws");
     std::fs::create_dir_all(&ws).expect("ws");

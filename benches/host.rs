@@ -25,7 +25,7 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use serde_json::Value;
 
-mod common;
+use crate::common;
 #[path = "host/profiles.rs"]
 mod profiles;
 #[path = "host/vm.rs"]
@@ -396,7 +396,7 @@ async fn exec_rounds(h: &Host, dir: &Path) -> (f64, f64, f64, f64) {
     )
 }
 
-fn main() {
+pub fn main() {
     let dir = tempfile::tempdir().expect("tempdir");
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     rt.block_on(async {

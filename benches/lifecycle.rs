@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use sandbox_client::proto;
 
-mod common;
+use crate::common;
 use common::AGENT;
 
 fn runs() -> usize {
@@ -24,7 +24,7 @@ fn runs() -> usize {
 }
 const SERVERS: [&str; 3] = ["filesystem", "git", "localmemory"];
 
-fn main() {
+pub fn main() {
     let dir = tempfile::tempdir().expect("tempdir");
     let state = dir.path().join("state");
     std::fs::create_dir_all(&state).expect("state");

@@ -12,7 +12,7 @@
 //! another's deletions (ext4 delays reuse of freed inodes). Trees are only
 //! removed at the end.
 
-mod common;
+use crate::common;
 use common::AGENT;
 
 use std::io::Read;
@@ -244,7 +244,7 @@ fn large_corpus(root: &Path) {
 struct Row(String, String, String);
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
-async fn main() {
+pub async fn main() {
     for tool in ["tar", "pigz", "cp", "zstd"] {
         assert!(
             have(tool),

@@ -221,12 +221,17 @@ impl Tenant {
 
     /// Removes what the tenant left in the machine's shared temporary
     /// directories (`/tmp`, `/var/tmp`, `/dev/shm`): top-level entries it
-    /// owns. (On the process backend these are the slot's own; in a VM they
-    /// would otherwise reach the next lease.)
+    /// owns. Only as PID 1 (a VM, or the process backend's namespaces),
+    /// where those directories are the sandbox's own: an agent run on a
+    /// machine of its own does not touch files another user with the same
+    /// uid may have there.
     pub fn clear_shared_tmp(&self) {
         let Some((uid, _)) = self.ids else {
             return;
         };
+        if !crate::init::is_pid1() {
+            return;
+        }
         for dir in ["/tmp", "/var/tmp", "/dev/shm"] {
             let Ok(entries) = std::fs::read_dir(dir) else {
                 continue;

@@ -17,7 +17,6 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use globset::GlobSet;
 use rustix::fs::{AtFlags, FileType, Mode, OFlags};
 
 use super::confine::list;
@@ -31,9 +30,10 @@ pub const MAX_CHANGED_REPORTED: usize = 1000;
 pub const MAX_DEPTH: usize = 256;
 
 pub struct PackOptions<'a> {
-    /// Paths (relative, without `./`) to leave out; a matching directory is
-    /// left out with everything below it.
-    pub exclude: Option<&'a GlobSet>,
+    /// Which paths (relative, without `./`) to leave out; a directory left
+    /// out goes with everything below it. The caller decides how paths
+    /// match (the agent: a glob set).
+    pub exclude: Option<&'a (dyn Fn(&Path) -> bool + Sync)>,
     /// A top-level name to leave out (the workspace's inner state dir).
     pub hidden: Option<&'a OsStr>,
     /// Set by the consumer when it stops reading; the walk then ends with
@@ -192,7 +192,7 @@ fn walk<W: Write>(
             continue;
         }
         let path = top.rel.join(&name);
-        if opts.exclude.is_some_and(|g| g.is_match(&path)) {
+        if opts.exclude.is_some_and(|leave_out| leave_out(&path)) {
             continue;
         }
         let dir = top.dir.as_fd();

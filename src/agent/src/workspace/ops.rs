@@ -467,8 +467,11 @@ impl Workspace {
         } else {
             None
         };
+        let leave_out = exclude.as_ref().map(|g| move |p: &Path| g.is_match(p));
         let opts = pack::PackOptions {
-            exclude: exclude.as_ref(),
+            exclude: leave_out
+                .as_ref()
+                .map(|f| f as &(dyn Fn(&Path) -> bool + Sync)),
             hidden,
             cancelled,
             max_depth: self.limits.max_depth,

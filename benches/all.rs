@@ -1,0 +1,35 @@
+//! Every benchmark of the suite, in one binary (one release link instead of
+//! five). Each prints its medians next to the reference it is compared
+//! with, measured in the same run; `BENCH=short` for the quick mode CI
+//! runs.
+//!
+//! `cargo bench -p sandbox-suite` runs them all; name some to run only
+//! those: `cargo bench -p sandbox-suite -- host workspace`.
+
+mod agent;
+mod common;
+mod gateway;
+mod host;
+mod lifecycle;
+mod workspace;
+
+fn main() {
+    let benches: [(&str, fn()); 5] = [
+        ("agent", agent::main),
+        ("workspace", workspace::main),
+        ("lifecycle", lifecycle::main),
+        ("gateway", gateway::main),
+        ("host", host::main),
+    ];
+    // cargo passes `--bench`; other words name benchmarks.
+    let asked: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    for (name, run) in benches {
+        if asked.is_empty() || asked.iter().any(|a| a == name) {
+            println!("\n### {name}");
+            run();
+        }
+    }
+}
