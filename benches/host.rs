@@ -503,5 +503,10 @@ fn sandbox_read_only() -> Vec<String> {
     if let Some(p) = pyenv.filter(|p| Path::new(p).is_dir()) {
         out.extend(["--sandbox-ro".to_owned(), p]);
     }
+    // The benchmark data installed for MCP_Atlas (a real host has it in /opt).
+    out.extend([
+        "--sandbox-ro".to_owned(),
+        common::bench_data::prefix().display().to_string(),
+    ]);
     out
 }

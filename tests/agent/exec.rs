@@ -5,6 +5,7 @@
 //! and its children.
 
 use std::io::Write;
+use std::os::unix::fs::PermissionsExt;
 use std::time::Duration;
 
 use crate::common::mcp::*;
@@ -679,4 +680,52 @@ async fn executions_named_like_the_agents_own_jobs_stop_nothing() {
     assert_eq!(last, "completed", "{text}");
     assert!(text.contains("started\ndone\n"), "{text}");
     assert!(accepts(), "the mail service stopped");
+}
+
+/// packages.txt is installed by the agent's own apt-get (exec.apt_get, by
+/// absolute path, with the system's PATH): an apt-get a tenant planted in
+/// its venv, first on the execution's PATH, never runs as root (finding of
+/// the attack on issue 27: root in a VM).
+#[tokio::test]
+async fn a_planted_apt_get_never_runs_as_the_agent() {
+    if !root_or_skip("packages.txt runs apt-get as root") {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    // A stand-in for the system's apt-get that only says it ran.
+    let real = dir.path().join("apt-get");
+    let ran = dir.path().join("real-apt-ran");
+    std::fs::write(
+        &real,
+        format!("#!/bin/sh\necho \"$@\" >> {}\nexit 0\n", ran.display()),
+    )
+    .expect("stand-in");
+    std::fs::set_permissions(&real, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let agent = agent_with("", &format!("[exec]\napt_get = \"{}\"\n", real.display()));
+    let c = client(&agent).await;
+    acquire(&c, "lease-apt").await;
+    let plant = r##"
+import os
+fake = os.path.join(os.environ["VIRTUAL_ENV"], "bin", "apt-get")
+open(fake, "w").write("#!/bin/sh\nid > " + os.environ["AGENT_WORKSPACE"] + "/apt-proof\nexit 0\n")
+os.chmod(fake, 0o755)
+open("packages.txt", "w").write("zz-no-such-package-xyz\n")
+print("planted")
+"##;
+    let (status, log) = run_to_end(&c, "aptx", plant).await;
+    assert_eq!(status, "completed", "{log}");
+    // The same execution again: its venv (with the plant) and the
+    // packages.txt it wrote are reused.
+    start(&c, "aptx").await;
+    let (log, _, status) = read_all(&c, "aptx", 1 << 20).await;
+    assert_eq!(status, "completed", "{log}");
+    let ws = agent.dir.path().join("ws");
+    assert!(
+        !ws.join("apt-proof").exists(),
+        "the planted apt-get ran: {:?}",
+        std::fs::read_to_string(ws.join("apt-proof"))
+    );
+    let called = std::fs::read_to_string(&ran).expect("the configured apt-get ran");
+    assert!(called.contains("zz-no-such-package-xyz"), "{called}");
 }

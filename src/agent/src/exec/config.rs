@@ -25,6 +25,9 @@ pub struct ExecConfig {
     /// root and apt-get exists) or "off". Packages already installed are
     /// accepted either way.
     pub packages: String,
+    /// The apt-get that installs packages.txt, by absolute path (run as
+    /// the agent, never looked up on an execution's PATH).
+    pub apt_get: PathBuf,
     /// An execution (installs included) is killed after this long.
     pub timeout_ms: u64,
     /// SIGTERM → SIGKILL grace when an execution is killed.
@@ -57,6 +60,7 @@ impl Default for ExecConfig {
             python: "python3".into(),
             uv: "auto".into(),
             packages: "auto".into(),
+            apt_get: PathBuf::from("/usr/bin/apt-get"),
             timeout_ms: 3_600_000,
             stop_grace_ms: 2_000,
             log_max_bytes: 16 << 20,
@@ -103,6 +107,8 @@ pub enum ExecConfigError {
     Zero(&'static str),
     #[error("exec.log_max_bytes must be at least 4096")]
     SmallLog,
+    #[error("exec.apt_get must be an absolute path (got {0:?}): it is never looked up on a PATH")]
+    AptGetRelative(PathBuf),
     #[error("exec.{key} must be \"auto\", \"off\"{paths}; got {got:?}")]
     Switch {
         key: &'static str,
@@ -140,6 +146,9 @@ impl ExecConfig {
                 paths: "",
                 got: self.packages.clone(),
             });
+        }
+        if !self.apt_get.is_absolute() {
+            return Err(ExecConfigError::AptGetRelative(self.apt_get.clone()));
         }
         if self.uv.is_empty() {
             return Err(ExecConfigError::Switch {

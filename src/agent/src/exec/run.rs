@@ -228,20 +228,23 @@ impl Steps<'_> {
         if self.stop.is_cancelled() {
             return Err(Halt::Stopped("cancelled".into()));
         }
+        // Installing packages.txt is the agent's own step (as root, in a
+        // VM): nothing of it is the tenant's, neither its environment (its
+        // PATH starts with the tenant's venv) nor its directory. Every
+        // other step runs as the tenant.
+        let (env, cwd, run_as) = if step == APT_STEP {
+            (apt_env(&self.ctx.cfg), PathBuf::from("/"), RunAs::Agent)
+        } else {
+            (self.env.clone(), self.work.clone(), RunAs::Tenant)
+        };
         let spec = JobSpec {
             group: JobGroup::Exec(self.exec.name.clone()),
             command: command.clone(),
             args,
-            env: self.env.clone(),
-            cwd: self.work.clone(),
+            env,
+            cwd,
             limits: ResourceLimits::default(),
-            // Installing packages.txt is the agent's own step (as root, in
-            // a VM); everything else runs as the tenant.
-            run_as: if step == APT_STEP {
-                RunAs::Agent
-            } else {
-                RunAs::Tenant
-            },
+            run_as,
         };
         let mut job = self.ctx.sup.spawn_job(&spec).await.map_err(|e| {
             Halt::Failed(format!(
@@ -413,6 +416,20 @@ fn valid_package(p: &str) -> bool {
         })
 }
 
+/// apt-get's environment: the system's PATH, and what the operator passes
+/// to executions from the agent's own environment (exec.pass_env: proxies).
+fn apt_env(cfg: &ExecConfig) -> BTreeMap<String, String> {
+    let mut env: BTreeMap<String, String> = cfg
+        .pass_env
+        .iter()
+        .filter_map(|k| std::env::var(k).ok().map(|v| (k.clone(), v)))
+        .collect();
+    env.insert("PATH".into(), "/usr/sbin:/usr/bin:/sbin:/bin".into());
+    env.insert("DEBIAN_FRONTEND".into(), "noninteractive".into());
+    env.insert("LANG".into(), "C.UTF-8".into());
+    env
+}
+
 /// The step that installs packages.txt: the only one run as the agent.
 const APT_STEP: &str = "apt";
 /// dpkg's database: writable where packages can be installed.
@@ -435,13 +452,15 @@ async fn install_packages(s: &Steps<'_>, packages: &[String]) -> Result<(), Halt
         ));
         return Ok(());
     }
-    let path = s.env.get("PATH").map(String::as_str).unwrap_or("");
     let why_not = if s.ctx.cfg.packages == "off" {
         Some("exec.packages is \"off\" in this sandbox".to_owned())
     } else if !rustix::process::geteuid().is_root() {
         Some("the agent does not run as root".to_owned())
-    } else if which("apt-get", path).is_none() {
-        Some("there is no apt-get in this sandbox".to_owned())
+    } else if !s.ctx.cfg.apt_get.is_file() {
+        Some(format!(
+            "there is no {} in this sandbox",
+            s.ctx.cfg.apt_get.display()
+        ))
     } else if rustix::fs::access(DPKG_DIR, rustix::fs::Access::WRITE_OK).is_err() {
         // The process backend shows the host's system read-only: a tenant
         // never changes the host.
@@ -463,7 +482,10 @@ async fn install_packages(s: &Steps<'_>, packages: &[String]) -> Result<(), Halt
     ));
     let mut install = strings(&["install", "-y", "-q", "--no-install-recommends", "--"]);
     install.extend(missing.iter().cloned());
-    let apt = || "apt-get".to_owned();
+    // By absolute path, with the agent's own environment (Steps::run gives
+    // this step no part of the execution's): the execution's PATH starts
+    // with its venv, which the tenant writes.
+    let apt = || s.ctx.cfg.apt_get.display().to_string();
     if s.run(APT_STEP, apt(), install.clone()).await? == Exit::Code(0) {
         return Ok(());
     }

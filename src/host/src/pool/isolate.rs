@@ -351,8 +351,11 @@ impl Isolation {
         // delegated cgroup v2 group at /sys/fs/cgroup.
         mounts.push(("--proc", PathBuf::new(), "/proc".into()));
         mounts.push(("--dev", PathBuf::new(), "/dev".into()));
-        for t in ["/run", "/tmp", "/var/tmp", "/dev/shm"] {
-            mounts.push(("--tmpfs", PathBuf::new(), t.into()));
+        mounts.push(("--tmpfs", PathBuf::new(), "/run".into()));
+        // World-writable and sticky, as on any machine (POSIX shm, Chromium,
+        // multiprocessing and every program's temporary files need them).
+        for t in ["/tmp", "/var/tmp", "/dev/shm"] {
+            mounts.push(("--tmpfs-sticky", PathBuf::new(), t.into()));
         }
         for d in SYSTEM_DIRS.iter().filter(|d| Path::new(d).is_dir()) {
             mounts.push(("--ro-bind", d.into(), d.into()));
@@ -403,6 +406,13 @@ impl Isolation {
                 read_only.push(dest.clone());
             }
             made.insert(dest.clone());
+            let op = match op {
+                "--tmpfs-sticky" => {
+                    args.extend(["--perms".into(), "1777".into()]);
+                    "--tmpfs"
+                }
+                op => op,
+            };
             args.push(op.into());
             if !src.as_os_str().is_empty() {
                 args.push(src.into());
