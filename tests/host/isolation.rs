@@ -63,6 +63,8 @@ fn verdicts(log: &str) -> std::collections::BTreeMap<String, String> {
 /// and it is not root.
 #[test]
 fn a_tenant_reaches_nothing_of_the_host_or_other_tenants() {
+    // A second address of this host, there before its sandboxes start.
+    let extra = ExtraAddress::add();
     let dir = tempfile::tempdir().expect("tempdir");
     let host = Host::start(dir.path(), &[]);
     let port = host.base.rsplit(':').next().expect("port").to_owned();
@@ -84,6 +86,12 @@ fn a_tenant_reaches_nothing_of_the_host_or_other_tenants() {
     assert_eq!(b_files.len(), 1, "B's file on the host: {b_files:?}");
     let data = host.data.display().to_string();
     let host_pid = host.pid().expect("host pid");
+    // Services of this host on every address, reached back through the
+    // sandbox's outbound network: at a second address of this host, and
+    // at its IPv6 link-local address.
+    let any4 = std::net::TcpListener::bind("0.0.0.0:0").expect("0.0.0.0");
+    let any6 = std::net::TcpListener::bind("[::]:0").ok();
+    let link_local = host_link_local();
     let probe = format!(
         r#"
 import os, socket
@@ -101,10 +109,19 @@ probe("other tenant's file", lambda: open("{b_file}").read())
 probe("host api", lambda: socket.create_connection(("127.0.0.1", {port}), timeout=3).close())
 probe("metadata", lambda: socket.create_connection(("169.254.169.254", 80), timeout=3).close())
 probe("agent socket", lambda: socket.socket(socket.AF_UNIX).connect("/run/sandbox-agent/agent.sock"))
+probe("host's second address", lambda: socket.create_connection(("{extra}", {any4}), timeout=3).close())
+if "{link_local}" and {any6}:
+    probe("host's link-local address", lambda: socket.create_connection(("{link_local}", {any6}), timeout=3).close())
 probe("cgroup root", lambda: open("/sys/fs/cgroup/cgroup.procs", "w").write(str(os.getpid())))
 probe("system dirs", lambda: open("/usr/pwned", "w"))
 "#,
         b_file = b_files[0],
+        extra = extra.0,
+        any4 = any4.local_addr().expect("addr").port(),
+        any6 = any6
+            .as_ref()
+            .map_or(0, |l| l.local_addr().expect("addr").port()),
+        link_local = link_local.unwrap_or_default(),
     );
     let (a_id, status, log) = run(&host, KEY_A, None, &probe);
     assert_eq!(status, "completed", "{log}");
@@ -119,11 +136,15 @@ probe("system dirs", lambda: open("/usr/pwned", "w"))
         "host api",
         "metadata",
         "agent socket",
+        "host's second address",
         "cgroup root",
         "system dirs",
     ] {
         let got = v.get(what).map(String::as_str).unwrap_or("(not run)");
         assert!(got.starts_with("denied"), "{what}: {got}\nlog:\n{log}");
+    }
+    if let Some(got) = v.get("host's link-local address") {
+        assert!(got.starts_with("denied"), "link-local: {got}\nlog:\n{log}");
     }
     // The host's own files are its user's alone.
     use std::os::unix::fs::PermissionsExt;
@@ -386,4 +407,46 @@ print("hog ended:", hog.returncode)
     );
     assert!(!log.contains("survived"), "{log}");
     release(&host, KEY_A, &id);
+}
+
+/// A second address of this host (on `lo`, for the test's lifetime).
+struct ExtraAddress(String);
+
+impl ExtraAddress {
+    fn add() -> ExtraAddress {
+        let a = format!(
+            "10.77.{}.{}",
+            std::process::id() % 250,
+            1 + std::process::id() % 200
+        );
+        let st = Command::new("ip")
+            .args(["addr", "add", &format!("{a}/32"), "dev", "lo"])
+            .status()
+            .expect("ip addr add");
+        assert!(st.success(), "ip addr add {a}");
+        ExtraAddress(a)
+    }
+}
+
+impl Drop for ExtraAddress {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["addr", "del", &format!("{}/32", self.0), "dev", "lo"])
+            .status();
+    }
+}
+
+/// This host's first IPv6 link-local address with its interface
+/// (`fe80::…%eth0`), if it has one.
+fn host_link_local() -> Option<String> {
+    let out = Command::new("ip")
+        .args(["-6", "-o", "addr", "show", "scope", "link"])
+        .output()
+        .ok()?;
+    String::from_utf8_lossy(&out.stdout).lines().find_map(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        let (iface, addr) = (f.get(1)?, f.get(3)?);
+        let addr = addr.split('/').next()?;
+        (*iface != "lo").then(|| format!("{addr}%{iface}"))
+    })
 }

@@ -47,11 +47,7 @@ const SYSTEM_DIRS: &[&str] = &["/usr", "/etc", "/opt", "/var/lib/dpkg"];
 const SYSTEM_LINKS: &[&str] = &["/bin", "/sbin", "/lib", "/lib64", "/lib32", "/libx32"];
 /// Addresses a tenant never reaches: link-local (cloud metadata services at
 /// 169.254.169.254, fd00:ec2::254).
-const BLOCKED_ROUTES: &[(&str, &str)] = &[
-    ("-4", "169.254.0.0/16"),
-    ("-6", "fe80::/10"),
-    ("-6", "fd00:ec2::254/128"),
-];
+const BLOCKED_ROUTES: &[&str] = &["169.254.0.0/16", "fe80::/10", "fd00:ec2::254/128"];
 /// Tools this module runs (each from the host's PATH).
 const TOOLS: &[(&str, &str)] = &[
     ("bwrap", "bubblewrap"),
@@ -483,24 +479,7 @@ impl Isolation {
                 String::from_utf8_lossy(&out.stderr).trim()
             )));
         }
-        for (family, prefix) in BLOCKED_ROUTES {
-            let out = Command::new("nsenter")
-                .arg(format!("--net={netns}"))
-                .args(["--", "ip", family, "route", "add", "prohibit", prefix])
-                .stdin(std::process::Stdio::null())
-                .output()
-                .map_err(io("running ip route"))?;
-            // No IPv6 in the namespace: nothing to close there.
-            let text = String::from_utf8_lossy(&out.stderr);
-            let no_ipv6 = *family == "-6" && text.contains("not");
-            if !(out.status.success() || no_ipv6) {
-                return Err(IsolationError::Setup(format!(
-                    "closing {prefix} in the sandbox: {}",
-                    text.trim()
-                )));
-            }
-        }
-        Ok(())
+        close_host_addresses(&netns)
     }
 
     /// The slot's cgroups, made and limited, before its agent starts.
@@ -509,6 +488,104 @@ impl Isolation {
         self.cgroups
             .create(id, uid, gid, self.cfg.memory_max, self.cfg.pids_max)
     }
+}
+
+/// Makes unreachable from the namespace `netns` every address pasta would
+/// carry back to this host: link-local ones (cloud metadata, and the
+/// host's own fe80:: addresses, by a policy rule that wins over the
+/// kernel's on-link fe80::/64 route), and each address of this host that
+/// the namespace does not hold itself (pasta copies the host's main
+/// address into it, where it stays local; a second address, a bridge or a
+/// VPN would lead back to the host's services). One `ip -batch` run.
+fn close_host_addresses(netns: &str) -> Result<(), IsolationError> {
+    let host = addresses(None)?;
+    let own = addresses(Some(netns))?;
+    let (mut v4, mut v6) = (String::new(), String::new());
+    let line = |a: &str| format!("route add prohibit {a}\n");
+    for prefix in BLOCKED_ROUTES {
+        if prefix.contains(':') {
+            v6.push_str(&line(prefix));
+        } else {
+            v4.push_str(&line(prefix));
+        }
+    }
+    v6.push_str("rule add to fe80::/10 prohibit\n");
+    for a in host.iter().filter(|a| !own.contains(a) && !a.is_loopback()) {
+        match a {
+            std::net::IpAddr::V4(a) => v4.push_str(&line(&format!("{a}/32"))),
+            std::net::IpAddr::V6(a) => v6.push_str(&line(&format!("{a}/128"))),
+        }
+    }
+    ip_batch(netns, "-4", &v4)?;
+    // Without IPv6 in the namespace there is nothing to close there.
+    match ip_batch(netns, "-6", &v6) {
+        Err(IsolationError::Setup(e)) if e.contains("family not supported") => Ok(()),
+        r => r,
+    }
+}
+
+/// Runs `ip FAMILY -batch` in the namespace at `netns` over `lines`.
+fn ip_batch(netns: &str, family: &str, lines: &str) -> Result<(), IsolationError> {
+    let mut child = Command::new("nsenter")
+        .arg(format!("--net={netns}"))
+        .args(["--", "ip", family, "-batch", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .map_err(io("running ip -batch"))?;
+    if let Some(mut stdin) = child.stdin.take() {
+        use std::io::Write;
+        stdin
+            .write_all(lines.as_bytes())
+            .map_err(io("writing to ip -batch"))?;
+    }
+    let out = child.wait_with_output().map_err(io("running ip -batch"))?;
+    if !out.status.success() {
+        return Err(IsolationError::Setup(format!(
+            "closing this host's addresses in the sandbox ({family}): {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    Ok(())
+}
+
+/// The addresses of this host's interfaces (`None`) or of the network
+/// namespace at `netns`, from `ip -json addr`.
+fn addresses(netns: Option<&str>) -> Result<Vec<std::net::IpAddr>, IsolationError> {
+    #[derive(serde::Deserialize)]
+    struct Link {
+        #[serde(default)]
+        addr_info: Vec<Addr>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Addr {
+        local: Option<String>,
+    }
+    let mut c = match netns {
+        Some(ns) => {
+            let mut c = Command::new("nsenter");
+            c.arg(format!("--net={ns}")).args(["--", "ip"]);
+            c
+        }
+        None => Command::new("ip"),
+    };
+    let out = c
+        .args(["-json", "addr", "show"])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .map_err(io("running ip -json addr"))?;
+    let links: Vec<Link> = serde_json::from_slice(&out.stdout).map_err(|e| {
+        IsolationError::Setup(format!(
+            "reading `ip -json addr`: {e}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    })?;
+    Ok(links
+        .iter()
+        .flat_map(|l| &l.addr_info)
+        .filter_map(|a| a.local.as_deref()?.parse().ok())
+        .collect())
 }
 
 /// The lock under which a slot's id block is chosen and recorded.
