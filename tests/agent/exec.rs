@@ -729,3 +729,70 @@ print("planted")
     let called = std::fs::read_to_string(&ran).expect("the configured apt-get ran");
     assert!(called.contains("zz-no-such-package-xyz"), "{called}");
 }
+
+/// IPC objects and keys outlive the processes that made them: System V
+/// shared memory, message queues and semaphores, POSIX message queues and
+/// the uid's keyrings left by one lease are gone when the next lease of
+/// the same agent starts (the attack on issue 27: a recycled sandbox's
+/// next tenant read them all). The agent is PID 1 of its own namespaces,
+/// as in a VM or the process backend.
+#[tokio::test]
+async fn no_ipc_object_or_key_reaches_the_next_lease() {
+    if !root_or_skip("the agent as PID 1 of its own namespaces") {
+        return;
+    }
+    // Not below /tmp, which the agent (as PID 1) mounts a tmpfs over.
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir");
+    let agent = Agent::start_pid1(dir, &[]);
+    let c = client(&agent).await;
+    acquire_bare(&c, "lease-1").await;
+    let plant = r#"
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+libc.shmat.restype = ctypes.c_void_p
+shm = libc.shmget(0x1337, 4096, 0o1666)
+addr = libc.shmat(shm, None, 0)
+ctypes.memmove(addr, b"LEFT-BY-LEASE-1\0", 16)
+libc.shmdt(ctypes.c_void_p(addr))
+print("shm", shm, "msg", libc.msgget(0x1338, 0o1666), "sem", libc.semget(0x1339, 1, 0o1666))
+rt = ctypes.CDLL("librt.so.1", use_errno=True)
+print("mq", rt.mq_open(b"/lease1", os.O_CREAT | os.O_RDWR, 0o666, None))
+key = libc.syscall(248, b"user", b"lease1", b"LEFT-BY-LEASE-1", 15, -4)
+print("key", key)
+"#;
+    let (status, log) = run_to_end(&c, "plant", plant).await;
+    assert_eq!(status, "completed", "{log}");
+    assert!(!log.contains(" -1"), "planting failed: {log}");
+    release(&c, "lease-1").await;
+    acquire_bare(&c, "lease-2").await;
+    let look = r#"
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+print("shm:", libc.shmget(0x1337, 0, 0))
+print("msg:", libc.msgget(0x1338, 0))
+print("sem:", libc.semget(0x1339, 0, 0))
+rt = ctypes.CDLL("librt.so.1", use_errno=True)
+print("mq:", rt.mq_open(b"/lease1", os.O_RDONLY))
+print("key:", libc.syscall(250, b"user", b"lease1", None, 0))
+"#;
+    let (status, log) = run_to_end(&c, "look", look).await;
+    assert_eq!(status, "completed", "{log}");
+    for what in ["shm", "msg", "sem", "mq", "key"] {
+        assert!(
+            log.contains(&format!("{what}: -1")),
+            "{what} of lease 1 is still there:\n{log}"
+        );
+    }
+}
+
+/// Acquires `id` with no server (the execution API only).
+async fn acquire_bare(c: &sandbox_client::Client, id: &str) {
+    c.agent()
+        .acquire(proto::AcquireRequest {
+            lease_id: id.into(),
+            no_servers: true,
+            ..Default::default()
+        })
+        .await
+        .expect("Acquire");
+}

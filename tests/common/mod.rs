@@ -74,8 +74,7 @@ impl Agent {
         extra: &[&str],
         env: &[(&str, &str)],
     ) -> Agent {
-        let socket = dir.path().join("agent.sock");
-        let mut cmd = match uid {
+        let cmd = match uid {
             Some(uid) => {
                 let d = dir.path();
                 std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755)).expect("chmod");
@@ -96,6 +95,31 @@ impl Agent {
                 Command::new(&*AGENT)
             }
         };
+        Agent::start_cmd(cmd, dir, extra, env)
+    }
+
+    /// An agent as root and PID 1 of its own pid, IPC, mount and uts
+    /// namespaces (util-linux `unshare`), as in a VM or the host's process
+    /// backend: what it does only as PID 1 runs. As PID 1 it mounts a
+    /// tmpfs on /tmp and /run: `dir` must be elsewhere.
+    pub fn start_pid1(dir: tempfile::TempDir, extra: &[&str]) -> Agent {
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711))
+            .expect("chmod");
+        let mut cmd = Command::new("unshare");
+        cmd.args(["--pid", "--fork", "--kill-child", "--ipc", "--uts", "--mount"])
+            .args(["--mount-proc", "--propagation", "private", "--"])
+            .arg(&*AGENT);
+        Agent::start_cmd(cmd, dir, extra, &[])
+    }
+
+    /// `cmd` (the agent, however launched) with the tests' arguments.
+    fn start_cmd(
+        mut cmd: Command,
+        dir: tempfile::TempDir,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Agent {
+        let socket = dir.path().join("agent.sock");
         if !extra.contains(&"--mcp-listen") {
             // Not the default vsock://any:1025: tests run agents in parallel.
             cmd.arg("--mcp-listen")

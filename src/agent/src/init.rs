@@ -194,7 +194,7 @@ fn loopback_up() -> Result<(), InitError> {
 
 /// A directory is a mount point when it is on another device than its
 /// parent (all the file systems mounted here are).
-fn is_mountpoint(p: &Path) -> bool {
+pub(crate) fn is_mountpoint(p: &Path) -> bool {
     let (Ok(me), Ok(parent)) = (std::fs::metadata(p), std::fs::metadata(p.join(".."))) else {
         return false;
     };

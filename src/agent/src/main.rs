@@ -125,6 +125,13 @@ const DEV_EXEC_ROOT: &str = "executions";
 const DEV_STATE_ROOT: &str = "state";
 
 fn main() -> ExitCode {
+    // Run by the agent itself, as the tenant, at Release and Reset.
+    if std::env::args().nth(1).as_deref() == Some(sandbox_agent::tenant::CLEAR_KEYRINGS_ARG) {
+        return match sandbox_agent::tenant::clear_own_keyrings() {
+            0 => ExitCode::SUCCESS,
+            _ => ExitCode::FAILURE,
+        };
+    }
     let pid1 = sandbox_agent::init::is_pid1();
     if !pid1 {
         return match run(Args::parse(), false) {

@@ -29,6 +29,9 @@ pub const SERVICE_ID: u32 = 999;
 /// Rounds of [`Tenant::kill_all`] before it gives up on a process that
 /// keeps forking (bounded in any case by the slot's `pids.max`).
 const MAX_KILL_ROUNDS: usize = 200;
+/// Where the agent (as PID 1) mounts the IPC namespace's mqueue
+/// filesystem to remove what tenants left (root-only, under /run).
+const MQUEUE_DIR: &str = "/run/sandbox-agent-mqueue";
 /// Deepest directory level [`chown_tree`] descends.
 const MAX_CHOWN_DEPTH: usize = 4096;
 
@@ -255,6 +258,96 @@ impl Tenant {
             }
         }
     }
+}
+
+/// The hidden argument that makes the agent binary clear its user's
+/// keyrings and exit (run as the tenant by [`clear_keyrings_job`]).
+pub const CLEAR_KEYRINGS_ARG: &str = "__clear-keyrings";
+
+/// What [`CLEAR_KEYRINGS_ARG`] does, in the process that runs as the
+/// tenant: empties its user, user-session and persistent keyrings, which
+/// the kernel keeps for the uid (not per process) while its user namespace
+/// lives: a recycled sandbox's next tenant would find them.
+pub fn clear_own_keyrings() -> i32 {
+    const KEYCTL_CLEAR: i64 = 7;
+    const KEYCTL_GET_PERSISTENT: i64 = 22;
+    const KEY_SPEC_USER_KEYRING: i64 = -4;
+    const KEY_SPEC_USER_SESSION_KEYRING: i64 = -5;
+    // SAFETY: keyctl takes integers only here; no memory is passed.
+    let keyctl = |op: i64, a: i64, b: i64| unsafe {
+        nix::libc::syscall(nix::libc::SYS_keyctl, op, a, b, 0i64, 0i64)
+    };
+    let mut failed = 0;
+    for ring in [KEY_SPEC_USER_KEYRING, KEY_SPEC_USER_SESSION_KEYRING] {
+        if keyctl(KEYCTL_CLEAR, ring, 0) < 0 {
+            failed += 1;
+        }
+    }
+    // The persistent keyring exists only once asked for; -1: our uid.
+    let persistent = keyctl(KEYCTL_GET_PERSISTENT, -1, KEY_SPEC_USER_KEYRING);
+    if persistent >= 0 && keyctl(KEYCTL_CLEAR, persistent, 0) < 0 {
+        failed += 1;
+    }
+    failed
+}
+
+/// Removes every System V IPC object (shared memory, message queues,
+/// semaphore sets) and every POSIX message queue of this IPC namespace:
+/// they outlive the processes that made them. Only as PID 1, where the
+/// IPC namespace is the sandbox's own (a VM's, or the process backend's);
+/// the agent itself uses none. Returns how many went.
+pub fn clear_ipc() -> usize {
+    if !crate::init::is_pid1() {
+        return 0;
+    }
+    let mut n = 0;
+    for (file, kind) in [("shm", 0), ("msg", 1), ("sem", 2)] {
+        let Ok(text) = std::fs::read_to_string(format!("/proc/sysvipc/{file}")) else {
+            continue;
+        };
+        // The second column is the id (the first line is the header).
+        for id in text
+            .lines()
+            .skip(1)
+            .filter_map(|l| l.split_whitespace().nth(1)?.parse::<i32>().ok())
+        {
+            // SAFETY: IPC_RMID takes no buffer (null) for shm and msg; semctl
+            // takes no fourth argument for IPC_RMID.
+            let r = unsafe {
+                match kind {
+                    0 => nix::libc::shmctl(id, nix::libc::IPC_RMID, std::ptr::null_mut()),
+                    1 => nix::libc::msgctl(id, nix::libc::IPC_RMID, std::ptr::null_mut()),
+                    _ => nix::libc::semctl(id, 0, nix::libc::IPC_RMID),
+                }
+            };
+            if r == 0 {
+                n += 1;
+            }
+        }
+    }
+    // POSIX message queues are files of the namespace's mqueue filesystem,
+    // mounted privately here once.
+    let mqueue_dir = Path::new(MQUEUE_DIR);
+    let mounted = std::fs::create_dir_all(mqueue_dir).is_ok()
+        && (crate::init::is_mountpoint(mqueue_dir)
+            || nix::mount::mount(
+                Some("mqueue"),
+                mqueue_dir,
+                Some("mqueue"),
+                nix::mount::MsFlags::MS_NOSUID
+                    | nix::mount::MsFlags::MS_NODEV
+                    | nix::mount::MsFlags::MS_NOEXEC,
+                None::<&str>,
+            )
+            .is_ok());
+    if mounted && let Ok(entries) = std::fs::read_dir(mqueue_dir) {
+        for e in entries.flatten() {
+            if std::fs::remove_file(e.path()).is_ok() {
+                n += 1;
+            }
+        }
+    }
+    n
 }
 
 /// The first existing directory on the way to `path` (itself excluded)

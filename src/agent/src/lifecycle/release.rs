@@ -315,10 +315,15 @@ impl Lifecycle {
         let r = tokio::task::spawn_blocking(move || {
             let killed = tenant.kill_all();
             tenant.clear_shared_tmp();
+            let ipc = crate::tenant::clear_ipc();
+            if ipc > 0 {
+                info!(objects = ipc, "IPC objects the tenant left were removed");
+            }
             let home = if release { tenant.clear_home() } else { Ok(()) };
             (killed, home)
         })
         .await;
+        self.clear_keyrings().await;
         match r {
             Ok((killed, home)) => {
                 if killed > 0 {
@@ -329,6 +334,34 @@ impl Lifecycle {
                 }
             }
             Err(e) => warn!(error = %e, "the task ending tenant processes failed"),
+        }
+    }
+
+    /// Empties the tenant's keyrings (the kernel keeps them per uid, past
+    /// its processes) by running the agent's own binary as the tenant.
+    async fn clear_keyrings(&self) {
+        if self.sup.tenant().uid().is_none() || !crate::init::is_pid1() {
+            return;
+        }
+        let Ok(me) = std::env::current_exe() else {
+            return;
+        };
+        let spec = crate::supervisor::job::JobSpec {
+            group: crate::supervisor::job::JobGroup::Service("keyrings"),
+            command: me.display().to_string(),
+            args: vec![crate::tenant::CLEAR_KEYRINGS_ARG.into()],
+            env: Default::default(),
+            cwd: std::path::PathBuf::from("/"),
+            limits: Default::default(),
+            run_as: crate::supervisor::job::RunAs::Tenant,
+        };
+        match self.sup.spawn_job(&spec).await {
+            Ok(mut job) => {
+                let stop = tokio_util::sync::CancellationToken::new();
+                let end = job.wait(&stop, Duration::from_secs(1)).await;
+                info!(?end, "the tenant's keyrings were cleared");
+            }
+            Err(e) => warn!(error = %e, "cannot clear the tenant's keyrings"),
         }
     }
 
