@@ -105,11 +105,26 @@ impl Agent {
     pub fn start_pid1(dir: tempfile::TempDir, extra: &[&str]) -> Agent {
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711))
             .expect("chmod");
+        // Without cgroups: this agent shares the host's cgroup hierarchy
+        // (no cgroup namespace here) but not its pids, and would take the
+        // other test agents' groups for stale ones.
+        let config = dir.path().join("pid1.toml");
+        std::fs::write(&config, "[supervisor]\ncgroup = \"off\"\n").expect("config");
+        let config = config.display().to_string();
         let mut cmd = Command::new("unshare");
-        cmd.args(["--pid", "--fork", "--kill-child", "--ipc", "--uts", "--mount"])
-            .args(["--mount-proc", "--propagation", "private", "--"])
-            .arg(&*AGENT);
-        Agent::start_cmd(cmd, dir, extra, &[])
+        cmd.args([
+            "--pid",
+            "--fork",
+            "--kill-child",
+            "--ipc",
+            "--uts",
+            "--mount",
+        ])
+        .args(["--mount-proc", "--propagation", "private", "--"])
+        .arg(&*AGENT);
+        let mut all = vec!["--config", &config];
+        all.extend_from_slice(extra);
+        Agent::start_cmd(cmd, dir, &all, &[])
     }
 
     /// `cmd` (the agent, however launched) with the tests' arguments.

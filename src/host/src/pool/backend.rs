@@ -206,7 +206,6 @@ pub(super) fn spawn_isolated(
             Ok(pid) => return Ok(pid),
             Err(e) if tries < ISOLATED_START_TRIES => {
                 tracing::warn!(slot = %id, error = %e, "setting up a sandbox failed; trying again");
-                let _ = std::fs::remove_file(dir.join("uid_block"));
             }
             Err(e) => return Err(e),
         }
@@ -224,12 +223,7 @@ fn spawn_isolated_once(
     manifest: Option<&std::path::Path>,
     log: std::fs::File,
 ) -> anyhow::Result<u32> {
-    let block = {
-        let _held = super::isolate::BLOCKS
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        iso.take_block(dir.parent().unwrap_or(dir), dir)?
-    };
+    let block = iso.take_block(dir)?;
     iso.prepare_dirs(dir, block)?;
     let cgroups = iso.cgroups(id, block)?;
     let args = agent_args(dir, id, agent_bin, manifest, true)?;

@@ -230,27 +230,36 @@ impl Isolation {
         })
     }
 
-    /// Takes the lowest free id block for a new slot in `slots` (the
-    /// blocks of live slots are in their `uid_block` files), and records it
-    /// in `dir`. Callers hold [`BLOCKS`].
-    pub(super) fn take_block(&self, slots: &Path, dir: &Path) -> Result<u32, IsolationError> {
-        let mut used = std::collections::BTreeSet::new();
-        if let Ok(entries) = std::fs::read_dir(slots) {
-            for e in entries.flatten() {
-                if let Some(b) = std::fs::read_to_string(e.path().join("uid_block"))
-                    .ok()
-                    .and_then(|t| t.trim().parse::<u32>().ok())
-                {
-                    used.insert(b);
+    /// Takes the lowest free id block for the new slot `dir`, machine-wide:
+    /// each block in use is a symlink `BLOCK_REGISTRY/<n>` to its slot's
+    /// directory, made atomically, so two hosts of one user (two data
+    /// dirs) never give a uid to two sandboxes. A link whose slot is gone
+    /// is taken over. The block is also recorded in `dir/uid_block`.
+    pub(super) fn take_block(&self, dir: &Path) -> Result<u32, IsolationError> {
+        let registry = Path::new(BLOCK_REGISTRY);
+        std::fs::create_dir_all(registry)
+            .map_err(io(format!("creating {}", registry.display())))?;
+        for block in 0..self.blocks {
+            let link = registry.join(block.to_string());
+            let taken = match std::os::unix::fs::symlink(dir, &link) {
+                Ok(()) => true,
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                    // A slot that is gone (a host stopped uncleanly) frees
+                    // its block.
+                    let stale = std::fs::read_link(&link).is_ok_and(|t| !t.exists());
+                    stale
+                        && std::fs::remove_file(&link).is_ok()
+                        && std::os::unix::fs::symlink(dir, &link).is_ok()
                 }
+                Err(e) => return Err(io(format!("creating {}", link.display()))(e)),
+            };
+            if taken {
+                std::fs::write(dir.join("uid_block"), block.to_string())
+                    .map_err(io(format!("writing {}/uid_block", dir.display())))?;
+                return Ok(block);
             }
         }
-        let block = (0..self.blocks)
-            .find(|b| !used.contains(b))
-            .ok_or(IsolationError::Exhausted(self.blocks))?;
-        std::fs::write(dir.join("uid_block"), block.to_string())
-            .map_err(io(format!("writing {}/uid_block", dir.display())))?;
-        Ok(block)
+        Err(IsolationError::Exhausted(self.blocks))
     }
 
     fn ids(&self, block: u32) -> (u32, u32) {
@@ -588,8 +597,9 @@ fn addresses(netns: Option<&str>) -> Result<Vec<std::net::IpAddr>, IsolationErro
         .collect())
 }
 
-/// The lock under which a slot's id block is chosen and recorded.
-pub(super) static BLOCKS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+/// Where the id blocks in use on this machine are claimed (see
+/// [`Isolation::take_block`]).
+const BLOCK_REGISTRY: &str = "/run/sandbox-host/uid-blocks";
 
 /// The first directory above `dir` that others cannot pass through (no
 /// `o+x`), if any.
@@ -790,6 +800,7 @@ pub(super) fn teardown(id: &str, dir: &Path) {
             nix::sys::signal::Signal::SIGKILL,
         );
     }
+    release_block(dir);
     let layout = CgroupLayout::detect_existing();
     for base in layout {
         let d = base.join(id);
@@ -802,6 +813,21 @@ pub(super) fn teardown(id: &str, dir: &Path) {
             kill_group(&d);
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+}
+
+/// Frees the id block the slot `dir` holds, if the registry still gives it
+/// to that slot.
+fn release_block(dir: &Path) {
+    let Some(block) = std::fs::read_to_string(dir.join("uid_block"))
+        .ok()
+        .and_then(|t| t.trim().parse::<u32>().ok())
+    else {
+        return;
+    };
+    let link = Path::new(BLOCK_REGISTRY).join(block.to_string());
+    if std::fs::read_link(&link).is_ok_and(|t| t == dir) {
+        let _ = std::fs::remove_file(&link);
     }
 }
 
