@@ -114,6 +114,12 @@ if "{link_local}" and {any6}:
     probe("host's link-local address", lambda: socket.create_connection(("{link_local}", {any6}), timeout=3).close())
 probe("cgroup root", lambda: open("/sys/fs/cgroup/cgroup.procs", "w").write(str(os.getpid())))
 probe("system dirs", lambda: open("/usr/pwned", "w"))
+def nested_userns():
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.unshare(0x10000000) != 0:
+        raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWUSER)")
+probe("nested user namespace", nested_userns)
 "#,
         b_file = b_files[0],
         extra = extra.0,
@@ -139,6 +145,7 @@ probe("system dirs", lambda: open("/usr/pwned", "w"))
         "host's second address",
         "cgroup root",
         "system dirs",
+        "nested user namespace",
     ] {
         let got = v.get(what).map(String::as_str).unwrap_or("(not run)");
         assert!(got.starts_with("denied"), "{what}: {got}\nlog:\n{log}");

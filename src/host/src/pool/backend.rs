@@ -247,7 +247,10 @@ fn spawn_isolated_once(
     std::thread::spawn(move || {
         let _ = monitor.wait();
     });
-    if let Err(e) = iso.network(dir, pid) {
+    if let Err(e) = iso
+        .network(dir, pid)
+        .and_then(|()| iso.no_nested_userns(pid))
+    {
         let _ = nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(pid as i32),
             nix::sys::signal::Signal::SIGKILL,

@@ -491,6 +491,32 @@ impl Isolation {
         close_host_addresses(&netns)
     }
 
+    /// Forbids user namespaces inside the slot's own (its
+    /// `user.max_user_namespaces` set to 0, from this host: the sandbox
+    /// sees /proc/sys read-only): a tenant cannot become root of a nested
+    /// namespace to mount file systems or make network devices there,
+    /// kernel surface a sandbox does not need.
+    pub(super) fn no_nested_userns(&self, pid: u32) -> Result<(), IsolationError> {
+        let out = Command::new("nsenter")
+            .arg(format!("--user=/proc/{pid}/ns/user"))
+            .args([
+                "--",
+                "sh",
+                "-c",
+                "echo 0 > /proc/sys/user/max_user_namespaces",
+            ])
+            .stdin(std::process::Stdio::null())
+            .output()
+            .map_err(io("running nsenter"))?;
+        if !out.status.success() {
+            return Err(IsolationError::Setup(format!(
+                "forbidding nested user namespaces: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            )));
+        }
+        Ok(())
+    }
+
     /// The slot's cgroups, made and limited, before its agent starts.
     pub(super) fn cgroups(&self, id: &str, block: u32) -> Result<SlotCgroups, IsolationError> {
         let (uid, gid) = self.ids(block);
