@@ -55,6 +55,8 @@ async def cycle(base, headers, servers, notebook_timeout=False):
         resp = await c.post(f"{base}/local-sandbox", headers=headers, json={"server_names": servers})
         out["acquire_status"] = resp.status_code
         data = resp.json()
+        if "local_sandbox_id" not in data:
+            raise RuntimeError(f"acquire answered {resp.status_code}: {resp.text}")
     async with httpx.AsyncClient(timeout=300.0) as client:
         out["acquire"] = data
         sid = data["local_sandbox_id"]

@@ -144,6 +144,12 @@ struct Args {
     /// scripts together), in bytes.
     #[arg(long, default_value_t = 8 << 30, value_name = "BYTES")]
     slot_memory_max: u64,
+    /// How long a new sandbox (agent or VM) may take to report SERVING
+    /// before it is discarded and its acquire fails (503), in seconds.
+    /// Default: 60 on the process backend, 300 on qemu (TCG boots slowly
+    /// on a busy machine).
+    #[arg(long, value_name = "SECONDS")]
+    slot_start_timeout: Option<u64>,
     /// pids.max of each isolated sandbox (processes and threads).
     #[arg(long, default_value_t = 4096, value_name = "N")]
     slot_pids_max: u64,
@@ -385,6 +391,7 @@ fn main() -> anyhow::Result<()> {
             warm,
             on_release: args.on_release,
             isolation,
+            start_timeout: args.slot_start_timeout.map(std::time::Duration::from_secs),
         })?;
         // Sandboxes from before a restart keep their agents; those whose
         // agent is gone are marked error.
@@ -395,6 +402,10 @@ fn main() -> anyhow::Result<()> {
             store.set_status(&s.id, "error", &api::timestamp())?;
         }
         anyhow::ensure!(args.max_connections > 0, "--max-connections must be at least 1");
+        anyhow::ensure!(
+            args.slot_start_timeout != Some(0),
+            "--slot-start-timeout must be at least 1 second"
+        );
         anyhow::ensure!(args.header_timeout_ms > 0, "--header-timeout-ms must be at least 1");
         raise_open_files(args.max_connections);
         let endpoint: sandbox_client::transport::Endpoint = format!("tcp://{}", args.listen)

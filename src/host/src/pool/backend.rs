@@ -39,10 +39,12 @@ impl Backend {
             Backend::Qemu { .. } => Kind::Qemu,
         }
     }
-    /// How long a new slot may take to serve.
+    /// How long a new slot may take to serve, unless
+    /// `--slot-start-timeout` says otherwise. Twenty isolated agents
+    /// starting at once on two busy cores take tens of seconds.
     pub(super) fn start_deadline(&self) -> Duration {
         match self {
-            Backend::Process { .. } => Duration::from_secs(20),
+            Backend::Process { .. } => Duration::from_secs(60),
             // A VM under TCG boots in seconds, but slowly on a busy machine.
             Backend::Qemu { .. } => Duration::from_secs(300),
         }

@@ -239,6 +239,13 @@ impl Isolation {
         let registry = Path::new(BLOCK_REGISTRY);
         std::fs::create_dir_all(registry)
             .map_err(io(format!("creating {}", registry.display())))?;
+        // One taker at a time, machine-wide: two takers of one stale link
+        // would otherwise both remove it and both believe the block theirs.
+        let lock_path = registry.join(".lock");
+        let lock = std::fs::File::create(&lock_path)
+            .map_err(io(format!("creating {}", lock_path.display())))?;
+        let _lock = nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusive)
+            .map_err(|(_, e)| io(format!("locking {}", lock_path.display()))(e.into()))?;
         for block in 0..self.blocks {
             let link = registry.join(block.to_string());
             let taken = match std::os::unix::fs::symlink(dir, &link) {

@@ -118,6 +118,9 @@ pub struct PoolConfig {
     /// How the process backend confines its slots (`None`: it does not,
     /// `--isolation none`).
     pub isolation: Option<Arc<isolate::Isolation>>,
+    /// How long a new slot may take to serve (`--slot-start-timeout`;
+    /// `None`: the backend's default, see [`Backend::start_deadline`]).
+    pub start_timeout: Option<Duration>,
 }
 
 /// What happens to a sandbox once its tenant released it.
@@ -339,7 +342,7 @@ impl Pool {
             if picked.is_some() || !warming || self.is_closed() {
                 break picked;
             }
-            let wait = self.cfg.backend.start_deadline();
+            let wait = self.start_deadline();
             if tokio::time::timeout(wait, warmed).await.is_err() {
                 break None;
             }
@@ -513,6 +516,12 @@ impl Pool {
         Ok(slot)
     }
 
+    fn start_deadline(&self) -> Duration {
+        self.cfg
+            .start_timeout
+            .unwrap_or_else(|| self.cfg.backend.start_deadline())
+    }
+
     fn starting(&self) -> std::sync::MutexGuard<'_, HashMap<String, Slot>> {
         self.starting.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -521,7 +530,7 @@ impl Pool {
     /// dies or the backend's deadline passes.
     async fn wait_serving(&self, slot: &Slot) -> anyhow::Result<()> {
         let kind = slot.kind;
-        let deadline = Instant::now() + self.cfg.backend.start_deadline();
+        let deadline = Instant::now() + self.start_deadline();
         loop {
             if let Ok(c) = slot.client().await
                 && let Ok(true) = c.serving().await
