@@ -6,79 +6,30 @@
 
 use axum::body::Body;
 use axum::extract::State;
-use axum::http::{Request, StatusCode, header};
-use axum::response::{IntoResponse, Response};
+use axum::http::{Request, header};
+use axum::response::Response;
 use http_body_util::BodyExt;
 
 use sandbox_client::mcp;
 
 use crate::api::Shared;
-
-fn detail(status: StatusCode, msg: impl Into<String>) -> Response {
-    (
-        status,
-        axum::Json(serde_json::json!({"detail": msg.into()})),
-    )
-        .into_response()
-}
+use crate::error::{HostError, HostResult};
+use crate::store::SandboxRow;
 
 /// The router's fallback: MCP endpoints, else 404.
-pub async fn proxy(State(h): State<Shared>, req: Request<Body>) -> Response {
+pub async fn proxy(State(h): State<Shared>, req: Request<Body>) -> HostResult<Response> {
     let Some(server) = mcp::server_of_path(req.uri().path()).map(str::to_owned) else {
-        return detail(StatusCode::NOT_FOUND, "Not Found");
+        return Err(HostError::NoRoute);
     };
-    let id = req
-        .uri()
-        .query()
-        .and_then(|q| url_param(q, "local_sandbox_id"));
-    let Some(id) = id else {
-        return detail(
-            StatusCode::BAD_REQUEST,
-            "the MCP URL needs ?local_sandbox_id=<id> (use mcp_server_url from the acquire answer)",
-        );
-    };
-    let token = req
-        .uri()
-        .query()
-        .and_then(|q| url_param(q, crate::api::MCP_TOKEN_PARAM));
-    let s = match token {
-        // The URL's capability: valid for this sandbox while it is live.
-        Some(t) if !req.headers().contains_key(header::AUTHORIZATION) => {
-            if !h.signer.check_token(crate::api::MCP_TOKEN_ACTION, &id, &t) {
-                return detail(
-                    StatusCode::UNAUTHORIZED,
-                    "invalid MCP token: use the mcp_server_url of the acquire answer, or send Authorization: Bearer <api key>",
-                );
-            }
-            match h.store.get_live(&id) {
-                Ok(Some(s)) => s,
-                Ok(None) => {
-                    return detail(
-                        StatusCode::NOT_FOUND,
-                        format!("Local sandbox {id} not found (released?)"),
-                    );
-                }
-                Err(e) => return detail(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
-            }
-        }
-        _ => match crate::api::sandbox_of(&h, req.headers(), &id) {
-            Ok(s) => s,
-            Err(e) => return e.into_response(),
-        },
-    };
+    let s = admit(&h, &req)?;
+    let id = &s.id;
     if !s.servers.iter().any(|sv| sv.name == server) {
-        return detail(
-            StatusCode::NOT_FOUND,
-            format!("sandbox {id} has no server {server}"),
-        );
+        return Err(HostError::NotFound(format!(
+            "sandbox {id} has no server {server}"
+        )));
     }
-    let Some(slot) = h.pool.leased_slot(&s.slot) else {
-        return detail(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "the sandbox's agent is gone",
-        );
-    };
-    let forwarded = sandbox_client::mcp_forward::forward(
+    let slot = h.pool.leased_slot(&s.slot).ok_or(HostError::AgentGone)?;
+    let resp = sandbox_client::mcp_forward::forward(
         &slot.mcp_endpoint(),
         &format!("/{server}/mcp"),
         req,
@@ -86,16 +37,37 @@ pub async fn proxy(State(h): State<Shared>, req: Request<Body>) -> Response {
         std::time::Duration::from_secs(5),
         &sandbox_client::transport::HvsockOptions::default(),
     )
-    .await;
-    match forwarded {
-        Ok(resp) => {
-            let (parts, body) = resp.into_parts();
-            Response::from_parts(parts, Body::new(body.map_err(axum::Error::new)))
+    .await
+    .map_err(|e| HostError::DataPlane(format!("the sandbox's MCP data plane: {e}")))?;
+    let (parts, body) = resp.into_parts();
+    Ok(Response::from_parts(
+        parts,
+        Body::new(body.map_err(axum::Error::new)),
+    ))
+}
+
+/// The live sandbox the request may use: by the URL's `mcp_token` (when
+/// it sends no key), else by its owner's API key.
+fn admit(h: &Shared, req: &Request<Body>) -> HostResult<SandboxRow> {
+    let query = req.uri().query();
+    let Some(id) = query.and_then(|q| url_param(q, "local_sandbox_id")) else {
+        return Err(HostError::BadRequest(
+            "the MCP URL needs ?local_sandbox_id=<id> (use mcp_server_url from the acquire answer)"
+                .into(),
+        ));
+    };
+    let token = query.and_then(|q| url_param(q, crate::api::MCP_TOKEN_PARAM));
+    match token {
+        // The URL's capability: valid for this sandbox while it is live.
+        Some(t) if !req.headers().contains_key(header::AUTHORIZATION) => {
+            if !h.signer.check_token(crate::api::MCP_TOKEN_ACTION, &id, &t) {
+                return Err(HostError::BadMcpToken);
+            }
+            h.store.get_live(&id)?.ok_or_else(|| {
+                HostError::NotFound(format!("Local sandbox {id} not found (released?)"))
+            })
         }
-        Err(e) => detail(
-            StatusCode::BAD_GATEWAY,
-            format!("the sandbox's MCP data plane: {e}"),
-        ),
+        _ => crate::api::sandbox_of(h, req.headers(), &id),
     }
 }
 

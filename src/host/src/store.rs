@@ -18,12 +18,40 @@ pub struct ServerRow {
     pub auth_data: Option<serde_json::Value>,
 }
 
+/// Klavis's `SandboxStatus`. A sandbox this host holds is `occupied`
+/// until released, or `error` when its agent died; `idle` is what the pool
+/// holds (Klavis lists it; no stored sandbox is idle).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+#[schema(as = SandboxStatus)]
+pub enum Status {
+    Idle,
+    Occupied,
+    Error,
+}
+
+impl Status {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Idle => "idle",
+            Status::Occupied => "occupied",
+            Status::Error => "error",
+        }
+    }
+
+    fn parse(s: &str) -> Option<Status> {
+        [Status::Idle, Status::Occupied, Status::Error]
+            .into_iter()
+            .find(|v| v.as_str() == s)
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct SandboxRow {
     pub id: String,
     pub owner: String,
     pub slot: String,
-    pub status: String,
+    pub status: Status,
     pub benchmark: Option<String>,
     pub servers: Vec<ServerRow>,
     pub created_at: String,
@@ -42,6 +70,8 @@ pub enum StoreError {
     Sql(#[from] rusqlite::Error),
     #[error("state database: bad JSON in a row: {0}")]
     Json(#[from] serde_json::Error),
+    #[error("state database: unknown status {0:?} in a row")]
+    Status(String),
 }
 
 const SCHEMA: &str = "
@@ -60,13 +90,13 @@ CREATE TABLE IF NOT EXISTS sandboxes (
 CREATE INDEX IF NOT EXISTS sandboxes_owner ON sandboxes(owner, released);
 ";
 
-fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<(SandboxRow, String)> {
+fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<(SandboxRow, String, String)> {
     Ok((
         SandboxRow {
             id: r.get(0)?,
             owner: r.get(1)?,
             slot: r.get(2)?,
-            status: r.get(3)?,
+            status: Status::Error,
             benchmark: r.get(4)?,
             servers: Vec::new(),
             created_at: r.get(6)?,
@@ -74,12 +104,14 @@ fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<(SandboxRow, String)> {
             expires_at_ms: r.get(8)?,
         },
         r.get::<_, String>(5)?,
+        r.get::<_, String>(3)?,
     ))
 }
 
-fn finish(v: (SandboxRow, String)) -> Result<SandboxRow, StoreError> {
-    let (mut s, servers) = v;
+fn finish(v: (SandboxRow, String, String)) -> Result<SandboxRow, StoreError> {
+    let (mut s, servers, status) = v;
     s.servers = serde_json::from_str(&servers)?;
+    s.status = Status::parse(&status).ok_or(StoreError::Status(status))?;
     Ok(s)
 }
 
@@ -109,7 +141,7 @@ impl Store {
                 s.id,
                 s.owner,
                 s.slot,
-                s.status,
+                s.status.as_str(),
                 s.benchmark,
                 serde_json::to_string(&s.servers)?,
                 s.created_at,
@@ -162,10 +194,10 @@ impl Store {
         Ok(out)
     }
 
-    pub fn set_status(&self, id: &str, status: &str, now: &str) -> Result<(), StoreError> {
+    pub fn set_status(&self, id: &str, status: Status, now: &str) -> Result<(), StoreError> {
         self.db().execute(
             "UPDATE sandboxes SET status = ?2, updated_at = ?3 WHERE id = ?1",
-            params![id, status, now],
+            params![id, status.as_str(), now],
         )?;
         Ok(())
     }

@@ -14,16 +14,24 @@ use axum::Json;
 use axum::body::{Body, Bytes};
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
-use axum::response::IntoResponse;
+use axum::response::Response;
 use futures_util::StreamExt;
 use sandbox_client::proto;
-use serde_json::{Value, json};
+use serde_json::Value;
 
-use super::sandboxes::agent_of;
-use super::transfer::{SignedQuery, archive_response, check_signed, signed_url};
+use crate::error::{HostError, HostResult};
+
+use super::Shared;
+use super::common::{
+    SignedQuery, URL_MINUTES, agent_of, archive_response, check_signed, is_live, owner, sandbox_of,
+    signed_url, stored_chunks, stream_to_agent,
+};
+use super::model::{
+    DownloadUrlResponse, ExecuteResponse, ExecutionLogsResponse, ExecutionStatusResponse,
+    UploadUrlResponse,
+};
 use super::uploads::Kind;
-use super::validation::{body_object, check_region, query_error};
-use super::*;
+use super::validation::{body_object, check_region, query_error, verr};
 
 /// The signed-URL action for an execution `name` (the signature binds it).
 fn action(kind: &str, name: &str) -> String {
@@ -32,7 +40,7 @@ fn action(kind: &str, name: &str) -> String {
 
 /// Klavis's execution names are free strings; the agent takes
 /// `[A-Za-z0-9._-]{1,128}`. Others are refused here with the 422 shape.
-fn check_name(loc: &str, name: &str) -> Result<(), ApiError> {
+fn check_name(loc: &str, name: &str) -> HostResult<()> {
     if sandbox_client::limits::valid_execution_name(name) {
         return Ok(());
     }
@@ -40,25 +48,25 @@ fn check_name(loc: &str, name: &str) -> Result<(), ApiError> {
     Err(if loc == "query" {
         query_error("execution_name", msg, "string_pattern_mismatch", name)
     } else {
-        invalid(vec![verr(
-            &[json!("body"), json!("execution_name")],
+        HostError::Validation(vec![verr(
+            &["body".into(), "execution_name".into()],
             msg,
             "string_pattern_mismatch",
-            &json!(name),
+            &Value::from(name),
         )])
     })
 }
 
 /// `{"execution_name": str}`, checked as the Klavis (pydantic) models are.
-fn body_name(body: &Bytes) -> Result<String, ApiError> {
+fn body_name(body: &Bytes) -> HostResult<String> {
     let v = body_object(body)?;
     let Some(o) = v.as_object() else {
-        return Err(internal("a checked body is an object"));
+        return Err(HostError::Internal("a checked body is an object".into()));
     };
     let name = match o.get("execution_name") {
         None => {
-            return Err(invalid(vec![verr(
-                &[json!("body"), json!("execution_name")],
+            return Err(HostError::Validation(vec![verr(
+                &["body".into(), "execution_name".into()],
                 "Field required",
                 "missing",
                 &v,
@@ -66,8 +74,8 @@ fn body_name(body: &Bytes) -> Result<String, ApiError> {
         }
         Some(Value::String(s)) => s.clone(),
         Some(other) => {
-            return Err(invalid(vec![verr(
-                &[json!("body"), json!("execution_name")],
+            return Err(HostError::Validation(vec![verr(
+                &["body".into(), "execution_name".into()],
                 "Input should be a valid string",
                 "string_type",
                 other,
@@ -79,10 +87,10 @@ fn body_name(body: &Bytes) -> Result<String, ApiError> {
 }
 
 /// `?execution_name=`, required.
-fn query_name(q: &HashMap<String, String>) -> Result<String, ApiError> {
+fn query_name(q: &HashMap<String, String>) -> HostResult<String> {
     let Some(name) = q.get("execution_name") else {
-        return Err(invalid(vec![verr(
-            &[json!("query"), json!("execution_name")],
+        return Err(HostError::Validation(vec![verr(
+            &["query".into(), "execution_name".into()],
             "Field required",
             "missing",
             &Value::Null,
@@ -93,7 +101,7 @@ fn query_name(q: &HashMap<String, String>) -> Result<String, ApiError> {
 }
 
 /// `?cursor=`, a non-negative integer (default 0).
-fn query_cursor(q: &HashMap<String, String>) -> Result<u64, ApiError> {
+fn query_cursor(q: &HashMap<String, String>) -> HostResult<u64> {
     let Some(c) = q.get("cursor") else {
         return Ok(0);
     };
@@ -121,7 +129,7 @@ pub async fn execution_upload_url(
     Path(id): Path<String>,
     Query(q): Query<HashMap<String, String>>,
     body: Bytes,
-) -> ApiResult {
+) -> HostResult<Json<UploadUrlResponse>> {
     owner(&h, &headers)?;
     check_region(&q)?;
     let name = body_name(&body)?;
@@ -133,7 +141,10 @@ pub async fn execution_upload_url(
         &id,
         &format!("exec-upload/{id}/{name}"),
     );
-    Ok(Json(json!({"upload_url": url, "expires_in_minutes": URL_MINUTES})).into_response())
+    Ok(Json(UploadUrlResponse {
+        upload_url: url,
+        expires_in_minutes: URL_MINUTES,
+    }))
 }
 
 /// `PUT {upload_url}`: stores an execution archive.
@@ -142,7 +153,7 @@ pub async fn exec_upload(
     Path((id, name)): Path<(String, String)>,
     Query(q): Query<SignedQuery>,
     body: Body,
-) -> ApiResult {
+) -> HostResult<StatusCode> {
     check_name("path", &name)?;
     let s = check_signed(&h, &action("exec-upload", &name), &id, &q)?;
     let total = h
@@ -150,7 +161,7 @@ pub async fn exec_upload(
         .store(&id, &s.owner, Kind::Exec(&name), body, || is_live(&h, &id))
         .await?;
     tracing::info!(sandbox = %id, execution = %name, bytes = total, "execution archive uploaded");
-    Ok(StatusCode::OK.into_response())
+    Ok(StatusCode::OK)
 }
 
 /// `POST /local-sandbox/{id}/execute`: the stored archive to the agent,
@@ -161,61 +172,69 @@ pub async fn execute(
     Path(id): Path<String>,
     Query(q): Query<HashMap<String, String>>,
     body: Bytes,
-) -> ApiResult {
+) -> HostResult<Json<ExecuteResponse>> {
     owner(&h, &headers)?;
     check_region(&q)?;
     let name = body_name(&body)?;
     let s = sandbox_of(&h, &headers, &id)?;
-    let path = h.uploads.exec_path(&id, &name);
-    let file = tokio::fs::File::open(&path).await.map_err(|_| {
-        detail(
-            StatusCode::NOT_FOUND,
-            format!(
-                "no archive uploaded for execution '{name}': get a URL from POST /local-sandbox/{id}/execution-upload-url and PUT a tar.gz holding main.py to it first"
-            ),
-        )
-    })?;
-    let size = file.metadata().await.map(|m| m.len()).unwrap_or(0);
+    let file = stored_archive(&h, &id, &name).await?;
     let c = agent_of(&h, &s).await?;
-    let head = proto::ExecUploadRequest {
-        msg: Some(proto::exec_upload_request::Msg::Header(
-            proto::ExecUploadHeader {
-                lease_id: id.clone(),
-                execution_name: name.clone(),
-                compression: proto::Compression::Auto as i32,
-                size_hint: size,
-            },
-        )),
-    };
-    let chunks = tokio_util::io::ReaderStream::with_capacity(file, 256 << 10).map(|c| {
-        proto::ExecUploadRequest {
-            msg: c.ok().map(proto::exec_upload_request::Msg::Chunk),
-        }
-    });
-    let stream = futures_util::stream::iter([head]).chain(chunks);
-    let up = c
-        .exec()
-        .upload(stream)
-        .await
-        .map_err(|e| agent_error("execute", e))?
-        .into_inner();
+    let up = upload_to_agent(&c, file, &id, &name).await?;
     c.exec()
         .start(proto::ExecStartRequest {
             lease_id: id.clone(),
             execution_name: name.clone(),
         })
         .await
-        .map_err(|e| agent_error("execute", e))?;
+        .map_err(HostError::agent("execute"))?;
     let replaced = match (up.replaced, up.killed_running) {
         (_, true) => " (replacing a running execution of that name, which was killed)",
         (true, false) => " (replacing the previous execution of that name)",
         _ => "",
     };
-    Ok(Json(json!({
-        "message": format!("Execution '{name}' started in the background{replaced}; poll /execution-logs for its output"),
-        "execution_name": name,
+    Ok(Json(ExecuteResponse {
+        message: format!(
+            "Execution '{name}' started in the background{replaced}; poll /execution-logs for its output"
+        ),
+        execution_name: name,
     }))
-    .into_response())
+}
+
+/// Execution `name`'s archive in the upload store, or 404.
+async fn stored_archive(h: &Shared, id: &str, name: &str) -> HostResult<tokio::fs::File> {
+    let path = h.uploads.exec_path(id, name);
+    tokio::fs::File::open(&path).await.map_err(|_| {
+        HostError::NotFound(format!(
+            "no archive uploaded for execution '{name}': get a URL from POST /local-sandbox/{id}/execution-upload-url and PUT a tar.gz holding main.py to it first"
+        ))
+    })
+}
+
+/// Streams an execution's stored archive to the agent's `Exec.Upload`.
+async fn upload_to_agent(
+    c: &sandbox_client::Client,
+    file: tokio::fs::File,
+    id: &str,
+    name: &str,
+) -> HostResult<proto::ExecUploadResponse> {
+    let size = file.metadata().await.map(|m| m.len()).unwrap_or(0);
+    let head = proto::ExecUploadRequest {
+        msg: Some(proto::exec_upload_request::Msg::Header(
+            proto::ExecUploadHeader {
+                lease_id: id.to_owned(),
+                execution_name: name.to_owned(),
+                compression: proto::Compression::Auto as i32,
+                size_hint: size,
+            },
+        )),
+    };
+    let (chunks, failure) = stored_chunks(file);
+    let chunks = chunks.map(|c| proto::ExecUploadRequest {
+        msg: Some(proto::exec_upload_request::Msg::Chunk(c)),
+    });
+    let stream = futures_util::stream::iter([head]).chain(chunks);
+    let mut exec = c.exec();
+    stream_to_agent("execute", exec.upload(stream), failure).await
 }
 
 /// `GET /local-sandbox/{id}/execution-status?execution_name=`
@@ -224,7 +243,7 @@ pub async fn execution_status(
     headers: HeaderMap,
     Path(id): Path<String>,
     Query(q): Query<HashMap<String, String>>,
-) -> ApiResult {
+) -> HostResult<Json<ExecutionStatusResponse>> {
     owner(&h, &headers)?;
     let name = query_name(&q)?;
     let s = sandbox_of(&h, &headers, &id)?;
@@ -236,9 +255,11 @@ pub async fn execution_status(
             execution_name: name,
         })
         .await
-        .map_err(|e| agent_error("execution-status", e))?
+        .map_err(HostError::agent("execution-status"))?
         .into_inner();
-    Ok(Json(json!({"status": st.klavis_status})).into_response())
+    Ok(Json(ExecutionStatusResponse {
+        status: st.klavis_status,
+    }))
 }
 
 /// `GET /local-sandbox/{id}/execution-logs?execution_name=&cursor=`
@@ -247,7 +268,7 @@ pub async fn execution_logs(
     headers: HeaderMap,
     Path(id): Path<String>,
     Query(q): Query<HashMap<String, String>>,
-) -> ApiResult {
+) -> HostResult<Json<ExecutionLogsResponse>> {
     owner(&h, &headers)?;
     let name = query_name(&q)?;
     let cursor = query_cursor(&q)?;
@@ -262,14 +283,13 @@ pub async fn execution_logs(
             max_bytes: 0,
         })
         .await
-        .map_err(|e| agent_error("execution-logs", e))?
+        .map_err(HostError::agent("execution-logs"))?
         .into_inner();
-    Ok(Json(json!({
-        "status": r.klavis_status,
-        "logs": r.logs,
-        "cursor": r.next_cursor,
+    Ok(Json(ExecutionLogsResponse {
+        status: r.klavis_status,
+        logs: r.logs,
+        cursor: r.next_cursor,
     }))
-    .into_response())
 }
 
 /// `POST /local-sandbox/{id}/export-artifacts`
@@ -279,7 +299,7 @@ pub async fn export_artifacts(
     Path(id): Path<String>,
     Query(q): Query<HashMap<String, String>>,
     body: Bytes,
-) -> ApiResult {
+) -> HostResult<Json<DownloadUrlResponse>> {
     owner(&h, &headers)?;
     check_region(&q)?;
     let name = body_name(&body)?;
@@ -293,14 +313,17 @@ pub async fn export_artifacts(
             execution_name: name.clone(),
         })
         .await
-        .map_err(|e| agent_error("export-artifacts", e))?;
+        .map_err(HostError::agent("export-artifacts"))?;
     let url = signed_url(
         &h,
         &action("exec-export", &name),
         &id,
         &format!("exec-export/{id}/{name}"),
     );
-    Ok(Json(json!({"download_url": url, "expires_in_minutes": URL_MINUTES})).into_response())
+    Ok(Json(DownloadUrlResponse {
+        download_url: url,
+        expires_in_minutes: URL_MINUTES,
+    }))
 }
 
 /// `GET {download_url}`: the execution directory as tar.gz.
@@ -308,7 +331,7 @@ pub async fn exec_download(
     State(h): State<Shared>,
     Path((id, name)): Path<(String, String)>,
     Query(q): Query<SignedQuery>,
-) -> ApiResult {
+) -> HostResult<Response> {
     check_name("path", &name)?;
     let s = check_signed(&h, &action("exec-export", &name), &id, &q)?;
     let stream = agent_of(&h, &s)
@@ -319,7 +342,7 @@ pub async fn exec_download(
             execution_name: name.clone(),
         })
         .await
-        .map_err(|e| agent_error("export-artifacts", e))?
+        .map_err(HostError::agent("export-artifacts"))?
         .into_inner();
     archive_response(stream, Some(&format!("{name}-artifacts.tar.gz")))
 }

@@ -5,7 +5,10 @@ use std::time::Duration;
 
 use tracing::{info, warn};
 
-use super::*;
+use super::Shared;
+use super::common::{now_ms, timestamp};
+use super::sandboxes::release_in_background;
+use crate::store::Status;
 
 /// The TTL reaper: releases sandboxes whose TTL passed.
 pub async fn reap(h: Shared) {
@@ -25,7 +28,7 @@ pub async fn reap(h: Shared) {
             if let Ok(rows) = h.store.list(None) {
                 for s in rows.iter().filter(|s| s.slot == slot) {
                     warn!(sandbox = %s.id, "its agent died; marked error");
-                    let _ = h.store.set_status(&s.id, "error", &timestamp());
+                    let _ = h.store.set_status(&s.id, Status::Error, &timestamp());
                 }
             }
             let pool = h.pool.clone();

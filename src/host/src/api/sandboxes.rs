@@ -5,42 +5,41 @@ use std::collections::{BTreeMap, HashMap};
 use axum::Json;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
-use axum::response::IntoResponse;
 use sandbox_client::proto;
-use serde_json::{Value, json};
+use serde_json::Value;
 use tracing::{info, warn};
 
-use crate::pool::{Miss, OnRelease, Taken, Want};
-use crate::store::{SandboxRow, ServerRow};
+use crate::error::{HostError, HostResult};
+use crate::pool::{Miss, OnRelease, Slot, Taken, Want};
+use crate::store::{SandboxRow, ServerRow, Status};
 
-use super::*;
-
+use super::Shared;
+use super::common::{
+    agent_of, info as sandbox_info, now_ms, owner, sandbox_of, struct_json, timestamp,
+};
+use super::model::{AcquireResponse, ListResponse, ReleaseResponse, ResetResponse, SandboxInfo};
 use super::validation::{AcquireBody, benchmark_proto, is_ttl, parse_acquire};
+
+/// What a leased slot carries: its servers, the warm profile on a hit (or
+/// why not), the servers of ALL not started, and each server's auth_data.
+struct Leased {
+    servers: Vec<String>,
+    profile: Option<usize>,
+    miss: Option<Miss>,
+    skipped: Vec<proto::SkippedServer>,
+    auth: BTreeMap<String, Value>,
+}
 
 /// `POST /local-sandbox`
 pub async fn acquire(
     State(h): State<Shared>,
     headers: HeaderMap,
     body: axum::body::Bytes,
-) -> ApiResult {
+) -> HostResult<(StatusCode, Json<AcquireResponse>)> {
     let who = owner(&h, &headers)?;
     let req = parse_acquire(&body)?;
     let _claim = OwnerClaim::take(&h, &who)?;
-    if let Some((missing, known)) = req
-        .servers
-        .as_deref()
-        .and_then(|asked| h.pool.missing_servers(asked))
-    {
-        return Err(detail(
-            StatusCode::BAD_REQUEST,
-            format!(
-                "acquire: unknown server{} {}; this host's sandboxes carry: {}",
-                if missing.len() > 1 { "s" } else { "" },
-                missing.join(", "),
-                known.join(", ")
-            ),
-        ));
-    }
+    check_servers_known(&h, &req)?;
     let started = std::time::Instant::now();
     let want = Want {
         servers: req.servers.clone(),
@@ -48,54 +47,109 @@ pub async fn acquire(
     };
     let taken = h.pool.take(&want).await.map_err(|e| {
         h.metrics.failed();
-        detail(
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!("no sandbox available: {e:#}"),
-        )
+        HostError::NoSandbox(e)
     })?;
     let slot = taken.slot.clone();
     let id = uuid::Uuid::new_v4().to_string();
-    let (mut servers, profile, miss, skipped, mut auth) =
-        match lease_slot(&slot, taken, &req, &id).await {
-            Ok(a) => a,
-            Err(e) => {
-                h.metrics.failed();
-                // A failed Acquire leaves the agent idle, but a warm lease the
-                // failure left behind (a Narrow that failed for another reason)
-                // is ended before the sandbox goes back to the pool bare; one
-                // that cannot be ended is replaced.
-                let pool = h.pool.clone();
-                tokio::spawn(async move {
-                    let idle = match slot.client().await {
-                        Ok(c) => c
-                            .agent()
-                            .release(proto::ReleaseRequest::default())
-                            .await
-                            .is_ok(),
-                        Err(_) => false,
-                    };
-                    let _ = tokio::task::spawn_blocking(move || {
-                        if idle {
-                            pool.give_back(&slot.id)
-                        } else {
-                            pool.drop_slot(&slot.id)
-                        }
-                    })
-                    .await;
-                });
-                return Err(e);
-            }
+    let mut leased = match lease_slot(&slot, taken, &req, &id).await {
+        Ok(l) => l,
+        Err(e) => {
+            h.metrics.failed();
+            settle_failed_lease(&h, slot);
+            return Err(e);
+        }
+    };
+    let (profile, miss) = (leased.profile, leased.miss.take());
+    let (row, skipped) = stored_row(&h, &req, id, who, &slot, leased);
+    h.store.insert(&row).inspect_err(|_| h.metrics.failed())?;
+    h.metrics.acquired(profile, miss, started.elapsed());
+    info!(sandbox = %row.id, slot = %slot.id, servers = row.servers.len(), warm = profile.is_some(), "acquired");
+    let SandboxInfo {
+        local_sandbox_id,
+        status,
+        benchmark,
+        servers,
+        ..
+    } = sandbox_info(&h, &row);
+    let answer = AcquireResponse {
+        local_sandbox_id,
+        status,
+        benchmark,
+        servers,
+        message: acquire_message(&row, &skipped),
+    };
+    Ok((StatusCode::CREATED, Json(answer)))
+}
+
+/// Names of the API that this host's sandboxes do not carry: a 400 naming
+/// them and what they do carry.
+fn check_servers_known(h: &Shared, req: &AcquireBody) -> HostResult<()> {
+    let Some((missing, known)) = req
+        .servers
+        .as_deref()
+        .and_then(|asked| h.pool.missing_servers(asked))
+    else {
+        return Ok(());
+    };
+    Err(HostError::BadRequest(format!(
+        "acquire: unknown server{} {}; this host's sandboxes carry: {}",
+        if missing.len() > 1 { "s" } else { "" },
+        missing.join(", "),
+        known.join(", ")
+    )))
+}
+
+/// A failed Acquire leaves the agent idle, but a warm lease the failure
+/// left behind (a Narrow that failed for another reason) is ended before
+/// the sandbox goes back to the pool bare; one that cannot be ended is
+/// replaced. In the background.
+fn settle_failed_lease(h: &Shared, slot: Slot) {
+    let pool = h.pool.clone();
+    tokio::spawn(async move {
+        let idle = match slot.client().await {
+            Ok(c) => c
+                .agent()
+                .release(proto::ReleaseRequest::default())
+                .await
+                .is_ok(),
+            Err(_) => false,
         };
-    // In the order asked for (a warm lease lists its profile's order).
+        let _ = tokio::task::spawn_blocking(move || {
+            if idle {
+                pool.give_back(&slot.id)
+            } else {
+                pool.drop_slot(&slot.id)
+            }
+        })
+        .await;
+    });
+}
+
+/// The sandbox as stored, its servers in the order asked for (a warm lease
+/// lists its profile's order); and the servers of ALL not started.
+fn stored_row(
+    h: &Shared,
+    req: &AcquireBody,
+    id: String,
+    owner: String,
+    slot: &Slot,
+    leased: Leased,
+) -> (SandboxRow, Vec<proto::SkippedServer>) {
+    let Leased {
+        mut servers,
+        mut auth,
+        skipped,
+        ..
+    } = leased;
     if let Some(asked) = &req.servers {
         servers.sort_by_key(|n| asked.iter().position(|a| a == n).unwrap_or(usize::MAX));
     }
     let now = timestamp();
     let row = SandboxRow {
-        id: id.clone(),
-        owner: who,
+        id,
+        owner,
         slot: slot.id.clone(),
-        status: "occupied".into(),
+        status: Status::Occupied,
         benchmark: req.benchmark.clone(),
         servers: servers
             .into_iter()
@@ -111,36 +165,29 @@ pub async fn acquire(
             .ttl
             .map(|t| now_ms() + (f64::from(t) * 1000.0 * h.time_scale) as i64),
     };
-    h.store.insert(&row).map_err(|e| {
-        h.metrics.failed();
-        internal(e)
-    })?;
-    h.metrics.acquired(profile, miss, started.elapsed());
-    info!(sandbox = %id, slot = %slot.id, servers = row.servers.len(), warm = profile.is_some(), "acquired");
-    let mut body = info(&h, &row);
-    if let Some(o) = body.as_object_mut() {
-        o.remove("created_at");
-        let names: Vec<&str> = row.servers.iter().map(|s| s.name.as_str()).collect();
-        let mut message = format!(
-            "Local sandbox acquired with {} server(s): {}",
-            names.len(),
-            names.join(", ")
-        );
-        // ALL: the servers whose outside service is not configured, named
-        // with what they need.
-        if !skipped.is_empty() {
-            let left: Vec<String> = skipped
-                .iter()
-                .map(|s| format!("{} ({})", s.name, s.reason))
-                .collect();
-            message.push_str(&format!(
-                "; not started, their outside service is not configured: {}",
-                left.join("; ")
-            ));
-        }
-        o.insert("message".into(), json!(message));
+    (row, skipped)
+}
+
+/// Acquire's message: the servers started, and for ALL the servers whose
+/// outside service is not configured, named with what they need.
+fn acquire_message(row: &SandboxRow, skipped: &[proto::SkippedServer]) -> String {
+    let names: Vec<&str> = row.servers.iter().map(|s| s.name.as_str()).collect();
+    let mut message = format!(
+        "Local sandbox acquired with {} server(s): {}",
+        names.len(),
+        names.join(", ")
+    );
+    if !skipped.is_empty() {
+        let left: Vec<String> = skipped
+            .iter()
+            .map(|s| format!("{} ({})", s.name, s.reason))
+            .collect();
+        message.push_str(&format!(
+            "; not started, their outside service is not configured: {}",
+            left.join("; ")
+        ));
     }
-    Ok((StatusCode::CREATED, Json(body)).into_response())
+    message
 }
 
 /// One Acquire of an owner in flight, counted against the per-owner cap
@@ -152,20 +199,16 @@ struct OwnerClaim {
 }
 
 impl OwnerClaim {
-    fn take(h: &Shared, who: &str) -> Result<OwnerClaim, ApiError> {
+    fn take(h: &Shared, who: &str) -> HostResult<OwnerClaim> {
         // Counted under the lock, so two Acquires cannot both see room.
         let mut acquiring = h.acquiring.lock().unwrap_or_else(|p| p.into_inner());
-        let live = h.store.list(Some(who)).map_err(internal)?.len();
+        let live = h.store.list(Some(who))?.len();
         let n = acquiring.entry(who.to_owned()).or_default();
         if live + *n >= h.max_per_owner {
-            return Err(detail(
-                StatusCode::TOO_MANY_REQUESTS,
-                format!(
-                    "this API key already holds {} sandbox(es) (limit {}, --max-sandboxes-per-key): release one first",
-                    live + *n,
-                    h.max_per_owner
-                ),
-            ));
+            return Err(HostError::TooManySandboxes {
+                held: live + *n,
+                limit: h.max_per_owner,
+            });
         }
         *n += 1;
         Ok(OwnerClaim {
@@ -191,25 +234,8 @@ impl Drop for OwnerClaim {
 /// when that covers the request, else by a cold Acquire (after ending a
 /// warm lease that does not cover it, or that the agent would not narrow).
 /// Returns the servers, the warm profile on a hit, and why not otherwise.
-async fn lease_slot(
-    slot: &crate::pool::Slot,
-    taken: Taken,
-    req: &AcquireBody,
-    id: &str,
-) -> Result<
-    (
-        Vec<String>,
-        Option<usize>,
-        Option<Miss>,
-        Vec<proto::SkippedServer>,
-        BTreeMap<String, Value>,
-    ),
-    ApiError,
-> {
-    let c = slot
-        .client()
-        .await
-        .map_err(|e| detail(StatusCode::SERVICE_UNAVAILABLE, format!("{e:#}")))?;
+async fn lease_slot(slot: &Slot, taken: Taken, req: &AcquireBody, id: &str) -> HostResult<Leased> {
+    let c = slot.client().await.map_err(HostError::AgentUnreachable)?;
     let mut miss = taken.miss;
     let to_end = match taken.warm {
         Some(w) if taken.covers => {
@@ -229,8 +255,13 @@ async fn lease_slot(
                 Ok(r) => {
                     let r = r.into_inner();
                     let auth = auth_data(r.lease.as_ref());
-                    let servers = r.servers.into_iter().map(|s| s.name);
-                    return Ok((servers.collect(), Some(w.profile), None, Vec::new(), auth));
+                    return Ok(Leased {
+                        servers: r.servers.into_iter().map(|s| s.name).collect(),
+                        profile: Some(w.profile),
+                        miss: None,
+                        skipped: Vec::new(),
+                        auth,
+                    });
                 }
                 Err(s)
                     if matches!(
@@ -242,7 +273,7 @@ async fn lease_slot(
                     miss = Some(Miss::Refused);
                     Some(w)
                 }
-                Err(s) => return Err(agent_error("acquire", s)),
+                Err(s) => return Err(HostError::agent("acquire")(s)),
             }
         }
         other => other,
@@ -259,7 +290,7 @@ async fn lease_slot(
         if let Err(s) = ended
             && s.code() != tonic::Code::NotFound
         {
-            return Err(agent_error("releasing the warm lease", s));
+            return Err(HostError::agent("releasing the warm lease")(s));
         }
     }
     let r = c
@@ -281,16 +312,20 @@ async fn lease_slot(
             // A name of the API that this sandbox's manifest (or VM image)
             // does not carry is the request's fault, not a missing resource.
             if s.code() == tonic::Code::NotFound {
-                detail(StatusCode::BAD_REQUEST, format!("acquire: {}", s.message()))
+                HostError::BadRequest(format!("acquire: {}", s.message()))
             } else {
-                agent_error("acquire", s)
+                HostError::agent("acquire")(s)
             }
         })?
         .into_inner();
     let auth = auth_data(r.lease.as_ref());
-    let servers = r.servers.into_iter().map(|s| s.name).collect();
-    let skipped = r.lease.map(|l| l.skipped).unwrap_or_default();
-    Ok((servers, None, miss, skipped, auth))
+    Ok(Leased {
+        servers: r.servers.into_iter().map(|s| s.name).collect(),
+        profile: None,
+        miss,
+        skipped: r.lease.map(|l| l.skipped).unwrap_or_default(),
+        auth,
+    })
 }
 
 /// The lease's per-server auth_data as JSON.
@@ -299,24 +334,31 @@ fn auth_data(lease: Option<&proto::Lease>) -> BTreeMap<String, Value> {
         .map(|l| {
             l.auth_data
                 .iter()
-                .map(|(server, s)| (server.clone(), super::server_data::struct_json(s)))
+                .map(|(server, s)| (server.clone(), struct_json(s)))
                 .collect()
         })
         .unwrap_or_default()
 }
 
 /// `GET /local-sandbox`
-pub async fn list(State(h): State<Shared>, headers: HeaderMap) -> ApiResult {
+pub async fn list(State(h): State<Shared>, headers: HeaderMap) -> HostResult<Json<ListResponse>> {
     let who = owner(&h, &headers)?;
-    let rows = h.store.list(Some(&who)).map_err(internal)?;
-    let items: Vec<Value> = rows.iter().map(|s| info(&h, s)).collect();
-    Ok(Json(json!({"total_count": items.len(), "local_sandboxes": items})).into_response())
+    let rows = h.store.list(Some(&who))?;
+    let local_sandboxes: Vec<SandboxInfo> = rows.iter().map(|s| sandbox_info(&h, s)).collect();
+    Ok(Json(ListResponse {
+        total_count: local_sandboxes.len(),
+        local_sandboxes,
+    }))
 }
 
 /// `GET /local-sandbox/{id}`
-pub async fn get(State(h): State<Shared>, headers: HeaderMap, Path(id): Path<String>) -> ApiResult {
+pub async fn get(
+    State(h): State<Shared>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> HostResult<Json<SandboxInfo>> {
     let s = sandbox_of(&h, &headers, &id)?;
-    Ok(Json(info(&h, &s)).into_response())
+    Ok(Json(sandbox_info(&h, &s)))
 }
 
 /// Ends a sandbox: marked released now, the agent released in the
@@ -329,30 +371,15 @@ pub fn release_in_background(h: &Shared, s: &SandboxRow, is_ttl: bool) {
     let (h, id, slot_id) = (h.clone(), s.id.clone(), s.slot.clone());
     let releases = h.releases.clone();
     releases.spawn(async move {
-        if h.pool.on_release() == OnRelease::Replace {
+        let pool = h.pool.clone();
+        if pool.on_release() == OnRelease::Replace {
             // Its agent or VM is stopped whole; nothing to release inside.
-            let pool = h.pool.clone();
             let _ = tokio::task::spawn_blocking(move || pool.drop_slot(&slot_id)).await;
             info!(sandbox = %id, is_ttl, "released; its sandbox is replaced");
             return;
         }
-        let released = match h.pool.leased_slot(&slot_id) {
-            Some(slot) => match slot.client().await {
-                Ok(c) => c
-                    .agent()
-                    .release(proto::ReleaseRequest {
-                        lease_id: id.clone(),
-                        is_ttl,
-                    })
-                    .await
-                    .map_err(|s| s.to_string()),
-                Err(e) => Err(format!("{e:#}")),
-            },
-            None => Err("its agent is gone".into()),
-        };
-        let pool = h.pool.clone();
-        match released {
-            Ok(_) => {
+        match release_lease(&h, &id, &slot_id, is_ttl).await {
+            Ok(()) => {
                 info!(sandbox = %id, is_ttl, "released");
                 let _ = tokio::task::spawn_blocking(move || pool.give_back(&slot_id)).await;
             }
@@ -364,34 +391,39 @@ pub fn release_in_background(h: &Shared, s: &SandboxRow, is_ttl: bool) {
     });
 }
 
+/// The agent's Release of lease `id` on its slot.
+async fn release_lease(h: &Shared, id: &str, slot_id: &str, is_ttl: bool) -> Result<(), String> {
+    let slot = h
+        .pool
+        .leased_slot(slot_id)
+        .ok_or_else(|| "its agent is gone".to_owned())?;
+    let c = slot.client().await.map_err(|e| e.to_string())?;
+    c.agent()
+        .release(proto::ReleaseRequest {
+            lease_id: id.to_owned(),
+            is_ttl,
+        })
+        .await
+        .map(|_| ())
+        .map_err(|s| s.to_string())
+}
+
 /// `DELETE /local-sandbox/{id}?is_ttl=`
 pub async fn release(
     State(h): State<Shared>,
     headers: HeaderMap,
     Path(id): Path<String>,
     Query(q): Query<HashMap<String, String>>,
-) -> ApiResult {
+) -> HostResult<Json<ReleaseResponse>> {
     owner(&h, &headers)?;
     let is_ttl = is_ttl(&q)?;
     let s = sandbox_of(&h, &headers, &id)?;
     release_in_background(&h, &s, is_ttl);
-    Ok(Json(json!({"message": format!(
-        "Local sandbox release started for {id}: it will be released asynchronously in background."
-    )}))
-    .into_response())
-}
-
-/// The agent of a live sandbox.
-pub(super) async fn agent_of(h: &Host, s: &SandboxRow) -> Result<sandbox_client::Client, ApiError> {
-    let slot = h.pool.leased_slot(&s.slot).ok_or_else(|| {
-        detail(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "the sandbox's agent is gone",
-        )
-    })?;
-    slot.client()
-        .await
-        .map_err(|e| detail(StatusCode::SERVICE_UNAVAILABLE, format!("{e:#}")))
+    Ok(Json(ReleaseResponse {
+        message: format!(
+            "Local sandbox release started for {id}: it will be released asynchronously in background."
+        ),
+    }))
 }
 
 /// `POST /local-sandbox/{id}/reset`
@@ -399,7 +431,7 @@ pub async fn reset(
     State(h): State<Shared>,
     headers: HeaderMap,
     Path(id): Path<String>,
-) -> ApiResult {
+) -> HostResult<Json<ResetResponse>> {
     let s = sandbox_of(&h, &headers, &id)?;
     agent_of(&h, &s)
         .await?
@@ -408,14 +440,13 @@ pub async fn reset(
             lease_id: id.clone(),
         })
         .await
-        .map_err(|s| agent_error("reset", s))?;
-    h.store
-        .set_status(&id, "occupied", &timestamp())
-        .map_err(internal)?;
+        .map_err(HostError::agent("reset"))?;
+    h.store.set_status(&id, Status::Occupied, &timestamp())?;
     // Klavis declares any JSON object; the sandbox as it is after the
     // reset, which Klavis clients ignore, and a message.
-    let s = h.store.get(&id, &s.owner).map_err(internal)?.unwrap_or(s);
-    let mut body = info(&h, &s);
-    body["message"] = json!(format!("Local sandbox {id} reset"));
-    Ok(Json(body).into_response())
+    let s = h.store.get(&id, &s.owner)?.unwrap_or(s);
+    Ok(Json(ResetResponse {
+        sandbox: sandbox_info(&h, &s),
+        message: format!("Local sandbox {id} reset"),
+    }))
 }

@@ -12,11 +12,8 @@ use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 
 use axum::body::Body;
-use axum::http::StatusCode;
 use futures_util::StreamExt;
 use tokio::io::AsyncWriteExt;
-
-use super::{ApiError, detail, internal, not_found};
 
 /// The store's bounds (`sandbox-host --help`).
 #[derive(Debug, Clone, Copy)]
@@ -54,22 +51,6 @@ pub enum UploadError {
     Released { id: String },
     #[error("storing the upload: {0}")]
     Io(#[from] std::io::Error),
-}
-
-/// The one place upload errors become HTTP answers.
-impl From<UploadError> for ApiError {
-    fn from(e: UploadError) -> ApiError {
-        let status = match &e {
-            UploadError::TooManyExecutions { .. } => StatusCode::TOO_MANY_REQUESTS,
-            UploadError::ArchiveTooLarge { .. }
-            | UploadError::SandboxFull { .. }
-            | UploadError::OwnerFull { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            UploadError::Body(_) => StatusCode::BAD_REQUEST,
-            UploadError::Released { id } => return not_found(id),
-            UploadError::Io(_) => return internal(&e),
-        };
-        detail(status, e.to_string())
-    }
 }
 
 /// What an upload is.

@@ -4,11 +4,49 @@
 
 use std::collections::HashMap;
 
-use sandbox_client::proto;
-use serde_json::{Value, json};
-
-use super::*;
 use sandbox_client::limits::{DEFAULT_TTL_SECONDS, MAX_TTL_SECONDS, MIN_TTL_SECONDS};
+use sandbox_client::proto;
+use serde_json::Value;
+
+use super::SERVER_NAMES;
+use crate::error::{HostError, Loc, ValidationItem};
+
+/// One pydantic error at `loc`.
+pub(super) fn verr(
+    loc: &[Loc],
+    msg: impl Into<String>,
+    kind: &str,
+    input: &Value,
+) -> ValidationItem {
+    ValidationItem {
+        loc: loc.to_vec(),
+        msg: msg.into(),
+        kind: kind.into(),
+        input: input.clone(),
+        ctx: None,
+    }
+}
+
+/// [`verr`] with pydantic's `ctx` (the constraint that failed).
+fn verr_ctx(
+    loc: &[Loc],
+    msg: impl Into<String>,
+    kind: &str,
+    input: &Value,
+    ctx: serde_json::Map<String, Value>,
+) -> ValidationItem {
+    ValidationItem {
+        ctx: Some(ctx),
+        ..verr(loc, msg, kind, input)
+    }
+}
+
+/// pydantic's `ctx`: the one constraint named.
+fn ctx(key: &str, value: impl Into<Value>) -> serde_json::Map<String, Value> {
+    let mut m = serde_json::Map::new();
+    m.insert(key.to_owned(), value.into());
+    m
+}
 
 pub(super) struct AcquireBody {
     pub servers: Option<Vec<String>>,
@@ -31,17 +69,17 @@ fn expected(values: &[&str]) -> String {
 }
 
 /// The union's other member failing: not the literal `'ALL'`.
-fn not_all(input: &Value) -> Value {
+fn not_all(input: &Value) -> ValidationItem {
     verr_ctx(
         &[
-            json!("body"),
-            json!("server_names"),
-            json!("literal['ALL']"),
+            "body".into(),
+            "server_names".into(),
+            "literal['ALL']".into(),
         ],
         "Input should be 'ALL'",
         "literal_error",
         input,
-        json!({"expected": "'ALL'"}),
+        ctx("expected", "'ALL'"),
     )
 }
 
@@ -71,87 +109,33 @@ fn lax_int(v: &Value) -> Result<i64, (&'static str, &'static str)> {
     }
 }
 
-/// Validates `POST /local-sandbox` like the Klavis (pydantic) model does.
-pub(super) fn parse_acquire(body: &[u8]) -> Result<AcquireBody, ApiError> {
+/// Validates `POST /local-sandbox` like the Klavis (pydantic) model does:
+/// every bad field reported at once, in the model's field order.
+pub(super) fn parse_acquire(body: &[u8]) -> Result<AcquireBody, HostError> {
     let v = body_object(body)?;
     let Some(o) = v.as_object() else {
-        return Err(internal("a checked body is an object"));
+        return Err(HostError::Internal("a checked body is an object".into()));
     };
-    let mut errors = Vec::new();
+    let mut errors: Vec<ValidationItem> = Vec::new();
     let servers = match o.get("server_names") {
         None => {
             errors.push(verr(
-                &[json!("body"), json!("server_names")],
+                &["body".into(), "server_names".into()],
                 "Field required",
                 "missing",
                 &v,
             ));
             None
         }
-        Some(Value::String(s)) if s == "ALL" => None,
-        // pydantic tries both members of the union and reports both.
-        Some(Value::Array(a)) => {
-            let mut names = Vec::new();
-            let mut bad = Vec::new();
-            let expected = expected(SERVER_NAMES);
-            for (i, n) in a.iter().enumerate() {
-                match n.as_str() {
-                    Some(s) if SERVER_NAMES.contains(&s) => names.push(s.to_owned()),
-                    _ => bad.push(verr_ctx(
-                        &[
-                            json!("body"),
-                            json!("server_names"),
-                            json!(LIST_TAG),
-                            json!(i),
-                        ],
-                        format!("Input should be {expected}"),
-                        "enum",
-                        n,
-                        json!({"expected": expected}),
-                    )),
-                }
-            }
-            if !bad.is_empty() {
-                errors.extend(bad);
-                errors.push(not_all(&Value::Array(a.clone())));
-            }
-            Some(names)
-        }
-        Some(other) => {
-            errors.push(verr(
-                &[json!("body"), json!("server_names"), json!(LIST_TAG)],
-                "Input should be a valid list",
-                "list_type",
-                other,
-            ));
-            errors.push(not_all(other));
-            None
-        }
+        Some(names) => server_names(names, &mut errors),
     };
-    let benchmark = match o.get("benchmark") {
-        None | Some(Value::Null) => None,
-        Some(Value::String(b)) if proto::Benchmark::KLAVIS_NAMES.contains(&b.as_str()) => {
-            Some(b.clone())
-        }
-        Some(other) => {
-            let expected = expected(&proto::Benchmark::KLAVIS_NAMES);
-            errors.push(verr_ctx(
-                &[json!("body"), json!("benchmark")],
-                format!("Input should be {expected}"),
-                "enum",
-                other,
-                json!({"expected": expected}),
-            ));
-            None
-        }
-    };
-    // In the model's field order, as pydantic reports them.
+    let benchmark = benchmark(o.get("benchmark"), &mut errors);
     let email = match o.get("test_account_email") {
         None | Some(Value::Null) => String::new(),
         Some(Value::String(s)) => s.clone(),
         Some(other) => {
             errors.push(verr(
-                &[json!("body"), json!("test_account_email")],
+                &["body".into(), "test_account_email".into()],
                 "Input should be a valid string",
                 "string_type",
                 other,
@@ -159,44 +143,9 @@ pub(super) fn parse_acquire(body: &[u8]) -> Result<AcquireBody, ApiError> {
             String::new()
         }
     };
-    let ttl = match o.get("ttl_seconds") {
-        None => Some(DEFAULT_TTL_SECONDS),
-        Some(Value::Null) => None,
-        Some(t) => match lax_int(t) {
-            Ok(n) if (i64::from(MIN_TTL_SECONDS)..=i64::from(MAX_TTL_SECONDS)).contains(&n) => {
-                Some(n as u32)
-            }
-            Ok(n) => {
-                let (msg, kind, ctx) = if n < i64::from(MIN_TTL_SECONDS) {
-                    (
-                        format!("Input should be greater than or equal to {MIN_TTL_SECONDS}"),
-                        "greater_than_equal",
-                        json!({"ge": MIN_TTL_SECONDS}),
-                    )
-                } else {
-                    (
-                        format!("Input should be less than or equal to {MAX_TTL_SECONDS}"),
-                        "less_than_equal",
-                        json!({"le": MAX_TTL_SECONDS}),
-                    )
-                };
-                errors.push(verr_ctx(
-                    &[json!("body"), json!("ttl_seconds")],
-                    msg,
-                    kind,
-                    t,
-                    ctx,
-                ));
-                None
-            }
-            Err((msg, kind)) => {
-                errors.push(verr(&[json!("body"), json!("ttl_seconds")], msg, kind, t));
-                None
-            }
-        },
-    };
+    let ttl = ttl_seconds(o.get("ttl_seconds"), &mut errors);
     if !errors.is_empty() {
-        return Err(invalid(errors));
+        return Err(HostError::Validation(errors));
     }
     Ok(AcquireBody {
         servers,
@@ -206,20 +155,117 @@ pub(super) fn parse_acquire(body: &[u8]) -> Result<AcquireBody, ApiError> {
     })
 }
 
+/// `server_names`: `"ALL"` (None) or a list of Klavis's server names.
+fn server_names(v: &Value, errors: &mut Vec<ValidationItem>) -> Option<Vec<String>> {
+    let a = match v {
+        Value::String(s) if s == "ALL" => return None,
+        Value::Array(a) => a,
+        other => {
+            errors.push(verr(
+                &["body".into(), "server_names".into(), LIST_TAG.into()],
+                "Input should be a valid list",
+                "list_type",
+                other,
+            ));
+            errors.push(not_all(other));
+            return None;
+        }
+    };
+    // pydantic tries both members of the union and reports both.
+    let mut names = Vec::new();
+    let mut bad = Vec::new();
+    let expected = expected(SERVER_NAMES);
+    for (i, n) in a.iter().enumerate() {
+        match n.as_str() {
+            Some(s) if SERVER_NAMES.contains(&s) => names.push(s.to_owned()),
+            _ => bad.push(verr_ctx(
+                &[
+                    "body".into(),
+                    "server_names".into(),
+                    LIST_TAG.into(),
+                    i.into(),
+                ],
+                format!("Input should be {expected}"),
+                "enum",
+                n,
+                ctx("expected", expected.clone()),
+            )),
+        }
+    }
+    if !bad.is_empty() {
+        errors.extend(bad);
+        errors.push(not_all(v));
+    }
+    Some(names)
+}
+
+/// `benchmark`: one of Klavis's benchmark names, or none.
+fn benchmark(v: Option<&Value>, errors: &mut Vec<ValidationItem>) -> Option<String> {
+    match v {
+        None | Some(Value::Null) => None,
+        Some(Value::String(b)) if proto::Benchmark::KLAVIS_NAMES.contains(&b.as_str()) => {
+            Some(b.clone())
+        }
+        Some(other) => {
+            let expected = expected(&proto::Benchmark::KLAVIS_NAMES);
+            errors.push(verr_ctx(
+                &["body".into(), "benchmark".into()],
+                format!("Input should be {expected}"),
+                "enum",
+                other,
+                ctx("expected", expected),
+            ));
+            None
+        }
+    }
+}
+
+/// `ttl_seconds`: absent is the default, null is none, else an integer
+/// within Klavis's bounds.
+fn ttl_seconds(v: Option<&Value>, errors: &mut Vec<ValidationItem>) -> Option<u32> {
+    let t = match v {
+        None => return Some(DEFAULT_TTL_SECONDS),
+        Some(Value::Null) => return None,
+        Some(t) => t,
+    };
+    let loc = ["body".into(), "ttl_seconds".into()];
+    match lax_int(t) {
+        Ok(n) if (i64::from(MIN_TTL_SECONDS)..=i64::from(MAX_TTL_SECONDS)).contains(&n) => {
+            return Some(n as u32);
+        }
+        Ok(n) if n < i64::from(MIN_TTL_SECONDS) => errors.push(verr_ctx(
+            &loc,
+            format!("Input should be greater than or equal to {MIN_TTL_SECONDS}"),
+            "greater_than_equal",
+            t,
+            ctx("ge", MIN_TTL_SECONDS),
+        )),
+        Ok(_) => errors.push(verr_ctx(
+            &loc,
+            format!("Input should be less than or equal to {MAX_TTL_SECONDS}"),
+            "less_than_equal",
+            t,
+            ctx("le", MAX_TTL_SECONDS),
+        )),
+        Err((msg, kind)) => errors.push(verr(&loc, msg, kind, t)),
+    }
+    None
+}
+
 /// A JSON request body that must be an object, with pydantic's 422s for
 /// invalid JSON and for any other value.
-pub(super) fn body_object(body: &[u8]) -> Result<Value, ApiError> {
+pub(super) fn body_object(body: &[u8]) -> Result<Value, HostError> {
     let v: Value = serde_json::from_slice(body).map_err(|e| {
-        invalid(vec![verr(
-            &[json!("body"), json!(e.column())],
+        HostError::Validation(vec![verr(
+            &["body".into(), e.column().into()],
             format!("JSON decode error: {e}"),
             "json_invalid",
-            &json!({}),
+            &Value::Object(Default::default()),
         )])
     })?;
     if !v.is_object() {
-        return Err(invalid(vec![verr(
-            &[json!("body")],
+        return Err(HostError::Validation(vec![verr(
+            &["body".into()],
             "Input should be a valid dictionary or object to extract fields from",
             "model_attributes_type",
             &v,
@@ -234,22 +280,22 @@ pub(crate) fn benchmark_proto(b: Option<&str>) -> i32 {
 }
 
 /// A query parameter FastAPI would check: the 422 its validation gives.
-pub(super) fn query_error(name: &str, msg: &str, kind: &str, input: &str) -> ApiError {
-    invalid(vec![verr(
-        &[json!("query"), json!(name)],
+pub(super) fn query_error(name: &str, msg: &str, kind: &str, input: &str) -> HostError {
+    HostError::Validation(vec![verr(
+        &["query".into(), name.into()],
         msg,
         kind,
-        &json!(input),
+        &Value::from(input),
     )])
 }
 
 /// `?is_ttl=`, parsed as pydantic parses a boolean.
-pub(super) fn is_ttl(q: &HashMap<String, String>) -> Result<bool, ApiError> {
+pub(super) fn is_ttl(q: &HashMap<String, String>) -> Result<bool, HostError> {
     query_bool(q, "is_ttl")
 }
 
 /// A boolean query parameter (default false), parsed as pydantic does.
-pub(super) fn query_bool(q: &HashMap<String, String>, name: &str) -> Result<bool, ApiError> {
+pub(super) fn query_bool(q: &HashMap<String, String>, name: &str) -> Result<bool, HostError> {
     let Some(v) = q.get(name) else {
         return Ok(false);
     };
@@ -267,7 +313,7 @@ pub(super) fn query_bool(q: &HashMap<String, String>, name: &str) -> Result<bool
 
 /// `?region=` of the transfer endpoints (Klavis's `GCSRegion`): accepted
 /// and checked; this host stores archives itself, so it changes nothing.
-pub(super) fn check_region(q: &HashMap<String, String>) -> Result<(), ApiError> {
+pub(super) fn check_region(q: &HashMap<String, String>) -> Result<(), HostError> {
     match q.get("region").map(String::as_str) {
         None | Some("us") | Some("asia") => Ok(()),
         Some(v) => Err(query_error(
@@ -282,11 +328,16 @@ pub(super) fn check_region(q: &HashMap<String, String>) -> Result<(), ApiError> 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use axum::http::StatusCode;
+    use serde_json::json;
 
     fn errors(body: &str) -> Value {
         let e = parse_acquire(body.as_bytes()).err().expect("a 422");
-        assert_eq!(e.status, StatusCode::UNPROCESSABLE_ENTITY);
-        e.detail
+        assert_eq!(e.status(), StatusCode::UNPROCESSABLE_ENTITY);
+        match e {
+            HostError::Validation(items) => serde_json::to_value(items).expect("JSON"),
+            other => panic!("not a 422: {other}"),
+        }
     }
 
     #[test]

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use std::os::unix::process::CommandExt;
 
-use anyhow::Context;
+use super::PoolError;
 
 use super::isolate::Isolation;
 
@@ -74,7 +74,7 @@ pub(super) fn agent_args(
     agent_bin: &Path,
     manifest: Option<&Path>,
     isolated: bool,
-) -> anyhow::Result<Vec<String>> {
+) -> Result<Vec<String>, PoolError> {
     use super::isolate::{IN_DATA, IN_EXEC, IN_RUN, IN_STATE, IN_WORKSPACE};
     let s = |p: &Path| p.display().to_string();
     let (ws, exec, state, data, run) = if isolated {
@@ -87,7 +87,8 @@ pub(super) fn agent_args(
         )
     } else {
         for sub in ["ws", "run"] {
-            std::fs::create_dir_all(dir.join(sub))?;
+            std::fs::create_dir_all(dir.join(sub))
+                .map_err(PoolError::io(format!("creating {}/{sub}", dir.display())))?;
         }
         (
             s(&dir.join("ws")),
@@ -141,21 +142,22 @@ pub fn slots_dir(data: &Path) -> PathBuf {
 /// Which accelerator the VMs get: `kvm` when a guest kernel really boots
 /// under it, else `tcg` (run-qemu.sh's probe, run once for the whole pool
 /// instead of once per VM).
-pub fn probe_accel(run_script: &Path, image: &Path) -> anyhow::Result<String> {
+pub fn probe_accel(run_script: &Path, image: &Path) -> Result<String, PoolError> {
     let out = std::process::Command::new(run_script)
         .arg("--probe-accel")
         .arg("--initramfs")
         .arg(image)
         .stdin(std::process::Stdio::null())
         .output()
-        .with_context(|| format!("running {}", run_script.display()))?;
+        .map_err(PoolError::io(format!("running {}", run_script.display())))?;
     let accel = String::from_utf8_lossy(&out.stdout).trim().to_owned();
-    anyhow::ensure!(
-        out.status.success() && (accel == "kvm" || accel == "tcg"),
-        "{} --probe-accel failed: {}",
-        run_script.display(),
-        String::from_utf8_lossy(&out.stderr).trim()
-    );
+    if !(out.status.success() && (accel == "kvm" || accel == "tcg")) {
+        return Err(PoolError::Probe(format!(
+            "{} --probe-accel failed: {}",
+            run_script.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
     Ok(accel)
 }
 
@@ -166,9 +168,9 @@ pub fn probe_accel(run_script: &Path, image: &Path) -> anyhow::Result<String> {
 pub(super) fn spawn_in_session(
     mut cmd: std::process::Command,
     log: std::fs::File,
-) -> anyhow::Result<u32> {
+) -> Result<u32, PoolError> {
     cmd.stdin(std::process::Stdio::null())
-        .stdout(log.try_clone()?)
+        .stdout(log.try_clone().map_err(PoolError::io("the slot's log"))?)
         .stderr(log);
     // SAFETY: setsid is async-signal-safe.
     unsafe {
@@ -178,7 +180,9 @@ pub(super) fn spawn_in_session(
                 .map_err(std::io::Error::from)
         });
     }
-    let mut child = cmd.spawn().with_context(|| format!("starting {cmd:?}"))?;
+    let mut child = cmd
+        .spawn()
+        .map_err(PoolError::io(format!("starting {cmd:?}")))?;
     let pid = child.id();
     std::thread::spawn(move || {
         let _ = child.wait();
@@ -200,11 +204,12 @@ pub(super) fn spawn_isolated(
     agent_bin: &std::path::Path,
     manifest: Option<&std::path::Path>,
     log: std::fs::File,
-) -> anyhow::Result<u32> {
+) -> Result<u32, PoolError> {
     let mut tries = 0;
     loop {
         tries += 1;
-        match spawn_isolated_once(iso, dir, id, agent_bin, manifest, log.try_clone()?) {
+        let log = log.try_clone().map_err(PoolError::io("the slot's log"))?;
+        match spawn_isolated_once(iso, dir, id, agent_bin, manifest, log) {
             Ok(pid) => return Ok(pid),
             Err(e) if tries < ISOLATED_START_TRIES => {
                 tracing::warn!(slot = %id, error = %e, "setting up a sandbox failed; trying again");
@@ -224,7 +229,7 @@ fn spawn_isolated_once(
     agent_bin: &std::path::Path,
     manifest: Option<&std::path::Path>,
     log: std::fs::File,
-) -> anyhow::Result<u32> {
+) -> Result<u32, PoolError> {
     let block = iso.take_block(dir)?;
     iso.prepare_dirs(dir, block)?;
     let cgroups = iso.cgroups(id, block)?;
@@ -233,9 +238,11 @@ fn spawn_isolated_once(
     let mut cmd = iso.command(dir, block, &args, agent_bin, manifest, &cgroups, info_w);
     cmd.env("SANDBOX_AGENT_CONFIG", "/dev/null")
         .stdin(std::process::Stdio::null())
-        .stdout(log.try_clone()?)
+        .stdout(log.try_clone().map_err(PoolError::io("the slot's log"))?)
         .stderr(log);
-    let mut monitor = cmd.spawn().context("starting unshare and bwrap")?;
+    let mut monitor = cmd
+        .spawn()
+        .map_err(PoolError::io("starting unshare and bwrap"))?;
     // The parent's copy of the write end went with `cmd`.
     drop(cmd);
     let pid = match iso.agent_pid(info_r) {
@@ -264,8 +271,11 @@ fn spawn_isolated_once(
 
 /// Undoes a slot whose setup failed (its cgroups, its pasta) and returns
 /// the error with the end of the slot's log, which says why.
-fn abandon(id: &str, dir: &Path, e: anyhow::Error) -> anyhow::Error {
+fn abandon(id: &str, dir: &Path, e: PoolError) -> PoolError {
     super::isolate::teardown(id, dir);
     let log = std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default();
-    anyhow::anyhow!("{e}: {}", super::slot::tail(&log, 2000))
+    PoolError::Setup {
+        error: Box::new(e),
+        log: super::slot::tail(&log, 2000).to_owned(),
+    }
 }

@@ -327,7 +327,7 @@ impl Isolation {
         c.arg("--").args(agent);
         // Only what the agent and its servers need of the host's
         // environment: never the host's own secrets.
-        c.env_remove(crate::API_KEY_ENV);
+        c.env_remove(crate::config::API_KEY_ENV);
         let procs = cgroups.procs_fds();
         let raw: Vec<i32> = procs.iter().map(|f| f.as_raw_fd()).collect();
         let info_raw = info.as_raw_fd();

@@ -25,6 +25,7 @@
 //! - `warm`: warm profiles and the task that keeps idle slots warm.
 
 mod backend;
+mod error;
 pub mod isolate;
 mod slot;
 mod warm;
@@ -35,7 +36,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::Context;
 use sandbox_client::proto;
 use tokio::sync::Notify;
 use tracing::info;
@@ -43,6 +43,7 @@ use tracing::info;
 pub use backend::{Backend, Kind, probe_accel, slots_dir};
 use backend::{VM_AGENT_PORT, VM_MCP_PORT};
 use backend::{agent_args, spawn_in_session, spawn_isolated};
+pub use error::PoolError;
 pub use slot::Slot;
 use slot::{discard, stop, tail};
 pub use warm::{Want, WarmLease, WarmProfile};
@@ -154,9 +155,9 @@ pub struct Pool {
 }
 
 impl Pool {
-    pub fn new(cfg: PoolConfig) -> anyhow::Result<Arc<Pool>> {
+    pub fn new(cfg: PoolConfig) -> Result<Arc<Pool>, PoolError> {
         std::fs::create_dir_all(&cfg.dir)
-            .with_context(|| format!("creating {}", cfg.dir.display()))?;
+            .map_err(PoolError::io(format!("creating {}", cfg.dir.display())))?;
         Ok(Arc::new(Pool {
             cfg,
             idle: Mutex::new(Vec::new()),
@@ -332,7 +333,7 @@ impl Pool {
     /// the caller to end), else a new one. While every idle slot is still
     /// warming, it waits for one: that takes at most the warm servers'
     /// start, a new slot its whole start (a VM boot) and then the Acquire.
-    pub async fn take(self: &Arc<Self>, want: &Want) -> anyhow::Result<Taken> {
+    pub async fn take(self: &Arc<Self>, want: &Want) -> Result<Taken, PoolError> {
         self.sweep();
         let picked = loop {
             let warmed = self.warmed.notified();
@@ -441,14 +442,21 @@ impl Pool {
     }
 
     /// Starts a slot and waits until its agent serves.
-    async fn spawn(&self) -> anyhow::Result<Slot> {
-        anyhow::ensure!(!self.is_closed(), "the host is stopping");
+    async fn spawn(&self) -> Result<Slot, PoolError> {
+        if self.is_closed() {
+            return Err(PoolError::Stopping);
+        }
         let id = uuid::Uuid::new_v4().simple().to_string();
         let dir = self.cfg.dir.join(&id);
-        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        std::fs::create_dir_all(&dir)
+            .map_err(PoolError::io(format!("creating {}", dir.display())))?;
         let kind = self.cfg.backend.kind();
-        std::fs::write(dir.join("backend"), kind.name())?;
-        let log = std::fs::File::create(dir.join("agent.log"))?;
+        std::fs::write(dir.join("backend"), kind.name())
+            .map_err(PoolError::io(format!("writing {}/backend", dir.display())))?;
+        let log = std::fs::File::create(dir.join("agent.log")).map_err(PoolError::io(format!(
+            "creating {}/agent.log",
+            dir.display()
+        )))?;
         let pid = match &self.cfg.backend {
             Backend::Process {
                 agent_bin,
@@ -461,7 +469,7 @@ impl Pool {
                         spawn_isolated(&iso, &d, &i, &agent_bin, manifest.as_deref(), log)
                     })
                     .await
-                    .context("the task starting a sandbox")?
+                    .map_err(|e| PoolError::io("the task starting a sandbox")(e.into()))?
                     .inspect_err(|_| {
                         let s = self.cfg.dir.join(&id);
                         let _ = std::fs::remove_dir_all(s);
@@ -491,7 +499,10 @@ impl Pool {
                 spawn_in_session(c, log)?
             }
         };
-        std::fs::write(dir.join("agent.pid"), pid.to_string())?;
+        std::fs::write(dir.join("agent.pid"), pid.to_string()).map_err(PoolError::io(format!(
+            "writing {}/agent.pid",
+            dir.display()
+        )))?;
         let slot = Slot { id, dir, pid, kind };
         {
             let mut starting = self.starting();
@@ -499,7 +510,7 @@ impl Pool {
                 drop(starting);
                 let s = slot.clone();
                 let _ = tokio::task::spawn_blocking(move || discard(&s)).await;
-                anyhow::bail!("the host is stopping");
+                return Err(PoolError::Stopping);
             }
             starting.insert(slot.id.clone(), slot.clone());
         }
@@ -511,7 +522,9 @@ impl Pool {
         }
         let still_ours = self.starting().remove(&slot.id).is_some();
         ready?;
-        anyhow::ensure!(still_ours, "the host is stopping");
+        if !still_ours {
+            return Err(PoolError::Stopping);
+        }
         info!(slot = %slot.id, pid, backend = kind.name(), "sandbox started");
         Ok(slot)
     }
@@ -528,7 +541,7 @@ impl Pool {
 
     /// Waits until a new slot's agent reports SERVING; discards it when it
     /// dies or the backend's deadline passes.
-    async fn wait_serving(&self, slot: &Slot) -> anyhow::Result<()> {
+    async fn wait_serving(&self, slot: &Slot) -> Result<(), PoolError> {
         let kind = slot.kind;
         let deadline = Instant::now() + self.start_deadline();
         loop {
@@ -541,11 +554,10 @@ impl Pool {
                 let log = std::fs::read_to_string(slot.dir.join("agent.log")).unwrap_or_default();
                 let s = slot.clone();
                 let _ = tokio::task::spawn_blocking(move || discard(&s)).await;
-                anyhow::bail!(
-                    "the {} sandbox did not start serving: {}",
-                    kind.name(),
-                    tail(&log, 2000)
-                );
+                return Err(PoolError::NotServing {
+                    backend: kind.name(),
+                    log: tail(&log, 2000).to_owned(),
+                });
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }

@@ -4,7 +4,6 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use anyhow::Context;
 use sandbox_client::transport::Endpoint;
 
 use super::*;
@@ -39,10 +38,13 @@ impl Slot {
             },
         }
     }
-    pub async fn client(&self) -> anyhow::Result<sandbox_client::Client> {
+    pub async fn client(&self) -> Result<sandbox_client::Client, super::PoolError> {
         sandbox_client::connect(&self.agent_uri())
             .await
-            .with_context(|| format!("agent of slot {}", self.id))
+            .map_err(|source| super::PoolError::Connect {
+                slot: self.id.clone(),
+                source,
+            })
     }
     /// Alive, and still our process (not a reused pid). When that cannot
     /// be told (no file descriptor left to read /proc with), alive.

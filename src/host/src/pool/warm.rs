@@ -186,7 +186,7 @@ pub(super) async fn pre_acquire(
     slot: &Slot,
     profile: &WarmProfile,
     index: usize,
-) -> anyhow::Result<WarmLease> {
+) -> Result<WarmLease, super::PoolError> {
     let lease_id = uuid::Uuid::new_v4().to_string();
     let (names, all) = match &profile.servers {
         WarmServers::All => (Vec::new(), true),
@@ -210,7 +210,7 @@ pub(super) async fn pre_acquire(
             ..Default::default()
         })
         .await
-        .map_err(|s| anyhow::anyhow!("{}", s.message()))?
+        .map_err(|s| super::PoolError::Warm(s.message().to_owned()))?
         .into_inner();
     Ok(WarmLease {
         lease_id,

@@ -1,0 +1,257 @@
+//! What the handlers share: who is asking, which sandbox and agent a
+//! request names, the signed transfer URLs, the answer shapes of a
+//! sandbox, and the streams between the upload store and an agent. The
+//! handler modules import from here (and from `validation`, `uploads`,
+//! `model`), never from each other.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::body::Body;
+use axum::body::Bytes;
+use axum::http::{HeaderMap, header};
+use axum::response::Response;
+use futures_util::{Stream, StreamExt};
+use sandbox_client::proto;
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::Host;
+use super::model::{SandboxInfo, ServerItem};
+use crate::error::{HostError, HostResult};
+use crate::signed::Invalid;
+use crate::store::SandboxRow;
+
+/// Lifetime of the signed transfer URLs.
+pub const URL_MINUTES: u64 = 30;
+
+/// The query parameter of the MCP URLs' capability token.
+pub const MCP_TOKEN_PARAM: &str = "mcp_token";
+/// What the capability token is signed for.
+pub const MCP_TOKEN_ACTION: &str = "mcp";
+
+pub fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+pub fn timestamp() -> String {
+    chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, false)
+}
+
+fn unix_now() -> u64 {
+    (now_ms() / 1000) as u64
+}
+
+/// The owner of the request's API key.
+pub fn owner(h: &Host, headers: &HeaderMap) -> HostResult<String> {
+    // The scheme is case-insensitive (RFC 9110 11.1): "bearer" works too.
+    let key = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim_start().split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, k)| k.trim());
+    match key.and_then(|k| h.keys.get(k)) {
+        Some(o) => Ok(o.clone()),
+        None if key.is_none() => Err(HostError::NoKey),
+        None => Err(HostError::BadKey),
+    }
+}
+
+/// A live sandbox of the caller, or 404.
+pub fn sandbox_of(h: &Host, headers: &HeaderMap, id: &str) -> HostResult<SandboxRow> {
+    let who = owner(h, headers)?;
+    h.store
+        .get(id, &who)?
+        .ok_or_else(|| HostError::SandboxNotFound(id.to_owned()))
+}
+
+/// Whether sandbox `id` is still live (not released).
+pub fn is_live(h: &Host, id: &str) -> bool {
+    matches!(h.store.get_live(id), Ok(Some(_)))
+}
+
+/// The agent of a live sandbox.
+pub async fn agent_of(h: &Host, s: &SandboxRow) -> HostResult<sandbox_client::Client> {
+    let slot = h.pool.leased_slot(&s.slot).ok_or(HostError::AgentGone)?;
+    slot.client().await.map_err(HostError::AgentUnreachable)
+}
+
+/// `<public_url>/transfer/<path>?<signature of action on sandbox id>`.
+pub fn signed_url(h: &Host, action: &str, id: &str, path: &str) -> String {
+    let expires = unix_now() + URL_MINUTES * 60;
+    format!(
+        "{}/transfer/{path}?{}",
+        h.public_url,
+        h.signer.sign(action, id, expires)
+    )
+}
+
+#[derive(Deserialize)]
+pub struct SignedQuery {
+    expires: Option<u64>,
+    signature: Option<String>,
+}
+
+/// The live sandbox a signed transfer URL names, or 403/404.
+pub fn check_signed(h: &Host, action: &str, id: &str, q: &SignedQuery) -> HostResult<SandboxRow> {
+    let (Some(expires), Some(sig)) = (q.expires, q.signature.as_deref()) else {
+        return Err(HostError::SignedUrl(
+            "this URL is not signed; ask the API for one",
+        ));
+    };
+    h.signer
+        .verify(action, id, expires, sig, unix_now())
+        .map_err(|e| {
+            HostError::SignedUrl(match e {
+                Invalid::Expired => "this signed URL has expired; ask the API for a new one",
+                Invalid::BadSignature => "invalid signature",
+            })
+        })?;
+    h.store
+        .get_live(id)?
+        .ok_or_else(|| HostError::SandboxNotFound(id.to_owned()))
+}
+
+/// Klavis's MCP URL, plus a capability token: whoever holds the URL may
+/// use that sandbox's MCP servers (Klavis's notebooks call it without a
+/// key) until the sandbox is released. The API key works as well.
+fn mcp_url(h: &Host, server: &str, id: &str) -> String {
+    format!(
+        "{}/{server}/mcp/?local_sandbox_id={id}&{MCP_TOKEN_PARAM}={}",
+        h.public_url,
+        h.signer.token(MCP_TOKEN_ACTION, id)
+    )
+}
+
+pub fn server_items(h: &Host, s: &SandboxRow) -> Vec<ServerItem> {
+    s.servers
+        .iter()
+        .map(|sv| ServerItem {
+            server_name: sv.name.clone(),
+            id: sv.id.clone(),
+            mcp_server_url: mcp_url(h, &sv.name, &s.id),
+            status: s.status,
+            benchmark: s.benchmark.clone(),
+            updated_at: s.updated_at.clone(),
+            metadata: None,
+            auth_data: sv.auth_data.clone(),
+            tags: None,
+        })
+        .collect()
+}
+
+pub fn info(h: &Host, s: &SandboxRow) -> SandboxInfo {
+    SandboxInfo {
+        local_sandbox_id: s.id.clone(),
+        created_at: s.created_at.clone(),
+        status: s.status,
+        benchmark: s.benchmark.clone(),
+        servers: server_items(h, s),
+    }
+}
+
+/// A protobuf Struct as JSON.
+pub fn struct_json(s: &prost_types::Struct) -> Value {
+    Value::Object(
+        s.fields
+            .iter()
+            .map(|(k, v)| (k.clone(), value_json(v)))
+            .collect(),
+    )
+}
+
+fn value_json(v: &prost_types::Value) -> Value {
+    use prost_types::value::Kind;
+    match &v.kind {
+        None | Some(Kind::NullValue(_)) => Value::Null,
+        Some(Kind::BoolValue(b)) => Value::Bool(*b),
+        Some(Kind::NumberValue(n)) if n.fract() == 0.0 && n.abs() < 9e15 => Value::from(*n as i64),
+        Some(Kind::NumberValue(n)) => Value::from(*n),
+        Some(Kind::StringValue(s)) => Value::String(s.clone()),
+        Some(Kind::ListValue(l)) => Value::Array(l.values.iter().map(value_json).collect()),
+        Some(Kind::StructValue(s)) => struct_json(s),
+    }
+}
+
+/// A stored archive as chunks for an agent's client stream, and the read
+/// failure that ends it early, if any (see [`stream_to_agent`]).
+pub fn stored_chunks(
+    file: tokio::fs::File,
+) -> (
+    impl Stream<Item = Bytes> + Send + 'static,
+    tokio::sync::oneshot::Receiver<std::io::Error>,
+) {
+    let (failed, failure) = tokio::sync::oneshot::channel();
+    let reader = tokio_util::io::ReaderStream::with_capacity(file, 256 << 10);
+    let chunks = futures_util::stream::unfold(
+        (reader, Some(failed)),
+        |(mut reader, mut failed)| async move {
+            match reader.next().await {
+                Some(Ok(b)) => Some((b, (reader, failed))),
+                None => None,
+                Some(Err(e)) => {
+                    if let Some(f) = failed.take() {
+                        let _ = f.send(e);
+                    }
+                    // Never ends: the call is cancelled instead, so the
+                    // agent never takes a truncated archive for whole.
+                    std::future::pending().await
+                }
+            }
+        },
+    );
+    (chunks, failure)
+}
+
+/// Runs an agent call fed by [`stored_chunks`]: a read failure of the
+/// stored archive cancels the call (the agent then changes nothing) and
+/// fails the request.
+pub async fn stream_to_agent<T>(
+    what: &str,
+    call: impl Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    failure: tokio::sync::oneshot::Receiver<std::io::Error>,
+) -> HostResult<T> {
+    let failed = async {
+        match failure.await {
+            Ok(e) => e,
+            // The stream ended whole: wait for the call.
+            Err(_) => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        r = call => Ok(r.map_err(HostError::agent(what))?.into_inner()),
+        e = failed => Err(HostError::Internal(format!(
+            "{what}: reading the uploaded archive from this host's store: {e}"
+        ))),
+    }
+}
+
+/// An agent's archive stream (chunks, then a trailer) as a streamed
+/// `application/gzip` answer; an error mid-stream breaks the body, so the
+/// client never takes a truncated archive for a whole one.
+pub fn archive_response(
+    stream: tonic::Streaming<proto::DumpResponse>,
+    filename: Option<&str>,
+) -> HostResult<Response> {
+    let bytes = stream.filter_map(|m| async move {
+        match m {
+            Ok(proto::DumpResponse {
+                msg: Some(proto::dump_response::Msg::Chunk(b)),
+            }) => Some(Ok::<_, std::io::Error>(b)),
+            Ok(_) => None,
+            Err(e) => Some(Err(std::io::Error::other(e.message().to_owned()))),
+        }
+    });
+    let mut r = Response::builder().header(header::CONTENT_TYPE, "application/gzip");
+    if let Some(f) = filename {
+        r = r.header(
+            header::CONTENT_DISPOSITION,
+            format!("attachment; filename=\"{f}\""),
+        );
+    }
+    r.body(Body::from_stream(bytes))
+        .map_err(|e| HostError::Internal(e.to_string()))
+}

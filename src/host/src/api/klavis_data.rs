@@ -1,0 +1,460 @@
+//! The per-server data documents of Klavis's API (`GoogleCloudData`,
+//! `PosteEmailData`, `CanvasData`), field for field as its pydantic models
+//! declare them. A per-server initialize body is checked against its model
+//! here ([`check`]) before the agent sees it, and these types generate the
+//! document's schemas for those bodies and for the dumps.
+//!
+//! Like pydantic, unknown fields are ignored and a field's absence takes
+//! its default; a wrong type or a missing required field is refused naming
+//! where. Unlike pydantic, the answer is a 400 (what this API answered for
+//! bad data before, from the agent) and names the first misfit only.
+
+use std::collections::BTreeMap;
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use utoipa::ToSchema;
+
+use crate::error::HostError;
+
+fn us() -> String {
+    "US".into()
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// `google_cloud`: BigQuery, Cloud Storage, Logging and Compute state.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct GoogleCloudData {
+    pub datasets: Option<Vec<BigQueryDataset>>,
+    pub tables: Option<Vec<BigQueryTable>>,
+    pub buckets: Option<Vec<StorageBucket>>,
+    pub objects: Option<Vec<StorageObject>>,
+    pub log_entries: Option<Vec<LogEntry>>,
+    pub log_sinks: Option<Vec<LogSink>>,
+    pub log_buckets: Option<Vec<LogBucket>>,
+    pub instances: Option<Vec<ComputeInstance>>,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct BigQueryDataset {
+    pub id: String,
+    pub description: Option<String>,
+    #[serde(default = "us")]
+    pub location: String,
+    pub created_at: Option<String>,
+    pub updated_at: Option<String>,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct BigQueryTable {
+    pub dataset_id: String,
+    pub id: String,
+    pub description: Option<String>,
+    pub fields: Option<Vec<BigQueryField>>,
+    pub row_count: Option<String>,
+    pub created_at: Option<String>,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct BigQueryField {
+    pub name: String,
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// Default `NULLABLE`.
+    pub mode: Option<String>,
+    pub description: Option<String>,
+    #[schema(no_recursion)]
+    pub fields: Option<Vec<BigQueryField>>,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct StorageBucket {
+    pub name: String,
+    #[serde(default = "us")]
+    pub location: String,
+    #[serde(default = "standard")]
+    pub storage_class: String,
+    #[serde(default)]
+    pub versioning_enabled: bool,
+    pub lifecycle_rules: Option<Vec<LifecycleRule>>,
+    pub created_at: Option<String>,
+    pub updated_at: Option<String>,
+}
+
+fn standard() -> String {
+    "STANDARD".into()
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct LifecycleRule {
+    pub action: String,
+    pub action_storage_class: Option<String>,
+    pub age_days: Option<i64>,
+    pub created_before: Option<String>,
+    pub is_live: Option<bool>,
+    pub num_newer_versions: Option<i64>,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct StorageObject {
+    pub bucket: String,
+    pub name: String,
+    pub content_type: Option<String>,
+    pub size: Option<String>,
+    pub content: Option<String>,
+    pub md5_hash: Option<String>,
+    pub created_at: Option<String>,
+    pub updated_at: Option<String>,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct ComputeInstance {
+    pub name: String,
+    pub zone: String,
+    #[serde(default = "e2_micro")]
+    pub machine_type: String,
+    #[serde(default = "running")]
+    pub status: String,
+    pub description: Option<String>,
+    pub labels: Option<BTreeMap<String, String>>,
+    pub created_at: Option<String>,
+}
+
+fn e2_micro() -> String {
+    "e2-micro".into()
+}
+
+fn running() -> String {
+    "RUNNING".into()
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct LogBucket {
+    pub name: String,
+    #[serde(default = "global")]
+    pub location: String,
+    #[serde(default = "thirty")]
+    pub retention_days: i64,
+    pub description: Option<String>,
+    pub created_at: Option<String>,
+    pub updated_at: Option<String>,
+}
+
+fn global() -> String {
+    "global".into()
+}
+
+fn thirty() -> i64 {
+    30
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct LogEntry {
+    pub log_name: String,
+    pub message: Option<String>,
+    #[schema(value_type = Option<Object>)]
+    pub json_data: Option<serde_json::Map<String, Value>>,
+    #[serde(default = "info")]
+    pub severity: String,
+    pub timestamp: Option<String>,
+    pub resource_type: Option<String>,
+    pub resource_labels: Option<BTreeMap<String, String>>,
+}
+
+fn info() -> String {
+    "INFO".into()
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct LogSink {
+    pub name: String,
+    pub filter: Option<String>,
+    pub description: Option<String>,
+    pub created_at: Option<String>,
+    pub updated_at: Option<String>,
+}
+
+/// `poste_email_toolathlon`: each user's mailbox, by address.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct PosteEmailData {
+    #[serde(default)]
+    pub users: BTreeMap<String, PosteEmailUserData>,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct PosteEmailUserData {
+    pub emails: Option<Vec<PosteEmail>>,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct PosteEmail {
+    pub email_id: Option<String>,
+    pub subject: String,
+    pub from_addr: String,
+    pub to_addr: String,
+    pub cc_addr: Option<String>,
+    pub bcc_addr: Option<String>,
+    pub date: Option<String>,
+    pub message_id: Option<String>,
+    pub body_text: Option<String>,
+    pub body_html: Option<String>,
+    /// Default false.
+    pub is_read: Option<bool>,
+    /// Default false.
+    pub is_important: Option<bool>,
+    /// Default `INBOX`.
+    pub folder: Option<String>,
+    pub attachments: Option<Vec<PosteEmailAttachment>>,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct PosteEmailAttachment {
+    pub filename: String,
+    pub content_type: Option<String>,
+    pub size: Option<i64>,
+}
+
+/// `canvas`: courses with their assignments, quizzes and enrollments.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct CanvasData {
+    #[serde(default)]
+    pub courses: Vec<CanvasCourse>,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct CanvasCourse {
+    pub name: String,
+    pub course_code: String,
+    #[serde(default = "yes")]
+    pub published: bool,
+    #[serde(default)]
+    pub assignments: Vec<CanvasAssignment>,
+    #[serde(default)]
+    pub quizzes: Vec<CanvasQuiz>,
+    #[serde(default)]
+    pub enrollments: Vec<CanvasEnrollment>,
+    #[schema(value_type = Option<Vec<Object>>)]
+    pub announcements: Option<Vec<serde_json::Map<String, Value>>>,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct CanvasAssignment {
+    pub name: String,
+    pub description: Option<String>,
+    pub points_possible: Option<f64>,
+    pub due_at: Option<String>,
+    #[serde(default)]
+    pub submission_types: Vec<String>,
+    #[serde(default = "yes")]
+    pub published: bool,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct CanvasEnrollment {
+    pub user_email: String,
+    #[serde(default = "student")]
+    pub role: String,
+}
+
+fn student() -> String {
+    "StudentEnrollment".into()
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct CanvasQuiz {
+    pub title: String,
+    pub description: Option<String>,
+    #[serde(default = "assignment")]
+    pub quiz_type: String,
+    pub time_limit: Option<i64>,
+    #[serde(default = "yes")]
+    pub published: bool,
+    pub due_at: Option<String>,
+    #[serde(default)]
+    pub questions: Vec<CanvasQuizQuestion>,
+}
+
+fn assignment() -> String {
+    "assignment".into()
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct CanvasQuizQuestion {
+    pub question_name: Option<String>,
+    pub question_text: String,
+    #[serde(default = "multiple_choice")]
+    pub question_type: String,
+    #[serde(default = "one")]
+    pub points_possible: f64,
+    #[schema(value_type = Option<Vec<Object>>)]
+    pub answers: Option<Vec<serde_json::Map<String, Value>>>,
+}
+
+fn multiple_choice() -> String {
+    "multiple_choice_question".into()
+}
+
+fn one() -> f64 {
+    1.0
+}
+
+/// Checks a per-server initialize body against the server's model; a
+/// document that does not fit is a 400 naming where and why
+/// (`users.a@b.c.emails[1].subject: Field required`), the answer this API
+/// gave for bad data before it checked here (the agent checks the mail
+/// data the same way). Servers without a model pass.
+pub fn check(server: &str, body: &Value) -> Result<(), HostError> {
+    let found = match server {
+        "google_cloud" => misfit::<GoogleCloudData>(body),
+        "poste_email_toolathlon" => misfit::<PosteEmailData>(body),
+        "canvas" => misfit::<CanvasData>(body),
+        _ => None,
+    };
+    match found {
+        None => Ok(()),
+        Some((path, msg)) => Err(HostError::BadRequest(format!(
+            "the {server} data does not fit its model: {path}: {msg}"
+        ))),
+    }
+}
+
+/// Where and why `body` does not deserialize as `T`, in pydantic's words.
+fn misfit<T: DeserializeOwned>(body: &Value) -> Option<(String, String)> {
+    let e = serde_path_to_error::deserialize::<_, T>(body).err()?;
+    let mut path = String::new();
+    for seg in e.path().iter() {
+        match seg {
+            serde_path_to_error::Segment::Seq { index } => path.push_str(&format!("[{index}]")),
+            serde_path_to_error::Segment::Map { key }
+            | serde_path_to_error::Segment::Enum { variant: key } => {
+                if !path.is_empty() {
+                    path.push('.');
+                }
+                path.push_str(key);
+            }
+            serde_path_to_error::Segment::Unknown => {}
+        }
+    }
+    let (field, msg) = pydantic_words(&e.into_inner().to_string());
+    if let Some(f) = field {
+        if !path.is_empty() {
+            path.push('.');
+        }
+        path.push_str(&f);
+    }
+    if path.is_empty() {
+        path.push_str("(the document)");
+    }
+    Some((path, msg))
+}
+
+/// serde's message as pydantic words it: `missing field `x`` is "Field
+/// required" at `x`; a wrong type "Input should be a valid <type>".
+fn pydantic_words(serde_msg: &str) -> (Option<String>, String) {
+    if let Some(rest) = serde_msg.strip_prefix("missing field `")
+        && let Some(field) = rest.split('`').next()
+    {
+        return (Some(field.to_owned()), "Field required".into());
+    }
+    let expected = serde_msg.split(", expected ").nth(1).unwrap_or("");
+    let typed = [
+        ("a string", "Input should be a valid string"),
+        ("a boolean", "Input should be a valid boolean"),
+        ("i64", "Input should be a valid integer"),
+        ("f64", "Input should be a valid number"),
+        ("a sequence", "Input should be a valid list"),
+        ("a map", "Input should be a valid dictionary"),
+        (
+            "struct",
+            "Input should be a valid dictionary or object to extract fields from",
+        ),
+    ];
+    let msg = typed
+        .iter()
+        .find(|(word, _)| expected.contains(word))
+        .map_or_else(|| serde_msg.to_owned(), |(_, m)| (*m).to_owned());
+    (None, msg)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err(server: &str, body: &str) -> String {
+        let v: Value = serde_json::from_str(body).expect("test JSON");
+        match check(server, &v) {
+            Err(HostError::BadRequest(m)) => m,
+            other => panic!("expected a 400, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn well_formed_documents_pass_and_unknown_fields_are_ignored() {
+        let ok = |server: &str, body: &str| {
+            check(server, &serde_json::from_str(body).expect("JSON")).expect("valid")
+        };
+        ok("poste_email_toolathlon", r#"{"users": {}}"#);
+        ok(
+            "poste_email_toolathlon",
+            r#"{"users": {"a@b.c": {"emails": [{"subject": "s", "from_addr": "x@y", "to_addr": "a@b.c", "extra": 1}]}}}"#,
+        );
+        ok(
+            "canvas",
+            r#"{"courses": [{"name": "n", "course_code": "c"}]}"#,
+        );
+        ok(
+            "google_cloud",
+            r#"{"datasets": [{"id": "d"}], "tables": [{"dataset_id": "d", "id": "t", "fields": [{"name": "f", "type": "RECORD", "fields": [{"name": "g", "type": "STRING"}]}]}]}"#,
+        );
+        ok("filesystem", r#"{"anything": true}"#);
+    }
+
+    #[test]
+    fn a_missing_required_field_is_named_where_it_is_missing() {
+        let m = err(
+            "poste_email_toolathlon",
+            r#"{"users": {"a@b.c": {"emails": [{"subject": "s", "to_addr": "a@b.c"}]}}}"#,
+        );
+        assert!(
+            m.ends_with("users.a@b.c.emails[0].from_addr: Field required"),
+            "{m}"
+        );
+    }
+
+    #[test]
+    fn a_wrong_type_says_which_type() {
+        let m = err(
+            "canvas",
+            r#"{"courses": [{"name": 3, "course_code": "c"}]}"#,
+        );
+        assert!(
+            m.ends_with("courses[0].name: Input should be a valid string"),
+            "{m}"
+        );
+        let m = err(
+            "google_cloud",
+            r#"{"buckets": [{"name": "b", "versioning_enabled": "x"}]}"#,
+        );
+        assert!(
+            m.ends_with("buckets[0].versioning_enabled: Input should be a valid boolean"),
+            "{m}"
+        );
+        let m = err("poste_email_toolathlon", r#"{"users": []}"#);
+        assert!(
+            m.ends_with("users: Input should be a valid dictionary"),
+            "{m}"
+        );
+        let m = err(
+            "google_cloud",
+            r#"{"log_buckets": [{"name": "l", "retention_days": 1.5}]}"#,
+        );
+        assert!(
+            m.ends_with("log_buckets[0].retention_days: Input should be a valid integer"),
+            "{m}"
+        );
+    }
+}

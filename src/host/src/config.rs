@@ -1,0 +1,349 @@
+//! `sandbox-host`'s command line: every flag with its default and limit
+//! (`sandbox-host --help` prints them), and the checks that turn flags
+//! into the pool's backend, its isolation, the warm profiles and the API
+//! keys before anything starts.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::Parser;
+
+use crate::{api, pool};
+
+/// The manifest a local agent reads when the host passes none.
+pub const INSTALLED_MANIFEST: &str = "/etc/sandbox-agent/servers.toml";
+
+/// Reference host: the Klavis Local Sandbox REST API over a pool of
+/// sandbox agents (local processes or QEMU VMs).
+#[derive(Parser, Debug)]
+#[command(name = "sandbox-host", version, args_override_self = true)]
+pub struct Args {
+    /// Address to serve the REST API and the MCP URLs on.
+    #[arg(long, default_value = "127.0.0.1:8080", value_name = "HOST:PORT")]
+    pub listen: String,
+    /// Connections served at once; more wait in the kernel's backlog. The
+    /// open-file limit is raised to fit (up to its hard limit).
+    #[arg(long, default_value_t = 512, value_name = "N")]
+    pub max_connections: usize,
+    /// A connection must send a request head within this time (and each
+    /// later head once begun), or it is closed: silent or trickling
+    /// clients cannot hold the connection slots.
+    #[arg(long, default_value_t = 10_000, value_name = "MS")]
+    pub header_timeout_ms: u64,
+    /// State: the SQLite database, agents' directories, uploads.
+    #[arg(long, value_name = "DIR")]
+    pub data_dir: PathBuf,
+    /// Refused: a key on the command line is in every process listing.
+    /// Use --api-key-file, or SANDBOX_HOST_API_KEY in the environment.
+    #[arg(long = "api-key", value_name = "KEY", hide = true)]
+    pub api_keys: Vec<String>,
+    /// File with one API key per line, optionally followed by its owner
+    /// (`key owner`); keys with the same owner share sandboxes.
+    #[arg(long, value_name = "FILE")]
+    pub api_key_file: Option<PathBuf>,
+    /// Where sandboxes run: `process` (a local sandbox-agent each), or
+    /// `qemu` (a VM each, booted from --vm-image).
+    #[arg(long, value_enum, default_value = "process")]
+    pub backend: BackendKind,
+    /// Idle sandboxes kept ready (warm or bare).
+    #[arg(long, default_value_t = 2)]
+    pub pool_size: usize,
+    /// A warm profile (repeatable): `[BENCHMARK:]SERVERS[=COUNT]`, e.g.
+    /// `ALL=2` or `MCP_Atlas:filesystem,git,terminal=1`. COUNT idle
+    /// sandboxes (default 1) keep those servers started under the
+    /// benchmark; an Acquire of any subset of them with the same benchmark
+    /// is answered at once, the servers it did not ask for stopping after
+    /// the answer. The counts must fit in --pool-size; the rest stay bare.
+    #[arg(long = "warm", value_name = "SPEC")]
+    pub warm: Vec<String>,
+    /// Shorthand for `--warm NAMES=<pool-size>`: every idle sandbox warm
+    /// with these servers (no benchmark). Empty: none.
+    #[arg(long, default_value = "", value_name = "NAMES")]
+    pub warm_servers: String,
+    /// qemu backend: the initramfs from packaging/vm/build-initramfs.sh
+    /// (its .vmlinuz beside it).
+    #[arg(long, value_name = "FILE")]
+    pub vm_image: Option<PathBuf>,
+    /// qemu backend: guest memory of each VM, in MiB.
+    #[arg(long, default_value_t = 1024, value_name = "MIB")]
+    pub vm_memory: u32,
+    /// qemu backend: packaging/vm/run-qemu.sh. Default: run-qemu.sh next
+    /// to this binary (as installed), else the one in the source tree this
+    /// binary was built from.
+    #[arg(long, value_name = "FILE")]
+    pub vm_runner: Option<PathBuf>,
+    /// What a released sandbox becomes: `recycle` (the agent clears it and
+    /// it returns to the pool) or `replace` (its agent or VM is stopped and
+    /// a fresh one started: no tenant can leave anything for the next).
+    #[arg(long, value_enum, default_value_t = pool::OnRelease::Recycle)]
+    pub on_release: pool::OnRelease,
+    /// Base of the URLs handed out (MCP and transfer URLs). Default:
+    /// http://<listen>.
+    #[arg(long, value_name = "URL")]
+    pub public_url: Option<String>,
+    /// The agent binary. Default: sandbox-agent next to this binary.
+    #[arg(long, value_name = "FILE")]
+    pub agent_bin: Option<PathBuf>,
+    /// The MCP server manifest the agents run (process backend). Required
+    /// unless /etc/sandbox-agent/servers.toml exists.
+    #[arg(long, value_name = "FILE")]
+    pub manifest: Option<PathBuf>,
+    /// Multiplies every TTL (0.05 makes 60 s last 3 s; for tests).
+    #[arg(long, default_value_t = 1.0)]
+    pub time_scale: f64,
+    /// Log format: `text`, or `json` (one JSON object per line). Filter
+    /// with RUST_LOG (default: info).
+    #[arg(long, value_enum, default_value = "text")]
+    pub log_format: LogFormat,
+    /// Largest archive a PUT may upload, in bytes.
+    #[arg(long, default_value_t = 8 << 30)]
+    pub max_upload_bytes: u64,
+    /// How the process backend isolates its sandboxes: `namespaces` (each
+    /// agent in its own user, mount, pid, ipc, uts, cgroup and network
+    /// namespaces, tenants unprivileged; needs bubblewrap, util-linux,
+    /// uidmap, passt and a subordinate id range in /etc/subuid and
+    /// /etc/subgid) or `none` (development only: tenants run as this
+    /// host's user and reach its files, processes and loopback).
+    #[arg(long, value_enum, default_value = "namespaces")]
+    pub isolation: pool::isolate::Mode,
+    /// What an isolated sandbox may reach over the network: `outbound`
+    /// (the internet through pasta; never this host's loopback services or
+    /// link-local/cloud-metadata addresses) or `none` (its own loopback).
+    #[arg(long, value_enum, default_value = "outbound")]
+    pub sandbox_network: pool::isolate::Network,
+    /// A path an isolated sandbox sees read-only at the same place
+    /// (repeatable): interpreters or servers installed outside /usr, /etc
+    /// and /opt. The agent binary and the manifest's directory always are.
+    #[arg(long = "sandbox-ro", value_name = "PATH")]
+    pub sandbox_ro: Vec<PathBuf>,
+    /// A port of this host's loopback that isolated sandboxes reach at the
+    /// same port of their own loopback (repeatable): a local package
+    /// mirror or proxy. Never the host's own API port.
+    #[arg(long = "sandbox-host-port", value_name = "PORT")]
+    pub sandbox_host_ports: Vec<u16>,
+    /// memory.max of each isolated sandbox (its agent, servers and
+    /// scripts together), in bytes.
+    #[arg(long, default_value_t = 8 << 30, value_name = "BYTES")]
+    pub slot_memory_max: u64,
+    /// How long a new sandbox (agent or VM) may take to report SERVING
+    /// before it is discarded and its acquire fails (503), in seconds.
+    /// Default: 60 on the process backend, 300 on qemu (TCG boots slowly
+    /// on a busy machine).
+    #[arg(long, value_name = "SECONDS")]
+    pub slot_start_timeout: Option<u64>,
+    /// pids.max of each isolated sandbox (processes and threads).
+    #[arg(long, default_value_t = 4096, value_name = "N")]
+    pub slot_pids_max: u64,
+    /// Execution archives one sandbox may hold in the upload store (one per
+    /// name; uploading to a name again replaces it). The same as the
+    /// agent's exec.max_executions (32 by default): a name beyond it could
+    /// never run. A new name over it is refused at execution-upload-url and
+    /// at the PUT (429).
+    #[arg(long, default_value_t = 32, value_name = "N")]
+    pub max_executions_per_sandbox: usize,
+    /// Bytes of uploaded archives (workspace and executions) one sandbox may
+    /// hold, counted while they stream; an upload over it is a 413 and
+    /// keeps nothing. Release frees them.
+    #[arg(long, default_value_t = 16 << 30, value_name = "BYTES")]
+    pub max_stored_bytes_per_sandbox: u64,
+    /// Bytes of uploaded archives all sandboxes of one owner (an API key,
+    /// or the keys sharing an owner) may hold at once; over it: 413.
+    #[arg(long, default_value_t = 64 << 30, value_name = "BYTES")]
+    pub max_stored_bytes_per_key: u64,
+    /// Live sandboxes one owner (an API key, or the keys sharing an owner in
+    /// --api-key-file) may hold at once; one more Acquire is a 429.
+    #[arg(long, default_value_t = 64, value_name = "N")]
+    pub max_sandboxes_per_key: usize,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum BackendKind {
+    Process,
+    Qemu,
+}
+
+/// The backend the arguments describe, checked before anything starts.
+pub fn backend(args: &Args) -> anyhow::Result<pool::Backend> {
+    match args.backend {
+        BackendKind::Process => {
+            let agent_bin = match &args.agent_bin {
+                Some(p) => p.clone(),
+                None => std::env::current_exe()?
+                    .parent()
+                    .map(|d| d.join("sandbox-agent"))
+                    .context("locating sandbox-agent")?,
+            };
+            anyhow::ensure!(
+                agent_bin.is_file(),
+                "no agent binary at {} (give --agent-bin)",
+                agent_bin.display()
+            );
+            // Without a manifest every sandbox would carry no server.
+            let installed = std::path::Path::new(INSTALLED_MANIFEST);
+            anyhow::ensure!(
+                args.manifest.is_some() || installed.is_file(),
+                "no MCP server manifest: pass --manifest FILE (packaging/servers.toml in the \
+                 source tree, with the servers packaging/install-servers.sh installs), or \
+                 install one as {INSTALLED_MANIFEST}; without it the sandboxes carry no server"
+            );
+            if let Some(m) = &args.manifest {
+                anyhow::ensure!(m.is_file(), "no manifest at {} (--manifest)", m.display());
+            }
+            // Absolute: the agents run elsewhere (their own root, when
+            // isolated).
+            let abs = |p: &std::path::Path| {
+                std::fs::canonicalize(p).with_context(|| format!("resolving {}", p.display()))
+            };
+            Ok(pool::Backend::Process {
+                agent_bin: abs(&agent_bin)?,
+                manifest: args.manifest.as_deref().map(abs).transpose()?,
+            })
+        }
+        BackendKind::Qemu => {
+            let image = args.vm_image.clone().context(
+                "--backend qemu needs --vm-image (build one with packaging/vm/build-initramfs.sh)",
+            )?;
+            anyhow::ensure!(image.is_file(), "no VM image at {}", image.display());
+            anyhow::ensure!(
+                args.manifest.is_none(),
+                "--manifest is for the process backend: a VM runs the manifest baked into its image"
+            );
+            anyhow::ensure!(
+                args.vm_memory >= 256,
+                "--vm-memory must be at least 256 MiB"
+            );
+            let run_script = match &args.vm_runner {
+                Some(p) => p.clone(),
+                None => std::env::current_exe()?
+                    .parent()
+                    .map(|d| d.join("run-qemu.sh"))
+                    .filter(|p| p.is_file())
+                    .unwrap_or_else(|| {
+                        // The source tree's (this package is src/host).
+                        PathBuf::from(concat!(
+                            env!("CARGO_MANIFEST_DIR"),
+                            "/../../packaging/vm/run-qemu.sh"
+                        ))
+                    }),
+            };
+            anyhow::ensure!(
+                run_script.is_file(),
+                "no run-qemu.sh at {} (give --vm-runner)",
+                run_script.display()
+            );
+            let accel = pool::probe_accel(&run_script, &image)?;
+            tracing::info!(%accel, "VMs will run with {accel}");
+            Ok(pool::Backend::Qemu {
+                run_script,
+                image,
+                memory_mib: args.vm_memory,
+                accel,
+            })
+        }
+    }
+}
+
+/// The warm profiles of `--warm` and `--warm-servers`, checked.
+pub fn warm_profiles(args: &Args) -> anyhow::Result<Vec<pool::WarmProfile>> {
+    let mut out = Vec::new();
+    for spec in &args.warm {
+        out.push(pool::WarmProfile::parse(spec, 1, api::SERVER_NAMES).context("--warm")?);
+    }
+    if !args.warm_servers.trim().is_empty() {
+        out.push(
+            pool::WarmProfile::parse(&args.warm_servers, args.pool_size, api::SERVER_NAMES)
+                .context("--warm-servers")?,
+        );
+    }
+    pool::WarmProfile::check_fit(&out, args.pool_size)?;
+    Ok(out)
+}
+
+/// The environment variable that may hold API keys (comma- or
+/// newline-separated). Read once at start, then removed, so no child
+/// process inherits it.
+pub(crate) const API_KEY_ENV: &str = "SANDBOX_HOST_API_KEY";
+
+pub fn keys(args: &Args, from_env: Option<String>) -> anyhow::Result<HashMap<String, String>> {
+    anyhow::ensure!(
+        args.api_keys.is_empty(),
+        "--api-key puts the key in every process listing (ps, /proc/<pid>/cmdline): put it in \
+         --api-key-file FILE (one key per line, optionally followed by its owner) or in \
+         {API_KEY_ENV}"
+    );
+    let mut keys = HashMap::new();
+    for k in from_env
+        .iter()
+        .flat_map(|v| v.split([',', '\n']))
+        .map(str::trim)
+        .filter(|k| !k.is_empty())
+    {
+        keys.insert(k.to_owned(), owner_of_key(k));
+    }
+    if let Some(f) = &args.api_key_file {
+        let text =
+            std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?;
+        for line in text
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        {
+            let mut it = line.split_whitespace();
+            let key = it.next().unwrap_or_default().to_owned();
+            let owner = it.next().map_or_else(|| owner_of_key(&key), str::to_owned);
+            keys.insert(key, owner);
+        }
+    }
+    for k in keys.keys() {
+        anyhow::ensure!(k.len() >= 16, "API keys must be at least 16 characters");
+    }
+    Ok(keys)
+}
+
+/// A key without a named owner is its own owner (named by a digest, so the
+/// key itself is never stored).
+pub fn owner_of_key(key: &str) -> String {
+    use sha2::Digest;
+    let d = sha2::Sha256::digest(key.as_bytes());
+    format!("key-{}", &hex::encode(d)[..16])
+}
+
+/// The process backend's isolation, checked (`None` for the qemu backend,
+/// whose VMs isolate, and for `--isolation none`, said loudly).
+pub fn isolation(
+    args: &Args,
+    backend: &pool::Backend,
+    api_port: u16,
+) -> anyhow::Result<Option<Arc<pool::isolate::Isolation>>> {
+    if !matches!(backend, pool::Backend::Process { .. }) {
+        return Ok(None);
+    }
+    match args.isolation {
+        pool::isolate::Mode::None => {
+            tracing::warn!(
+                "--isolation none: sandboxes are NOT isolated; tenants run as this host's user and can read its data dir (API keys, signing key, database), other sandboxes and its loopback services. Use it for development only."
+            );
+            Ok(None)
+        }
+        pool::isolate::Mode::Namespaces => {
+            let iso = pool::isolate::Isolation::new(pool::isolate::IsolationConfig {
+                read_only: args.sandbox_ro.clone(),
+                memory_max: args.slot_memory_max,
+                pids_max: args.slot_pids_max,
+                network: args.sandbox_network,
+                host_ports: args.sandbox_host_ports.clone(),
+                data_dir: args.data_dir.clone(),
+                api_port,
+            })?;
+            Ok(Some(Arc::new(iso)))
+        }
+    }
+}

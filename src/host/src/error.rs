@@ -1,0 +1,234 @@
+//! Every way a request can fail, by cause, and the one place each becomes
+//! an HTTP status (as Firecracker maps `VmmActionError`): [`HostError::status`].
+//! The body is FastAPI's: `{"detail": "<message>"}`, or for a 422 the list
+//! of pydantic-shaped [`ValidationItem`]s.
+
+use axum::Json;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::api::UploadError;
+use crate::pool::PoolError;
+use crate::store::StoreError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum HostError {
+    /// No `Authorization: Bearer` header (401).
+    #[error("Not authenticated: send Authorization: Bearer <api key>")]
+    NoKey,
+    /// A key this host does not know (401).
+    #[error("Invalid API key")]
+    BadKey,
+    /// No live sandbox of that id for this caller (404; another owner's
+    /// sandbox is answered the same, never 403).
+    #[error("Local sandbox {0} not found")]
+    SandboxNotFound(String),
+    /// A path this API does not serve, e.g. per-server data of a server
+    /// without any (404, FastAPI's text).
+    #[error("Not Found")]
+    NoRoute,
+    /// Something named in the request does not exist (404).
+    #[error("{0}")]
+    NotFound(String),
+    /// The body or query does not fit Klavis's model (422).
+    #[error("the request does not fit the API's model")]
+    Validation(Vec<ValidationItem>),
+    /// A well-formed request this sandbox cannot serve as asked (400).
+    #[error("{0}")]
+    BadRequest(String),
+    /// An MCP URL's token that is not this sandbox's (401).
+    #[error(
+        "invalid MCP token: use the mcp_server_url of the acquire answer, or send Authorization: Bearer <api key>"
+    )]
+    BadMcpToken,
+    /// A transfer URL that is unsigned, expired or forged (403).
+    #[error("{0}")]
+    SignedUrl(&'static str),
+    /// The owner's cap on live sandboxes (429).
+    #[error(
+        "this API key already holds {held} sandbox(es) (limit {limit}, --max-sandboxes-per-key): release one first"
+    )]
+    TooManySandboxes { held: usize, limit: usize },
+    /// The upload store's bounds (413, 429) or its disk.
+    #[error(transparent)]
+    Upload(UploadError),
+    /// The pool has no sandbox to give (503).
+    #[error("no sandbox available: {0}")]
+    NoSandbox(PoolError),
+    /// The sandbox's agent is not running any more (503).
+    #[error("the sandbox's agent is gone")]
+    AgentGone,
+    /// The sandbox's agent does not answer (503).
+    #[error("{0}")]
+    AgentUnreachable(PoolError),
+    /// The sandbox's MCP data plane failed mid-request (502).
+    #[error("{0}")]
+    DataPlane(String),
+    /// The agent refused or failed `what`; its gRPC code decides.
+    #[error("{what}: {}", status.message())]
+    Agent { what: String, status: tonic::Status },
+    /// The agent answered something this host cannot read (500).
+    #[error("{0}")]
+    BadAgentAnswer(String),
+    /// The host's own database (500).
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// Anything else of the host's own (500).
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl HostError {
+    /// The agent's gRPC failure of `what`.
+    pub fn agent(what: impl Into<String>) -> impl FnOnce(tonic::Status) -> HostError {
+        let what = what.into();
+        move |status| HostError::Agent { what, status }
+    }
+
+    /// The one mapping from cause to HTTP status.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            HostError::NoKey | HostError::BadKey | HostError::BadMcpToken => {
+                StatusCode::UNAUTHORIZED
+            }
+            HostError::SandboxNotFound(_) | HostError::NoRoute | HostError::NotFound(_) => {
+                StatusCode::NOT_FOUND
+            }
+            HostError::Validation(_) => StatusCode::UNPROCESSABLE_ENTITY,
+            HostError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            HostError::SignedUrl(_) => StatusCode::FORBIDDEN,
+            HostError::TooManySandboxes { .. } => StatusCode::TOO_MANY_REQUESTS,
+            HostError::Upload(e) => upload_status(e),
+            HostError::NoSandbox(_) | HostError::AgentGone | HostError::AgentUnreachable(_) => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+            HostError::DataPlane(_) => StatusCode::BAD_GATEWAY,
+            HostError::Agent { status, .. } => agent_status(status.code()),
+            HostError::BadAgentAnswer(_) | HostError::Store(_) | HostError::Internal(_) => {
+                StatusCode::INTERNAL_SERVER_ERROR
+            }
+        }
+    }
+}
+
+fn upload_status(e: &UploadError) -> StatusCode {
+    match e {
+        UploadError::TooManyExecutions { .. } => StatusCode::TOO_MANY_REQUESTS,
+        UploadError::ArchiveTooLarge { .. }
+        | UploadError::SandboxFull { .. }
+        | UploadError::OwnerFull { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+        UploadError::Body(_) => StatusCode::BAD_REQUEST,
+        // Made a SandboxNotFound by `From`; kept for completeness.
+        UploadError::Released { .. } => StatusCode::NOT_FOUND,
+        UploadError::Io(_) => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
+fn agent_status(code: tonic::Code) -> StatusCode {
+    match code {
+        tonic::Code::InvalidArgument
+        | tonic::Code::FailedPrecondition
+        | tonic::Code::OutOfRange => StatusCode::BAD_REQUEST,
+        tonic::Code::ResourceExhausted => StatusCode::PAYLOAD_TOO_LARGE,
+        // The workspace is busy with another transfer: retry later.
+        tonic::Code::Aborted => StatusCode::CONFLICT,
+        tonic::Code::NotFound => StatusCode::NOT_FOUND,
+        tonic::Code::Unimplemented => StatusCode::NOT_IMPLEMENTED,
+        tonic::Code::Unavailable | tonic::Code::DeadlineExceeded => StatusCode::SERVICE_UNAVAILABLE,
+        _ => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
+/// FastAPI's error body.
+#[derive(Serialize, utoipa::ToSchema)]
+#[schema(as = HTTPError)]
+pub struct ErrorBody {
+    pub detail: String,
+}
+
+/// FastAPI's 422 body.
+#[derive(Serialize, utoipa::ToSchema)]
+#[schema(as = HTTPValidationError)]
+pub struct ValidationBody {
+    pub detail: Vec<ValidationItem>,
+}
+
+/// One failed check, as pydantic reports it.
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+#[schema(as = ValidationError)]
+pub struct ValidationItem {
+    /// Where: `["body", "server_names", 0]`.
+    pub loc: Vec<Loc>,
+    pub msg: String,
+    /// pydantic's error type (`missing`, `int_parsing`, …).
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// What was found there.
+    #[schema(value_type = Object)]
+    pub input: Value,
+    /// The constraint that failed, when pydantic names one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Object)]
+    pub ctx: Option<serde_json::Map<String, Value>>,
+}
+
+/// A step of a [`ValidationItem`]'s location: a field or an index.
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+#[serde(untagged)]
+pub enum Loc {
+    Field(String),
+    Index(usize),
+}
+
+impl From<&str> for Loc {
+    fn from(s: &str) -> Loc {
+        Loc::Field(s.to_owned())
+    }
+}
+
+impl From<String> for Loc {
+    fn from(s: String) -> Loc {
+        Loc::Field(s)
+    }
+}
+
+impl From<usize> for Loc {
+    fn from(i: usize) -> Loc {
+        Loc::Index(i)
+    }
+}
+
+impl From<UploadError> for HostError {
+    fn from(e: UploadError) -> HostError {
+        match e {
+            // Released mid-upload: as if it never was.
+            UploadError::Released { id } => HostError::SandboxNotFound(id),
+            other => HostError::Upload(other),
+        }
+    }
+}
+
+impl IntoResponse for HostError {
+    fn into_response(self) -> Response {
+        let status = self.status();
+        if status.is_server_error() {
+            tracing::warn!(status = status.as_u16(), error = %self, "request failed");
+        }
+        match self {
+            HostError::Validation(detail) => {
+                (status, Json(ValidationBody { detail })).into_response()
+            }
+            other => (
+                status,
+                Json(ErrorBody {
+                    detail: other.to_string(),
+                }),
+            )
+                .into_response(),
+        }
+    }
+}
+
+pub type HostResult<T> = Result<T, HostError>;

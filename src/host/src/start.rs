@@ -1,0 +1,307 @@
+//! Starting and stopping the host: the data dir, the pool, the store and
+//! the listener ([`Host::start`]); and the stop, which lets accepted
+//! releases finish before the pool closes ([`Started::stop`]).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use sandbox_client::transport::{Endpoint, Listener};
+
+use crate::api::{self, Host, Shared};
+use crate::config::{self, Args};
+use crate::store::Status;
+use crate::{metrics, pool, signed, store};
+
+/// How long a shutdown waits for releases already accepted (a Release
+/// stops the sandbox's servers; in a VM under TCG that takes seconds).
+const RELEASE_DRAIN: Duration = Duration::from_secs(60);
+
+/// A host that is ready to serve.
+pub struct Started {
+    pub host: Shared,
+    pub listener: Listener,
+    pub public_url: String,
+    /// The API key made at start when none was given (printed once).
+    pub generated_key: Option<String>,
+}
+
+/// What [`Host::start`] checks before anything runs: the flags, the keys,
+/// the data dir; then it needs a runtime.
+pub struct Checked {
+    backend: pool::Backend,
+    isolation: Option<Arc<pool::isolate::Isolation>>,
+    warm: Vec<pool::WarmProfile>,
+    keys: std::collections::HashMap<String, String>,
+    generated_key: Option<String>,
+    uploads: PathBuf,
+    store: store::Store,
+    signing_key: Vec<u8>,
+}
+
+impl Host {
+    /// Checks the flags and prepares the data dir (before the runtime
+    /// starts: it reads the key variable, which no thread may race).
+    pub fn check(args: &Args, env_keys: Option<String>) -> anyhow::Result<Checked> {
+        check_limits(args)?;
+        let mut keys = config::keys(args, env_keys)?;
+        let mut generated_key = None;
+        if keys.is_empty() {
+            let k = sandbox_client::auth::Token::generate().context("generating an API key")?;
+            keys.insert(k.expose().to_owned(), config::owner_of_key(k.expose()));
+            generated_key = Some(k.expose().to_owned());
+        }
+        let uploads = private_dirs(&args.data_dir)?;
+        let backend = config::backend(args)?;
+        // The port asked for (0: the kernel's choice, which a forward of a
+        // fixed port is checked against once bound).
+        let api_port = args
+            .listen
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.parse::<u16>().ok())
+            .unwrap_or(0);
+        let isolation = config::isolation(args, &backend, api_port)?;
+        let warm = config::warm_profiles(args)?;
+        let store = store::Store::open(&args.data_dir.join("host.db"))?;
+        let signing_key = signing_key(&args.data_dir)?;
+        Ok(Checked {
+            backend,
+            isolation,
+            warm,
+            keys,
+            generated_key,
+            uploads,
+            store,
+            signing_key,
+        })
+    }
+
+    /// Starts the pool (taking back the sandboxes of a previous run), the
+    /// reaper and the warm-keeper, and binds the listener.
+    pub async fn start(args: &Args, c: Checked) -> anyhow::Result<Started> {
+        let pool = pool::Pool::new(pool::PoolConfig {
+            backend: c.backend,
+            dir: pool::slots_dir(&args.data_dir),
+            size: args.pool_size,
+            warm: c.warm,
+            on_release: args.on_release,
+            isolation: c.isolation,
+            start_timeout: args.slot_start_timeout.map(Duration::from_secs),
+        })?;
+        // Sandboxes from before a restart keep their agents; those whose
+        // agent is gone are marked error.
+        let live = c.store.list(None)?;
+        let in_use: Vec<String> = live.iter().map(|s| s.slot.clone()).collect();
+        let gone = pool.recover(&in_use).await;
+        for s in live.iter().filter(|s| gone.contains(&s.slot)) {
+            c.store
+                .set_status(&s.id, Status::Error, &api::timestamp())?;
+        }
+        raise_open_files(args.max_connections);
+        let (listener, public_url) = listen(args).await?;
+        let owners: Vec<(String, String)> = live
+            .iter()
+            .map(|s| (s.id.clone(), s.owner.clone()))
+            .collect();
+        let host = Arc::new(Host {
+            metrics: metrics::Metrics::new(&pool),
+            store: c.store,
+            pool: pool.clone(),
+            signer: signed::Signer::new(c.signing_key),
+            keys: c.keys,
+            public_url: public_url.clone(),
+            uploads: api::Uploads::open(c.uploads, upload_limits(args), &owners),
+            time_scale: args.time_scale,
+            max_per_owner: args.max_sandboxes_per_key,
+            acquiring: Default::default(),
+            releases: tokio_util::task::TaskTracker::new(),
+        });
+        tokio::spawn(pool.keep_warm());
+        tokio::spawn(api::reap(host.clone()));
+        Ok(Started {
+            host,
+            listener,
+            public_url,
+            generated_key: c.generated_key,
+        })
+    }
+}
+
+impl Started {
+    /// After the listener stopped: releases already accepted finish first
+    /// (their slots go back to the pool, and are stopped with it), then the
+    /// pool closes: its idle and starting sandboxes stop, leased ones keep
+    /// running for the next start.
+    pub async fn stop(host: Shared) {
+        let releases = host.releases.clone();
+        tracing::info!(
+            releases = releases.len(),
+            "stopping: waiting for the releases in flight"
+        );
+        releases.close();
+        if tokio::time::timeout(RELEASE_DRAIN, releases.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                left = releases.len(),
+                "releases still running after {} s; their sandboxes keep running, and the next start takes them back",
+                RELEASE_DRAIN.as_secs()
+            );
+        }
+        let p = host.pool.clone();
+        let stopped = tokio::task::spawn_blocking(move || p.close())
+            .await
+            .unwrap_or(0);
+        tracing::info!(
+            stopped,
+            "stopped the pool's idle and starting sandboxes; leased ones keep running for the next start"
+        );
+    }
+}
+
+/// The numeric flags that must be at least 1.
+fn check_limits(args: &Args) -> anyhow::Result<()> {
+    anyhow::ensure!(args.time_scale > 0.0, "--time-scale must be positive");
+    anyhow::ensure!(
+        args.max_upload_bytes > 0
+            && args.max_executions_per_sandbox > 0
+            && args.max_stored_bytes_per_sandbox > 0
+            && args.max_stored_bytes_per_key > 0,
+        "--max-upload-bytes, --max-executions-per-sandbox, --max-stored-bytes-per-sandbox \
+         and --max-stored-bytes-per-key must be at least 1"
+    );
+    anyhow::ensure!(
+        args.max_connections > 0,
+        "--max-connections must be at least 1"
+    );
+    anyhow::ensure!(
+        args.slot_start_timeout != Some(0),
+        "--slot-start-timeout must be at least 1 second"
+    );
+    anyhow::ensure!(
+        args.header_timeout_ms > 0,
+        "--header-timeout-ms must be at least 1"
+    );
+    Ok(())
+}
+
+fn upload_limits(args: &Args) -> api::UploadLimits {
+    api::UploadLimits {
+        archive_bytes: args.max_upload_bytes,
+        executions: args.max_executions_per_sandbox,
+        sandbox_bytes: args.max_stored_bytes_per_sandbox,
+        owner_bytes: args.max_stored_bytes_per_key,
+    }
+}
+
+/// Binds `--listen`; returns the listener and the base URL it is reached
+/// at (`--public-url`, else the bound address).
+async fn listen(args: &Args) -> anyhow::Result<(Listener, String)> {
+    let endpoint: Endpoint = format!("tcp://{}", args.listen)
+        .parse()
+        .with_context(|| format!("--listen {}", args.listen))?;
+    let listener = Listener::bind(&endpoint)
+        .await
+        .with_context(|| format!("listening on {}", args.listen))?;
+    let addr = match listener.local_endpoint() {
+        Endpoint::Tcp { host, port } => {
+            anyhow::ensure!(
+                !args.sandbox_host_ports.contains(port),
+                "--sandbox-host-port {port} is this host's own API port: never forwarded into a sandbox"
+            );
+            if host.contains(':') {
+                format!("[{host}]:{port}")
+            } else {
+                format!("{host}:{port}")
+            }
+        }
+        other => other.to_string(),
+    };
+    let public_url = args
+        .public_url
+        .clone()
+        .unwrap_or_else(|| format!("http://{addr}"))
+        .trim_end_matches('/')
+        .to_owned();
+    Ok((listener, public_url))
+}
+
+/// Raises the soft open-file limit to the hard one when the connection
+/// cap (plus room for the store, the agents and the uploads) does not fit
+/// in it, and warns when even the hard limit is too small: then an accept
+/// may fail with EMFILE (it is retried; nothing else misjudges it).
+fn raise_open_files(max_connections: usize) {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let want = max_connections as u64 + 512;
+    let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {
+        return;
+    };
+    if soft >= want {
+        return;
+    }
+    let new = want.min(hard);
+    if new > soft && setrlimit(Resource::RLIMIT_NOFILE, new, hard).is_err() {
+        tracing::warn!(soft, hard, "could not raise the open-file limit");
+    }
+    if new < want {
+        tracing::warn!(
+            limit = new,
+            max_connections,
+            "the open-file limit is below --max-connections + 512; lower --max-connections or raise `ulimit -n`"
+        );
+    }
+}
+
+/// The data dir and what in it only this host may read: the database,
+/// the signing key and the uploads are its user's alone; isolated agents
+/// only pass through the data dir to their own slot's directories.
+/// Returns the uploads directory.
+fn private_dirs(data: &std::path::Path) -> anyhow::Result<PathBuf> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let mode = |p: &std::path::Path, m: u32| {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(m))
+            .with_context(|| format!("chmod {m:o} {}", p.display()))
+    };
+    std::fs::create_dir_all(data).with_context(|| format!("creating {}", data.display()))?;
+    mode(data, 0o711)?;
+    let uploads = data.join("uploads");
+    std::fs::create_dir_all(&uploads)?;
+    mode(&uploads, 0o700)?;
+    for f in ["host.db", "host.db-wal", "host.db-shm", "signing.key"] {
+        let p = data.join(f);
+        if p.exists() {
+            mode(&p, 0o600)?;
+        } else if f == "host.db" {
+            // SQLite creates its WAL and shm files with the database's mode.
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&p)
+                .with_context(|| format!("creating {}", p.display()))?;
+        }
+    }
+    Ok(uploads)
+}
+
+/// The key that signs transfer URLs: random, kept in the data dir so URLs
+/// stay valid across a restart.
+fn signing_key(dir: &std::path::Path) -> anyhow::Result<Vec<u8>> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = dir.join("signing.key");
+    if let Ok(k) = std::fs::read(&path) {
+        return Ok(k);
+    }
+    let mut k = vec![0u8; 32];
+    getrandom::fill(&mut k).map_err(|e| anyhow::anyhow!("random: {e}"))?;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path)?;
+    std::io::Write::write_all(&mut f, &k)?;
+    Ok(k)
+}
