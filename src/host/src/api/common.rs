@@ -255,3 +255,44 @@ pub fn archive_response(
     r.body(Body::from_stream(bytes))
         .map_err(|e| HostError::Internal(e.to_string()))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A stand-in agent: reads the whole client stream, then answers how
+    /// many chunks it got (as a real one takes a clean end for a whole
+    /// archive).
+    async fn agent(
+        chunks: impl Stream<Item = Bytes>,
+    ) -> Result<tonic::Response<usize>, tonic::Status> {
+        Ok(tonic::Response::new(chunks.count().await))
+    }
+
+    #[tokio::test]
+    async fn a_whole_archive_reaches_the_agent() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("a.tar.gz");
+        std::fs::write(&path, vec![7u8; 600 << 10]).expect("write");
+        let (chunks, failure) = stored_chunks(tokio::fs::File::open(&path).await.expect("open"));
+        let n = stream_to_agent("initialize", agent(chunks), failure)
+            .await
+            .expect("the call");
+        assert!(n >= 3, "{n} chunks");
+    }
+
+    #[tokio::test]
+    async fn a_read_error_fails_the_request_instead_of_ending_the_archive() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        // Reading a directory fails (EISDIR) on the first read.
+        let file = tokio::fs::File::open(dir.path()).await.expect("open");
+        let (chunks, failure) = stored_chunks(file);
+        match stream_to_agent("initialize", agent(chunks), failure).await {
+            Err(HostError::Internal(m)) => {
+                assert!(m.contains("reading the uploaded archive"), "{m}")
+            }
+            Ok(n) => panic!("the agent took a {n}-chunk archive for whole"),
+            Err(e) => panic!("{e}"),
+        }
+    }
+}
