@@ -55,7 +55,7 @@ SERVERS=(
     # installed side by side (NAME@BENCH: npm into DIR/node@BENCH, pip into
     # DIR/py/NAME@BENCH) for servers.toml's profiles. From the benchmarks'
     # repositories (../shared/benchmarks.md); their GitHub forks and the
-    # packages missing from the registries are not here (README). A Python
+    # packages missing from the registries are not here (docs/profiles.md). A Python
     # pin resolves its dependencies as they were the day after its release
     # (--uploaded-prior-to, pip >= 25.3): today's pydantic and MCP SDK break
     # most of them.

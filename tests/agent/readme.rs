@@ -1,9 +1,10 @@
-//! The README's examples, run as written and in document order against
-//! one agent started as "Set up" says (`sandbox-agent --dev --manifest …`,
-//! the binaries on PATH): every block marked `<!-- readme-test: console
-//! -->` (its `$` lines, in a shell that keeps what earlier blocks
-//! exported) and the Python MCP SDK snippets (`python mcp2`: 2.x, `python
-//! mcp1`: 1.x).
+//! The README's examples and those of `docs/*.md`, run as written and in
+//! document order, each document against an agent of its own started as
+//! the README's walk-through says (`sandbox-agent --dev --manifest …`, the
+//! binaries on PATH, in a fresh directory): every block marked `<!--
+//! readme-test: console -->` (its `$` lines, in a shell that keeps what
+//! the document's earlier blocks exported) and the Python MCP SDK snippets
+//! (`python mcp2`: 2.x, `python mcp1`: 1.x).
 //!
 //! A command whose shown output starts with `sandboxctl:` must fail with
 //! that message (up to its first `…`); any other must succeed, and each
@@ -11,6 +12,7 @@
 
 use std::path::Path;
 use std::process::Command;
+use std::sync::Mutex;
 
 use crate::common::mcp::shipped_manifest;
 use crate::common::*;
@@ -54,10 +56,61 @@ fn steps(console: &str) -> Vec<Step> {
     out
 }
 
+/// `--dev` agents listen on fixed TCP ports (7070, 7071), which the
+/// examples name: one document at a time.
+static DEV_PORTS: Mutex<()> = Mutex::new(());
+
+const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+
 #[test]
 fn the_readme_walkthrough_runs_as_written() {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
-        .expect("README.md");
+    let readme = std::fs::read_to_string(format!("{ROOT}/README.md")).expect("README.md");
+    let blocks = blocks(&readme);
+    let consoles = blocks.iter().filter(|(k, _)| k == "console").count();
+    assert!(
+        consoles >= 2 && blocks.len() >= 3,
+        "the README lost its tested blocks"
+    );
+    run_document("README.md", &blocks);
+}
+
+/// Every `docs/*.md` with marked blocks, in name order, each against a
+/// fresh agent.
+#[test]
+fn the_docs_examples_run_as_written() {
+    let mut docs: Vec<_> = std::fs::read_dir(format!("{ROOT}/docs"))
+        .expect("docs/")
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "md"))
+        .collect();
+    docs.sort();
+    let mut tested = Vec::new();
+    for doc in &docs {
+        let text = std::fs::read_to_string(doc).expect("doc");
+        let blocks = blocks(&text);
+        if blocks.is_empty() {
+            continue;
+        }
+        let name = format!(
+            "docs/{}",
+            doc.file_name().unwrap_or_default().to_string_lossy()
+        );
+        run_document(&name, &blocks);
+        tested.push(name);
+    }
+    for want in ["docs/data-plane.md", "docs/executions.md"] {
+        assert!(
+            tested.iter().any(|t| t == want),
+            "{want} lost its tested blocks (tested: {tested:?})"
+        );
+    }
+}
+
+/// Starts an agent as the README's walk-through does, in a fresh
+/// directory, and runs `blocks` against it in order.
+fn run_document(doc: &str, blocks: &[(String, String)]) {
+    let _one = DEV_PORTS.lock().unwrap_or_else(|e| e.into_inner());
     let dir = tempfile::tempdir().expect("tempdir");
     let d = dir.path().to_owned();
     let manifest = d.join("servers.toml");
@@ -78,22 +131,16 @@ fn the_readme_walkthrough_runs_as_written() {
         .env_remove("SANDBOX_AGENT_CONFIG");
     let agent = Agent::spawn(cmd, dir, d.join("sandbox-agent.sock"));
 
-    let blocks = blocks(&readme);
-    let consoles = blocks.iter().filter(|(k, _)| k == "console").count();
-    assert!(
-        consoles >= 3 && blocks.len() >= 5,
-        "the README lost its tested blocks"
-    );
     let mcp2 = std::env::var("SANDBOX_AGENT_MCP2_PYTHON")
         .unwrap_or_else(|_| "/opt/sandbox-agent/clients/mcp2/bin/python".to_owned());
     for (n, (kind, body)) in blocks.iter().enumerate() {
         match kind.as_str() {
-            "console" => run_console(n, body, &d, &path),
+            "console" => run_console(doc, n, body, &d, &path),
             python => {
                 let interpreter = match python {
                     "python mcp2" => mcp2.as_str(),
                     "python mcp1" => "python3",
-                    other => panic!("unknown readme-test kind {other:?}"),
+                    other => panic!("{doc}: unknown readme-test kind {other:?}"),
                 };
                 let file = d.join(format!("snippet{n}.py"));
                 std::fs::write(&file, body).expect("snippet");
@@ -104,7 +151,7 @@ fn the_readme_walkthrough_runs_as_written() {
                     .expect("python");
                 assert!(
                     out.status.success() && text(&out.stdout).contains("read_text_file"),
-                    "{kind}\nstdout: {}\nstderr: {}",
+                    "{doc}: {kind}\nstdout: {}\nstderr: {}",
                     text(&out.stdout),
                     text(&out.stderr)
                 );
@@ -116,7 +163,7 @@ fn the_readme_walkthrough_runs_as_written() {
 
 /// Runs one console block's `$` lines in a shell that starts from the
 /// variables the previous blocks exported, and checks each step.
-fn run_console(n: usize, body: &str, d: &Path, path: &str) {
+fn run_console(doc: &str, n: usize, body: &str, d: &Path, path: &str) {
     let steps = steps(body);
     let mut script = String::from("set -o pipefail\n[ -f env.sh ] && . ./env.sh\n");
     for (i, s) in steps.iter().enumerate() {
@@ -136,13 +183,13 @@ fn run_console(n: usize, body: &str, d: &Path, path: &str) {
         .env_remove("SANDBOX_AGENT_TOKEN")
         .output()
         .expect("bash");
-    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(out.status.success(), "{doc}: {}", text(&out.stderr));
     for (i, s) in steps.iter().enumerate() {
         let read =
             |f: &str| std::fs::read_to_string(d.join(format!("{f}.{n}.{i}"))).unwrap_or_default();
         let (rc, stdout, stderr) = (read("rc"), read("out"), read("err"));
         let ctx = format!(
-            "$ {}\nexit {rc}stdout:\n{stdout}\nstderr:\n{stderr}",
+            "{doc}, block {n}:\n$ {}\nexit {rc}stdout:\n{stdout}\nstderr:\n{stderr}",
             s.command
         );
         match s.shown.first() {
