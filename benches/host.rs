@@ -49,19 +49,8 @@ impl Drop for Host {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
-        if let Ok(rd) = std::fs::read_dir(self.data.join("slots")) {
-            for e in rd.flatten() {
-                if let Some(pid) = std::fs::read_to_string(e.path().join("agent.pid"))
-                    .ok()
-                    .and_then(|p| p.trim().parse::<i32>().ok())
-                {
-                    let _ = nix::sys::signal::kill(
-                        nix::unistd::Pid::from_raw(pid),
-                        nix::sys::signal::Signal::SIGKILL,
-                    );
-                }
-            }
-        }
+        // Its sandboxes outlive it on purpose (restarts); not the bench.
+        common::slots::end_all(&self.data);
     }
 }
 
@@ -97,7 +86,9 @@ fn spawn_host(dir: &Path, name: &str, args: &[&str]) -> Host {
     let mut child = Command::new(&*HOST)
         .args(["--listen", "127.0.0.1:0"])
         .env("SANDBOX_HOST_API_KEY", KEY)
-        .args(sandbox_read_only())
+        .args(common::slots::sandbox_read_only(
+            common::bench_data::prefix(),
+        ))
         .args(args)
         .arg("--data-dir")
         .arg(&data)
@@ -488,25 +479,4 @@ pub fn main() {
             None => println!("(qemu backend: skipped in short mode, or QEMU / vhost-device-vsock missing)"),
         }
     });
-}
-
-/// What the isolated sandboxes must see besides the system directories:
-/// this source tree and the Python under $HOME/.pyenv (as the tests).
-fn sandbox_read_only() -> Vec<String> {
-    let mut out = vec![
-        "--sandbox-ro".to_owned(),
-        env!("CARGO_MANIFEST_DIR").to_owned(),
-    ];
-    let pyenv = std::env::var("PYENV_ROOT")
-        .ok()
-        .or_else(|| std::env::var("HOME").ok().map(|h| format!("{h}/.pyenv")));
-    if let Some(p) = pyenv.filter(|p| Path::new(p).is_dir()) {
-        out.extend(["--sandbox-ro".to_owned(), p]);
-    }
-    // The benchmark data installed for MCP_Atlas (a real host has it in /opt).
-    out.extend([
-        "--sandbox-ro".to_owned(),
-        common::bench_data::prefix().display().to_string(),
-    ]);
-    out
 }

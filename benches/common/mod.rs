@@ -35,6 +35,8 @@ pub fn servers_dir() -> String {
 }
 
 /// The test VM image builder (`packaging/vm/build-initramfs.sh`).
+#[path = "../../tests/common/slots.rs"]
+pub mod slots;
 #[path = "../../tests/common/vm.rs"]
 pub mod vm;
 

@@ -116,13 +116,7 @@ impl Host {
     /// Pids of the slots' main processes this host started (agents, or
     /// run-qemu.sh), alive or not; each leads its own process group.
     pub fn agents(&self) -> Vec<i32> {
-        let Ok(rd) = std::fs::read_dir(self.data.join("slots")) else {
-            return Vec::new();
-        };
-        rd.flatten()
-            .filter_map(|e| std::fs::read_to_string(e.path().join("agent.pid")).ok())
-            .filter_map(|p| p.trim().parse().ok())
-            .collect()
+        super::slots::agents(&self.data)
     }
 }
 
@@ -130,33 +124,7 @@ impl Drop for Host {
     fn drop(&mut self) {
         self.stop();
         // Sandboxes outlive the host on purpose (restarts); not the test.
-        // An isolated agent is PID 1 of its pid namespace: its death ends
-        // every process there; its pasta and cgroups go after it.
-        let sig = nix::sys::signal::Signal::SIGKILL;
-        for pid in self.agents() {
-            let pid = nix::unistd::Pid::from_raw(pid);
-            let _ = nix::sys::signal::killpg(pid, sig);
-            let _ = nix::sys::signal::kill(pid, sig);
-        }
-        let Ok(rd) = std::fs::read_dir(self.data.join("slots")) else {
-            return;
-        };
-        for slot in rd.flatten() {
-            if let Some(p) = std::fs::read_to_string(slot.path().join("pasta.pid"))
-                .ok()
-                .and_then(|p| p.trim().parse().ok())
-            {
-                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(p), sig);
-            }
-            let id = slot.file_name();
-            for base in [
-                "/sys/fs/cgroup/unified/sandbox-slots",
-                "/sys/fs/cgroup/sandbox-slots",
-                "/sys/fs/cgroup/pids/sandbox-slots",
-            ] {
-                remove_cgroup(&Path::new(base).join(&id));
-            }
-        }
+        super::slots::end_all(&self.data);
     }
 }
 
@@ -431,43 +399,5 @@ pub fn wait_metric(host: &Host, sample: &str, want: f64, within: std::time::Dura
 /// Python the tests installed their packages into (pyenv under $HOME on
 /// the CI machines).
 pub fn sandbox_read_only() -> Vec<String> {
-    let mut out = vec![
-        "--sandbox-ro".to_owned(),
-        env!("CARGO_MANIFEST_DIR").to_owned(),
-    ];
-    let pyenv = std::env::var("PYENV_ROOT")
-        .ok()
-        .or_else(|| std::env::var("HOME").ok().map(|h| format!("{h}/.pyenv")));
-    if let Some(p) = pyenv.filter(|p| std::path::Path::new(p).is_dir()) {
-        out.extend(["--sandbox-ro".to_owned(), p]);
-    }
-    // The benchmark data the tests install (where a real host has it
-    // under /opt).
-    out.extend([
-        "--sandbox-ro".to_owned(),
-        super::bench_data::prefix().display().to_string(),
-    ]);
-    out
-}
-
-/// Removes a (dead) slot's cgroup and the groups below it, deepest first.
-fn remove_cgroup(d: &Path) {
-    let mut all = vec![d.to_owned()];
-    let mut i = 0;
-    while i < all.len() {
-        if let Ok(rd) = std::fs::read_dir(&all[i]) {
-            all.extend(rd.flatten().map(|e| e.path()).filter(|p| p.is_dir()));
-        }
-        i += 1;
-    }
-    for _ in 0..50 {
-        if all
-            .iter()
-            .rev()
-            .all(|g| std::fs::remove_dir(g).is_ok() || !g.exists())
-        {
-            return;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+    super::slots::sandbox_read_only(super::bench_data::prefix())
 }

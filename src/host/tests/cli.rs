@@ -44,6 +44,9 @@ fn zero_limits_are_refused_naming_the_flag() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(1), "{flag}: {err}");
         assert!(err.contains(flag), "{flag}: {err}");
-        assert!(!dir.exists(), "{flag}: the data dir was made before the check");
+        assert!(
+            !dir.exists(),
+            "{flag}: the data dir was made before the check"
+        );
     }
 }

@@ -1,0 +1,88 @@
+//! What a `sandbox-host` started by a test or a benchmark leaves of its
+//! slots when it stops (sandboxes outlive a host on purpose, for
+//! restarts): ended here, and the read-only paths its isolated sandboxes
+//! need. Shared by `tests/` and `benches/`.
+
+use std::path::Path;
+
+/// `--sandbox-ro` for what the servers run from here: this source tree,
+/// pyenv's interpreters, the installed benchmark data (a real host has
+/// them under /opt).
+pub fn sandbox_read_only(bench_data: &Path) -> Vec<String> {
+    let mut out = vec![
+        "--sandbox-ro".to_owned(),
+        env!("CARGO_MANIFEST_DIR").to_owned(),
+    ];
+    let pyenv = std::env::var("PYENV_ROOT")
+        .ok()
+        .or_else(|| std::env::var("HOME").ok().map(|h| format!("{h}/.pyenv")));
+    if let Some(p) = pyenv.filter(|p| Path::new(p).is_dir()) {
+        out.extend(["--sandbox-ro".to_owned(), p]);
+    }
+    out.extend(["--sandbox-ro".to_owned(), bench_data.display().to_string()]);
+    out
+}
+
+/// The host pids of the slots' agents under the data dir `data`.
+pub fn agents(data: &Path) -> Vec<i32> {
+    let Ok(rd) = std::fs::read_dir(data.join("slots")) else {
+        return Vec::new();
+    };
+    rd.flatten()
+        .filter_map(|e| std::fs::read_to_string(e.path().join("agent.pid")).ok())
+        .filter_map(|p| p.trim().parse().ok())
+        .collect()
+}
+
+/// Ends every slot of the (stopped) host of `data`: an isolated agent is
+/// PID 1 of its pid namespace, so its death ends every process there; its
+/// pasta and cgroups go after it.
+pub fn end_all(data: &Path) {
+    let sig = nix::sys::signal::Signal::SIGKILL;
+    for pid in agents(data) {
+        let pid = nix::unistd::Pid::from_raw(pid);
+        let _ = nix::sys::signal::killpg(pid, sig);
+        let _ = nix::sys::signal::kill(pid, sig);
+    }
+    let Ok(rd) = std::fs::read_dir(data.join("slots")) else {
+        return;
+    };
+    for slot in rd.flatten() {
+        if let Some(p) = std::fs::read_to_string(slot.path().join("pasta.pid"))
+            .ok()
+            .and_then(|p| p.trim().parse().ok())
+        {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(p), sig);
+        }
+        let id = slot.file_name();
+        for base in [
+            "/sys/fs/cgroup/unified/sandbox-slots",
+            "/sys/fs/cgroup/sandbox-slots",
+            "/sys/fs/cgroup/pids/sandbox-slots",
+        ] {
+            remove_cgroup(&Path::new(base).join(&id));
+        }
+    }
+}
+
+/// Removes a (dead) slot's cgroup and the groups below it, deepest first.
+fn remove_cgroup(d: &Path) {
+    let mut all = vec![d.to_owned()];
+    let mut i = 0;
+    while i < all.len() {
+        if let Ok(rd) = std::fs::read_dir(&all[i]) {
+            all.extend(rd.flatten().map(|e| e.path()).filter(|p| p.is_dir()));
+        }
+        i += 1;
+    }
+    for _ in 0..50 {
+        if all
+            .iter()
+            .rev()
+            .all(|g| std::fs::remove_dir(g).is_ok() || !g.exists())
+        {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
