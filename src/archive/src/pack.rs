@@ -204,7 +204,8 @@ fn walk<W: Write>(
 }
 
 /// Archives one entry of `dir`; returns the handle of a directory to walk
-/// into.
+/// into. What vanished since the listing is left out; what changed kind is
+/// left out and reported as changed; special files are counted and skipped.
 fn entry<W: Write>(
     b: &mut tar::Builder<W>,
     dir: BorrowedFd<'_>,
@@ -222,116 +223,172 @@ fn entry<W: Write>(
     };
     match FileType::from_raw_mode(st.st_mode) {
         FileType::Directory => {
-            if depth + 1 > opts.max_depth {
-                return Err(WsError::Limit {
-                    limit: "max_depth",
-                    detail: format!(
-                        "'{}' is nested more than {} directories deep",
-                        path.display(),
-                        opts.max_depth
-                    ),
-                });
-            }
-            let sub = match rustix::fs::openat(
-                dir,
-                name,
-                OFlags::DIRECTORY | OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-                Mode::empty(),
-            ) {
-                Ok(fd) => fd,
-                Err(rustix::io::Errno::NOENT) => return Ok(None),
-                // Replaced by a symlink or file since the stat.
-                Err(rustix::io::Errno::LOOP) | Err(rustix::io::Errno::NOTDIR) => {
-                    stats.changed(path);
-                    return Ok(None);
-                }
-                Err(e) => {
-                    return Err(WsError::io(format!("opening {}", path.display()), sys(e)));
-                }
-            };
-            append_dir_header(b, &st, &archive_path(path, true))?;
-            stats.dirs += 1;
-            return Ok(Some(sub));
+            check_depth(path, depth, opts.max_depth)?;
+            return pack_dir(b, dir, name, path, &st, stats);
         }
-        FileType::RegularFile => {
-            let fd = match rustix::fs::openat(
-                dir,
-                name,
-                OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-                Mode::empty(),
-            ) {
-                Ok(fd) => fd,
-                Err(rustix::io::Errno::NOENT) => return Ok(None),
-                Err(rustix::io::Errno::LOOP) => {
-                    stats.changed(path);
-                    return Ok(None);
-                }
-                Err(e) => {
-                    return Err(WsError::io(format!("opening {}", path.display()), sys(e)));
-                }
-            };
-            let before = rustix::fs::fstat(&fd)
-                .map_err(|e| WsError::io(format!("stat {}", path.display()), sys(e)))?;
-            if FileType::from_raw_mode(before.st_mode) != FileType::RegularFile {
-                stats.changed(path);
-                return Ok(None);
-            }
-            let size = before.st_size.max(0) as u64;
-            let mut h = header(&before, tar::EntryType::Regular, size);
-            let mut reader = Exact {
-                file: File::from(fd),
-                left: size,
-                short: false,
-                cancelled: opts.cancelled,
-            };
-            if let Err(e) = append(b, &mut h, &archive_path(path, false), &mut reader) {
-                if opts.cancelled.is_some_and(|c| c.load(Ordering::Relaxed)) {
-                    return Err(WsError::Cancelled(
-                        "the receiver of the archive went away".into(),
-                    ));
-                }
-                return Err(e);
-            }
-            let after = rustix::fs::fstat(&reader.file)
-                .map_err(|e| WsError::io(format!("stat {}", path.display()), sys(e)))?;
-            if reader.short
-                || after.st_size != before.st_size
-                || after.st_mtime != before.st_mtime
-                || after.st_mtime_nsec != before.st_mtime_nsec
-            {
-                stats.changed(path);
-            }
-            stats.files += 1;
-            stats.content_bytes += size;
-        }
-        FileType::Symlink => {
-            let target = match rustix::fs::readlinkat(dir, name, Vec::new()) {
-                Ok(t) => t,
-                Err(rustix::io::Errno::NOENT) => return Ok(None),
-                Err(e) => {
-                    return Err(WsError::io(
-                        format!("reading link {}", path.display()),
-                        sys(e),
-                    ));
-                }
-            };
-            let mut h = header(&st, tar::EntryType::Symlink, 0);
-            let name = archive_path(path, false);
-            if target.as_bytes().len() <= 100 && name.as_os_str().len() <= 100 {
-                let link = &mut h.as_old_mut().linkname;
-                link.fill(0);
-                link[..target.as_bytes().len()].copy_from_slice(target.as_bytes());
-                append(b, &mut h, &name, io::empty())?;
-            } else {
-                let target = Path::new(OsStr::from_bytes(target.as_bytes()));
-                b.append_link(&mut h, &name, target)
-                    .map_err(|e| WsError::io(format!("archiving {}", path.display()), e))?;
-            }
-            stats.symlinks += 1;
-        }
+        FileType::RegularFile => pack_file(b, dir, name, path, opts, stats)?,
+        FileType::Symlink => pack_symlink(b, dir, name, path, &st, stats)?,
         _ => stats.skipped_special += 1,
     }
     Ok(None)
+}
+
+/// Refuses a directory at `depth` (its parent's) nested deeper than
+/// `max_depth`.
+fn check_depth(path: &Path, depth: usize, max_depth: usize) -> Result<(), WsError> {
+    if depth + 1 > max_depth {
+        return Err(WsError::Limit {
+            limit: "max_depth",
+            detail: format!(
+                "'{}' is nested more than {} directories deep",
+                path.display(),
+                max_depth
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// A directory: its header, and its handle to walk into.
+fn pack_dir<W: Write>(
+    b: &mut tar::Builder<W>,
+    dir: BorrowedFd<'_>,
+    name: &OsStr,
+    path: &Path,
+    st: &rustix::fs::Stat,
+    stats: &mut PackStats,
+) -> Result<Option<OwnedFd>, WsError> {
+    let sub = match rustix::fs::openat(
+        dir,
+        name,
+        OFlags::DIRECTORY | OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    ) {
+        Ok(fd) => fd,
+        Err(rustix::io::Errno::NOENT) => return Ok(None),
+        // Replaced by a symlink or file since the stat.
+        Err(rustix::io::Errno::LOOP) | Err(rustix::io::Errno::NOTDIR) => {
+            stats.changed(path);
+            return Ok(None);
+        }
+        Err(e) => {
+            return Err(WsError::io(format!("opening {}", path.display()), sys(e)));
+        }
+    };
+    append_dir_header(b, st, &archive_path(path, true))?;
+    stats.dirs += 1;
+    Ok(Some(sub))
+}
+
+/// A regular file, read by its handle: exactly the size it had when
+/// opened (see [`Exact`]); reported as changed if it changed meanwhile.
+fn pack_file<W: Write>(
+    b: &mut tar::Builder<W>,
+    dir: BorrowedFd<'_>,
+    name: &OsStr,
+    path: &Path,
+    opts: &PackOptions<'_>,
+    stats: &mut PackStats,
+) -> Result<(), WsError> {
+    let Some((fd, before)) = open_file(dir, name, path, stats)? else {
+        return Ok(());
+    };
+    let size = before.st_size.max(0) as u64;
+    let mut h = header(&before, tar::EntryType::Regular, size);
+    let mut reader = Exact {
+        file: File::from(fd),
+        left: size,
+        short: false,
+        cancelled: opts.cancelled,
+    };
+    if let Err(e) = append(b, &mut h, &archive_path(path, false), &mut reader) {
+        if opts.cancelled.is_some_and(|c| c.load(Ordering::Relaxed)) {
+            return Err(WsError::Cancelled(
+                "the receiver of the archive went away".into(),
+            ));
+        }
+        return Err(e);
+    }
+    let after = rustix::fs::fstat(&reader.file)
+        .map_err(|e| WsError::io(format!("stat {}", path.display()), sys(e)))?;
+    if reader.short
+        || after.st_size != before.st_size
+        || after.st_mtime != before.st_mtime
+        || after.st_mtime_nsec != before.st_mtime_nsec
+    {
+        stats.changed(path);
+    }
+    stats.files += 1;
+    stats.content_bytes += size;
+    Ok(())
+}
+
+/// Opens a regular file without following a symlink, with its stat; `None`
+/// if it is gone or no longer a regular file (then reported as changed).
+fn open_file(
+    dir: BorrowedFd<'_>,
+    name: &OsStr,
+    path: &Path,
+    stats: &mut PackStats,
+) -> Result<Option<(OwnedFd, rustix::fs::Stat)>, WsError> {
+    let fd = match rustix::fs::openat(
+        dir,
+        name,
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    ) {
+        Ok(fd) => fd,
+        Err(rustix::io::Errno::NOENT) => return Ok(None),
+        Err(rustix::io::Errno::LOOP) => {
+            stats.changed(path);
+            return Ok(None);
+        }
+        Err(e) => {
+            return Err(WsError::io(format!("opening {}", path.display()), sys(e)));
+        }
+    };
+    let st = rustix::fs::fstat(&fd)
+        .map_err(|e| WsError::io(format!("stat {}", path.display()), sys(e)))?;
+    if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
+        stats.changed(path);
+        return Ok(None);
+    }
+    Ok(Some((fd, st)))
+}
+
+/// A symlink, its target as it is (GNU long-link records past 100 bytes).
+fn pack_symlink<W: Write>(
+    b: &mut tar::Builder<W>,
+    dir: BorrowedFd<'_>,
+    name: &OsStr,
+    path: &Path,
+    st: &rustix::fs::Stat,
+    stats: &mut PackStats,
+) -> Result<(), WsError> {
+    let target = match rustix::fs::readlinkat(dir, name, Vec::new()) {
+        Ok(t) => t,
+        Err(rustix::io::Errno::NOENT) => return Ok(()),
+        Err(e) => {
+            return Err(WsError::io(
+                format!("reading link {}", path.display()),
+                sys(e),
+            ));
+        }
+    };
+    let mut h = header(st, tar::EntryType::Symlink, 0);
+    let name = archive_path(path, false);
+    if target.as_bytes().len() <= 100 && name.as_os_str().len() <= 100 {
+        let link = &mut h.as_old_mut().linkname;
+        link.fill(0);
+        link[..target.as_bytes().len()].copy_from_slice(target.as_bytes());
+        append(b, &mut h, &name, io::empty())?;
+    } else {
+        let target = Path::new(OsStr::from_bytes(target.as_bytes()));
+        b.append_link(&mut h, &name, target)
+            .map_err(|e| WsError::io(format!("archiving {}", path.display()), e))?;
+    }
+    stats.symlinks += 1;
+    Ok(())
 }
 
 /// Reads exactly `left` bytes: a file that shrank is padded with zeros, one
