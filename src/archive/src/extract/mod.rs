@@ -25,6 +25,8 @@
 mod dirs;
 mod entry;
 mod fsops;
+#[cfg(test)]
+mod tests;
 
 use std::cell::Cell;
 use std::io::{self, BufRead, Read};
