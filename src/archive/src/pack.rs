@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use rustix::fs::{AtFlags, FileType, Mode, OFlags};
 
 use super::confine::list;
-use super::error::{WsError, sys};
+use super::error::{ArchiveError, sys};
 
 /// At most this many changed paths are reported in a trailer.
 pub const MAX_CHANGED_REPORTED: usize = 1000;
@@ -81,16 +81,16 @@ pub fn pack<W: Write>(
     root: BorrowedFd<'_>,
     opts: &PackOptions<'_>,
     out: W,
-) -> Result<(W, PackStats), WsError> {
+) -> Result<(W, PackStats), ArchiveError> {
     let mut b = tar::Builder::new(out);
     let mut stats = PackStats::default();
-    let st =
-        rustix::fs::fstat(root).map_err(|e| WsError::io("stat of the dumped directory", sys(e)))?;
+    let st = rustix::fs::fstat(root)
+        .map_err(|e| ArchiveError::io("stat of the dumped directory", sys(e)))?;
     append_dir_header(&mut b, &st, Path::new("./"))?;
     walk(&mut b, root, opts, &mut stats)?;
     let out = b
         .into_inner()
-        .map_err(|e| WsError::io("finishing the archive", e))?;
+        .map_err(|e| ArchiveError::io("finishing the archive", e))?;
     Ok((out, stats))
 }
 
@@ -120,7 +120,7 @@ fn append_dir_header<W: Write>(
     b: &mut tar::Builder<W>,
     st: &rustix::fs::Stat,
     path: &Path,
-) -> Result<(), WsError> {
+) -> Result<(), ArchiveError> {
     let mut h = header(st, tar::EntryType::Directory, 0);
     append(b, &mut h, path, io::empty())
 }
@@ -133,7 +133,7 @@ fn append<W: Write>(
     h: &mut tar::Header,
     path: &Path,
     data: impl Read,
-) -> Result<(), WsError> {
+) -> Result<(), ArchiveError> {
     let raw = path.as_os_str().as_bytes();
     let r = if raw.len() <= 100 {
         let name = &mut h.as_old_mut().name;
@@ -144,7 +144,7 @@ fn append<W: Write>(
     } else {
         b.append_data(h, path, data)
     };
-    r.map_err(|e| WsError::io(format!("archiving {}", path.display()), e))
+    r.map_err(|e| ArchiveError::io(format!("archiving {}", path.display()), e))
 }
 
 /// One directory being walked: its handle, its path and the names still
@@ -155,9 +155,10 @@ struct Level {
     names: std::vec::IntoIter<std::ffi::OsString>,
 }
 
-fn listed(dir: OwnedFd, rel: PathBuf) -> Result<Level, WsError> {
-    let names = list(dir.as_fd())
-        .map_err(|e| WsError::io(format!("listing {}", archive_path(&rel, true).display()), e))?;
+fn listed(dir: OwnedFd, rel: PathBuf) -> Result<Level, ArchiveError> {
+    let names = list(dir.as_fd()).map_err(|e| {
+        ArchiveError::io(format!("listing {}", archive_path(&rel, true).display()), e)
+    })?;
     Ok(Level {
         dir,
         rel,
@@ -172,9 +173,9 @@ fn walk<W: Write>(
     root: BorrowedFd<'_>,
     opts: &PackOptions<'_>,
     stats: &mut PackStats,
-) -> Result<(), WsError> {
-    let root =
-        rustix::io::dup(root).map_err(|e| WsError::io("opening the dumped directory", sys(e)))?;
+) -> Result<(), ArchiveError> {
+    let root = rustix::io::dup(root)
+        .map_err(|e| ArchiveError::io("opening the dumped directory", sys(e)))?;
     let mut stack = vec![listed(root, PathBuf::new())?];
     while let Some(top) = stack.last_mut() {
         let Some(name) = top.names.next() else {
@@ -182,7 +183,7 @@ fn walk<W: Write>(
             continue;
         };
         if opts.cancelled.is_some_and(|c| c.load(Ordering::Relaxed)) {
-            return Err(WsError::Cancelled(
+            return Err(ArchiveError::Cancelled(
                 "the receiver of the archive went away".into(),
             ));
         }
@@ -214,12 +215,12 @@ fn entry<W: Write>(
     opts: &PackOptions<'_>,
     stats: &mut PackStats,
     depth: usize,
-) -> Result<Option<OwnedFd>, WsError> {
+) -> Result<Option<OwnedFd>, ArchiveError> {
     let st = match rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) {
         Ok(st) => st,
         // Deleted between listing and stat: it is simply not in the dump.
         Err(rustix::io::Errno::NOENT) => return Ok(None),
-        Err(e) => return Err(WsError::io(format!("stat {}", path.display()), sys(e))),
+        Err(e) => return Err(ArchiveError::io(format!("stat {}", path.display()), sys(e))),
     };
     match FileType::from_raw_mode(st.st_mode) {
         FileType::Directory => {
@@ -235,9 +236,9 @@ fn entry<W: Write>(
 
 /// Refuses a directory at `depth` (its parent's) nested deeper than
 /// `max_depth`.
-fn check_depth(path: &Path, depth: usize, max_depth: usize) -> Result<(), WsError> {
+fn check_depth(path: &Path, depth: usize, max_depth: usize) -> Result<(), ArchiveError> {
     if depth + 1 > max_depth {
-        return Err(WsError::Limit {
+        return Err(ArchiveError::Limit {
             limit: "max_depth",
             detail: format!(
                 "'{}' is nested more than {} directories deep",
@@ -257,7 +258,7 @@ fn pack_dir<W: Write>(
     path: &Path,
     st: &rustix::fs::Stat,
     stats: &mut PackStats,
-) -> Result<Option<OwnedFd>, WsError> {
+) -> Result<Option<OwnedFd>, ArchiveError> {
     let sub = match rustix::fs::openat(
         dir,
         name,
@@ -272,7 +273,10 @@ fn pack_dir<W: Write>(
             return Ok(None);
         }
         Err(e) => {
-            return Err(WsError::io(format!("opening {}", path.display()), sys(e)));
+            return Err(ArchiveError::io(
+                format!("opening {}", path.display()),
+                sys(e),
+            ));
         }
     };
     append_dir_header(b, st, &archive_path(path, true))?;
@@ -289,7 +293,7 @@ fn pack_file<W: Write>(
     path: &Path,
     opts: &PackOptions<'_>,
     stats: &mut PackStats,
-) -> Result<(), WsError> {
+) -> Result<(), ArchiveError> {
     let Some((fd, before)) = open_file(dir, name, path, stats)? else {
         return Ok(());
     };
@@ -303,14 +307,14 @@ fn pack_file<W: Write>(
     };
     if let Err(e) = append(b, &mut h, &archive_path(path, false), &mut reader) {
         if opts.cancelled.is_some_and(|c| c.load(Ordering::Relaxed)) {
-            return Err(WsError::Cancelled(
+            return Err(ArchiveError::Cancelled(
                 "the receiver of the archive went away".into(),
             ));
         }
         return Err(e);
     }
     let after = rustix::fs::fstat(&reader.file)
-        .map_err(|e| WsError::io(format!("stat {}", path.display()), sys(e)))?;
+        .map_err(|e| ArchiveError::io(format!("stat {}", path.display()), sys(e)))?;
     if reader.short
         || after.st_size != before.st_size
         || after.st_mtime != before.st_mtime
@@ -330,7 +334,7 @@ fn open_file(
     name: &OsStr,
     path: &Path,
     stats: &mut PackStats,
-) -> Result<Option<(OwnedFd, rustix::fs::Stat)>, WsError> {
+) -> Result<Option<(OwnedFd, rustix::fs::Stat)>, ArchiveError> {
     let fd = match rustix::fs::openat(
         dir,
         name,
@@ -344,11 +348,14 @@ fn open_file(
             return Ok(None);
         }
         Err(e) => {
-            return Err(WsError::io(format!("opening {}", path.display()), sys(e)));
+            return Err(ArchiveError::io(
+                format!("opening {}", path.display()),
+                sys(e),
+            ));
         }
     };
     let st = rustix::fs::fstat(&fd)
-        .map_err(|e| WsError::io(format!("stat {}", path.display()), sys(e)))?;
+        .map_err(|e| ArchiveError::io(format!("stat {}", path.display()), sys(e)))?;
     if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
         stats.changed(path);
         return Ok(None);
@@ -364,12 +371,12 @@ fn pack_symlink<W: Write>(
     path: &Path,
     st: &rustix::fs::Stat,
     stats: &mut PackStats,
-) -> Result<(), WsError> {
+) -> Result<(), ArchiveError> {
     let target = match rustix::fs::readlinkat(dir, name, Vec::new()) {
         Ok(t) => t,
         Err(rustix::io::Errno::NOENT) => return Ok(()),
         Err(e) => {
-            return Err(WsError::io(
+            return Err(ArchiveError::io(
                 format!("reading link {}", path.display()),
                 sys(e),
             ));
@@ -385,7 +392,7 @@ fn pack_symlink<W: Write>(
     } else {
         let target = Path::new(OsStr::from_bytes(target.as_bytes()));
         b.append_link(&mut h, &name, target)
-            .map_err(|e| WsError::io(format!("archiving {}", path.display()), e))?;
+            .map_err(|e| ArchiveError::io(format!("archiving {}", path.display()), e))?;
     }
     stats.symlinks += 1;
     Ok(())
@@ -439,7 +446,10 @@ mod tests {
     use crate::extract::{ExtractOptions, extract};
     use crate::limits::ArchiveLimits;
 
-    fn pack_dir_at(root: &Path, opts: &PackOptions<'_>) -> Result<(Vec<u8>, PackStats), WsError> {
+    fn pack_dir_at(
+        root: &Path,
+        opts: &PackOptions<'_>,
+    ) -> Result<(Vec<u8>, PackStats), ArchiveError> {
         let dir = fs::File::open(root).expect("open");
         pack(dir.as_fd(), opts, Vec::new())
     }
@@ -527,7 +537,7 @@ mod tests {
         };
         pack_dir_at(src.path(), &opts(3)).expect("3 deep");
         match pack_dir_at(src.path(), &opts(2)) {
-            Err(WsError::Limit { limit, detail }) => {
+            Err(ArchiveError::Limit { limit, detail }) => {
                 assert_eq!(limit, "max_depth");
                 assert!(detail.contains("'a/b/c'"), "{detail}");
             }
@@ -565,7 +575,7 @@ mod tests {
         };
         assert!(matches!(
             pack_dir_at(src.path(), &opts),
-            Err(WsError::Cancelled(_))
+            Err(ArchiveError::Cancelled(_))
         ));
     }
 

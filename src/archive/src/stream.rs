@@ -12,10 +12,10 @@ use bytes::{Bytes, BytesMut};
 use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
 
-use super::error::WsError;
+use super::error::ArchiveError;
 
 /// What the async side feeds the extractor: data, or why the stream broke.
-pub type Feed = Result<Bytes, WsError>;
+pub type Feed = Result<Bytes, ArchiveError>;
 
 /// What a [`ChannelReader`] saw, readable after it was moved away.
 #[derive(Default)]
@@ -25,7 +25,7 @@ pub struct ReadOutcome {
     /// SHA-256 (lowercase hex) of all bytes, set at end of stream.
     pub sha256: Option<String>,
     /// Why the stream broke, if it did (cancel, size limit, protocol).
-    pub failure: Option<WsError>,
+    pub failure: Option<ArchiveError>,
 }
 
 /// Blocking `Read` over a channel of chunks, hashing and counting every
@@ -53,7 +53,7 @@ impl ChannelReader {
         (r, outcome)
     }
 
-    fn fail(&mut self, e: WsError) -> io::Error {
+    fn fail(&mut self, e: ArchiveError) -> io::Error {
         let msg = e.to_string();
         let mut o = self.outcome.lock().unwrap_or_else(|p| p.into_inner());
         o.count = self.count;
@@ -83,7 +83,7 @@ impl Read for ChannelReader {
         self.count += n as u64;
         if self.count > self.max {
             let max = self.max;
-            return Err(self.fail(WsError::Limit {
+            return Err(self.fail(ArchiveError::Limit {
                 limit: "max_archive_bytes",
                 detail: format!("the archive is larger than {max} bytes"),
             }));
@@ -184,7 +184,7 @@ mod tests {
         ChannelReader::new(rx, max)
     }
 
-    fn failure(outcome: &Arc<Mutex<ReadOutcome>>) -> Option<WsError> {
+    fn failure(outcome: &Arc<Mutex<ReadOutcome>>) -> Option<ArchiveError> {
         outcome.lock().expect("lock").failure.take()
     }
 
@@ -216,7 +216,7 @@ mod tests {
         );
         assert!(matches!(
             failure(&outcome),
-            Some(WsError::Limit {
+            Some(ArchiveError::Limit {
                 limit: "max_archive_bytes",
                 ..
             })
@@ -227,12 +227,15 @@ mod tests {
     fn a_broken_stream_is_the_reader_s_failure() {
         let chunks = vec![
             Ok(Bytes::from_static(b"abc")),
-            Err(WsError::Cancelled("the client went away".into())),
+            Err(ArchiveError::Cancelled("the client went away".into())),
         ];
         let (mut r, outcome) = reader(chunks, 100);
         let e = r.read_to_end(&mut Vec::new()).expect_err("broken");
         assert_eq!(e.to_string(), "the client went away");
-        assert!(matches!(failure(&outcome), Some(WsError::Cancelled(_))));
+        assert!(matches!(
+            failure(&outcome),
+            Some(ArchiveError::Cancelled(_))
+        ));
         assert_eq!(outcome.lock().expect("lock").count, 3);
     }
 

@@ -29,7 +29,7 @@ use tar::EntryType;
 
 use crate::codec::Compression;
 use crate::confine::{self, remove_at};
-use crate::error::{WsError, sys};
+use crate::error::{ArchiveError, sys};
 
 use super::dirs::DirTree;
 use super::fsops::{times, umask};
@@ -90,7 +90,7 @@ fn is_extension(kind: EntryType) -> bool {
 }
 
 /// The error for an entry of a type that is never extracted.
-fn refused(raw: &[u8], kind: EntryType) -> WsError {
+fn refused(raw: &[u8], kind: EntryType) -> ArchiveError {
     match kind {
         EntryType::Char | EntryType::Block => {
             invalid(raw, "is a device node; device nodes are never extracted")
@@ -125,11 +125,11 @@ impl<'a> Extractor<'a> {
 
     /// Counts one more entry or implicit directory against max_entries
     /// (the implicit ones too: each costs a directory and tracking).
-    pub(super) fn count_created(&mut self) -> Result<(), WsError> {
+    pub(super) fn count_created(&mut self) -> Result<(), ArchiveError> {
         self.created += 1;
         let max = self.opts.limits.max_entries;
         if self.created > max {
-            return Err(WsError::Limit {
+            return Err(ArchiveError::Limit {
                 limit: "max_entries",
                 detail: format!(
                     "the archive has more than {max} entries (counting the directories its \
@@ -146,7 +146,7 @@ impl<'a> Extractor<'a> {
 
     /// Extracts one entry: the checks every entry shares, then the function
     /// of its type.
-    pub(super) fn entry<R: Read>(&mut self, e: &mut tar::Entry<'_, R>) -> Result<(), WsError> {
+    pub(super) fn entry<R: Read>(&mut self, e: &mut tar::Entry<'_, R>) -> Result<(), ArchiveError> {
         let kind = e.header().entry_type();
         if is_extension(kind) {
             return Ok(());
@@ -177,10 +177,14 @@ impl<'a> Extractor<'a> {
     /// Checks an entry's path: its length, no `..` nor absolute path, not
     /// the reserved name, its depth, its last component's length. `None`
     /// for the root itself (`./`), which only a directory may name.
-    fn target<'r>(&self, raw: &'r [u8], kind: EntryType) -> Result<Option<Target<'r>>, WsError> {
+    fn target<'r>(
+        &self,
+        raw: &'r [u8],
+        kind: EntryType,
+    ) -> Result<Option<Target<'r>>, ArchiveError> {
         let limits = self.opts.limits;
         if raw.len() > limits.max_path_bytes {
-            return Err(WsError::Limit {
+            return Err(ArchiveError::Limit {
                 limit: "max_path_bytes",
                 detail: format!(
                     "an entry path is {} bytes long (limit {})",
@@ -201,7 +205,7 @@ impl<'a> Extractor<'a> {
             ));
         }
         if comps.len() > limits.max_depth {
-            return Err(WsError::Limit {
+            return Err(ArchiveError::Limit {
                 limit: "max_depth",
                 detail: format!(
                     "an entry is nested {} directories deep (limit {})",
@@ -239,7 +243,7 @@ impl<'a> Extractor<'a> {
         e: &mut tar::Entry<'_, R>,
         raw: &[u8],
         kind: EntryType,
-    ) -> Result<Meta, WsError> {
+    ) -> Result<Meta, ArchiveError> {
         let mode = e
             .header()
             .mode()
@@ -286,7 +290,7 @@ impl<'a> Extractor<'a> {
         e: &mut tar::Entry<'_, R>,
         t: &Target<'_>,
         m: &Meta,
-    ) -> Result<(), WsError> {
+    ) -> Result<(), ArchiveError> {
         let size = m.size;
         self.check_file_size(&t.path, size)?;
         self.ensure_parent(&t.parent, t.raw)?;
@@ -323,10 +327,10 @@ impl<'a> Extractor<'a> {
 
     /// Refuses a file of `size` bytes over max_file_bytes, or taking the
     /// archive over max_expanded_bytes.
-    fn check_file_size(&self, path: &Path, size: u64) -> Result<(), WsError> {
+    fn check_file_size(&self, path: &Path, size: u64) -> Result<(), ArchiveError> {
         let limits = self.opts.limits;
         if size > limits.max_file_bytes {
-            return Err(WsError::Limit {
+            return Err(ArchiveError::Limit {
                 limit: "max_file_bytes",
                 detail: format!(
                     "'{}' is {size} bytes (limit {})",
@@ -336,7 +340,7 @@ impl<'a> Extractor<'a> {
             });
         }
         if self.expanded.saturating_add(size) > limits.max_expanded_bytes {
-            return Err(WsError::Limit {
+            return Err(ArchiveError::Limit {
                 limit: "max_expanded_bytes",
                 detail: format!(
                     "the archive expands to more than {} bytes",
@@ -355,7 +359,7 @@ impl<'a> Extractor<'a> {
         file: &mut File,
         t: &Target<'_>,
         size: u64,
-    ) -> Result<u64, WsError> {
+    ) -> Result<u64, ArchiveError> {
         let mut written = 0u64;
         let mut buf = std::mem::take(&mut self.buf);
         let copied = loop {
@@ -374,7 +378,10 @@ impl<'a> Extractor<'a> {
                 ));
             }
             if let Err(err) = file.write_all(&buf[..n]) {
-                break Err(WsError::io(format!("writing {}", t.path.display()), err));
+                break Err(ArchiveError::io(
+                    format!("writing {}", t.path.display()),
+                    err,
+                ));
             }
             written += n as u64;
             if let Err(err) = self.meter.check() {
@@ -388,14 +395,14 @@ impl<'a> Extractor<'a> {
     /// A directory: created 0700 (its mode and mtime are applied last), or
     /// kept if it exists; one replacing a non-directory only in merge mode
     /// and only one from before the archive.
-    fn dir(&mut self, t: &Target<'_>, m: &Meta) -> Result<(), WsError> {
+    fn dir(&mut self, t: &Target<'_>, m: &Meta) -> Result<(), ArchiveError> {
         self.ensure_parent(&t.parent, t.raw)?;
         let parent = self.parent_fd()?;
         match rustix::fs::mkdirat(parent, t.name, Mode::from_raw_mode(0o700)) {
             Ok(()) => self.chown_at(parent, t.name, &t.path)?,
             Err(rustix::io::Errno::EXIST) => self.dir_over_existing(parent, t)?,
             Err(err) => {
-                return Err(WsError::io(
+                return Err(ArchiveError::io(
                     format!("creating directory {}", t.path.display()),
                     sys(err),
                 ));
@@ -409,9 +416,14 @@ impl<'a> Extractor<'a> {
     /// A directory entry whose name exists: a directory stays; anything
     /// else is an error if this archive made it (or outside merge mode),
     /// else it is removed for the directory.
-    fn dir_over_existing(&self, parent: BorrowedFd<'_>, t: &Target<'_>) -> Result<(), WsError> {
-        let st = rustix::fs::statat(parent, t.name, AtFlags::SYMLINK_NOFOLLOW)
-            .map_err(|err| WsError::io(format!("inspecting {}", t.path.display()), sys(err)))?;
+    fn dir_over_existing(
+        &self,
+        parent: BorrowedFd<'_>,
+        t: &Target<'_>,
+    ) -> Result<(), ArchiveError> {
+        let st = rustix::fs::statat(parent, t.name, AtFlags::SYMLINK_NOFOLLOW).map_err(|err| {
+            ArchiveError::io(format!("inspecting {}", t.path.display()), sys(err))
+        })?;
         let is_dir =
             rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Directory;
         if is_dir {
@@ -425,7 +437,7 @@ impl<'a> Extractor<'a> {
         }
         remove_at(parent, t.name, &t.path)?;
         rustix::fs::mkdirat(parent, t.name, Mode::from_raw_mode(0o700))
-            .map_err(|err| WsError::io(format!("creating {}", t.path.display()), sys(err)))?;
+            .map_err(|err| ArchiveError::io(format!("creating {}", t.path.display()), sys(err)))?;
         self.chown_at(parent, t.name, &t.path)
     }
 
@@ -436,7 +448,7 @@ impl<'a> Extractor<'a> {
         e: &mut tar::Entry<'_, R>,
         t: &Target<'_>,
         mtime: u64,
-    ) -> Result<(), WsError> {
+    ) -> Result<(), ArchiveError> {
         let limits = self.opts.limits;
         let target = e
             .link_name_bytes()
@@ -449,7 +461,7 @@ impl<'a> Extractor<'a> {
             return Err(invalid(t.raw, "has a symlink target with a NUL byte"));
         }
         if target.len() > limits.max_path_bytes {
-            return Err(WsError::Limit {
+            return Err(ArchiveError::Limit {
                 limit: "max_path_bytes",
                 detail: format!("a symlink target is {} bytes long", target.len()),
             });
@@ -472,7 +484,7 @@ impl<'a> Extractor<'a> {
         &mut self,
         e: &mut tar::Entry<'_, R>,
         t: &Target<'_>,
-    ) -> Result<(), WsError> {
+    ) -> Result<(), ArchiveError> {
         let target = e
             .link_name_bytes()
             .map(|c| c.into_owned())
@@ -494,7 +506,7 @@ impl<'a> Extractor<'a> {
             .ok_or_else(|| invalid(t.raw, "is a hardlink without a target"))?;
         let tparent_path: PathBuf = tparents.iter().collect();
         let tdir = confine::open_dir(self.root, &tparent_path)
-            .map_err(|err| WsError::io(format!("opening {}", tparent_path.display()), err))?;
+            .map_err(|err| ArchiveError::io(format!("opening {}", tparent_path.display()), err))?;
         self.ensure_parent(&t.parent, t.raw)?;
         let tname: &OsStr = tname;
         self.create(t.name, &t.path, t.raw, |dir, n| {
@@ -507,7 +519,7 @@ impl<'a> Extractor<'a> {
     }
 
     /// A FIFO, only with `allow_fifos`.
-    fn fifo(&mut self, t: &Target<'_>, mode: u32) -> Result<(), WsError> {
+    fn fifo(&mut self, t: &Target<'_>, mode: u32) -> Result<(), ArchiveError> {
         if !self.opts.limits.allow_fifos {
             return Err(invalid(
                 t.raw,

@@ -39,7 +39,7 @@ use std::thread::JoinHandle;
 
 use crate::codec;
 use crate::codec::Compression;
-use crate::error::WsError;
+use crate::error::ArchiveError;
 use crate::limits::ArchiveLimits;
 
 use entry::Extractor;
@@ -94,14 +94,14 @@ pub(super) struct Meter<'a> {
 }
 
 impl Meter<'_> {
-    fn check(&self) -> Result<(), WsError> {
+    fn check(&self) -> Result<(), ArchiveError> {
         let compressed = self.compressed.load(Ordering::Relaxed);
         let expanded = self.expanded.load(Ordering::Relaxed);
         let l = self.limits;
         if expanded > l.ratio_grace_bytes
             && expanded > l.max_compression_ratio.saturating_mul(compressed.max(1))
         {
-            return Err(WsError::Limit {
+            return Err(ArchiveError::Limit {
                 limit: "max_compression_ratio",
                 detail: format!(
                     "{expanded} bytes expanded from {compressed} compressed bytes is more than {}:1 (a decompression bomb?)",
@@ -205,8 +205,8 @@ impl<R: Read> Read for Gate<R> {
     }
 }
 
-fn header_limit(limits: &ArchiveLimits) -> WsError {
-    WsError::Limit {
+fn header_limit(limits: &ArchiveLimits) -> ArchiveError {
+    ArchiveError::Limit {
         limit: "max_header_bytes",
         detail: format!(
             "more than {} bytes of tar metadata (a GNU long name or link, PAX records, a sparse \
@@ -216,8 +216,8 @@ fn header_limit(limits: &ArchiveLimits) -> WsError {
     }
 }
 
-pub(super) fn invalid(path: &[u8], what: impl std::fmt::Display) -> WsError {
-    WsError::invalid(format!(
+pub(super) fn invalid(path: &[u8], what: impl std::fmt::Display) -> ArchiveError {
+    ArchiveError::invalid(format!(
         "archive entry '{}' {what}",
         String::from_utf8_lossy(path)
     ))
@@ -225,7 +225,7 @@ pub(super) fn invalid(path: &[u8], what: impl std::fmt::Display) -> WsError {
 
 /// Maps a read error from the decoder/tar parser. The tar reader's own
 /// messages may quote header bytes; those are replaced by what they mean.
-pub(super) fn read_error(e: io::Error, compression: Compression) -> WsError {
+pub(super) fn read_error(e: io::Error, compression: Compression) -> ArchiveError {
     let what = match compression {
         Compression::Gzip => "corrupt or truncated gzip stream",
         Compression::Zstd => "corrupt or truncated zstd stream",
@@ -233,7 +233,7 @@ pub(super) fn read_error(e: io::Error, compression: Compression) -> WsError {
     };
     let msg = e.to_string();
     if msg.contains("too much memory") {
-        return WsError::invalid(format!(
+        return ArchiveError::invalid(format!(
             "the zstd stream asks for a window over {} MiB (compressed with zstd --long?); \
              recompress it without --long, or with --long={} at most",
             (1u64 << codec::ZSTD_WINDOW_LOG_MAX) >> 20,
@@ -251,7 +251,7 @@ pub(super) fn read_error(e: io::Error, compression: Compression) -> WsError {
     } else {
         "a header could not be read".to_owned()
     };
-    WsError::invalid(format!("{what}: {why}"))
+    ArchiveError::invalid(format!("{what}: {why}"))
 }
 
 /// Reads what is left of an entry's data into nothing.
@@ -259,7 +259,7 @@ fn drain<R: Read>(
     entry: &mut tar::Entry<'_, R>,
     meter: &Meter<'_>,
     compression: Compression,
-) -> Result<(), WsError> {
+) -> Result<(), ArchiveError> {
     let mut sink = [0u8; 16 << 10];
     loop {
         match entry.read(&mut sink) {
@@ -282,7 +282,7 @@ pub fn extract<R: Read + Send + 'static>(
     src: R,
     root: BorrowedFd<'_>,
     opts: &ExtractOptions<'_>,
-) -> Result<ExtractStats, WsError> {
+) -> Result<ExtractStats, ArchiveError> {
     let meter = Meter {
         limits: opts.limits,
         compressed: Arc::new(AtomicU64::new(0)),
@@ -295,7 +295,7 @@ pub fn extract<R: Read + Send + 'static>(
     let compression = codec::sniff(&mut compressed, opts.compression)
         .map_err(|e| read_error(e, opts.compression))?;
     if opts.compression == Compression::Auto && compression == Compression::None {
-        codec::check_plain_tar(&mut compressed).map_err(WsError::invalid)?;
+        codec::check_plain_tar(&mut compressed).map_err(ArchiveError::invalid)?;
     }
     let (blocks, decoder) = spawn_decoder(compressed, compression, meter.expanded.clone())?;
     let consumed = Arc::new(AtomicU64::new(0));
@@ -313,7 +313,7 @@ pub fn extract<R: Read + Send + 'static>(
     // The parser stops at the first zero block; if it stopped because the
     // input ended instead, the archive was cut short.
     if consumed.load(Ordering::Relaxed) <= last_end {
-        return Err(WsError::invalid(
+        return Err(ArchiveError::invalid(
             "truncated tar archive: the stream ends without the end-of-archive marker",
         ));
     }
@@ -330,12 +330,12 @@ fn spawn_decoder<R: BufRead + Send + 'static>(
     compressed: R,
     compression: Compression,
     expanded: Arc<AtomicU64>,
-) -> Result<(Blocks, JoinHandle<()>), WsError> {
+) -> Result<(Blocks, JoinHandle<()>), ArchiveError> {
     let (tx, rx) = std::sync::mpsc::sync_channel(BLOCKS_IN_FLIGHT);
     let decoder = std::thread::Builder::new()
         .name("ws-decode".into())
         .spawn(move || decode(compressed, compression, &tx, &expanded))
-        .map_err(|e| WsError::io("starting the decoder thread", e))?;
+        .map_err(|e| ArchiveError::io("starting the decoder thread", e))?;
     let blocks = Blocks {
         rx,
         cur: Vec::new(),
@@ -392,7 +392,7 @@ fn read_entries<R: Read>(
     plain: &mut R,
     x: &mut Extractor<'_>,
     ctl: &GateCtl,
-) -> Result<u64, WsError> {
+) -> Result<u64, ArchiveError> {
     let (meter, compression, limits) = (x.meter, x.compression, x.opts.limits);
     let mut last_end = 0u64;
     let mut archive = tar::Archive::new(plain);
@@ -428,7 +428,7 @@ fn only_zeros_after<R: Read>(
     plain: &mut R,
     meter: &Meter<'_>,
     compression: Compression,
-) -> Result<(), WsError> {
+) -> Result<(), ArchiveError> {
     let mut sink = [0u8; 64 << 10];
     loop {
         match plain.read(&mut sink) {
@@ -436,7 +436,7 @@ fn only_zeros_after<R: Read>(
             Ok(n) => {
                 meter.check()?;
                 if sink[..n].iter().any(|&b| b != 0) {
-                    return Err(WsError::invalid(
+                    return Err(ArchiveError::invalid(
                         "data after the tar end-of-archive marker (two archives concatenated? \
                          upload them one at a time, the later ones with merge mode)",
                     ));

@@ -12,7 +12,7 @@ use tar::{Builder, EntryType, Header};
 
 use super::{ExtractOptions, ExtractStats, RESERVED_NAME, extract};
 use crate::codec::Compression;
-use crate::error::WsError;
+use crate::error::ArchiveError;
 use crate::limits::ArchiveLimits;
 
 /// An archive under construction.
@@ -129,7 +129,7 @@ fn run_with(
     data: Vec<u8>,
     limits: &ArchiveLimits,
     merge: bool,
-) -> Result<ExtractStats, WsError> {
+) -> Result<ExtractStats, ArchiveError> {
     let root = fs::File::open(ws).expect("open ws");
     let opts = ExtractOptions {
         limits,
@@ -140,31 +140,31 @@ fn run_with(
     extract(Cursor::new(data), root.as_fd(), &opts)
 }
 
-fn run(ws: &Path, data: Vec<u8>) -> Result<ExtractStats, WsError> {
+fn run(ws: &Path, data: Vec<u8>) -> Result<ExtractStats, ArchiveError> {
     run_with(ws, data, &ArchiveLimits::default(), false)
 }
 
-fn limited(ws: &Path, data: Vec<u8>, limits: ArchiveLimits) -> Result<ExtractStats, WsError> {
+fn limited(ws: &Path, data: Vec<u8>, limits: ArchiveLimits) -> Result<ExtractStats, ArchiveError> {
     run_with(ws, data, &limits, false)
 }
 
 /// The message of an `Invalid` error; anything else fails the test.
-fn invalid(r: Result<ExtractStats, WsError>) -> String {
+fn invalid(r: Result<ExtractStats, ArchiveError>) -> String {
     match r {
-        Err(WsError::Invalid(m)) => m,
+        Err(ArchiveError::Invalid(m)) => m,
         other => panic!("expected an Invalid error, got {other:?}"),
     }
 }
 
 /// The key of a `Limit` error; anything else fails the test.
-fn limit(r: Result<ExtractStats, WsError>) -> &'static str {
+fn limit(r: Result<ExtractStats, ArchiveError>) -> &'static str {
     match r {
-        Err(WsError::Limit { limit, .. }) => limit,
+        Err(ArchiveError::Limit { limit, .. }) => limit,
         other => panic!("expected a Limit error, got {other:?}"),
     }
 }
 
-fn assert_invalid(r: Result<ExtractStats, WsError>, needle: &str) {
+fn assert_invalid(r: Result<ExtractStats, ArchiveError>, needle: &str) {
     let m = invalid(r);
     assert!(m.contains(needle), "{m:?} does not say {needle:?}");
 }
@@ -577,7 +577,7 @@ fn merge_mode_replaces_what_was_there_before_and_only_then() {
     let limits = ArchiveLimits::default();
     assert!(matches!(
         run_with(&d.ws, tar(), &limits, false),
-        Err(WsError::Invalid(_))
+        Err(ArchiveError::Invalid(_))
     ));
     run_with(&d.ws, tar(), &limits, true).expect("merge");
     assert!(d.ws.join("file-then-dir").is_dir());
@@ -667,7 +667,7 @@ fn a_file_replaces_a_symlink_in_the_workspace_without_following_it() {
     let limits = ArchiveLimits::default();
     assert!(matches!(
         run_with(&d.ws, tar(), &limits, false),
-        Err(WsError::Invalid(_))
+        Err(ArchiveError::Invalid(_))
     ));
     run_with(&d.ws, tar(), &limits, true).expect("merge");
     assert!(
