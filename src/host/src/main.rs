@@ -411,7 +411,7 @@ fn main() -> anyhow::Result<()> {
         let endpoint: sandbox_client::transport::Endpoint = format!("tcp://{}", args.listen)
             .parse()
             .with_context(|| format!("--listen {}", args.listen))?;
-        let listener = sandbox_client::transport::Listener::bind(&endpoint)
+        let listener = sandbox_serve::listen::Listener::bind(&endpoint)
             .await
             .with_context(|| format!("listening on {}", args.listen))?;
         if let sandbox_client::transport::Endpoint::Tcp { port, .. } = listener.local_endpoint() {
@@ -504,7 +504,7 @@ fn main() -> anyhow::Result<()> {
         }
         use std::io::Write;
         let _ = std::io::stdout().flush();
-        let limits = sandbox_client::transport::http::HttpLimits {
+        let limits = sandbox_serve::http::HttpLimits {
             max_connections: args.max_connections,
             header_timeout: std::time::Duration::from_millis(args.header_timeout_ms),
             // As axum::serve did: requests in flight finish (downloads too).
@@ -523,7 +523,7 @@ fn main() -> anyhow::Result<()> {
                 }
         };
         let svc = hyper_util::service::TowerToHyperService::new(app);
-        sandbox_client::transport::http::serve_http(listener, limits, shutdown, svc).await;
+        sandbox_serve::http::serve_http(listener, limits, shutdown, svc).await;
         // Releases already accepted finish first: their slots go back to the
         // pool, and are stopped with it.
         tracing::info!(
