@@ -17,14 +17,21 @@ const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 /// The source trees each binary is built from.
 fn sources(name: &str) -> &'static [&'static str] {
     match name {
-        "sandbox-agent" => &["src/agent/src", "src/client", "src/archive/src", "proto"],
-        "sandboxctl" => &[
-            "src/sandboxctl/src",
+        "sandbox-agent" => &[
+            "src/agent/src",
             "src/client",
+            "src/serve/src",
             "src/archive/src",
             "proto",
         ],
-        "sandbox-host" => &["src/host/src", "src/client", "proto"],
+        "sandboxctl" => &[
+            "src/sandboxctl/src",
+            "src/client",
+            "src/serve/src",
+            "src/archive/src",
+            "proto",
+        ],
+        "sandbox-host" => &["src/host/src", "src/client", "src/serve/src", "proto"],
         _ => &[],
     }
 }

@@ -18,9 +18,10 @@ use crate::exec::{Executions, McpAccess};
 use crate::lifecycle::Lifecycle;
 use crate::supervisor::{State, Supervisor};
 use crate::workspace::Workspace;
-use sandbox_client::auth::{AuthLayer, AuthPolicy};
 use sandbox_client::proto;
-use sandbox_client::transport::{Endpoint, ListenError, Listener};
+use sandbox_client::transport::Endpoint;
+use sandbox_serve::auth::{AuthLayer, AuthPolicy};
+use sandbox_serve::listen::{ListenError, Listener};
 
 /// Health service name of a server: `mcp/<name>`, SERVING while ready.
 pub fn server_health_name(name: &str) -> String {

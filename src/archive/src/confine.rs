@@ -19,7 +19,7 @@ use std::os::unix::ffi::OsStrExt;
 
 use rustix::fs::AtFlags;
 
-use super::error::{WsError, sys};
+use super::error::{ArchiveError, sys};
 
 static NO_OPENAT2: AtomicBool = AtomicBool::new(false);
 
@@ -105,23 +105,23 @@ pub fn normalize(path: &Path) -> Result<Vec<&std::ffi::OsStr>, PathError> {
 /// Removes `name` in `dir` (a whole tree if it is a directory), never
 /// following symlinks. Depth-first with an explicit stack (one open
 /// directory per level), so no tree is too deep for the thread's stack.
-pub fn remove_at(dir: BorrowedFd<'_>, name: &OsStr, path: &Path) -> Result<(), WsError> {
+pub fn remove_at(dir: BorrowedFd<'_>, name: &OsStr, path: &Path) -> Result<(), ArchiveError> {
     /// A directory being emptied: its handle, path and the names left.
     struct Level {
         fd: OwnedFd,
         path: PathBuf,
         names: std::vec::IntoIter<std::ffi::OsString>,
     }
-    let open = |parent: BorrowedFd<'_>, name: &OsStr, path: &Path| -> Result<Level, WsError> {
+    let open = |parent: BorrowedFd<'_>, name: &OsStr, path: &Path| -> Result<Level, ArchiveError> {
         let flags = OFlags::DIRECTORY | OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
         let fd = match rustix::fs::openat(parent, name, flags, Mode::empty()) {
             Err(rustix::io::Errno::ACCESS) => open_up(parent, name)
                 .and_then(|()| rustix::fs::openat(parent, name, flags, Mode::empty())),
             r => r,
         }
-        .map_err(|e| WsError::io(format!("opening {}", path.display()), sys(e)))?;
-        let names =
-            list(fd.as_fd()).map_err(|e| WsError::io(format!("listing {}", path.display()), e))?;
+        .map_err(|e| ArchiveError::io(format!("opening {}", path.display()), sys(e)))?;
+        let names = list(fd.as_fd())
+            .map_err(|e| ArchiveError::io(format!("listing {}", path.display()), e))?;
         Ok(Level {
             fd,
             path: path.to_owned(),
@@ -132,12 +132,17 @@ pub fn remove_at(dir: BorrowedFd<'_>, name: &OsStr, path: &Path) -> Result<(), W
         writable(parent, || {
             rustix::fs::unlinkat(parent, name, AtFlags::REMOVEDIR)
         })
-        .map_err(|e| WsError::io(format!("removing {}", path.display()), sys(e)))
+        .map_err(|e| ArchiveError::io(format!("removing {}", path.display()), sys(e)))
     };
     match rustix::fs::unlinkat(dir, name, AtFlags::empty()) {
         Ok(()) => return Ok(()),
         Err(rustix::io::Errno::ISDIR) | Err(rustix::io::Errno::PERM) => {}
-        Err(e) => return Err(WsError::io(format!("removing {}", path.display()), sys(e))),
+        Err(e) => {
+            return Err(ArchiveError::io(
+                format!("removing {}", path.display()),
+                sys(e),
+            ));
+        }
     }
     let mut stack = vec![open(dir, name, path)?];
     while let Some(top) = stack.last_mut() {
@@ -151,7 +156,12 @@ pub fn remove_at(dir: BorrowedFd<'_>, name: &OsStr, path: &Path) -> Result<(), W
                         let sub = open(top.fd.as_fd(), &n, &p)?;
                         stack.push(sub);
                     }
-                    Err(e) => return Err(WsError::io(format!("removing {}", p.display()), sys(e))),
+                    Err(e) => {
+                        return Err(ArchiveError::io(
+                            format!("removing {}", p.display()),
+                            sys(e),
+                        ));
+                    }
                 }
             }
             None => {

@@ -1,10 +1,14 @@
-//! Errors of workspace operations. Each variant maps to one gRPC status code
-//! (see `agent::rpc`), and every message says what to change.
+//! Errors of the archive code: extraction, packing and the byte streams
+//! between them and the network. Each variant is one cause, which the agent
+//! maps to one gRPC status code (`agent::rpc::workspace`), and every message
+//! says what to change. What only the agent's workspace can fail at (another
+//! operation running, an interrupted swap, a checksum, a missing sub_path)
+//! is the agent's own `WorkspaceError`.
 
 use std::io;
 
 #[derive(Debug, thiserror::Error)]
-pub enum WsError {
+pub enum ArchiveError {
     /// The archive or request is malformed or unsafe (INVALID_ARGUMENT).
     #[error("{0}")]
     Invalid(String),
@@ -15,23 +19,9 @@ pub enum WsError {
     /// The filesystem is full (RESOURCE_EXHAUSTED).
     #[error("the workspace filesystem is full: {0}")]
     DiskFull(String),
-    /// The bytes received are not the bytes announced (DATA_LOSS).
-    #[error("{0}")]
-    Integrity(String),
-    /// Another operation holds the workspace (ABORTED).
-    #[error("{0}")]
-    Busy(String),
-    /// The client went away (CANCELLED).
+    /// The client went away, or the reader of a dump stopped (CANCELLED).
     #[error("{0}")]
     Cancelled(String),
-    /// A requested path does not exist (NOT_FOUND).
-    #[error("{0}")]
-    NotFound(String),
-    /// The workspace is not in a state the operation needs: an interrupted
-    /// swap that cannot be completed, or an entry the agent cannot move
-    /// (FAILED_PRECONDITION). The message says what to fix.
-    #[error("{0}")]
-    Stuck(String),
     /// Any other I/O failure (INTERNAL), with what was being done.
     #[error("{context}: {source}")]
     Io {
@@ -41,20 +31,20 @@ pub enum WsError {
     },
 }
 
-impl WsError {
+impl ArchiveError {
     /// Wraps an I/O error with context; ENOSPC and EDQUOT become `DiskFull`.
-    pub fn io(context: impl Into<String>, source: io::Error) -> WsError {
+    pub fn io(context: impl Into<String>, source: io::Error) -> ArchiveError {
         let context = context.into();
         match source.raw_os_error() {
             Some(nix::libc::ENOSPC) | Some(nix::libc::EDQUOT) => {
-                WsError::DiskFull(format!("{context}: {source}"))
+                ArchiveError::DiskFull(format!("{context}: {source}"))
             }
-            _ => WsError::Io { context, source },
+            _ => ArchiveError::Io { context, source },
         }
     }
 
-    pub fn invalid(msg: impl Into<String>) -> WsError {
-        WsError::Invalid(msg.into())
+    pub fn invalid(msg: impl Into<String>) -> ArchiveError {
+        ArchiveError::Invalid(msg.into())
     }
 }
 

@@ -22,5 +22,5 @@ pub mod pack;
 pub mod stream;
 
 pub use codec::Compression;
-pub use error::WsError as ArchiveError;
+pub use error::ArchiveError;
 pub use limits::{ArchiveLimits, MAX_CHUNK_BYTES};

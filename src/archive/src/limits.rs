@@ -124,3 +124,68 @@ pub fn parse_owner(s: &str) -> Result<(u32, u32), LimitsError> {
     let (u, g) = s.split_once(':').ok_or_else(bad)?;
     Ok((u.parse().map_err(|_| bad())?, g.parse().map_err(|_| bad())?))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_defaults_are_valid() {
+        assert_eq!(ArchiveLimits::default().validate(), Ok(()));
+    }
+
+    #[test]
+    fn every_bound_must_be_over_zero_and_is_named() {
+        type Zeroed = (&'static str, fn(&mut ArchiveLimits));
+        let zeroed: [Zeroed; 8] = [
+            ("max_archive_bytes", |l| l.max_archive_bytes = 0),
+            ("max_expanded_bytes", |l| l.max_expanded_bytes = 0),
+            ("max_entries", |l| l.max_entries = 0),
+            ("max_path_bytes", |l| l.max_path_bytes = 0),
+            ("max_depth", |l| l.max_depth = 0),
+            ("max_file_bytes", |l| l.max_file_bytes = 0),
+            ("max_compression_ratio", |l| l.max_compression_ratio = 0),
+            ("queue_chunks", |l| l.queue_chunks = 0),
+        ];
+        for (key, zero) in zeroed {
+            let mut l = ArchiveLimits::default();
+            zero(&mut l);
+            assert_eq!(l.validate(), Err(LimitsError::Zero(key)));
+            assert_eq!(
+                LimitsError::Zero(key).to_string(),
+                format!("archive.{key} must be greater than 0")
+            );
+        }
+    }
+
+    #[test]
+    fn max_header_bytes_leaves_room_for_a_long_name_and_link() {
+        let mut l = ArchiveLimits {
+            max_path_bytes: 1000,
+            max_header_bytes: 4048,
+            ..ArchiveLimits::default()
+        };
+        assert_eq!(l.validate(), Ok(()));
+        l.max_header_bytes = 4047;
+        assert_eq!(
+            l.validate(),
+            Err(LimitsError::HeaderRoom {
+                got: 4047,
+                least: 4048
+            })
+        );
+    }
+
+    #[test]
+    fn the_owner_is_two_numeric_ids() {
+        assert_eq!(parse_owner("1000:100"), Ok((1000, 100)));
+        for bad in ["1000", "a:b", "1000:", ":100", "1000:100:1", "-1:0"] {
+            assert_eq!(parse_owner(bad), Err(LimitsError::Owner(bad.to_owned())));
+            let l = ArchiveLimits {
+                owner: Some(bad.to_owned()),
+                ..ArchiveLimits::default()
+            };
+            assert_eq!(l.validate(), Err(LimitsError::Owner(bad.to_owned())));
+        }
+    }
+}

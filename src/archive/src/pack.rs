@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use rustix::fs::{AtFlags, FileType, Mode, OFlags};
 
 use super::confine::list;
-use super::error::{WsError, sys};
+use super::error::{ArchiveError, sys};
 
 /// At most this many changed paths are reported in a trailer.
 pub const MAX_CHANGED_REPORTED: usize = 1000;
@@ -81,16 +81,16 @@ pub fn pack<W: Write>(
     root: BorrowedFd<'_>,
     opts: &PackOptions<'_>,
     out: W,
-) -> Result<(W, PackStats), WsError> {
+) -> Result<(W, PackStats), ArchiveError> {
     let mut b = tar::Builder::new(out);
     let mut stats = PackStats::default();
-    let st =
-        rustix::fs::fstat(root).map_err(|e| WsError::io("stat of the dumped directory", sys(e)))?;
+    let st = rustix::fs::fstat(root)
+        .map_err(|e| ArchiveError::io("stat of the dumped directory", sys(e)))?;
     append_dir_header(&mut b, &st, Path::new("./"))?;
     walk(&mut b, root, opts, &mut stats)?;
     let out = b
         .into_inner()
-        .map_err(|e| WsError::io("finishing the archive", e))?;
+        .map_err(|e| ArchiveError::io("finishing the archive", e))?;
     Ok((out, stats))
 }
 
@@ -120,7 +120,7 @@ fn append_dir_header<W: Write>(
     b: &mut tar::Builder<W>,
     st: &rustix::fs::Stat,
     path: &Path,
-) -> Result<(), WsError> {
+) -> Result<(), ArchiveError> {
     let mut h = header(st, tar::EntryType::Directory, 0);
     append(b, &mut h, path, io::empty())
 }
@@ -133,7 +133,7 @@ fn append<W: Write>(
     h: &mut tar::Header,
     path: &Path,
     data: impl Read,
-) -> Result<(), WsError> {
+) -> Result<(), ArchiveError> {
     let raw = path.as_os_str().as_bytes();
     let r = if raw.len() <= 100 {
         let name = &mut h.as_old_mut().name;
@@ -144,7 +144,7 @@ fn append<W: Write>(
     } else {
         b.append_data(h, path, data)
     };
-    r.map_err(|e| WsError::io(format!("archiving {}", path.display()), e))
+    r.map_err(|e| ArchiveError::io(format!("archiving {}", path.display()), e))
 }
 
 /// One directory being walked: its handle, its path and the names still
@@ -155,9 +155,10 @@ struct Level {
     names: std::vec::IntoIter<std::ffi::OsString>,
 }
 
-fn listed(dir: OwnedFd, rel: PathBuf) -> Result<Level, WsError> {
-    let names = list(dir.as_fd())
-        .map_err(|e| WsError::io(format!("listing {}", archive_path(&rel, true).display()), e))?;
+fn listed(dir: OwnedFd, rel: PathBuf) -> Result<Level, ArchiveError> {
+    let names = list(dir.as_fd()).map_err(|e| {
+        ArchiveError::io(format!("listing {}", archive_path(&rel, true).display()), e)
+    })?;
     Ok(Level {
         dir,
         rel,
@@ -172,9 +173,9 @@ fn walk<W: Write>(
     root: BorrowedFd<'_>,
     opts: &PackOptions<'_>,
     stats: &mut PackStats,
-) -> Result<(), WsError> {
-    let root =
-        rustix::io::dup(root).map_err(|e| WsError::io("opening the dumped directory", sys(e)))?;
+) -> Result<(), ArchiveError> {
+    let root = rustix::io::dup(root)
+        .map_err(|e| ArchiveError::io("opening the dumped directory", sys(e)))?;
     let mut stack = vec![listed(root, PathBuf::new())?];
     while let Some(top) = stack.last_mut() {
         let Some(name) = top.names.next() else {
@@ -182,7 +183,7 @@ fn walk<W: Write>(
             continue;
         };
         if opts.cancelled.is_some_and(|c| c.load(Ordering::Relaxed)) {
-            return Err(WsError::Cancelled(
+            return Err(ArchiveError::Cancelled(
                 "the receiver of the archive went away".into(),
             ));
         }
@@ -204,7 +205,8 @@ fn walk<W: Write>(
 }
 
 /// Archives one entry of `dir`; returns the handle of a directory to walk
-/// into.
+/// into. What vanished since the listing is left out; what changed kind is
+/// left out and reported as changed; special files are counted and skipped.
 fn entry<W: Write>(
     b: &mut tar::Builder<W>,
     dir: BorrowedFd<'_>,
@@ -213,125 +215,187 @@ fn entry<W: Write>(
     opts: &PackOptions<'_>,
     stats: &mut PackStats,
     depth: usize,
-) -> Result<Option<OwnedFd>, WsError> {
+) -> Result<Option<OwnedFd>, ArchiveError> {
     let st = match rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) {
         Ok(st) => st,
         // Deleted between listing and stat: it is simply not in the dump.
         Err(rustix::io::Errno::NOENT) => return Ok(None),
-        Err(e) => return Err(WsError::io(format!("stat {}", path.display()), sys(e))),
+        Err(e) => return Err(ArchiveError::io(format!("stat {}", path.display()), sys(e))),
     };
     match FileType::from_raw_mode(st.st_mode) {
         FileType::Directory => {
-            if depth + 1 > opts.max_depth {
-                return Err(WsError::Limit {
-                    limit: "max_depth",
-                    detail: format!(
-                        "'{}' is nested more than {} directories deep",
-                        path.display(),
-                        opts.max_depth
-                    ),
-                });
-            }
-            let sub = match rustix::fs::openat(
-                dir,
-                name,
-                OFlags::DIRECTORY | OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-                Mode::empty(),
-            ) {
-                Ok(fd) => fd,
-                Err(rustix::io::Errno::NOENT) => return Ok(None),
-                // Replaced by a symlink or file since the stat.
-                Err(rustix::io::Errno::LOOP) | Err(rustix::io::Errno::NOTDIR) => {
-                    stats.changed(path);
-                    return Ok(None);
-                }
-                Err(e) => {
-                    return Err(WsError::io(format!("opening {}", path.display()), sys(e)));
-                }
-            };
-            append_dir_header(b, &st, &archive_path(path, true))?;
-            stats.dirs += 1;
-            return Ok(Some(sub));
+            check_depth(path, depth, opts.max_depth)?;
+            return pack_dir(b, dir, name, path, &st, stats);
         }
-        FileType::RegularFile => {
-            let fd = match rustix::fs::openat(
-                dir,
-                name,
-                OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-                Mode::empty(),
-            ) {
-                Ok(fd) => fd,
-                Err(rustix::io::Errno::NOENT) => return Ok(None),
-                Err(rustix::io::Errno::LOOP) => {
-                    stats.changed(path);
-                    return Ok(None);
-                }
-                Err(e) => {
-                    return Err(WsError::io(format!("opening {}", path.display()), sys(e)));
-                }
-            };
-            let before = rustix::fs::fstat(&fd)
-                .map_err(|e| WsError::io(format!("stat {}", path.display()), sys(e)))?;
-            if FileType::from_raw_mode(before.st_mode) != FileType::RegularFile {
-                stats.changed(path);
-                return Ok(None);
-            }
-            let size = before.st_size.max(0) as u64;
-            let mut h = header(&before, tar::EntryType::Regular, size);
-            let mut reader = Exact {
-                file: File::from(fd),
-                left: size,
-                short: false,
-                cancelled: opts.cancelled,
-            };
-            if let Err(e) = append(b, &mut h, &archive_path(path, false), &mut reader) {
-                if opts.cancelled.is_some_and(|c| c.load(Ordering::Relaxed)) {
-                    return Err(WsError::Cancelled(
-                        "the receiver of the archive went away".into(),
-                    ));
-                }
-                return Err(e);
-            }
-            let after = rustix::fs::fstat(&reader.file)
-                .map_err(|e| WsError::io(format!("stat {}", path.display()), sys(e)))?;
-            if reader.short
-                || after.st_size != before.st_size
-                || after.st_mtime != before.st_mtime
-                || after.st_mtime_nsec != before.st_mtime_nsec
-            {
-                stats.changed(path);
-            }
-            stats.files += 1;
-            stats.content_bytes += size;
-        }
-        FileType::Symlink => {
-            let target = match rustix::fs::readlinkat(dir, name, Vec::new()) {
-                Ok(t) => t,
-                Err(rustix::io::Errno::NOENT) => return Ok(None),
-                Err(e) => {
-                    return Err(WsError::io(
-                        format!("reading link {}", path.display()),
-                        sys(e),
-                    ));
-                }
-            };
-            let mut h = header(&st, tar::EntryType::Symlink, 0);
-            let name = archive_path(path, false);
-            if target.as_bytes().len() <= 100 && name.as_os_str().len() <= 100 {
-                let link = &mut h.as_old_mut().linkname;
-                link.fill(0);
-                link[..target.as_bytes().len()].copy_from_slice(target.as_bytes());
-                append(b, &mut h, &name, io::empty())?;
-            } else {
-                let target = Path::new(OsStr::from_bytes(target.as_bytes()));
-                b.append_link(&mut h, &name, target)
-                    .map_err(|e| WsError::io(format!("archiving {}", path.display()), e))?;
-            }
-            stats.symlinks += 1;
-        }
+        FileType::RegularFile => pack_file(b, dir, name, path, opts, stats)?,
+        FileType::Symlink => pack_symlink(b, dir, name, path, &st, stats)?,
         _ => stats.skipped_special += 1,
     }
     Ok(None)
+}
+
+/// Refuses a directory at `depth` (its parent's) nested deeper than
+/// `max_depth`.
+fn check_depth(path: &Path, depth: usize, max_depth: usize) -> Result<(), ArchiveError> {
+    if depth + 1 > max_depth {
+        return Err(ArchiveError::Limit {
+            limit: "max_depth",
+            detail: format!(
+                "'{}' is nested more than {} directories deep",
+                path.display(),
+                max_depth
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// A directory: its header, and its handle to walk into.
+fn pack_dir<W: Write>(
+    b: &mut tar::Builder<W>,
+    dir: BorrowedFd<'_>,
+    name: &OsStr,
+    path: &Path,
+    st: &rustix::fs::Stat,
+    stats: &mut PackStats,
+) -> Result<Option<OwnedFd>, ArchiveError> {
+    let sub = match rustix::fs::openat(
+        dir,
+        name,
+        OFlags::DIRECTORY | OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    ) {
+        Ok(fd) => fd,
+        Err(rustix::io::Errno::NOENT) => return Ok(None),
+        // Replaced by a symlink or file since the stat.
+        Err(rustix::io::Errno::LOOP) | Err(rustix::io::Errno::NOTDIR) => {
+            stats.changed(path);
+            return Ok(None);
+        }
+        Err(e) => {
+            return Err(ArchiveError::io(
+                format!("opening {}", path.display()),
+                sys(e),
+            ));
+        }
+    };
+    append_dir_header(b, st, &archive_path(path, true))?;
+    stats.dirs += 1;
+    Ok(Some(sub))
+}
+
+/// A regular file, read by its handle: exactly the size it had when
+/// opened (see [`Exact`]); reported as changed if it changed meanwhile.
+fn pack_file<W: Write>(
+    b: &mut tar::Builder<W>,
+    dir: BorrowedFd<'_>,
+    name: &OsStr,
+    path: &Path,
+    opts: &PackOptions<'_>,
+    stats: &mut PackStats,
+) -> Result<(), ArchiveError> {
+    let Some((fd, before)) = open_file(dir, name, path, stats)? else {
+        return Ok(());
+    };
+    let size = before.st_size.max(0) as u64;
+    let mut h = header(&before, tar::EntryType::Regular, size);
+    let mut reader = Exact {
+        file: File::from(fd),
+        left: size,
+        short: false,
+        cancelled: opts.cancelled,
+    };
+    if let Err(e) = append(b, &mut h, &archive_path(path, false), &mut reader) {
+        if opts.cancelled.is_some_and(|c| c.load(Ordering::Relaxed)) {
+            return Err(ArchiveError::Cancelled(
+                "the receiver of the archive went away".into(),
+            ));
+        }
+        return Err(e);
+    }
+    let after = rustix::fs::fstat(&reader.file)
+        .map_err(|e| ArchiveError::io(format!("stat {}", path.display()), sys(e)))?;
+    if reader.short
+        || after.st_size != before.st_size
+        || after.st_mtime != before.st_mtime
+        || after.st_mtime_nsec != before.st_mtime_nsec
+    {
+        stats.changed(path);
+    }
+    stats.files += 1;
+    stats.content_bytes += size;
+    Ok(())
+}
+
+/// Opens a regular file without following a symlink, with its stat; `None`
+/// if it is gone or no longer a regular file (then reported as changed).
+fn open_file(
+    dir: BorrowedFd<'_>,
+    name: &OsStr,
+    path: &Path,
+    stats: &mut PackStats,
+) -> Result<Option<(OwnedFd, rustix::fs::Stat)>, ArchiveError> {
+    let fd = match rustix::fs::openat(
+        dir,
+        name,
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    ) {
+        Ok(fd) => fd,
+        Err(rustix::io::Errno::NOENT) => return Ok(None),
+        Err(rustix::io::Errno::LOOP) => {
+            stats.changed(path);
+            return Ok(None);
+        }
+        Err(e) => {
+            return Err(ArchiveError::io(
+                format!("opening {}", path.display()),
+                sys(e),
+            ));
+        }
+    };
+    let st = rustix::fs::fstat(&fd)
+        .map_err(|e| ArchiveError::io(format!("stat {}", path.display()), sys(e)))?;
+    if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
+        stats.changed(path);
+        return Ok(None);
+    }
+    Ok(Some((fd, st)))
+}
+
+/// A symlink, its target as it is (GNU long-link records past 100 bytes).
+fn pack_symlink<W: Write>(
+    b: &mut tar::Builder<W>,
+    dir: BorrowedFd<'_>,
+    name: &OsStr,
+    path: &Path,
+    st: &rustix::fs::Stat,
+    stats: &mut PackStats,
+) -> Result<(), ArchiveError> {
+    let target = match rustix::fs::readlinkat(dir, name, Vec::new()) {
+        Ok(t) => t,
+        Err(rustix::io::Errno::NOENT) => return Ok(()),
+        Err(e) => {
+            return Err(ArchiveError::io(
+                format!("reading link {}", path.display()),
+                sys(e),
+            ));
+        }
+    };
+    let mut h = header(st, tar::EntryType::Symlink, 0);
+    let name = archive_path(path, false);
+    if target.as_bytes().len() <= 100 && name.as_os_str().len() <= 100 {
+        let link = &mut h.as_old_mut().linkname;
+        link.fill(0);
+        link[..target.as_bytes().len()].copy_from_slice(target.as_bytes());
+        append(b, &mut h, &name, io::empty())?;
+    } else {
+        let target = Path::new(OsStr::from_bytes(target.as_bytes()));
+        b.append_link(&mut h, &name, target)
+            .map_err(|e| ArchiveError::io(format!("archiving {}", path.display()), e))?;
+    }
+    stats.symlinks += 1;
+    Ok(())
 }
 
 /// Reads exactly `left` bytes: a file that shrank is padded with zeros, one
@@ -368,5 +432,183 @@ impl Read for Exact<'_> {
         };
         self.left -= n as u64;
         Ok(n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::fs;
+    use std::os::fd::AsFd;
+    use std::os::unix::fs::PermissionsExt;
+
+    use super::*;
+    use crate::codec::Compression;
+    use crate::extract::{ExtractOptions, extract};
+    use crate::limits::ArchiveLimits;
+
+    fn pack_dir_at(
+        root: &Path,
+        opts: &PackOptions<'_>,
+    ) -> Result<(Vec<u8>, PackStats), ArchiveError> {
+        let dir = fs::File::open(root).expect("open");
+        pack(dir.as_fd(), opts, Vec::new())
+    }
+
+    /// The paths of an archive's entries, in order.
+    fn names(tar: &[u8]) -> Vec<String> {
+        let mut a = tar::Archive::new(tar);
+        a.entries()
+            .expect("entries")
+            .map(|e| String::from_utf8_lossy(&e.expect("entry").path_bytes()).into_owned())
+            .collect()
+    }
+
+    #[test]
+    fn a_tree_packs_and_extracts_back_the_same() {
+        let src = tempfile::tempdir().expect("tempdir");
+        let s = src.path();
+        fs::create_dir_all(s.join("a/b")).expect("mkdir");
+        fs::write(s.join("a/b/file"), b"content").expect("write");
+        fs::set_permissions(s.join("a/b/file"), fs::Permissions::from_mode(0o640)).expect("chmod");
+        fs::create_dir(s.join("empty")).expect("mkdir");
+        let long = "l".repeat(150);
+        fs::write(s.join(&long), b"long name").expect("write");
+        let far = format!("../{}", "t".repeat(150));
+        std::os::unix::fs::symlink("a/b/file", s.join("near")).expect("symlink");
+        std::os::unix::fs::symlink(&far, s.join("far")).expect("symlink");
+        nix::unistd::mkfifo(&s.join("fifo"), nix::sys::stat::Mode::S_IRWXU).expect("mkfifo");
+
+        let (tar, stats) = pack_dir_at(s, &PackOptions::default()).expect("pack");
+        assert_eq!(
+            (
+                stats.files,
+                stats.dirs,
+                stats.symlinks,
+                stats.skipped_special
+            ),
+            (2, 3, 2, 1)
+        );
+        assert_eq!(stats.content_bytes, 16);
+        assert!(stats.changed.is_empty());
+        let listed = names(&tar);
+        assert_eq!(listed[0], "./");
+        // A symlink with a long target goes through the tar crate's
+        // `append_link`, which drops the "./" of its name.
+        assert!(
+            listed.iter().all(|n| n.starts_with("./") || n == "far"),
+            "{listed:?}"
+        );
+        assert!(listed.contains(&"./a/b/".to_owned()), "{listed:?}");
+
+        let dst = tempfile::tempdir().expect("tempdir");
+        let d = dst.path();
+        let root = fs::File::open(d).expect("open");
+        let limits = ArchiveLimits::default();
+        let opts = ExtractOptions {
+            limits: &limits,
+            compression: Compression::Auto,
+            owner: None,
+            merge: false,
+        };
+        extract(std::io::Cursor::new(tar), root.as_fd(), &opts).expect("extract");
+        assert_eq!(fs::read(d.join("a/b/file")).expect("read"), b"content");
+        let mode = fs::metadata(d.join("a/b/file"))
+            .expect("stat")
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o640);
+        assert_eq!(fs::read(d.join(&long)).expect("read"), b"long name");
+        assert!(d.join("empty").is_dir());
+        assert_eq!(
+            fs::read_link(d.join("near")).expect("link"),
+            Path::new("a/b/file")
+        );
+        assert_eq!(fs::read_link(d.join("far")).expect("link"), Path::new(&far));
+        assert!(!d.join("fifo").exists());
+    }
+
+    #[test]
+    fn max_depth_bounds_the_walk() {
+        let src = tempfile::tempdir().expect("tempdir");
+        fs::create_dir_all(src.path().join("a/b/c")).expect("mkdir");
+        let opts = |max_depth| PackOptions {
+            max_depth,
+            ..PackOptions::default()
+        };
+        pack_dir_at(src.path(), &opts(3)).expect("3 deep");
+        match pack_dir_at(src.path(), &opts(2)) {
+            Err(ArchiveError::Limit { limit, detail }) => {
+                assert_eq!(limit, "max_depth");
+                assert!(detail.contains("'a/b/c'"), "{detail}");
+            }
+            other => panic!("expected a max_depth limit, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn hidden_and_excluded_names_are_left_out_with_what_is_below() {
+        let src = tempfile::tempdir().expect("tempdir");
+        let s = src.path();
+        fs::create_dir_all(s.join(".state/x")).expect("mkdir");
+        fs::create_dir_all(s.join("sub/.state")).expect("mkdir");
+        fs::create_dir_all(s.join("skip/deep")).expect("mkdir");
+        fs::write(s.join("skip/deep/f"), b"x").expect("write");
+        fs::write(s.join("keep"), b"x").expect("write");
+        let exclude = |p: &Path| p == Path::new("skip");
+        let opts = PackOptions {
+            hidden: Some(OsStr::new(".state")),
+            exclude: Some(&exclude),
+            ..PackOptions::default()
+        };
+        let (tar, _) = pack_dir_at(s, &opts).expect("pack");
+        assert_eq!(names(&tar), vec!["./", "./keep", "./sub/", "./sub/.state/"]);
+    }
+
+    #[test]
+    fn a_cancelled_walk_ends_with_cancelled() {
+        let src = tempfile::tempdir().expect("tempdir");
+        fs::create_dir(src.path().join("d")).expect("mkdir");
+        let cancelled = AtomicBool::new(true);
+        let opts = PackOptions {
+            cancelled: Some(&cancelled),
+            ..PackOptions::default()
+        };
+        assert!(matches!(
+            pack_dir_at(src.path(), &opts),
+            Err(ArchiveError::Cancelled(_))
+        ));
+    }
+
+    #[test]
+    fn a_cancelled_dump_stops_inside_a_file() {
+        let src = tempfile::tempdir().expect("tempdir");
+        let p = src.path().join("f");
+        fs::write(&p, b"abc").expect("write");
+        let cancelled = AtomicBool::new(true);
+        let mut r = Exact {
+            file: File::open(&p).expect("open"),
+            left: 3,
+            short: false,
+            cancelled: Some(&cancelled),
+        };
+        let e = r.read(&mut [0; 8]).expect_err("cancelled");
+        assert_eq!(e.to_string(), "the dump was cancelled");
+    }
+
+    #[test]
+    fn a_file_that_shrank_is_padded_to_its_size() {
+        let src = tempfile::tempdir().expect("tempdir");
+        let p = src.path().join("f");
+        fs::write(&p, b"abc").expect("write");
+        let mut r = Exact {
+            file: File::open(&p).expect("open"),
+            left: 6,
+            short: false,
+            cancelled: None,
+        };
+        let mut out = Vec::new();
+        r.read_to_end(&mut out).expect("read");
+        assert_eq!(out, b"abc\0\0\0");
+        assert!(r.short);
     }
 }

@@ -12,10 +12,10 @@ use bytes::{Bytes, BytesMut};
 use sha2::{Digest, Sha256};
 use tokio::sync::mpsc;
 
-use super::error::WsError;
+use super::error::ArchiveError;
 
 /// What the async side feeds the extractor: data, or why the stream broke.
-pub type Feed = Result<Bytes, WsError>;
+pub type Feed = Result<Bytes, ArchiveError>;
 
 /// What a [`ChannelReader`] saw, readable after it was moved away.
 #[derive(Default)]
@@ -25,7 +25,7 @@ pub struct ReadOutcome {
     /// SHA-256 (lowercase hex) of all bytes, set at end of stream.
     pub sha256: Option<String>,
     /// Why the stream broke, if it did (cancel, size limit, protocol).
-    pub failure: Option<WsError>,
+    pub failure: Option<ArchiveError>,
 }
 
 /// Blocking `Read` over a channel of chunks, hashing and counting every
@@ -53,7 +53,7 @@ impl ChannelReader {
         (r, outcome)
     }
 
-    fn fail(&mut self, e: WsError) -> io::Error {
+    fn fail(&mut self, e: ArchiveError) -> io::Error {
         let msg = e.to_string();
         let mut o = self.outcome.lock().unwrap_or_else(|p| p.into_inner());
         o.count = self.count;
@@ -83,7 +83,7 @@ impl Read for ChannelReader {
         self.count += n as u64;
         if self.count > self.max {
             let max = self.max;
-            return Err(self.fail(WsError::Limit {
+            return Err(self.fail(ArchiveError::Limit {
                 limit: "max_archive_bytes",
                 detail: format!("the archive is larger than {max} bytes"),
             }));
@@ -168,5 +168,101 @@ impl<T> Write for ChunkSink<T> {
 
     fn flush(&mut self) -> io::Result<()> {
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A reader over `chunks`, the sender dropped after them.
+    fn reader(chunks: Vec<Feed>, max: u64) -> (ChannelReader, Arc<Mutex<ReadOutcome>>) {
+        let (tx, rx) = mpsc::channel(chunks.len().max(1));
+        for c in chunks {
+            tx.try_send(c).expect("room");
+        }
+        ChannelReader::new(rx, max)
+    }
+
+    fn failure(outcome: &Arc<Mutex<ReadOutcome>>) -> Option<ArchiveError> {
+        outcome.lock().expect("lock").failure.take()
+    }
+
+    #[test]
+    fn max_archive_bytes_bounds_what_a_reader_takes() {
+        let chunks = || {
+            vec![
+                Ok(Bytes::from_static(b"01234")),
+                Ok(Bytes::from_static(b"56789")),
+            ]
+        };
+        let (mut r, outcome) = reader(chunks(), 10);
+        let mut out = Vec::new();
+        r.read_to_end(&mut out).expect("10 bytes");
+        assert_eq!(out, b"0123456789");
+        {
+            let o = outcome.lock().expect("lock");
+            assert_eq!(o.count, 10);
+            assert_eq!(
+                o.sha256.as_deref(),
+                Some(hex::encode(Sha256::digest(b"0123456789")).as_str())
+            );
+        }
+        let (mut r, outcome) = reader(chunks(), 9);
+        let e = r.read_to_end(&mut Vec::new()).expect_err("over");
+        assert!(
+            e.to_string().contains("limit archive.max_archive_bytes"),
+            "{e}"
+        );
+        assert!(matches!(
+            failure(&outcome),
+            Some(ArchiveError::Limit {
+                limit: "max_archive_bytes",
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn a_broken_stream_is_the_reader_s_failure() {
+        let chunks = vec![
+            Ok(Bytes::from_static(b"abc")),
+            Err(ArchiveError::Cancelled("the client went away".into())),
+        ];
+        let (mut r, outcome) = reader(chunks, 100);
+        let e = r.read_to_end(&mut Vec::new()).expect_err("broken");
+        assert_eq!(e.to_string(), "the client went away");
+        assert!(matches!(
+            failure(&outcome),
+            Some(ArchiveError::Cancelled(_))
+        ));
+        assert_eq!(outcome.lock().expect("lock").count, 3);
+    }
+
+    #[test]
+    fn a_sink_sends_whole_chunks_and_counts_them() {
+        let (tx, mut rx) = mpsc::channel(8);
+        let mut sink = ChunkSink::new(tx, 4, |b| b);
+        sink.write_all(b"0123456789").expect("write");
+        let (count, sha, _tx) = sink.finish().expect("finish");
+        assert_eq!(count, 10);
+        assert_eq!(sha, hex::encode(Sha256::digest(b"0123456789")));
+        let mut got = Vec::new();
+        while let Ok(b) = rx.try_recv() {
+            got.push(b);
+        }
+        assert_eq!(got, vec![&b"0123"[..], b"4567", b"89"]);
+    }
+
+    #[test]
+    fn a_sink_whose_receiver_is_gone_says_so() {
+        let (tx, rx) = mpsc::channel(8);
+        drop(rx);
+        let mut sink = ChunkSink::new(tx, 4, |b| b);
+        let closed = sink.closed();
+        sink.write_all(b"01234567").expect("discarded");
+        assert!(closed.load(Ordering::Relaxed));
+        let e = sink.finish().expect_err("gone");
+        assert_eq!(e.kind(), io::ErrorKind::BrokenPipe);
     }
 }

@@ -3,8 +3,11 @@
 //! - [`proto`]: the generated gRPC messages and clients (`proto/` at the
 //!   repository root is the contract), plus `grpc.health.v1`.
 //! - [`transport`]: endpoint URIs (`vsock://`, `hvsock://`, `unix://`,
-//!   `tcp://`), listening and dialing, the hybrid-vsock `CONNECT` handshake.
-//! - [`auth`]: bearer tokens and the per-listener policy the agent enforces.
+//!   `tcp://`), dialing, the hybrid-vsock `CONNECT` handshake.
+//! - [`auth`]: bearer tokens, and attaching them to requests.
+//!
+//! The servers' side (listeners, the per-listener auth policy, the HTTP
+//! server loop) is the `sandbox-serve` crate, which builds on this one.
 //! - [`connect`]: one call from a URI to a ready [`Client`].
 //! - [`mcp`]: the MCP protocol facts (revisions, headers, paths, JSON-RPC
 //!   shapes) shared by the agent's gateway, the host's proxy and clients.

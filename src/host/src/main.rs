@@ -46,7 +46,7 @@ fn main() -> anyhow::Result<()> {
             println!("sandbox-host: API key {k}");
         }
         let _ = std::io::stdout().flush();
-        let limits = sandbox_client::transport::http::HttpLimits {
+        let limits = sandbox_serve::http::HttpLimits {
             max_connections: args.max_connections,
             header_timeout: Duration::from_millis(args.header_timeout_ms),
             // As axum::serve did: requests in flight finish (downloads too).
@@ -54,7 +54,7 @@ fn main() -> anyhow::Result<()> {
         };
         let Started { host, listener, .. } = started;
         let app = hyper_util::service::TowerToHyperService::new(api::router(host.clone()));
-        sandbox_client::transport::http::serve_http(listener, limits, terminated(), app).await;
+        sandbox_serve::http::serve_http(listener, limits, terminated(), app).await;
         Started::stop(host).await;
         anyhow::Ok(())
     })

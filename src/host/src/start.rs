@@ -7,7 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use sandbox_client::transport::{Endpoint, Listener};
+use sandbox_client::transport::Endpoint;
+use sandbox_serve::listen::Listener;
 
 use crate::api::{self, Host, Shared};
 use crate::config::{self, Args};

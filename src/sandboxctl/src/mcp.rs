@@ -58,7 +58,8 @@ pub(crate) async fn mcp_proxy(
 ) -> anyhow::Result<ExitCode> {
     use sandbox_client::Endpoint;
     use sandbox_client::mcp_forward::Admit;
-    use sandbox_client::transport::{HvsockOptions, Listener};
+    use sandbox_client::transport::HvsockOptions;
+    use sandbox_serve::listen::Listener;
     let target = mcp_endpoint(args)?;
     let ep: Endpoint = listen.parse()?;
     match &ep {

@@ -5,7 +5,7 @@ use sandbox_client::limits::valid_execution_name;
 
 use super::log::ReadError;
 use super::{MAIN_SCRIPT, MAX_NAME_LEN};
-use crate::workspace::WsError;
+use crate::workspace::ArchiveError;
 
 /// Why an execution request failed. `rpc::exec` maps each to a code.
 #[derive(Debug, thiserror::Error)]
@@ -30,7 +30,7 @@ pub enum ExecError {
     #[error("the archive has no regular file {MAIN_SCRIPT} at its top level")]
     NoMain,
     #[error("execution archive: {0}")]
-    Archive(WsError),
+    Archive(ArchiveError),
     #[error(
         "execution {name:?} is {state}; cancel it or wait for it to end before starting it again"
     )]

@@ -195,7 +195,7 @@ pub struct Executions {
     workspace: PathBuf,
     mcp: Mutex<Option<McpAccess>>,
     /// The scripts' data-plane token of the current lease.
-    token: sandbox_client::auth::LeaseToken,
+    token: sandbox_serve::auth::LeaseToken,
     inner: Mutex<Inner>,
     slots: Arc<Semaphore>,
 }
@@ -228,7 +228,7 @@ impl Executions {
     }
 
     /// The token the scripts' MCP listener checks.
-    pub fn lease_token(&self) -> sandbox_client::auth::LeaseToken {
+    pub fn lease_token(&self) -> sandbox_serve::auth::LeaseToken {
         self.token.clone()
     }
 

@@ -40,10 +40,11 @@ use crate::supervisor::manifest::Transport;
 use crate::supervisor::mcp::StdioConn;
 use crate::supervisor::{State, Supervisor};
 use router::Route;
-use sandbox_client::auth::AuthPolicy;
 use sandbox_client::mcp;
 use sandbox_client::mcp::error as rpc_error;
-use sandbox_client::transport::{Endpoint, Listener};
+use sandbox_client::transport::Endpoint;
+use sandbox_serve::auth::AuthPolicy;
+use sandbox_serve::listen::Listener;
 use session::Sessions;
 
 /// `[gateway]` in agent.toml: limits and checks of the data plane.
@@ -211,7 +212,7 @@ impl Gateway {
     ) {
         let endpoint = listener.local_endpoint().clone();
         info!(%endpoint, token_required = policy.required, "MCP data plane listening");
-        let limits = sandbox_client::transport::http::HttpLimits {
+        let limits = sandbox_serve::http::HttpLimits {
             max_connections: self.cfg.max_connections_per_listener,
             header_timeout: Duration::from_millis(self.cfg.header_timeout_ms),
             drain: Duration::from_secs(5),
@@ -222,13 +223,7 @@ impl Gateway {
             let policy = policy.clone();
             async move { Ok::<_, Infallible>(gw.handle(req, &policy).await) }
         });
-        sandbox_client::transport::http::serve_http(
-            listener,
-            limits,
-            shutdown.cancelled_owned(),
-            svc,
-        )
-        .await;
+        sandbox_serve::http::serve_http(listener, limits, shutdown.cancelled_owned(), svc).await;
     }
 
     async fn handle(
@@ -434,7 +429,7 @@ enum NotReady {
 /// Binds the data-plane listeners.
 pub async fn bind(
     endpoints: &[Endpoint],
-) -> Result<Vec<Listener>, sandbox_client::transport::ListenError> {
+) -> Result<Vec<Listener>, sandbox_serve::listen::ListenError> {
     let mut out = Vec::new();
     for ep in endpoints {
         out.push(Listener::bind(ep).await?);

@@ -7,7 +7,7 @@ use crate::mail::MailError;
 use crate::server_data::DataError;
 use crate::supervisor::SupError;
 use crate::supervisor::manifest::LaunchError;
-use crate::workspace::WsError;
+use crate::workspace::WorkspaceError;
 
 /// Longest lease id.
 pub const MAX_LEASE_ID_LEN: usize = 128;
@@ -109,10 +109,13 @@ pub enum LcError {
     NotReady(Vec<ReadyError>),
     // ---- the workspace (mapped like the Workspace service's errors)
     #[error(transparent)]
-    Workspace(#[from] WsError),
+    Workspace(#[from] WorkspaceError),
     // ---- the machine failed us (INTERNAL)
     #[error("placing seed data {}: {source}", from.display())]
-    Seed { from: PathBuf, source: WsError },
+    Seed {
+        from: PathBuf,
+        source: WorkspaceError,
+    },
     #[error("wiping state path {}: {source}", path.display())]
     Wipe {
         path: PathBuf,

@@ -10,7 +10,7 @@ use tokio::sync::mpsc;
 use crate::supervisor::manifest::Seed;
 use crate::workspace::stream::{ChannelReader, ChunkSink, Feed};
 use crate::workspace::{
-    Compression, InitRequest, MAX_CHUNK_BYTES, Workspace, WsError, codec, pack,
+    ArchiveError, Compression, InitRequest, MAX_CHUNK_BYTES, Workspace, WorkspaceError, codec, pack,
 };
 
 /// Streams `from` (an archive file, or a directory packed on the fly) as
@@ -19,13 +19,18 @@ fn feed(from: &Path) -> mpsc::Receiver<Feed> {
     let (tx, rx) = mpsc::channel::<Feed>(8);
     let from = from.to_owned();
     std::thread::spawn(move || {
-        let fail = |tx: &mpsc::Sender<Feed>, e: WsError| {
+        let fail = |tx: &mpsc::Sender<Feed>, e: ArchiveError| {
             let _ = tx.blocking_send(Err(e));
         };
         if from.is_dir() {
             let dir = match std::fs::File::open(&from) {
                 Ok(d) => d,
-                Err(e) => return fail(&tx, WsError::io(format!("opening {}", from.display()), e)),
+                Err(e) => {
+                    return fail(
+                        &tx,
+                        ArchiveError::io(format!("opening {}", from.display()), e),
+                    );
+                }
             };
             let sink = ChunkSink::new(tx.clone(), MAX_CHUNK_BYTES, Ok);
             match pack::pack(dir.as_fd(), &pack::PackOptions::default(), sink) {
@@ -37,7 +42,12 @@ fn feed(from: &Path) -> mpsc::Receiver<Feed> {
         } else {
             let mut f = match std::fs::File::open(&from) {
                 Ok(f) => f,
-                Err(e) => return fail(&tx, WsError::io(format!("opening {}", from.display()), e)),
+                Err(e) => {
+                    return fail(
+                        &tx,
+                        ArchiveError::io(format!("opening {}", from.display()), e),
+                    );
+                }
             };
             let mut buf = vec![0u8; 256 << 10];
             loop {
@@ -52,7 +62,10 @@ fn feed(from: &Path) -> mpsc::Receiver<Feed> {
                         }
                     }
                     Err(e) => {
-                        return fail(&tx, WsError::io(format!("reading {}", from.display()), e));
+                        return fail(
+                            &tx,
+                            ArchiveError::io(format!("reading {}", from.display()), e),
+                        );
                     }
                 }
             }
@@ -63,7 +76,7 @@ fn feed(from: &Path) -> mpsc::Receiver<Feed> {
 
 /// Places one seed: merged into the workspace (through the same confined,
 /// limited, atomic path as Initialize), or unpacked into a state directory.
-pub fn place(ws: &Arc<Workspace>, seed: &Seed) -> Result<(), WsError> {
+pub fn place(ws: &Arc<Workspace>, seed: &Seed) -> Result<(), WorkspaceError> {
     let limits = ws.limits().clone();
     let (reader, outcome) = ChannelReader::new(feed(&seed.from), limits.max_archive_bytes);
     match &seed.to {
@@ -78,14 +91,14 @@ pub fn place(ws: &Arc<Workspace>, seed: &Seed) -> Result<(), WsError> {
         }
         Some(dir) => {
             std::fs::create_dir_all(dir)
-                .map_err(|e| WsError::io(format!("creating {}", dir.display()), e))?;
+                .map_err(|e| WorkspaceError::io(format!("creating {}", dir.display()), e))?;
             let mut r = codec::buffered(reader);
             let c = codec::sniff(&mut r, Compression::Auto)
-                .map_err(|e| WsError::io("reading the seed", e))?;
-            let d = codec::decoder(r, c).map_err(|e| WsError::io("reading the seed", e))?;
+                .map_err(|e| WorkspaceError::io("reading the seed", e))?;
+            let d = codec::decoder(r, c).map_err(|e| WorkspaceError::io("reading the seed", e))?;
             tar::Archive::new(d)
                 .unpack(dir)
-                .map_err(|e| WsError::io(format!("unpacking into {}", dir.display()), e))
+                .map_err(|e| WorkspaceError::io(format!("unpacking into {}", dir.display()), e))
         }
     }
 }

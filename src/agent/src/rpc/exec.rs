@@ -6,12 +6,12 @@ use tokio::sync::mpsc;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::BoxStream;
-use super::workspace::{Part, compression, forward, trailer, ws_status};
+use super::workspace::{Part, archive_status, compression, forward, trailer};
 use crate::exec::log::ReadError;
 use crate::exec::{ExecError, ExecState, ExecView, Executions};
 use crate::workspace::codec::Encoder;
 use crate::workspace::stream::{ChannelReader, ChunkSink};
-use crate::workspace::{Compression, MAX_CHUNK_BYTES, WsError};
+use crate::workspace::{ArchiveError, Compression, MAX_CHUNK_BYTES};
 use sandbox_client::proto;
 
 pub struct ExecService {
@@ -35,8 +35,8 @@ pub(super) fn exec_status(e: ExecError) -> Status {
         ExecError::OtherLease { .. } | ExecError::Unknown { .. } => Status::not_found(msg),
         ExecError::BadName(_) | ExecError::NoMain => Status::invalid_argument(msg),
         ExecError::TooMany { .. } => Status::resource_exhausted(msg),
-        ExecError::Archive(w) => {
-            let s = ws_status(w);
+        ExecError::Archive(a) => {
+            let s = archive_status(a);
             Status::new(s.code(), format!("execution archive: {}", s.message()))
         }
         ExecError::Log(ReadError::PastEnd(_)) => Status::out_of_range(msg),
@@ -142,7 +142,7 @@ impl proto::exec_server::Exec for ExecService {
         let comp = compression(header.compression)?;
         let limits = self.exec.config().archive.clone();
         if header.size_hint > limits.max_archive_bytes {
-            return Err(exec_status(ExecError::Archive(WsError::Limit {
+            return Err(exec_status(ExecError::Archive(ArchiveError::Limit {
                 limit: "max_archive_bytes",
                 detail: format!(
                     "the announced archive size {} is larger than {} bytes (exec.archive)",
@@ -340,14 +340,14 @@ impl proto::exec_server::Exec for ExecService {
             });
             let closed = sink.closed();
             let result = Encoder::new(sink, Compression::Gzip, 0, limits.dump_threads)
-                .map_err(|e| ExecError::Archive(WsError::invalid(e.to_string())))
+                .map_err(|e| ExecError::Archive(ArchiveError::invalid(e.to_string())))
                 .and_then(|enc| exec.export(&r.lease_id, &r.execution_name, enc, Some(&closed)))
                 .and_then(|(enc, stats)| {
-                    let sink = enc
-                        .finish()
-                        .map_err(|e| ExecError::Archive(WsError::io("finishing compression", e)))?;
+                    let sink = enc.finish().map_err(|e| {
+                        ExecError::Archive(ArchiveError::io("finishing compression", e))
+                    })?;
                     let (bytes, sha, tx) = sink.finish().map_err(|_| {
-                        ExecError::Archive(WsError::Cancelled("the client went away".into()))
+                        ExecError::Archive(ArchiveError::Cancelled("the client went away".into()))
                     })?;
                     Ok((bytes, sha, tx, stats))
                 });

@@ -9,7 +9,8 @@ use super::BoxStream;
 use crate::workspace::codec::Encoder;
 use crate::workspace::stream::{ChannelReader, ChunkSink};
 use crate::workspace::{
-    Compression, DumpRequest, InitRequest, InitStats, MAX_CHUNK_BYTES, Workspace, WsError,
+    ArchiveError, Compression, DumpRequest, InitRequest, InitStats, MAX_CHUNK_BYTES, Workspace,
+    WorkspaceError,
 };
 use sandbox_client::proto;
 
@@ -24,18 +25,28 @@ impl WorkspaceService {
     }
 }
 
-/// The gRPC status for a workspace error.
-pub(super) fn ws_status(e: WsError) -> Status {
+/// The gRPC status for a workspace error: the one place workspace and
+/// archive causes meet status codes.
+pub(super) fn ws_status(e: WorkspaceError) -> Status {
     let msg = e.to_string();
     match e {
-        WsError::Invalid(_) => Status::invalid_argument(msg),
-        WsError::Limit { .. } | WsError::DiskFull(_) => Status::resource_exhausted(msg),
-        WsError::Integrity(_) => Status::data_loss(msg),
-        WsError::Busy(_) => Status::aborted(msg),
-        WsError::Cancelled(_) => Status::cancelled(msg),
-        WsError::NotFound(_) => Status::not_found(msg),
-        WsError::Stuck(_) => Status::failed_precondition(msg),
-        WsError::Io { .. } => Status::internal(msg),
+        WorkspaceError::Archive(a) => archive_status(a),
+        WorkspaceError::Integrity(_) => Status::data_loss(msg),
+        WorkspaceError::Busy(_) => Status::aborted(msg),
+        WorkspaceError::NotFound(_) => Status::not_found(msg),
+        WorkspaceError::Stuck(_) => Status::failed_precondition(msg),
+    }
+}
+
+/// The gRPC status for an archive error (a workspace's, or an execution
+/// archive's).
+pub(super) fn archive_status(e: ArchiveError) -> Status {
+    let msg = e.to_string();
+    match e {
+        ArchiveError::Invalid(_) => Status::invalid_argument(msg),
+        ArchiveError::Limit { .. } | ArchiveError::DiskFull(_) => Status::resource_exhausted(msg),
+        ArchiveError::Cancelled(_) => Status::cancelled(msg),
+        ArchiveError::Io { .. } => Status::internal(msg),
     }
 }
 
@@ -85,7 +96,7 @@ impl proto::workspace_server::Workspace for WorkspaceService {
         };
         let limits = self.ws.limits().clone();
         if init.size_hint > limits.max_archive_bytes {
-            return Err(ws_status(WsError::Limit {
+            return Err(archive_status(ArchiveError::Limit {
                 limit: "max_archive_bytes",
                 detail: format!(
                     "the announced archive size {} is larger than {} bytes",
@@ -128,7 +139,7 @@ impl proto::workspace_server::Workspace for WorkspaceService {
                 // An error, not the end of the stream: what was read so far
                 // is discarded, never committed.
                 if let Some(tx) = cancel_tx.upgrade() {
-                    let stop = tx.send(Err(WsError::Cancelled(
+                    let stop = tx.send(Err(ArchiveError::Cancelled(
                         "the lease was released while this Initialize ran".into(),
                     )));
                     let _ = tokio::time::timeout(std::time::Duration::from_secs(5), stop).await;
@@ -211,19 +222,19 @@ impl proto::workspace_server::Workspace for WorkspaceService {
             });
             let closed = sink.closed();
             let result = Encoder::new(sink, compression, level, limits.dump_threads)
-                .map_err(|e| WsError::invalid(e.to_string()))
+                .map_err(|e| WorkspaceError::invalid(e.to_string()))
                 .and_then(|enc| guard.dump(&dreq, enc, Some(&closed)))
                 .and_then(|(enc, stats)| {
                     Ok((
                         enc.finish()
-                            .map_err(|e| WsError::io("finishing compression", e))?,
+                            .map_err(|e| WorkspaceError::io("finishing compression", e))?,
                         stats,
                     ))
                 })
                 .and_then(|(sink, stats)| {
                     let (bytes, sha, tx) = sink
                         .finish()
-                        .map_err(|_| WsError::Cancelled("the client went away".into()))?;
+                        .map_err(|_| ArchiveError::Cancelled("the client went away".into()))?;
                     Ok((bytes, sha, tx, stats))
                 });
             // The workspace is free before the last message goes out: a
@@ -289,18 +300,18 @@ pub(super) async fn forward<M>(
     loop {
         let feed = match stream.message().await {
             Ok(Some(m)) => match part(m) {
-                Part::Chunk(b) if b.len() > MAX_CHUNK_BYTES => Err(WsError::invalid(format!(
+                Part::Chunk(b) if b.len() > MAX_CHUNK_BYTES => Err(ArchiveError::invalid(format!(
                     "a chunk of {} bytes is larger than the {MAX_CHUNK_BYTES}-byte limit",
                     b.len()
                 ))),
                 Part::Chunk(b) => Ok(b),
-                Part::Header => Err(WsError::invalid(format!(
+                Part::Header => Err(ArchiveError::invalid(format!(
                     "a second {header} arrived; send one header, then chunks"
                 ))),
                 Part::Empty => continue,
             },
             Ok(None) => break,
-            Err(s) => Err(WsError::Cancelled(format!(
+            Err(s) => Err(ArchiveError::Cancelled(format!(
                 "the upload stream broke: {}",
                 s.message()
             ))),
@@ -339,8 +350,9 @@ pub(super) fn trailer(
 }
 
 /// The forwarding future never completes (it parks after the stream ends).
-fn unreachable_forward() -> Result<Result<InitStats, WsError>, tokio::task::JoinError> {
-    Ok(Err(WsError::Cancelled(
+fn unreachable_forward() -> Result<Result<InitStats, WorkspaceError>, tokio::task::JoinError> {
+    Ok(Err(ArchiveError::Cancelled(
         "the upload stream ended unexpectedly".into(),
-    )))
+    )
+    .into()))
 }

@@ -12,19 +12,22 @@
 //! - [`pack`]: directory → tar, for Dump and for `sandboxctl upload`.
 //! - [`codec`]: gzip/zstd sniffing, decoding, parallel encoding.
 //! - `ops`: [`Workspace`] itself, which ties these together.
+//! - [`error`]: [`WorkspaceError`], the archive's [`ArchiveError`] and the
+//!   workspace's own causes.
 //! - [`data_path`]: the second path (e.g. `/data`) showing the workspace.
 //!
 //! The archive code (`extract`, `pack`, `codec`, `confine`, `limits`,
-//! `stream`) is the `sandbox-archive` crate, re-exported here; `txn` and
-//! `ops` are the agent's own.
+//! `stream`) is the `sandbox-archive` crate, re-exported here; `txn`,
+//! `ops` and `error` are the agent's own.
 
-pub use sandbox_archive::{codec, confine, error, extract, limits, pack, stream};
+pub use sandbox_archive::{codec, confine, extract, limits, pack, stream};
 pub mod data_path;
+pub mod error;
 mod moves;
 mod ops;
 pub mod txn;
 
 pub use codec::Compression;
-pub use error::WsError;
+pub use error::{ArchiveError, WorkspaceError};
 pub use limits::{ArchiveLimits, MAX_CHUNK_BYTES};
 pub use ops::{DumpRequest, InitRequest, InitStats, OpGuard, Workspace};

@@ -10,7 +10,7 @@ use std::path::Path;
 use rustix::fs::{AtFlags, Mode};
 
 use super::confine::list;
-use super::error::{WsError, sys};
+use super::error::{WorkspaceError, sys};
 use super::txn::{ctx, fault_point};
 
 /// The top-level directories of `dir` (but `skip`) that this process
@@ -20,7 +20,7 @@ use super::txn::{ctx, fault_point};
 pub(super) fn unmovable(
     dir: BorrowedFd<'_>,
     skip: Option<&OsStr>,
-) -> Result<Vec<(OsString, rustix::fs::Stat)>, WsError> {
+) -> Result<Vec<(OsString, rustix::fs::Stat)>, WorkspaceError> {
     if rustix::process::geteuid().is_root() {
         return Ok(Vec::new());
     }
@@ -30,7 +30,7 @@ pub(super) fn unmovable(
             continue;
         }
         let st = rustix::fs::statat(dir, &name, AtFlags::SYMLINK_NOFOLLOW).map_err(|e| {
-            WsError::io(format!("inspecting {}", Path::new(&name).display()), sys(e))
+            WorkspaceError::io(format!("inspecting {}", Path::new(&name).display()), sys(e))
         })?;
         let is_dir =
             rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Directory;
@@ -48,7 +48,7 @@ pub(super) fn unmovable(
 pub(super) fn open_up(
     dir: BorrowedFd<'_>,
     dirs: &[(OsString, rustix::fs::Stat)],
-) -> Result<(), WsError> {
+) -> Result<(), WorkspaceError> {
     for (name, st) in dirs {
         rustix::fs::chmodat(
             dir,
@@ -57,7 +57,7 @@ pub(super) fn open_up(
             AtFlags::empty(),
         )
         .map_err(|e| {
-            WsError::io(
+            WorkspaceError::io(
                 format!("making {} movable", Path::new(name).display()),
                 sys(e),
             )
@@ -85,14 +85,14 @@ pub(super) fn move_entries(
     skip: Option<&OsStr>,
     direction: &str,
     fault: &str,
-) -> Result<u64, WsError> {
+) -> Result<u64, WorkspaceError> {
     let mut n = 0;
     for name in list(from).map_err(ctx("listing a directory to move"))? {
         if Some(name.as_os_str()) == skip {
             continue;
         }
         rustix::fs::renameat(from, &name, to, &name).map_err(|e| {
-            WsError::io(
+            WorkspaceError::io(
                 format!(
                     "moving {} {direction} the workspace",
                     Path::new(&name).display()

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
-use super::{ArchiveLimits, Compression, WsError};
+use super::{ArchiveError, ArchiveLimits, Compression, WorkspaceError};
 use super::{confine, error, extract, limits, pack, stream, txn};
 
 /// Result of an Initialize.
@@ -76,7 +76,7 @@ impl OpGuard {
         req: &InitRequest,
         src: stream::ChannelReader,
         outcome: &Mutex<stream::ReadOutcome>,
-    ) -> Result<InitStats, WsError> {
+    ) -> Result<InitStats, WorkspaceError> {
         self.ws.recovered()?;
         self.ws.initialize(req, src, outcome)
     }
@@ -88,19 +88,19 @@ impl OpGuard {
         req: &DumpRequest,
         out: W,
         cancelled: Option<&std::sync::atomic::AtomicBool>,
-    ) -> Result<(W, pack::PackStats), WsError> {
+    ) -> Result<(W, pack::PackStats), WorkspaceError> {
         self.ws.recovered()?;
         self.ws.dump(req, out, cancelled)
     }
 
     /// Empties the workspace atomically. Returns the number of top-level
     /// entries removed. Blocking.
-    pub fn clear(&self) -> Result<u64, WsError> {
+    pub fn clear(&self) -> Result<u64, WorkspaceError> {
         match self.ws.recovered() {
             Ok(()) => self.ws.clear(),
             // Emptying needs no completed swap: the workspace is emptied in
             // place and the swap abandoned, so a Release always frees it.
-            Err(WsError::Stuck(why)) => {
+            Err(WorkspaceError::Stuck(why)) => {
                 tracing::warn!(error = %why, "emptying a workspace stuck mid-swap in place");
                 let n = self.ws.txn.remove_contents()?;
                 self.ws.txn.abandon()?;
@@ -136,10 +136,10 @@ impl Drop for OpGuard {
 impl Workspace {
     /// Opens the workspace at `path`, finishing or discarding whatever an
     /// interrupted operation left behind.
-    pub fn open(path: &Path, limits: ArchiveLimits) -> Result<Workspace, WsError> {
+    pub fn open(path: &Path, limits: ArchiveLimits) -> Result<Workspace, WorkspaceError> {
         limits
             .validate()
-            .map_err(|e| WsError::Invalid(e.to_string()))?;
+            .map_err(|e| WorkspaceError::invalid(e.to_string()))?;
         let txn = txn::Txn::open(path)?;
         // A swap that cannot be completed must not keep the agent from
         // starting: it serves, and workspace operations say what is wrong.
@@ -155,10 +155,12 @@ impl Workspace {
             }
         };
         let owner = match &limits.owner {
-            Some(o) => Some(limits::parse_owner(o).map_err(|e| WsError::Invalid(e.to_string()))?),
+            Some(o) => {
+                Some(limits::parse_owner(o).map_err(|e| WorkspaceError::invalid(e.to_string()))?)
+            }
             None => {
                 let st = rustix::fs::fstat(txn.root())
-                    .map_err(|e| WsError::io("stat workspace", error::sys(e)))?;
+                    .map_err(|e| WorkspaceError::io("stat workspace", error::sys(e)))?;
                 Some((st.st_uid, st.st_gid))
             }
         };
@@ -170,7 +172,7 @@ impl Workspace {
         );
         let owner = owner.filter(|o| *o != me);
         if owner.is_some() && me.0 != 0 {
-            return Err(WsError::Invalid(format!(
+            return Err(WorkspaceError::invalid(format!(
                 "archive.owner {:?} differs from the agent's own uid:gid {}:{}, and only root can give files away",
                 owner, me.0, me.1
             )));
@@ -273,7 +275,7 @@ impl Workspace {
 
     /// Retries the recovery of an interrupted swap that failed before (at
     /// start or after a failed commit); an error while it still fails.
-    fn recovered(&self) -> Result<(), WsError> {
+    fn recovered(&self) -> Result<(), WorkspaceError> {
         let mut stuck = self.stuck.lock().unwrap_or_else(|p| p.into_inner());
         if stuck.is_none() {
             return Ok(());
@@ -296,7 +298,7 @@ impl Workspace {
                     self.txn.state_path().display()
                 );
                 *stuck = Some(e.to_string());
-                Err(WsError::Stuck(msg))
+                Err(WorkspaceError::Stuck(msg))
             }
         }
     }
@@ -324,7 +326,7 @@ impl Workspace {
     }
 
     /// Claims the workspace for `op`, or says what holds it.
-    pub fn begin(self: &Arc<Self>, op: &'static str) -> Result<OpGuard, WsError> {
+    pub fn begin(self: &Arc<Self>, op: &'static str) -> Result<OpGuard, WorkspaceError> {
         self.try_begin(op)
     }
 
@@ -334,13 +336,13 @@ impl Workspace {
         self: &Arc<Self>,
         op: &'static str,
         wait: Duration,
-    ) -> Result<OpGuard, WsError> {
+    ) -> Result<OpGuard, WorkspaceError> {
         let deadline = Instant::now() + wait;
         loop {
             match self.try_begin(op) {
                 Ok(g) => return Ok(g),
                 Err(e) if Instant::now() >= deadline => {
-                    return Err(WsError::Busy(format!(
+                    return Err(WorkspaceError::Busy(format!(
                         "waited {} s for the workspace: {e}",
                         wait.as_secs()
                     )));
@@ -350,10 +352,10 @@ impl Workspace {
         }
     }
 
-    fn try_begin(self: &Arc<Self>, op: &'static str) -> Result<OpGuard, WsError> {
+    fn try_begin(self: &Arc<Self>, op: &'static str) -> Result<OpGuard, WorkspaceError> {
         let mut busy = self.busy.lock().unwrap_or_else(|p| p.into_inner());
         if let Some((running, since, _)) = *busy {
-            return Err(WsError::Busy(format!(
+            return Err(WorkspaceError::Busy(format!(
                 "Workspace.{running} is running (for {:.1} s); only one Initialize, Dump or Clear runs at a time, retry when it ends",
                 since.elapsed().as_secs_f64()
             )));
@@ -367,13 +369,15 @@ impl Workspace {
         req: &InitRequest,
         src: stream::ChannelReader,
         outcome: &Mutex<stream::ReadOutcome>,
-    ) -> Result<InitStats, WsError> {
+    ) -> Result<InitStats, WorkspaceError> {
         let start = Instant::now();
         if !req.expected_sha256.is_empty()
             && (req.expected_sha256.len() != 64
                 || !req.expected_sha256.bytes().all(|b| b.is_ascii_hexdigit()))
         {
-            return Err(WsError::invalid("expected_sha256 must be 64 hex digits"));
+            return Err(WorkspaceError::invalid(
+                "expected_sha256 must be 64 hex digits",
+            ));
         }
         let (stage_name, stage) = self.txn.stage()?;
         let result = (|| {
@@ -393,13 +397,13 @@ impl Workspace {
             let (count, sha) = (o.count, o.sha256.clone().unwrap_or_default());
             drop(o);
             if req.size_hint != 0 && count != req.size_hint {
-                return Err(WsError::Integrity(format!(
+                return Err(WorkspaceError::Integrity(format!(
                     "received {count} archive bytes, the header announced {}; the upload was cut short or altered",
                     req.size_hint
                 )));
             }
             if !req.expected_sha256.is_empty() && !sha.eq_ignore_ascii_case(&req.expected_sha256) {
-                return Err(WsError::Integrity(format!(
+                return Err(WorkspaceError::Integrity(format!(
                     "archive sha256 is {sha}, expected {}; nothing was changed",
                     req.expected_sha256
                 )));
@@ -434,32 +438,32 @@ impl Workspace {
         req: &DumpRequest,
         out: W,
         cancelled: Option<&std::sync::atomic::AtomicBool>,
-    ) -> Result<(W, pack::PackStats), WsError> {
+    ) -> Result<(W, pack::PackStats), WorkspaceError> {
         let exclude = build_globs(&req.exclude)?;
         let sub = req.sub_path.trim_matches('/');
         let dir = if sub.is_empty() {
             rustix::io::dup(self.txn.root())
-                .map_err(|e| WsError::io("opening the workspace", error::sys(e)))?
+                .map_err(|e| WorkspaceError::io("opening the workspace", error::sys(e)))?
         } else {
             let comps = confine::normalize(Path::new(sub))
-                .map_err(|r| WsError::invalid(format!("sub_path '{sub}' {r}")))?;
+                .map_err(|r| WorkspaceError::invalid(format!("sub_path '{sub}' {r}")))?;
             let rel: PathBuf = comps.iter().collect();
             if rel.as_os_str() == txn::INNER_STATE_NAME && self.txn.hidden_name().is_some() {
-                return Err(WsError::NotFound(format!(
+                return Err(WorkspaceError::NotFound(format!(
                     "sub_path '{sub}' does not exist in the workspace"
                 )));
             }
             confine::open_dir(self.txn.root(), &rel).map_err(|e| match e.raw_os_error() {
-                Some(nix::libc::ENOENT) => {
-                    WsError::NotFound(format!("sub_path '{sub}' does not exist in the workspace"))
-                }
+                Some(nix::libc::ENOENT) => WorkspaceError::NotFound(format!(
+                    "sub_path '{sub}' does not exist in the workspace"
+                )),
                 Some(nix::libc::ENOTDIR) => {
-                    WsError::invalid(format!("sub_path '{sub}' is not a directory"))
+                    WorkspaceError::invalid(format!("sub_path '{sub}' is not a directory"))
                 }
                 Some(nix::libc::ELOOP) | Some(nix::libc::EXDEV) => {
-                    WsError::invalid(format!("sub_path '{sub}' goes through a symlink"))
+                    WorkspaceError::invalid(format!("sub_path '{sub}' goes through a symlink"))
                 }
-                _ => WsError::io(format!("opening sub_path '{sub}'"), e),
+                _ => WorkspaceError::io(format!("opening sub_path '{sub}'"), e),
             })?
         };
         let hidden = if sub.is_empty() {
@@ -476,19 +480,19 @@ impl Workspace {
             cancelled,
             max_depth: self.limits.max_depth,
         };
-        pack::pack(dir.as_fd(), &opts, out)
+        Ok(pack::pack(dir.as_fd(), &opts, out)?)
     }
 
     /// Empties the workspace by an (empty) swap; on a full disk, where the
     /// swap cannot even write its journal, by deleting in place: emptying
     /// needs no atomicity, and a Release must be able to free the disk.
-    fn clear(&self) -> Result<u64, WsError> {
+    fn clear(&self) -> Result<u64, WorkspaceError> {
         let swapped = self.txn.stage().and_then(|(name, stage)| {
             self.make_dirs(stage.as_fd(), &self.kept());
             self.commit(&name, stage, false).map(|(n, _)| n)
         });
         match swapped {
-            Err(WsError::DiskFull(why)) => {
+            Err(WorkspaceError::Archive(ArchiveError::DiskFull(why))) => {
                 tracing::warn!(error = %why, "the disk is full; emptying the workspace in place");
                 let n = self.txn.remove_contents()?;
                 self.make_dirs(self.txn.root(), &self.kept());
@@ -505,7 +509,7 @@ impl Workspace {
         name: &std::ffi::OsStr,
         stage: std::os::fd::OwnedFd,
         durable: bool,
-    ) -> Result<(u64, Duration), WsError> {
+    ) -> Result<(u64, Duration), WorkspaceError> {
         match self.txn.commit(name, stage.as_fd(), durable) {
             Ok(n) => Ok(n),
             Err(e) => {
@@ -520,7 +524,7 @@ impl Workspace {
     }
 }
 
-fn build_globs(patterns: &[String]) -> Result<Option<globset::GlobSet>, WsError> {
+fn build_globs(patterns: &[String]) -> Result<Option<globset::GlobSet>, WorkspaceError> {
     if patterns.is_empty() {
         return Ok(None);
     }
@@ -530,10 +534,10 @@ fn build_globs(patterns: &[String]) -> Result<Option<globset::GlobSet>, WsError>
         let g = globset::GlobBuilder::new(p)
             .literal_separator(false)
             .build()
-            .map_err(|e| WsError::invalid(format!("exclude pattern '{p}': {e}")))?;
+            .map_err(|e| WorkspaceError::invalid(format!("exclude pattern '{p}': {e}")))?;
         b.add(g);
     }
     b.build()
         .map(Some)
-        .map_err(|e| WsError::invalid(format!("exclude patterns: {e}")))
+        .map_err(|e| WorkspaceError::invalid(format!("exclude patterns: {e}")))
 }

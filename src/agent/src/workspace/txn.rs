@@ -34,7 +34,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use rustix::fs::{AtFlags, Mode, OFlags};
 
 use super::confine::{list, remove_at};
-use super::error::{WsError, sys};
+use super::error::{ArchiveError, WorkspaceError, sys};
 use super::moves::{move_entries, open_up, restore_modes, unmovable};
 
 /// Name of the state directory when it lives inside the workspace.
@@ -56,9 +56,9 @@ pub struct Txn {
     trash: std::sync::Arc<(std::sync::Mutex<usize>, std::sync::Condvar)>,
 }
 
-pub(super) fn ctx(what: impl Into<String>) -> impl FnOnce(io::Error) -> WsError {
+pub(super) fn ctx(what: impl Into<String>) -> impl FnOnce(io::Error) -> WorkspaceError {
     let what = what.into();
-    move |e| WsError::io(what, e)
+    move |e| WorkspaceError::io(what, e)
 }
 
 fn dir_flags() -> OFlags {
@@ -67,14 +67,14 @@ fn dir_flags() -> OFlags {
 
 impl Txn {
     /// Opens (creating if needed) the workspace and its state directory.
-    pub fn open(root_path: &Path) -> Result<Txn, WsError> {
+    pub fn open(root_path: &Path) -> Result<Txn, WorkspaceError> {
         std::fs::create_dir_all(root_path)
             .map_err(ctx(format!("creating workspace {}", root_path.display())))?;
         let root = rustix::fs::open(root_path, dir_flags(), Mode::empty()).map_err(|e| {
-            WsError::io(format!("opening workspace {}", root_path.display()), sys(e))
+            WorkspaceError::io(format!("opening workspace {}", root_path.display()), sys(e))
         })?;
         let root_st =
-            rustix::fs::fstat(&root).map_err(|e| WsError::io("stat workspace", sys(e)))?;
+            rustix::fs::fstat(&root).map_err(|e| WorkspaceError::io("stat workspace", sys(e)))?;
         let parent = root_path.parent().filter(|p| !p.as_os_str().is_empty());
         let same_fs_parent = match parent {
             Some(p) => rustix::fs::stat(p)
@@ -97,7 +97,7 @@ impl Txn {
         match rustix::fs::mkdir(&state_path, Mode::from_raw_mode(0o700)) {
             Ok(()) | Err(rustix::io::Errno::EXIST) => {}
             Err(e) => {
-                return Err(WsError::io(
+                return Err(WorkspaceError::io(
                     format!("creating state directory {}", state_path.display()),
                     sys(e),
                 ));
@@ -105,7 +105,7 @@ impl Txn {
         }
         let state = rustix::fs::open(&state_path, dir_flags() | OFlags::NOFOLLOW, Mode::empty())
             .map_err(|e| {
-                WsError::io(
+                WorkspaceError::io(
                     format!("opening state directory {}", state_path.display()),
                     sys(e),
                 )
@@ -134,17 +134,17 @@ impl Txn {
     }
 
     /// A fresh, empty staging directory.
-    pub fn stage(&self) -> Result<(OsString, OwnedFd), WsError> {
+    pub fn stage(&self) -> Result<(OsString, OwnedFd), WorkspaceError> {
         let name = unique("stage");
         rustix::fs::mkdirat(&self.state, &name, Mode::from_raw_mode(0o700))
-            .map_err(|e| WsError::io("creating a staging directory", sys(e)))?;
+            .map_err(|e| WorkspaceError::io("creating a staging directory", sys(e)))?;
         let fd = rustix::fs::openat(
             &self.state,
             &name,
             dir_flags() | OFlags::NOFOLLOW,
             Mode::empty(),
         )
-        .map_err(|e| WsError::io("opening the staging directory", sys(e)))?;
+        .map_err(|e| WorkspaceError::io("opening the staging directory", sys(e)))?;
         Ok((name, fd))
     }
 
@@ -159,7 +159,11 @@ impl Txn {
     /// directories are recreated, everything else shares its inode. The
     /// extractor never writes into an existing file, so the workspace is not
     /// touched.
-    pub fn clone_into(&self, stage: BorrowedFd<'_>, max_depth: usize) -> Result<(), WsError> {
+    pub fn clone_into(
+        &self,
+        stage: BorrowedFd<'_>,
+        max_depth: usize,
+    ) -> Result<(), WorkspaceError> {
         clone_dir(self.root.as_fd(), stage, self.hidden_name(), max_depth)
     }
 
@@ -173,11 +177,11 @@ impl Txn {
         stage_name: &OsStr,
         stage: BorrowedFd<'_>,
         durable: bool,
-    ) -> Result<(u64, std::time::Duration), WsError> {
+    ) -> Result<(u64, std::time::Duration), WorkspaceError> {
         let t = std::time::Instant::now();
         if durable {
             rustix::fs::syncfs(stage)
-                .map_err(|e| WsError::io("syncing the staging tree", sys(e)))?;
+                .map_err(|e| WorkspaceError::io("syncing the staging tree", sys(e)))?;
         }
         let mut synced = t.elapsed();
         // Everything that must move is checked before the journal: once it
@@ -186,7 +190,7 @@ impl Txn {
         let current = unmovable(self.root.as_fd(), self.hidden_name())?;
         let me = rustix::process::geteuid().as_raw();
         if let Some((name, st)) = current.iter().find(|(_, st)| st.st_uid != me) {
-            return Err(WsError::Stuck(format!(
+            return Err(WorkspaceError::Stuck(format!(
                 "cannot replace the workspace contents: the directory '{}' (owner uid {}, mode \
                  {:o}) cannot be moved by the agent (uid {me}) and nothing was changed; make it \
                  writable by uid {me} or remove it, then retry",
@@ -197,7 +201,7 @@ impl Txn {
         }
         let old = unique("old");
         rustix::fs::mkdirat(&self.state, &old, Mode::from_raw_mode(0o700))
-            .map_err(|e| WsError::io("creating the old-contents directory", sys(e)))?;
+            .map_err(|e| WorkspaceError::io("creating the old-contents directory", sys(e)))?;
         let opened = open_up(stage, &staged)
             .and_then(|()| open_up(self.root.as_fd(), &current))
             .and_then(|()| self.write_journal("commit", stage_name, &old));
@@ -215,7 +219,7 @@ impl Txn {
         let t = std::time::Instant::now();
         if durable {
             rustix::fs::syncfs(&self.root)
-                .map_err(|e| WsError::io("syncing the workspace", sys(e)))?;
+                .map_err(|e| WorkspaceError::io("syncing the workspace", sys(e)))?;
         }
         synced += t.elapsed();
         self.finish(stage_name, &old)?;
@@ -224,7 +228,7 @@ impl Txn {
 
     /// Completes or discards whatever a killed agent left behind. Returns a
     /// description of what was done, if anything.
-    pub fn recover(&self) -> Result<Option<String>, WsError> {
+    pub fn recover(&self) -> Result<Option<String>, WorkspaceError> {
         let journal = match rustix::fs::openat(
             &self.state,
             JOURNAL,
@@ -238,7 +242,7 @@ impl Txn {
                 Some(text)
             }
             Err(rustix::io::Errno::NOENT) => None,
-            Err(e) => return Err(WsError::io("opening the journal", sys(e))),
+            Err(e) => return Err(WorkspaceError::io("opening the journal", sys(e))),
         };
         let mut done = None;
         let mut scheduled = None;
@@ -247,7 +251,7 @@ impl Txn {
             let (Some("v1"), Some(phase), Some(stage), Some(old)) =
                 (lines.next(), lines.next(), lines.next(), lines.next())
             else {
-                return Err(WsError::io(
+                return Err(WorkspaceError::io(
                     "reading the journal",
                     io::Error::other(format!(
                         "unrecognised journal in {}; inspect it by hand",
@@ -258,7 +262,12 @@ impl Txn {
             let (stage, old) = (OsString::from(stage), OsString::from(old));
             match rustix::fs::mkdirat(&self.state, &old, Mode::from_raw_mode(0o700)) {
                 Ok(()) | Err(rustix::io::Errno::EXIST) => {}
-                Err(e) => return Err(WsError::io("recreating the old-contents directory", sys(e))),
+                Err(e) => {
+                    return Err(WorkspaceError::io(
+                        "recreating the old-contents directory",
+                        sys(e),
+                    ));
+                }
             }
             if phase == "commit" {
                 self.move_out(&old)?;
@@ -266,7 +275,7 @@ impl Txn {
             }
             self.move_in(&stage)?;
             rustix::fs::syncfs(&self.root)
-                .map_err(|e| WsError::io("syncing the workspace", sys(e)))?;
+                .map_err(|e| WorkspaceError::io("syncing the workspace", sys(e)))?;
             self.finish(&stage, &old)?;
             scheduled = Some(old);
             done = Some(format!(
@@ -287,7 +296,7 @@ impl Txn {
         Ok(done)
     }
 
-    fn write_journal(&self, phase: &str, stage: &OsStr, old: &OsStr) -> Result<(), WsError> {
+    fn write_journal(&self, phase: &str, stage: &OsStr, old: &OsStr) -> Result<(), WorkspaceError> {
         let tmp = "journal.tmp";
         let fd = rustix::fs::openat(
             &self.state,
@@ -295,7 +304,7 @@ impl Txn {
             OFlags::WRONLY | OFlags::CREATE | OFlags::TRUNC | OFlags::CLOEXEC | OFlags::NOFOLLOW,
             Mode::from_raw_mode(0o600),
         )
-        .map_err(|e| WsError::io("writing the journal", sys(e)))?;
+        .map_err(|e| WorkspaceError::io("writing the journal", sys(e)))?;
         let mut f = std::fs::File::from(fd);
         let mut text = Vec::new();
         text.extend_from_slice(b"v1\n");
@@ -309,19 +318,20 @@ impl Txn {
             .and_then(|()| f.sync_all())
             .map_err(ctx("writing the journal"))?;
         rustix::fs::renameat(&self.state, tmp, &self.state, JOURNAL)
-            .map_err(|e| WsError::io("installing the journal", sys(e)))?;
-        rustix::fs::fsync(&self.state).map_err(|e| WsError::io("syncing the journal", sys(e)))?;
+            .map_err(|e| WorkspaceError::io("installing the journal", sys(e)))?;
+        rustix::fs::fsync(&self.state)
+            .map_err(|e| WorkspaceError::io("syncing the journal", sys(e)))?;
         Ok(())
     }
 
-    fn move_out(&self, old: &OsStr) -> Result<u64, WsError> {
+    fn move_out(&self, old: &OsStr) -> Result<u64, WorkspaceError> {
         let old_fd = rustix::fs::openat(
             &self.state,
             old,
             dir_flags() | OFlags::NOFOLLOW,
             Mode::empty(),
         )
-        .map_err(|e| WsError::io("opening the old-contents directory", sys(e)))?;
+        .map_err(|e| WorkspaceError::io("opening the old-contents directory", sys(e)))?;
         move_entries(
             self.root.as_fd(),
             old_fd.as_fd(),
@@ -331,7 +341,7 @@ impl Txn {
         )
     }
 
-    fn move_in(&self, stage: &OsStr) -> Result<(), WsError> {
+    fn move_in(&self, stage: &OsStr) -> Result<(), WorkspaceError> {
         let stage_fd = match rustix::fs::openat(
             &self.state,
             stage,
@@ -341,7 +351,7 @@ impl Txn {
             Ok(fd) => fd,
             // Already moved in and removed by an earlier, interrupted finish.
             Err(rustix::io::Errno::NOENT) => return Ok(()),
-            Err(e) => return Err(WsError::io("opening the staging directory", sys(e))),
+            Err(e) => return Err(WorkspaceError::io("opening the staging directory", sys(e))),
         };
         move_entries(
             stage_fd.as_fd(),
@@ -353,11 +363,11 @@ impl Txn {
         Ok(())
     }
 
-    fn finish(&self, stage: &OsStr, old: &OsStr) -> Result<(), WsError> {
+    fn finish(&self, stage: &OsStr, old: &OsStr) -> Result<(), WorkspaceError> {
         rustix::fs::unlinkat(&self.state, JOURNAL, AtFlags::empty())
-            .map_err(|e| WsError::io("removing the journal", sys(e)))?;
+            .map_err(|e| WorkspaceError::io("removing the journal", sys(e)))?;
         rustix::fs::fsync(&self.state)
-            .map_err(|e| WsError::io("syncing the state directory", sys(e)))?;
+            .map_err(|e| WorkspaceError::io("syncing the state directory", sys(e)))?;
         let _ = rustix::fs::unlinkat(&self.state, stage, AtFlags::REMOVEDIR);
         self.remove_in_background(vec![old.to_owned()]);
         Ok(())
@@ -397,7 +407,7 @@ impl Txn {
 
     /// Deletes every top-level entry of the workspace (but the inner state
     /// directory) where it is; returns how many there were.
-    pub fn remove_contents(&self) -> Result<u64, WsError> {
+    pub fn remove_contents(&self) -> Result<u64, WorkspaceError> {
         let mut n = 0;
         for name in list(self.root.as_fd()).map_err(ctx("listing the workspace"))? {
             if Some(name.as_os_str()) == self.hidden_name() {
@@ -411,13 +421,13 @@ impl Txn {
 
     /// Gives up an interrupted swap (after the workspace was emptied in
     /// place): the journal goes, and the staging and old trees are deleted.
-    pub fn abandon(&self) -> Result<(), WsError> {
+    pub fn abandon(&self) -> Result<(), WorkspaceError> {
         match rustix::fs::unlinkat(&self.state, JOURNAL, AtFlags::empty()) {
             Ok(()) | Err(rustix::io::Errno::NOENT) => {}
-            Err(e) => return Err(WsError::io("removing the journal", sys(e))),
+            Err(e) => return Err(WorkspaceError::io("removing the journal", sys(e))),
         }
         rustix::fs::fsync(&self.state)
-            .map_err(|e| WsError::io("syncing the state directory", sys(e)))?;
+            .map_err(|e| WorkspaceError::io("syncing the state directory", sys(e)))?;
         let names = list(self.state.as_fd()).map_err(ctx("listing the state directory"))?;
         self.remove_in_background(names);
         Ok(())
@@ -455,7 +465,7 @@ fn clone_dir(
     dst: BorrowedFd<'_>,
     skip: Option<&OsStr>,
     max_depth: usize,
-) -> Result<(), WsError> {
+) -> Result<(), WorkspaceError> {
     /// One directory being cloned: both handles, its path, the names left,
     /// and its own metadata, applied once everything below it is done.
     struct Level {
@@ -467,10 +477,10 @@ fn clone_dir(
     }
     let open = |fd: BorrowedFd<'_>, name: &OsStr, path: &Path| {
         rustix::fs::openat(fd, name, dir_flags() | OFlags::NOFOLLOW, Mode::empty())
-            .map_err(|e| WsError::io(format!("opening {}", path.display()), sys(e)))
+            .map_err(|e| WorkspaceError::io(format!("opening {}", path.display()), sys(e)))
     };
     let dup = |fd: BorrowedFd<'_>| {
-        rustix::io::dup(fd).map_err(|e| WsError::io("opening the workspace", sys(e)))
+        rustix::io::dup(fd).map_err(|e| WorkspaceError::io("opening the workspace", sys(e)))
     };
     let names = list(src).map_err(ctx("listing the workspace"))?;
     // An explicit stack, not recursion: a deep tree cannot overflow the
@@ -497,19 +507,20 @@ fn clone_dir(
         let top = &stack[stack.len() - 1];
         let path = top.rel.join(&name);
         let st = rustix::fs::statat(&top.src, &name, AtFlags::SYMLINK_NOFOLLOW)
-            .map_err(|e| WsError::io(format!("stat {}", path.display()), sys(e)))?;
+            .map_err(|e| WorkspaceError::io(format!("stat {}", path.display()), sys(e)))?;
         if rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Directory {
             if stack.len() > max_depth {
-                return Err(WsError::Limit {
+                return Err(ArchiveError::Limit {
                     limit: "max_depth",
                     detail: format!(
                         "the workspace's '{}' is nested more than {max_depth} directories deep",
                         path.display()
                     ),
-                });
+                }
+                .into());
             }
             rustix::fs::mkdirat(&top.dst, &name, Mode::from_raw_mode(0o700))
-                .map_err(|e| WsError::io(format!("creating {}", path.display()), sys(e)))?;
+                .map_err(|e| WorkspaceError::io(format!("creating {}", path.display()), sys(e)))?;
             let s = open(top.src.as_fd(), &name, &path)?;
             let d = open(top.dst.as_fd(), &name, &path)?;
             let names = list(s.as_fd()).map_err(ctx(format!("listing {}", path.display())))?;
@@ -522,21 +533,25 @@ fn clone_dir(
             });
         } else {
             rustix::fs::linkat(&top.src, &name, &top.dst, &name, AtFlags::empty())
-                .map_err(|e| WsError::io(format!("linking {}", path.display()), sys(e)))?;
+                .map_err(|e| WorkspaceError::io(format!("linking {}", path.display()), sys(e)))?;
         }
     }
     Ok(())
 }
 
 /// A cloned directory takes its original's owner, mode and times.
-fn copy_dir_metadata(d: &OwnedFd, st: &rustix::fs::Stat, path: &Path) -> Result<(), WsError> {
+fn copy_dir_metadata(
+    d: &OwnedFd,
+    st: &rustix::fs::Stat,
+    path: &Path,
+) -> Result<(), WorkspaceError> {
     let _ = rustix::fs::fchown(
         d,
         Some(rustix::fs::Uid::from_raw(st.st_uid)),
         Some(rustix::fs::Gid::from_raw(st.st_gid)),
     );
     rustix::fs::fchmod(d, Mode::from_raw_mode(st.st_mode & 0o7777))
-        .map_err(|e| WsError::io(format!("chmod {}", path.display()), sys(e)))?;
+        .map_err(|e| WorkspaceError::io(format!("chmod {}", path.display()), sys(e)))?;
     let t = rustix::fs::Timestamps {
         last_access: rustix::fs::Timespec {
             tv_sec: st.st_atime,

@@ -1,4 +1,19 @@
 //! One tar entry into the tree: path checks, type dispatch, limits.
+//!
+//! [`Extractor::entry`] checks what every entry shares (its path: [`target`];
+//! its mode, mtime and real size: [`meta`]) and hands it to the function of
+//! its type: [`file`], [`dir`], [`symlink`], [`hardlink`], [`fifo`]; any
+//! other type is [`refused`]. PAX and GNU long-name records never get here
+//! as entries of their own: the tar reader folds them into the entry they
+//! describe.
+//!
+//! [`target`]: Extractor::target
+//! [`meta`]: Extractor::meta
+//! [`file`]: Extractor::file
+//! [`dir`]: Extractor::dir
+//! [`symlink`]: Extractor::symlink
+//! [`hardlink`]: Extractor::hardlink
+//! [`fifo`]: Extractor::fifo
 
 use std::collections::HashSet;
 use std::ffi::OsStr;
@@ -14,7 +29,7 @@ use tar::EntryType;
 
 use crate::codec::Compression;
 use crate::confine::{self, remove_at};
-use crate::error::{WsError, sys};
+use crate::error::{ArchiveError, sys};
 
 use super::dirs::DirTree;
 use super::fsops::{times, umask};
@@ -40,6 +55,48 @@ pub(super) struct Extractor<'a> {
     pub(super) buf: Vec<u8>,
     /// File content bytes written so far (for max_expanded_bytes).
     pub(super) expanded: u64,
+}
+
+/// Where an entry goes, its path checked.
+struct Target<'r> {
+    /// The path as the archive gives it, for messages.
+    raw: &'r [u8],
+    /// The last component: the name created in `parent`.
+    name: &'r OsStr,
+    /// The directory that holds it, relative to the root.
+    parent: PathBuf,
+    /// `parent` joined with `name`.
+    path: PathBuf,
+}
+
+/// What the header says of an entry besides its path and type.
+struct Meta {
+    /// Permission bits only (setuid, setgid and sticky dropped).
+    mode: u32,
+    mtime: u64,
+    /// The real size: the largest of the fields that may carry it.
+    size: u64,
+}
+
+/// Records the tar reader folds into the entry that follows them.
+fn is_extension(kind: EntryType) -> bool {
+    matches!(
+        kind,
+        EntryType::XGlobalHeader
+            | EntryType::XHeader
+            | EntryType::GNULongName
+            | EntryType::GNULongLink
+    )
+}
+
+/// The error for an entry of a type that is never extracted.
+fn refused(raw: &[u8], kind: EntryType) -> ArchiveError {
+    match kind {
+        EntryType::Char | EntryType::Block => {
+            invalid(raw, "is a device node; device nodes are never extracted")
+        }
+        other => invalid(raw, format!("has an unsupported type {other:?}")),
+    }
 }
 
 impl<'a> Extractor<'a> {
@@ -68,11 +125,11 @@ impl<'a> Extractor<'a> {
 
     /// Counts one more entry or implicit directory against max_entries
     /// (the implicit ones too: each costs a directory and tracking).
-    pub(super) fn count_created(&mut self) -> Result<(), WsError> {
+    pub(super) fn count_created(&mut self) -> Result<(), ArchiveError> {
         self.created += 1;
         let max = self.opts.limits.max_entries;
         if self.created > max {
-            return Err(WsError::Limit {
+            return Err(ArchiveError::Limit {
                 limit: "max_entries",
                 detail: format!(
                     "the archive has more than {max} entries (counting the directories its \
@@ -87,23 +144,47 @@ impl<'a> Extractor<'a> {
         self.hasher.hash_one(p.as_os_str().as_bytes())
     }
 
-    pub(super) fn entry<R: Read>(&mut self, e: &mut tar::Entry<'_, R>) -> Result<(), WsError> {
-        let limits = self.opts.limits;
+    /// Extracts one entry: the checks every entry shares, then the function
+    /// of its type.
+    pub(super) fn entry<R: Read>(&mut self, e: &mut tar::Entry<'_, R>) -> Result<(), ArchiveError> {
         let kind = e.header().entry_type();
-        if matches!(
-            kind,
-            EntryType::XGlobalHeader
-                | EntryType::XHeader
-                | EntryType::GNULongName
-                | EntryType::GNULongLink
-        ) {
+        if is_extension(kind) {
             return Ok(());
         }
         self.stats.entries += 1;
         self.count_created()?;
         let raw: Vec<u8> = e.path_bytes().into_owned();
+        let Some(t) = self.target(&raw, kind)? else {
+            // "./" itself: the workspace root keeps its own metadata.
+            return Ok(());
+        };
+        let m = Self::meta(e, &raw, kind)?;
+        match kind {
+            EntryType::Regular | EntryType::Continuous | EntryType::GNUSparse => {
+                self.file(e, &t, &m)?
+            }
+            EntryType::Directory => self.dir(&t, &m)?,
+            EntryType::Symlink => self.symlink(e, &t, m.mtime)?,
+            EntryType::Link => self.hardlink(e, &t)?,
+            EntryType::Fifo => self.fifo(&t, m.mode)?,
+            other => return Err(refused(&raw, other)),
+        }
+        let key = self.key(&t.path);
+        self.seen.insert(key);
+        Ok(())
+    }
+
+    /// Checks an entry's path: its length, no `..` nor absolute path, not
+    /// the reserved name, its depth, its last component's length. `None`
+    /// for the root itself (`./`), which only a directory may name.
+    fn target<'r>(
+        &self,
+        raw: &'r [u8],
+        kind: EntryType,
+    ) -> Result<Option<Target<'r>>, ArchiveError> {
+        let limits = self.opts.limits;
         if raw.len() > limits.max_path_bytes {
-            return Err(WsError::Limit {
+            return Err(ArchiveError::Limit {
                 limit: "max_path_bytes",
                 detail: format!(
                     "an entry path is {} bytes long (limit {})",
@@ -113,10 +194,10 @@ impl<'a> Extractor<'a> {
             });
         }
         let comps =
-            confine::normalize(Path::new(OsStr::from_bytes(&raw))).map_err(|r| invalid(&raw, r))?;
+            confine::normalize(Path::new(OsStr::from_bytes(raw))).map_err(|r| invalid(raw, r))?;
         if comps.first().is_some_and(|c| *c == super::RESERVED_NAME) {
             return Err(invalid(
-                &raw,
+                raw,
                 format!(
                     "uses the top-level name {}, reserved for the agent's own state",
                     super::RESERVED_NAME
@@ -124,7 +205,7 @@ impl<'a> Extractor<'a> {
             ));
         }
         if comps.len() > limits.max_depth {
-            return Err(WsError::Limit {
+            return Err(ArchiveError::Limit {
                 limit: "max_depth",
                 detail: format!(
                     "an entry is nested {} directories deep (limit {})",
@@ -134,26 +215,39 @@ impl<'a> Extractor<'a> {
             });
         }
         let Some((name, parents)) = comps.split_last() else {
-            // "./" itself: the workspace root keeps its own metadata.
             return if kind == EntryType::Directory {
-                Ok(())
+                Ok(None)
             } else {
                 Err(invalid(
-                    &raw,
+                    raw,
                     "names the workspace root but is not a directory",
                 ))
             };
         };
-        let name: &OsStr = name;
-        let parent_path: PathBuf = parents.iter().collect();
-        let path = parent_path.join(name);
         if name.len() > 255 {
-            return Err(invalid(&raw, "has a path component longer than 255 bytes"));
+            return Err(invalid(raw, "has a path component longer than 255 bytes"));
         }
+        let parent: PathBuf = parents.iter().collect();
+        let path = parent.join(name);
+        Ok(Some(Target {
+            raw,
+            name,
+            parent,
+            path,
+        }))
+    }
+
+    /// Reads an entry's mode, mtime and real size, and refuses PAX sparse
+    /// files.
+    fn meta<R: Read>(
+        e: &mut tar::Entry<'_, R>,
+        raw: &[u8],
+        kind: EntryType,
+    ) -> Result<Meta, ArchiveError> {
         let mode = e
             .header()
             .mode()
-            .map_err(|err| invalid(&raw, format!("has a bad mode field: {err}")))?
+            .map_err(|err| invalid(raw, format!("has a bad mode field: {err}")))?
             & 0o777;
         let mtime = e.header().mtime().unwrap_or(0);
         // The real size, whatever field carries it: the header's, a PAX
@@ -163,7 +257,7 @@ impl<'a> Extractor<'a> {
         let header_size = e
             .header()
             .entry_size()
-            .map_err(|err| invalid(&raw, format!("has a bad size field: {err}")))?;
+            .map_err(|err| invalid(raw, format!("has a bad size field: {err}")))?;
         let mut size = header_size.max(e.size());
         if kind == EntryType::GNUSparse {
             let real = e
@@ -171,227 +265,280 @@ impl<'a> Extractor<'a> {
                 .as_gnu()
                 .map(|g| g.real_size())
                 .transpose()
-                .map_err(|err| invalid(&raw, format!("has a bad sparse size field: {err}")))?;
+                .map_err(|err| invalid(raw, format!("has a bad sparse size field: {err}")))?;
             size = size.max(real.unwrap_or(0));
         }
         if let Ok(Some(pax)) = e.pax_extensions() {
             for ext in pax.flatten() {
                 if ext.key_bytes().starts_with(b"GNU.sparse.") {
                     return Err(invalid(
-                        &raw,
+                        raw,
                         "is a PAX sparse file (GNU tar --sparse with --format=pax), which this \
                          agent does not extract; archive it without --sparse, or with --format=gnu",
                     ));
                 }
             }
         }
+        Ok(Meta { mode, mtime, size })
+    }
 
-        match kind {
-            EntryType::Regular | EntryType::Continuous | EntryType::GNUSparse => {
-                if size > limits.max_file_bytes {
-                    return Err(WsError::Limit {
-                        limit: "max_file_bytes",
-                        detail: format!(
-                            "'{}' is {size} bytes (limit {})",
-                            path.display(),
-                            limits.max_file_bytes
-                        ),
-                    });
-                }
-                if self.expanded.saturating_add(size) > limits.max_expanded_bytes {
-                    return Err(WsError::Limit {
-                        limit: "max_expanded_bytes",
-                        detail: format!(
-                            "the archive expands to more than {} bytes",
-                            limits.max_expanded_bytes
-                        ),
-                    });
-                }
-                self.ensure_parent(&parent_path, &raw)?;
-                let fd = self.create(name, &path, &raw, |dir, n| {
-                    rustix::fs::openat(
-                        dir,
-                        n,
-                        OFlags::WRONLY
-                            | OFlags::CREATE
-                            | OFlags::EXCL
-                            | OFlags::NOFOLLOW
-                            | OFlags::CLOEXEC,
-                        Mode::from_raw_mode(mode),
-                    )
-                })?;
-                let mut file = File::from(fd);
-                let mut written = 0u64;
-                let mut buf = std::mem::take(&mut self.buf);
-                let copied = loop {
-                    let n = match e.read(&mut buf) {
-                        Ok(n) => n,
-                        Err(err) => break Err(read_error(err, self.compression)),
-                    };
-                    if n == 0 {
-                        break Ok(());
-                    }
-                    // Never past the size the limits were checked against.
-                    if written + n as u64 > size {
-                        break Err(invalid(
-                            &raw,
-                            format!("holds more data than its size ({size})"),
-                        ));
-                    }
-                    if let Err(err) = file.write_all(&buf[..n]) {
-                        break Err(WsError::io(format!("writing {}", path.display()), err));
-                    }
-                    written += n as u64;
-                    if let Err(err) = self.meter.check() {
-                        break Err(err);
-                    }
-                };
-                self.buf = buf;
-                copied?;
-                if written != size {
-                    return Err(invalid(
-                        &raw,
-                        format!("is truncated: {written} of {size} bytes"),
-                    ));
-                }
-                self.expanded += size;
-                self.meta_fd(file.as_fd(), mode, mtime, &path, mode & umask() != 0)?;
-                let key = self.key(&path);
-                self.files.insert(key);
-                self.stats.files += 1;
-                self.stats.bytes_written += size;
-            }
-            EntryType::Directory => {
-                self.ensure_parent(&parent_path, &raw)?;
-                let parent = self.parent_fd()?;
-                match rustix::fs::mkdirat(parent, name, Mode::from_raw_mode(0o700)) {
-                    Ok(()) => {
-                        self.chown_at(parent, name, &path)?;
-                    }
-                    Err(rustix::io::Errno::EXIST) => {
-                        let st = rustix::fs::statat(parent, name, AtFlags::SYMLINK_NOFOLLOW)
-                            .map_err(|err| {
-                                WsError::io(format!("inspecting {}", path.display()), sys(err))
-                            })?;
-                        let is_dir = rustix::fs::FileType::from_raw_mode(st.st_mode)
-                            == rustix::fs::FileType::Directory;
-                        if !is_dir {
-                            if self.seen.contains(&self.key(&path)) || !self.opts.merge {
-                                return Err(invalid(
-                                    &raw,
-                                    "is a directory replacing a non-directory entry of the same archive",
-                                ));
-                            }
-                            remove_at(parent, name, &path)?;
-                            rustix::fs::mkdirat(parent, name, Mode::from_raw_mode(0o700)).map_err(
-                                |err| WsError::io(format!("creating {}", path.display()), sys(err)),
-                            )?;
-                            self.chown_at(parent, name, &path)?;
-                        }
-                    }
-                    Err(err) => {
-                        return Err(WsError::io(
-                            format!("creating directory {}", path.display()),
-                            sys(err),
-                        ));
-                    }
-                }
-                let key = self.key(&path);
-                self.seen.insert(key);
-                self.dirs.set(&path, mode, mtime);
-                self.stats.dirs += 1;
-                return Ok(());
-            }
-            EntryType::Symlink => {
-                let target = e
-                    .link_name_bytes()
-                    .map(|c| c.into_owned())
-                    .unwrap_or_default();
-                if target.is_empty() {
-                    return Err(invalid(&raw, "is a symlink without a target"));
-                }
-                if target.contains(&0) {
-                    return Err(invalid(&raw, "has a symlink target with a NUL byte"));
-                }
-                if target.len() > limits.max_path_bytes {
-                    return Err(WsError::Limit {
-                        limit: "max_path_bytes",
-                        detail: format!("a symlink target is {} bytes long", target.len()),
-                    });
-                }
-                self.ensure_parent(&parent_path, &raw)?;
-                let t = OsStr::from_bytes(&target);
-                self.create(name, &path, &raw, |dir, n| rustix::fs::symlinkat(t, dir, n))?;
-                let parent = self.parent_fd()?;
-                self.chown_at(parent, name, &path)?;
-                let _ =
-                    rustix::fs::utimensat(parent, name, &times(mtime), AtFlags::SYMLINK_NOFOLLOW);
-                self.stats.symlinks += 1;
-            }
-            EntryType::Link => {
-                let target = e
-                    .link_name_bytes()
-                    .map(|c| c.into_owned())
-                    .unwrap_or_default();
-                let tcomps = confine::normalize(Path::new(OsStr::from_bytes(&target)))
-                    .map_err(|r| invalid(&raw, format!("is a hardlink whose target {r}")))?;
-                let tpath: PathBuf = tcomps.iter().collect();
-                if !self.files.contains(&self.key(&tpath)) {
-                    return Err(invalid(
-                        &raw,
-                        format!(
-                            "is a hardlink to '{}', which is not a regular file earlier in the archive",
-                            String::from_utf8_lossy(&target)
-                        ),
-                    ));
-                }
-                let (tname, tparents) = tcomps
-                    .split_last()
-                    .ok_or_else(|| invalid(&raw, "is a hardlink without a target"))?;
-                let tparent_path: PathBuf = tparents.iter().collect();
-                let tdir = confine::open_dir(self.root, &tparent_path).map_err(|err| {
-                    WsError::io(format!("opening {}", tparent_path.display()), err)
-                })?;
-                self.ensure_parent(&parent_path, &raw)?;
-                let tname: &OsStr = tname;
-                self.create(name, &path, &raw, |dir, n| {
-                    rustix::fs::linkat(tdir.as_fd(), tname, dir, n, AtFlags::empty())
-                })?;
-                let key = self.key(&path);
-                self.files.insert(key);
-                self.stats.hardlinks += 1;
-            }
-            EntryType::Fifo if limits.allow_fifos => {
-                self.ensure_parent(&parent_path, &raw)?;
-                self.create(name, &path, &raw, |dir, n| {
-                    rustix::fs::mknodat(
-                        dir,
-                        n,
-                        rustix::fs::FileType::Fifo,
-                        Mode::from_raw_mode(mode),
-                        0,
-                    )
-                })?;
-                let parent = self.parent_fd()?;
-                self.chown_at(parent, name, &path)?;
-                self.stats.fifos += 1;
-            }
-            EntryType::Fifo => {
-                return Err(invalid(
-                    &raw,
-                    "is a FIFO (set archive.allow_fifos = true to allow FIFOs)",
-                ));
-            }
-            EntryType::Char | EntryType::Block => {
-                return Err(invalid(
-                    &raw,
-                    "is a device node; device nodes are never extracted",
-                ));
-            }
-            other => return Err(invalid(&raw, format!("has an unsupported type {other:?}"))),
+    /// A regular file (plain, contiguous or GNU sparse, written dense): its
+    /// size checked against the limits first, then exactly that many bytes
+    /// written.
+    fn file<R: Read>(
+        &mut self,
+        e: &mut tar::Entry<'_, R>,
+        t: &Target<'_>,
+        m: &Meta,
+    ) -> Result<(), ArchiveError> {
+        let size = m.size;
+        self.check_file_size(&t.path, size)?;
+        self.ensure_parent(&t.parent, t.raw)?;
+        let fd = self.create(t.name, &t.path, t.raw, |dir, n| {
+            rustix::fs::openat(
+                dir,
+                n,
+                OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                Mode::from_raw_mode(m.mode),
+            )
+        })?;
+        let mut file = File::from(fd);
+        let written = self.copy_data(e, &mut file, t, size)?;
+        if written != size {
+            return Err(invalid(
+                t.raw,
+                format!("is truncated: {written} of {size} bytes"),
+            ));
         }
-        let key = self.key(&path);
-        self.seen.insert(key);
+        self.expanded += size;
+        self.meta_fd(
+            file.as_fd(),
+            m.mode,
+            m.mtime,
+            &t.path,
+            m.mode & umask() != 0,
+        )?;
+        let key = self.key(&t.path);
+        self.files.insert(key);
+        self.stats.files += 1;
+        self.stats.bytes_written += size;
+        Ok(())
+    }
+
+    /// Refuses a file of `size` bytes over max_file_bytes, or taking the
+    /// archive over max_expanded_bytes.
+    fn check_file_size(&self, path: &Path, size: u64) -> Result<(), ArchiveError> {
+        let limits = self.opts.limits;
+        if size > limits.max_file_bytes {
+            return Err(ArchiveError::Limit {
+                limit: "max_file_bytes",
+                detail: format!(
+                    "'{}' is {size} bytes (limit {})",
+                    path.display(),
+                    limits.max_file_bytes
+                ),
+            });
+        }
+        if self.expanded.saturating_add(size) > limits.max_expanded_bytes {
+            return Err(ArchiveError::Limit {
+                limit: "max_expanded_bytes",
+                detail: format!(
+                    "the archive expands to more than {} bytes",
+                    limits.max_expanded_bytes
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// Copies an entry's data into `file`, never more than `size` bytes,
+    /// checking the compression ratio as it goes; returns the bytes written.
+    fn copy_data<R: Read>(
+        &mut self,
+        e: &mut tar::Entry<'_, R>,
+        file: &mut File,
+        t: &Target<'_>,
+        size: u64,
+    ) -> Result<u64, ArchiveError> {
+        let mut written = 0u64;
+        let mut buf = std::mem::take(&mut self.buf);
+        let copied = loop {
+            let n = match e.read(&mut buf) {
+                Ok(n) => n,
+                Err(err) => break Err(read_error(err, self.compression)),
+            };
+            if n == 0 {
+                break Ok(written);
+            }
+            // Never past the size the limits were checked against.
+            if written + n as u64 > size {
+                break Err(invalid(
+                    t.raw,
+                    format!("holds more data than its size ({size})"),
+                ));
+            }
+            if let Err(err) = file.write_all(&buf[..n]) {
+                break Err(ArchiveError::io(
+                    format!("writing {}", t.path.display()),
+                    err,
+                ));
+            }
+            written += n as u64;
+            if let Err(err) = self.meter.check() {
+                break Err(err);
+            }
+        };
+        self.buf = buf;
+        copied
+    }
+
+    /// A directory: created 0700 (its mode and mtime are applied last), or
+    /// kept if it exists; one replacing a non-directory only in merge mode
+    /// and only one from before the archive.
+    fn dir(&mut self, t: &Target<'_>, m: &Meta) -> Result<(), ArchiveError> {
+        self.ensure_parent(&t.parent, t.raw)?;
+        let parent = self.parent_fd()?;
+        match rustix::fs::mkdirat(parent, t.name, Mode::from_raw_mode(0o700)) {
+            Ok(()) => self.chown_at(parent, t.name, &t.path)?,
+            Err(rustix::io::Errno::EXIST) => self.dir_over_existing(parent, t)?,
+            Err(err) => {
+                return Err(ArchiveError::io(
+                    format!("creating directory {}", t.path.display()),
+                    sys(err),
+                ));
+            }
+        }
+        self.dirs.set(&t.path, m.mode, m.mtime);
+        self.stats.dirs += 1;
+        Ok(())
+    }
+
+    /// A directory entry whose name exists: a directory stays; anything
+    /// else is an error if this archive made it (or outside merge mode),
+    /// else it is removed for the directory.
+    fn dir_over_existing(
+        &self,
+        parent: BorrowedFd<'_>,
+        t: &Target<'_>,
+    ) -> Result<(), ArchiveError> {
+        let st = rustix::fs::statat(parent, t.name, AtFlags::SYMLINK_NOFOLLOW).map_err(|err| {
+            ArchiveError::io(format!("inspecting {}", t.path.display()), sys(err))
+        })?;
+        let is_dir =
+            rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Directory;
+        if is_dir {
+            return Ok(());
+        }
+        if self.seen.contains(&self.key(&t.path)) || !self.opts.merge {
+            return Err(invalid(
+                t.raw,
+                "is a directory replacing a non-directory entry of the same archive",
+            ));
+        }
+        remove_at(parent, t.name, &t.path)?;
+        rustix::fs::mkdirat(parent, t.name, Mode::from_raw_mode(0o700))
+            .map_err(|err| ArchiveError::io(format!("creating {}", t.path.display()), sys(err)))?;
+        self.chown_at(parent, t.name, &t.path)
+    }
+
+    /// A symlink: created as it is (never followed); its target non-empty,
+    /// without NUL, at most max_path_bytes.
+    fn symlink<R: Read>(
+        &mut self,
+        e: &mut tar::Entry<'_, R>,
+        t: &Target<'_>,
+        mtime: u64,
+    ) -> Result<(), ArchiveError> {
+        let limits = self.opts.limits;
+        let target = e
+            .link_name_bytes()
+            .map(|c| c.into_owned())
+            .unwrap_or_default();
+        if target.is_empty() {
+            return Err(invalid(t.raw, "is a symlink without a target"));
+        }
+        if target.contains(&0) {
+            return Err(invalid(t.raw, "has a symlink target with a NUL byte"));
+        }
+        if target.len() > limits.max_path_bytes {
+            return Err(ArchiveError::Limit {
+                limit: "max_path_bytes",
+                detail: format!("a symlink target is {} bytes long", target.len()),
+            });
+        }
+        self.ensure_parent(&t.parent, t.raw)?;
+        let link = OsStr::from_bytes(&target);
+        self.create(t.name, &t.path, t.raw, |dir, n| {
+            rustix::fs::symlinkat(link, dir, n)
+        })?;
+        let parent = self.parent_fd()?;
+        self.chown_at(parent, t.name, &t.path)?;
+        let _ = rustix::fs::utimensat(parent, t.name, &times(mtime), AtFlags::SYMLINK_NOFOLLOW);
+        self.stats.symlinks += 1;
+        Ok(())
+    }
+
+    /// A hard link: only to a regular file extracted earlier from this
+    /// archive, its target found beneath the root without following links.
+    fn hardlink<R: Read>(
+        &mut self,
+        e: &mut tar::Entry<'_, R>,
+        t: &Target<'_>,
+    ) -> Result<(), ArchiveError> {
+        let target = e
+            .link_name_bytes()
+            .map(|c| c.into_owned())
+            .unwrap_or_default();
+        let tcomps = confine::normalize(Path::new(OsStr::from_bytes(&target)))
+            .map_err(|r| invalid(t.raw, format!("is a hardlink whose target {r}")))?;
+        let tpath: PathBuf = tcomps.iter().collect();
+        if !self.files.contains(&self.key(&tpath)) {
+            return Err(invalid(
+                t.raw,
+                format!(
+                    "is a hardlink to '{}', which is not a regular file earlier in the archive",
+                    String::from_utf8_lossy(&target)
+                ),
+            ));
+        }
+        let (tname, tparents) = tcomps
+            .split_last()
+            .ok_or_else(|| invalid(t.raw, "is a hardlink without a target"))?;
+        let tparent_path: PathBuf = tparents.iter().collect();
+        let tdir = confine::open_dir(self.root, &tparent_path)
+            .map_err(|err| ArchiveError::io(format!("opening {}", tparent_path.display()), err))?;
+        self.ensure_parent(&t.parent, t.raw)?;
+        let tname: &OsStr = tname;
+        self.create(t.name, &t.path, t.raw, |dir, n| {
+            rustix::fs::linkat(tdir.as_fd(), tname, dir, n, AtFlags::empty())
+        })?;
+        let key = self.key(&t.path);
+        self.files.insert(key);
+        self.stats.hardlinks += 1;
+        Ok(())
+    }
+
+    /// A FIFO, only with `allow_fifos`.
+    fn fifo(&mut self, t: &Target<'_>, mode: u32) -> Result<(), ArchiveError> {
+        if !self.opts.limits.allow_fifos {
+            return Err(invalid(
+                t.raw,
+                "is a FIFO (set archive.allow_fifos = true to allow FIFOs)",
+            ));
+        }
+        self.ensure_parent(&t.parent, t.raw)?;
+        self.create(t.name, &t.path, t.raw, |dir, n| {
+            rustix::fs::mknodat(
+                dir,
+                n,
+                rustix::fs::FileType::Fifo,
+                Mode::from_raw_mode(mode),
+                0,
+            )
+        })?;
+        let parent = self.parent_fd()?;
+        self.chown_at(parent, t.name, &t.path)?;
+        self.stats.fifos += 1;
         Ok(())
     }
 }

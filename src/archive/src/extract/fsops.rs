@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use rustix::fs::{AtFlags, Mode, OFlags, Timespec, Timestamps};
 
 use crate::confine::{self, remove_at};
-use crate::error::{WsError, sys};
+use crate::error::{ArchiveError, sys};
 
 use super::entry::Extractor;
 use super::invalid;
@@ -25,7 +25,7 @@ impl Extractor<'_> {
         path: &Path,
         raw: &[u8],
         make: impl Fn(BorrowedFd<'_>, &OsStr) -> rustix::io::Result<T>,
-    ) -> Result<T, WsError> {
+    ) -> Result<T, ArchiveError> {
         let parent = self.parent_fd()?;
         match make(parent, name) {
             Ok(t) => Ok(t),
@@ -44,23 +44,26 @@ impl Extractor<'_> {
                 }
                 remove_at(parent, name, path)?;
                 make(parent, name)
-                    .map_err(|e| WsError::io(format!("creating {}", path.display()), sys(e)))
+                    .map_err(|e| ArchiveError::io(format!("creating {}", path.display()), sys(e)))
             }
-            Err(e) => Err(WsError::io(format!("creating {}", path.display()), sys(e))),
+            Err(e) => Err(ArchiveError::io(
+                format!("creating {}", path.display()),
+                sys(e),
+            )),
         }
     }
 
     /// The directory that holds entries under `rel`, creating missing
     /// directories (mode 0755) without following symlinks.
     /// The cached parent directory handle (see [`Self::ensure_parent`]).
-    pub(super) fn parent_fd(&self) -> Result<BorrowedFd<'_>, WsError> {
+    pub(super) fn parent_fd(&self) -> Result<BorrowedFd<'_>, ArchiveError> {
         match &self.parent {
             Some((_, fd)) => Ok(fd.as_fd()),
-            None => Err(WsError::invalid("internal error: no parent directory")),
+            None => Err(ArchiveError::invalid("internal error: no parent directory")),
         }
     }
 
-    pub(super) fn ensure_parent(&mut self, rel: &Path, raw: &[u8]) -> Result<(), WsError> {
+    pub(super) fn ensure_parent(&mut self, rel: &Path, raw: &[u8]) -> Result<(), ArchiveError> {
         let hit = matches!(&self.parent, Some((p, _)) if p == rel);
         if !hit {
             let fd = match confine::open_dir(self.root, rel) {
@@ -75,14 +78,14 @@ impl Extractor<'_> {
         Ok(())
     }
 
-    pub(super) fn make_dirs(&mut self, rel: &Path, raw: &[u8]) -> Result<OwnedFd, WsError> {
+    pub(super) fn make_dirs(&mut self, rel: &Path, raw: &[u8]) -> Result<OwnedFd, ArchiveError> {
         let mut cur = rustix::fs::openat(
             self.root,
             ".",
             OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC,
             Mode::empty(),
         )
-        .map_err(|e| WsError::io("opening the staging directory", sys(e)))?;
+        .map_err(|e| ArchiveError::io("opening the staging directory", sys(e)))?;
         let mut so_far = PathBuf::new();
         for comp in rel.components() {
             let name = comp.as_os_str();
@@ -97,7 +100,7 @@ impl Extractor<'_> {
                 }
                 Err(rustix::io::Errno::EXIST) => {}
                 Err(e) => {
-                    return Err(WsError::io(
+                    return Err(ArchiveError::io(
                         format!("creating directory {}", so_far.display()),
                         sys(e),
                     ));
@@ -114,7 +117,7 @@ impl Extractor<'_> {
         Ok(cur)
     }
 
-    pub(super) fn path_error(&self, e: io::Error, rel: &Path, raw: &[u8]) -> WsError {
+    pub(super) fn path_error(&self, e: io::Error, rel: &Path, raw: &[u8]) -> ArchiveError {
         match e.raw_os_error() {
             Some(nix::libc::ELOOP) | Some(nix::libc::EXDEV) | Some(nix::libc::ENOTDIR) => {
                 // Name the first component in the way, and what it is.
@@ -144,7 +147,7 @@ impl Extractor<'_> {
                     format!("is below '{}', which is not a directory", prefix.display()),
                 )
             }
-            _ => WsError::io(format!("opening directory {}", rel.display()), e),
+            _ => ArchiveError::io(format!("opening directory {}", rel.display()), e),
         }
     }
 
@@ -158,10 +161,10 @@ impl Extractor<'_> {
         mtime: u64,
         path: &Path,
         chmod: bool,
-    ) -> Result<(), WsError> {
+    ) -> Result<(), ArchiveError> {
         if chmod {
             rustix::fs::fchmod(fd, Mode::from_raw_mode(mode))
-                .map_err(|e| WsError::io(format!("chmod {}", path.display()), sys(e)))?;
+                .map_err(|e| ArchiveError::io(format!("chmod {}", path.display()), sys(e)))?;
         }
         if let Some((u, g)) = self.opts.owner {
             rustix::fs::fchown(
@@ -169,10 +172,11 @@ impl Extractor<'_> {
                 Some(rustix::fs::Uid::from_raw(u)),
                 Some(rustix::fs::Gid::from_raw(g)),
             )
-            .map_err(|e| WsError::io(format!("chown {}", path.display()), sys(e)))?;
+            .map_err(|e| ArchiveError::io(format!("chown {}", path.display()), sys(e)))?;
         }
-        rustix::fs::futimens(fd, &times(mtime))
-            .map_err(|e| WsError::io(format!("setting mtime of {}", path.display()), sys(e)))?;
+        rustix::fs::futimens(fd, &times(mtime)).map_err(|e| {
+            ArchiveError::io(format!("setting mtime of {}", path.display()), sys(e))
+        })?;
         Ok(())
     }
 
@@ -181,7 +185,7 @@ impl Extractor<'_> {
         dir: BorrowedFd<'_>,
         name: &OsStr,
         path: &Path,
-    ) -> Result<(), WsError> {
+    ) -> Result<(), ArchiveError> {
         if let Some((u, g)) = self.opts.owner {
             rustix::fs::chownat(
                 dir,
@@ -190,19 +194,19 @@ impl Extractor<'_> {
                 Some(rustix::fs::Gid::from_raw(g)),
                 AtFlags::SYMLINK_NOFOLLOW,
             )
-            .map_err(|e| WsError::io(format!("chown {}", path.display()), sys(e)))?;
+            .map_err(|e| ArchiveError::io(format!("chown {}", path.display()), sys(e)))?;
         }
         Ok(())
     }
 
     /// Applies directory modes and mtimes, deepest first (creating entries
     /// inside a directory changes its mtime).
-    pub(super) fn finish_dirs(&mut self) -> Result<(), WsError> {
+    pub(super) fn finish_dirs(&mut self) -> Result<(), ArchiveError> {
         self.parent = None;
         let dirs = std::mem::take(&mut self.dirs);
         for (path, mode, mtime) in dirs.deepest_first() {
             let fd = confine::open_dir(self.root, &path)
-                .map_err(|e| WsError::io(format!("opening {}", path.display()), e))?;
+                .map_err(|e| ArchiveError::io(format!("opening {}", path.display()), e))?;
             self.meta_fd(fd.as_fd(), mode, mtime, &path, true)?;
         }
         Ok(())

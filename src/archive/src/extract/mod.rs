@@ -25,27 +25,31 @@
 mod dirs;
 mod entry;
 mod fsops;
+#[cfg(test)]
+mod tests;
 
 use std::cell::Cell;
-use std::io::{self, Read};
+use std::io::{self, BufRead, Read};
 use std::os::fd::BorrowedFd;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::SyncSender;
+use std::thread::JoinHandle;
 
 use crate::codec;
 use crate::codec::Compression;
-use crate::error::WsError;
+use crate::error::ArchiveError;
 use crate::limits::ArchiveLimits;
 
 use entry::Extractor;
 
-/// How to extract.
 /// The top-level name the agent keeps its own state under when the
 /// workspace is a mount point: no archive may use it (a swap would fail
 /// half-way moving it).
 pub const RESERVED_NAME: &str = ".sandbox-agent";
 
+/// How to extract.
 pub struct ExtractOptions<'a> {
     pub limits: &'a ArchiveLimits,
     pub compression: Compression,
@@ -90,14 +94,14 @@ pub(super) struct Meter<'a> {
 }
 
 impl Meter<'_> {
-    fn check(&self) -> Result<(), WsError> {
+    fn check(&self) -> Result<(), ArchiveError> {
         let compressed = self.compressed.load(Ordering::Relaxed);
         let expanded = self.expanded.load(Ordering::Relaxed);
         let l = self.limits;
         if expanded > l.ratio_grace_bytes
             && expanded > l.max_compression_ratio.saturating_mul(compressed.max(1))
         {
-            return Err(WsError::Limit {
+            return Err(ArchiveError::Limit {
                 limit: "max_compression_ratio",
                 detail: format!(
                     "{expanded} bytes expanded from {compressed} compressed bytes is more than {}:1 (a decompression bomb?)",
@@ -145,32 +149,64 @@ impl Read for Blocks {
 /// check of ours. Entry data is read by the extractor with the gate open.
 struct Gate<R> {
     inner: R,
+    ctl: GateCtl,
+}
+
+/// The extractor's side of a [`Gate`], kept while the tar reader holds the
+/// gate itself.
+#[derive(Clone)]
+struct GateCtl {
     /// Bytes the reader may still read; `None` while the gate is open.
     left: Rc<Cell<Option<u64>>>,
     /// Set when a read was refused for want of budget.
     tripped: Rc<Cell<bool>>,
+    /// What the reader may read between two entries.
+    budget: u64,
+}
+
+impl GateCtl {
+    fn new(limits: &ArchiveLimits) -> GateCtl {
+        // The previous entry's padding (< 512 bytes) is read with the next
+        // entry's metadata.
+        let budget = limits.max_header_bytes.saturating_add(512);
+        GateCtl {
+            left: Rc::new(Cell::new(Some(budget))),
+            tripped: Rc::new(Cell::new(false)),
+            budget,
+        }
+    }
+
+    /// Lets an entry's data through.
+    fn open(&self) {
+        self.left.set(None);
+    }
+
+    /// Gives the reader a fresh budget for the next entry's metadata.
+    fn close(&self) {
+        self.left.set(Some(self.budget));
+    }
 }
 
 impl<R: Read> Read for Gate<R> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let Some(left) = self.left.get() else {
+        let Some(left) = self.ctl.left.get() else {
             return self.inner.read(buf);
         };
         if left == 0 && !buf.is_empty() {
-            self.tripped.set(true);
+            self.ctl.tripped.set(true);
             return Err(io::Error::other(
                 "tar metadata over archive.max_header_bytes",
             ));
         }
         let want = buf.len().min(usize::try_from(left).unwrap_or(usize::MAX));
         let n = self.inner.read(&mut buf[..want])?;
-        self.left.set(Some(left - n as u64));
+        self.ctl.left.set(Some(left - n as u64));
         Ok(n)
     }
 }
 
-fn header_limit(limits: &ArchiveLimits) -> WsError {
-    WsError::Limit {
+fn header_limit(limits: &ArchiveLimits) -> ArchiveError {
+    ArchiveError::Limit {
         limit: "max_header_bytes",
         detail: format!(
             "more than {} bytes of tar metadata (a GNU long name or link, PAX records, a sparse \
@@ -180,8 +216,8 @@ fn header_limit(limits: &ArchiveLimits) -> WsError {
     }
 }
 
-pub(super) fn invalid(path: &[u8], what: impl std::fmt::Display) -> WsError {
-    WsError::invalid(format!(
+pub(super) fn invalid(path: &[u8], what: impl std::fmt::Display) -> ArchiveError {
+    ArchiveError::invalid(format!(
         "archive entry '{}' {what}",
         String::from_utf8_lossy(path)
     ))
@@ -189,7 +225,7 @@ pub(super) fn invalid(path: &[u8], what: impl std::fmt::Display) -> WsError {
 
 /// Maps a read error from the decoder/tar parser. The tar reader's own
 /// messages may quote header bytes; those are replaced by what they mean.
-pub(super) fn read_error(e: io::Error, compression: Compression) -> WsError {
+pub(super) fn read_error(e: io::Error, compression: Compression) -> ArchiveError {
     let what = match compression {
         Compression::Gzip => "corrupt or truncated gzip stream",
         Compression::Zstd => "corrupt or truncated zstd stream",
@@ -197,7 +233,7 @@ pub(super) fn read_error(e: io::Error, compression: Compression) -> WsError {
     };
     let msg = e.to_string();
     if msg.contains("too much memory") {
-        return WsError::invalid(format!(
+        return ArchiveError::invalid(format!(
             "the zstd stream asks for a window over {} MiB (compressed with zstd --long?); \
              recompress it without --long, or with --long={} at most",
             (1u64 << codec::ZSTD_WINDOW_LOG_MAX) >> 20,
@@ -215,7 +251,7 @@ pub(super) fn read_error(e: io::Error, compression: Compression) -> WsError {
     } else {
         "a header could not be read".to_owned()
     };
-    WsError::invalid(format!("{what}: {why}"))
+    ArchiveError::invalid(format!("{what}: {why}"))
 }
 
 /// Reads what is left of an entry's data into nothing.
@@ -223,7 +259,7 @@ fn drain<R: Read>(
     entry: &mut tar::Entry<'_, R>,
     meter: &Meter<'_>,
     compression: Compression,
-) -> Result<(), WsError> {
+) -> Result<(), ArchiveError> {
     let mut sink = [0u8; 16 << 10];
     loop {
         match entry.read(&mut sink) {
@@ -246,7 +282,7 @@ pub fn extract<R: Read + Send + 'static>(
     src: R,
     root: BorrowedFd<'_>,
     opts: &ExtractOptions<'_>,
-) -> Result<ExtractStats, WsError> {
+) -> Result<ExtractStats, ArchiveError> {
     let meter = Meter {
         limits: opts.limits,
         compressed: Arc::new(AtomicU64::new(0)),
@@ -259,110 +295,148 @@ pub fn extract<R: Read + Send + 'static>(
     let compression = codec::sniff(&mut compressed, opts.compression)
         .map_err(|e| read_error(e, opts.compression))?;
     if opts.compression == Compression::Auto && compression == Compression::None {
-        codec::check_plain_tar(&mut compressed).map_err(WsError::invalid)?;
+        codec::check_plain_tar(&mut compressed).map_err(ArchiveError::invalid)?;
     }
+    let (blocks, decoder) = spawn_decoder(compressed, compression, meter.expanded.clone())?;
+    let consumed = Arc::new(AtomicU64::new(0));
+    let ctl = GateCtl::new(opts.limits);
+    let mut plain = Gate {
+        inner: Counted {
+            inner: blocks,
+            n: consumed.clone(),
+        },
+        ctl: ctl.clone(),
+    };
+    let mut x = Extractor::new(root, opts, &meter, compression);
+    let last_end = read_entries(&mut plain, &mut x, &ctl)?;
+    ctl.open();
+    // The parser stops at the first zero block; if it stopped because the
+    // input ended instead, the archive was cut short.
+    if consumed.load(Ordering::Relaxed) <= last_end {
+        return Err(ArchiveError::invalid(
+            "truncated tar archive: the stream ends without the end-of-archive marker",
+        ));
+    }
+    only_zeros_after(&mut plain, &meter, compression)?;
+    drop(plain);
+    let _ = decoder.join();
+    x.finish_dirs()?;
+    Ok(x.stats)
+}
+
+/// Starts the thread that decompresses `compressed` into blocks, counting
+/// the expanded bytes; returns the reader of its blocks and the thread.
+fn spawn_decoder<R: BufRead + Send + 'static>(
+    compressed: R,
+    compression: Compression,
+    expanded: Arc<AtomicU64>,
+) -> Result<(Blocks, JoinHandle<()>), ArchiveError> {
     let (tx, rx) = std::sync::mpsc::sync_channel(BLOCKS_IN_FLIGHT);
-    let expanded = meter.expanded.clone();
     let decoder = std::thread::Builder::new()
         .name("ws-decode".into())
-        .spawn(move || {
-            let mut dec = match codec::decoder(compressed, compression) {
-                Ok(d) => d,
+        .spawn(move || decode(compressed, compression, &tx, &expanded))
+        .map_err(|e| ArchiveError::io("starting the decoder thread", e))?;
+    let blocks = Blocks {
+        rx,
+        cur: Vec::new(),
+        pos: 0,
+    };
+    Ok((blocks, decoder))
+}
+
+/// The decoder thread: whole blocks down `tx` until the stream ends, an
+/// error (sent too) or the extractor is gone.
+fn decode<R: BufRead>(
+    compressed: R,
+    compression: Compression,
+    tx: &SyncSender<io::Result<Vec<u8>>>,
+    expanded: &AtomicU64,
+) {
+    let mut dec = match codec::decoder(compressed, compression) {
+        Ok(d) => d,
+        Err(e) => {
+            let _ = tx.send(Err(e));
+            return;
+        }
+    };
+    loop {
+        let mut block = vec![0u8; BLOCK];
+        let mut filled = 0;
+        // Fill whole blocks: fewer, larger hand-offs.
+        while filled < BLOCK {
+            match dec.read(&mut block[filled..]) {
+                Ok(0) => break,
+                Ok(n) => filled += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => {
                     let _ = tx.send(Err(e));
                     return;
                 }
-            };
-            loop {
-                let mut block = vec![0u8; BLOCK];
-                let mut filled = 0;
-                // Fill whole blocks: fewer, larger hand-offs.
-                while filled < BLOCK {
-                    match dec.read(&mut block[filled..]) {
-                        Ok(0) => break,
-                        Ok(n) => filled += n,
-                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                        Err(e) => {
-                            let _ = tx.send(Err(e));
-                            return;
-                        }
-                    }
-                }
-                if filled == 0 {
-                    return;
-                }
-                block.truncate(filled);
-                expanded.fetch_add(filled as u64, Ordering::Relaxed);
-                if tx.send(Ok(block)).is_err() {
-                    return;
-                }
             }
-        })
-        .map_err(|e| WsError::io("starting the decoder thread", e))?;
-    let consumed = Arc::new(AtomicU64::new(0));
-    // The previous entry's padding (< 512 bytes) is read with the next
-    // entry's metadata.
-    let budget = opts.limits.max_header_bytes.saturating_add(512);
-    let left = Rc::new(Cell::new(Some(budget)));
-    let tripped = Rc::new(Cell::new(false));
-    let mut plain = Gate {
-        inner: Counted {
-            inner: Blocks {
-                rx,
-                cur: Vec::new(),
-                pos: 0,
-            },
-            n: consumed.clone(),
-        },
-        left: left.clone(),
-        tripped: tripped.clone(),
-    };
-    let mut x = Extractor::new(root, opts, &meter, compression);
-
-    let mut last_end = 0u64;
-    {
-        let mut archive = tar::Archive::new(&mut plain);
-        let entries = archive.entries().map_err(|e| read_error(e, compression))?;
-        for entry in entries {
-            let mut entry = entry.map_err(|e| {
-                if tripped.get() {
-                    header_limit(opts.limits)
-                } else {
-                    read_error(e, compression)
-                }
-            })?;
-            left.set(None);
-            meter.check()?;
-            x.entry(&mut entry)?;
-            // Whatever data the extractor did not read (a directory or link
-            // with a size, a PAX global header) is skipped here, streaming,
-            // rather than by the reader under the metadata budget.
-            drain(&mut entry, &meter, compression)?;
-            left.set(Some(budget));
-            let size = entry.header().entry_size().unwrap_or(0);
-            last_end = entry.raw_file_position() + size.div_ceil(512) * 512;
+        }
+        if filled == 0 {
+            return;
+        }
+        block.truncate(filled);
+        expanded.fetch_add(filled as u64, Ordering::Relaxed);
+        if tx.send(Ok(block)).is_err() {
+            return;
         }
     }
-    left.set(None);
-    // The parser stops at the first zero block; if it stopped because the
-    // input ended instead, the archive was cut short.
-    if consumed.load(Ordering::Relaxed) <= last_end {
-        return Err(WsError::invalid(
-            "truncated tar archive: the stream ends without the end-of-archive marker",
-        ));
+}
+
+/// Extracts every entry up to the end-of-archive marker, each one's
+/// metadata read under the gate's budget; returns where the last entry's
+/// data ends in the plain stream.
+fn read_entries<R: Read>(
+    plain: &mut R,
+    x: &mut Extractor<'_>,
+    ctl: &GateCtl,
+) -> Result<u64, ArchiveError> {
+    let (meter, compression, limits) = (x.meter, x.compression, x.opts.limits);
+    let mut last_end = 0u64;
+    let mut archive = tar::Archive::new(plain);
+    let entries = archive.entries().map_err(|e| read_error(e, compression))?;
+    for entry in entries {
+        let mut entry = entry.map_err(|e| {
+            if ctl.tripped.get() {
+                header_limit(limits)
+            } else {
+                read_error(e, compression)
+            }
+        })?;
+        ctl.open();
+        meter.check()?;
+        x.entry(&mut entry)?;
+        // Whatever data the extractor did not read (a directory or link
+        // with a size, a PAX global header) is skipped here, streaming,
+        // rather than by the reader under the metadata budget.
+        drain(&mut entry, meter, compression)?;
+        ctl.close();
+        let size = entry.header().entry_size().unwrap_or(0);
+        last_end = entry.raw_file_position() + size.div_ceil(512) * 512;
     }
-    // Drain the rest so compressed trailers and checksums are verified and
-    // every byte is hashed. Only zero padding may follow the end-of-archive
-    // marker: entries after it (a second archive appended, plain or as a
-    // second gzip/zstd member) would otherwise be dropped without a word.
+    Ok(last_end)
+}
+
+/// Reads the rest of the stream so compressed trailers and checksums are
+/// verified and every byte is hashed. Only zero padding may follow the
+/// end-of-archive marker: entries after it (a second archive appended,
+/// plain or as a second gzip/zstd member) would otherwise be dropped
+/// without a word.
+fn only_zeros_after<R: Read>(
+    plain: &mut R,
+    meter: &Meter<'_>,
+    compression: Compression,
+) -> Result<(), ArchiveError> {
     let mut sink = [0u8; 64 << 10];
     loop {
         match plain.read(&mut sink) {
-            Ok(0) => break,
+            Ok(0) => return Ok(()),
             Ok(n) => {
                 meter.check()?;
                 if sink[..n].iter().any(|&b| b != 0) {
-                    return Err(WsError::invalid(
+                    return Err(ArchiveError::invalid(
                         "data after the tar end-of-archive marker (two archives concatenated? \
                          upload them one at a time, the later ones with merge mode)",
                     ));
@@ -371,8 +445,4 @@ pub fn extract<R: Read + Send + 'static>(
             Err(e) => return Err(read_error(e, compression)),
         }
     }
-    drop(plain);
-    let _ = decoder.join();
-    x.finish_dirs()?;
-    Ok(x.stats)
 }

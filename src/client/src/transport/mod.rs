@@ -1,19 +1,18 @@
 //! Transports: where the agent listens and how clients reach it.
 //!
 //! An [`Endpoint`] is parsed from a URI (`vsock://`, `unix://`, `tcp://`,
-//! and client-only `hvsock://`). [`Listener`] turns a listening endpoint into
-//! a stream of [`Conn`]ections for tonic; [`dial`] opens a client connection,
-//! including the hybrid-vsock `CONNECT` handshake ([`hvsock`]).
+//! and client-only `hvsock://`); [`dial`] opens a client connection,
+//! including the hybrid-vsock `CONNECT` handshake ([`hvsock`]). Listening
+//! on an endpoint is the servers' part: `sandbox-serve`'s `Listener`, which
+//! accepts into the same [`Io`].
 
-pub mod http;
 pub mod hvsock;
-mod listen;
 mod uri;
 
 pub use hvsock::HvsockOptions;
-pub use listen::{Conn, ConnInfo, ListenError, Listener};
 pub use uri::{
     ACCEPTED_FORMS, DEFAULT_AGENT_LISTEN, DEFAULT_MCP_LISTEN, Endpoint, UriError, VMADDR_CID_ANY,
+    bracket_host,
 };
 
 use std::io;

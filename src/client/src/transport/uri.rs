@@ -80,7 +80,7 @@ impl Endpoint {
 }
 
 /// Wraps IPv6 literals in brackets for `host:port` strings.
-pub(crate) fn bracket_host(host: &str) -> String {
+pub fn bracket_host(host: &str) -> String {
     if host.contains(':') {
         format!("[{host}]")
     } else {

@@ -11,7 +11,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio_stream::StreamExt;
 use tracing::{Instrument, debug, warn};
 
-use super::Listener;
+use crate::listen::Listener;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 

@@ -24,7 +24,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_vsock::{VsockAddr, VsockListener};
 use tracing::{info, warn};
 
-use super::{Endpoint, Io};
+use sandbox_client::transport::{Endpoint, Io, bracket_host};
 
 /// Why a listener could not be created.
 #[derive(Debug, thiserror::Error)]
@@ -177,7 +177,7 @@ impl Listener {
         };
         match endpoint {
             Endpoint::Tcp { host, port } => {
-                let addr = format!("{}:{port}", super::uri::bracket_host(host));
+                let addr = format!("{}:{port}", bracket_host(host));
                 let l = TcpListener::bind(&addr)
                     .await
                     .map_err(|e| io_err("binding TCP address", e))?;
