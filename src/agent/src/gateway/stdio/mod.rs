@@ -295,7 +295,17 @@ impl Gateway {
             match (method_of(&m), id) {
                 (Some("initialize"), Some(id)) if !modern => match initialize(&conn, &m, &id) {
                     Some(a) => {
-                        let sid = session::new_id();
+                        let sid = match session::new_id() {
+                            Ok(sid) => sid,
+                            Err(e) => {
+                                local.push(rpc_error(
+                                    &id,
+                                    code::INTERNAL_ERROR,
+                                    format!("no session id: {e}"),
+                                ));
+                                continue;
+                            }
+                        };
                         let caps = m
                             .pointer("/params/capabilities")
                             .cloned()
