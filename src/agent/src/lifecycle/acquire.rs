@@ -134,23 +134,19 @@ pub(super) fn unknown_servers(manifest: &Manifest, names: Vec<String>) -> LcErro
 }
 
 /// A random UUID (v4) naming one server within a lease (Klavis server `id`).
-pub(super) fn random_id() -> String {
-    let mut b = [0u8; 16];
-    if getrandom::fill(&mut b).is_err() {
-        // Only identifies a server within a lease; uniqueness, not secrecy.
-        b[..8].copy_from_slice(&now_ms().to_le_bytes());
-    }
-    b[6] = (b[6] & 0x0f) | 0x40;
-    b[8] = (b[8] & 0x3f) | 0x80;
-    let h = hex::encode(b);
-    format!(
-        "{}-{}-{}-{}-{}",
-        &h[..8],
-        &h[8..12],
-        &h[12..16],
-        &h[16..20],
-        &h[20..]
-    )
+pub(super) fn random_id() -> Result<String, LcError> {
+    // `Builder::from_random_bytes` is `Uuid::new_v4` with the bytes given:
+    // no randomness is an error here, not a panic.
+    let b = sandbox_client::random::bytes::<16>().map_err(LcError::NoRandomness)?;
+    Ok(uuid::Builder::from_random_bytes(b).into_uuid().to_string())
+}
+
+/// A fresh id for each of `names`.
+pub(super) fn server_ids(names: &[String]) -> Result<BTreeMap<String, String>, LcError> {
+    names
+        .iter()
+        .map(|n| Ok((n.clone(), random_id()?)))
+        .collect()
 }
 
 impl Lifecycle {
@@ -237,6 +233,7 @@ impl Lifecycle {
         if !missing.is_empty() {
             return Err(LcError::MissingCredentials(missing));
         }
+        let server_ids = server_ids(&names)?;
         // Before anything is started or cleared.
         self.profile_data(p.benchmark)?;
         self.forget_ledgers().await;
@@ -265,7 +262,7 @@ impl Lifecycle {
         let lease = Lease {
             id: p.lease_id.clone(),
             benchmark: p.benchmark,
-            server_ids: names.iter().map(|n| (n.clone(), random_id())).collect(),
+            server_ids,
             servers: names,
             acquired_at_ms: now,
             ttl_seconds,
@@ -437,9 +434,9 @@ mod tests {
 
     #[test]
     fn lease_ids_are_uuids_of_version_4() {
-        let id = random_id();
+        let id = random_id().unwrap();
         assert_eq!(id.len(), 36);
         assert_eq!(&id[14..15], "4");
-        assert_ne!(id, random_id());
+        assert_ne!(id, random_id().unwrap());
     }
 }

@@ -118,6 +118,8 @@ pub enum LcError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error("making the servers' ids: {0}")]
+    NoRandomness(std::io::Error),
     #[error("the {what} task failed: {source}")]
     Task {
         what: &'static str,

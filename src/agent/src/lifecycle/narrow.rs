@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, info, warn};
 
-use super::acquire::{random_id, resolve_ttl, valid_lease_id};
+use super::acquire::{resolve_ttl, server_ids, valid_lease_id};
 use super::{Current, LcError, Lease, Lifecycle, SandboxStatus, seed};
 use crate::supervisor::State;
 use crate::supervisor::manifest::Benchmark;
@@ -61,6 +61,7 @@ impl Lifecycle {
             return Err(LcError::NoServersNamed);
         }
         let ttl_seconds = resolve_ttl(p.ttl, &self.cfg)?;
+        let server_ids = server_ids(&keep)?;
         let started = Instant::now();
         let (lease, dropped, dropped_state) = {
             let mut cur = self.current();
@@ -126,7 +127,7 @@ impl Lifecycle {
             c.lease = Lease {
                 id: p.new_lease_id.clone(),
                 benchmark: c.lease.benchmark,
-                server_ids: keep.iter().map(|n| (n.clone(), random_id())).collect(),
+                server_ids,
                 servers: keep.clone(),
                 acquired_at_ms: now,
                 ttl_seconds,

@@ -67,8 +67,9 @@ fn lc_status(e: LcError) -> Status {
         },
         LcError::NotReady(_) => Status::unavailable(message),
         LcError::Workspace(w) => workspace::ws_status(w),
-        LcError::Seed { .. } | LcError::Wipe { .. } | LcError::Task { .. } => {
-            Status::internal(message)
-        }
+        LcError::Seed { .. }
+        | LcError::Wipe { .. }
+        | LcError::NoRandomness(_)
+        | LcError::Task { .. } => Status::internal(message),
     }
 }
