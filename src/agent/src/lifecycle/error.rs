@@ -1,4 +1,4 @@
-//! Lifecycle errors, one variant per cause. `rpc::lc_status` maps each to
+//! Lifecycle errors, one variant per cause. `rpc::status::lc_status` maps each to
 //! one gRPC status code.
 
 use std::path::PathBuf;
