@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, info, warn};
 
-use super::acquire::{resolve_ttl, server_ids, valid_lease_id};
+use super::acquire::{expires_at, resolve_ttl, server_ids, valid_lease_id};
 use super::{Current, LcError, Lease, Lifecycle, SandboxStatus, seed};
 use crate::supervisor::State;
 use crate::supervisor::manifest::Benchmark;
@@ -131,11 +131,7 @@ impl Lifecycle {
                 servers: keep.clone(),
                 acquired_at_ms: now,
                 ttl_seconds,
-                expires_at_ms: if ttl_seconds == 0 {
-                    0
-                } else {
-                    now + u64::from(ttl_seconds) * 1000
-                },
+                expires_at_ms: expires_at(now, ttl_seconds),
                 test_account_email: p.test_account_email.clone(),
                 skipped: Vec::new(),
                 auth_data: c
