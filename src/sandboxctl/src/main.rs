@@ -6,8 +6,8 @@
 //! One module per verb group: `agent` (health, info), `transfer` (upload,
 //! dump, clear), `lease` (acquire, release, reset, status, shutdown),
 //! `exec` (script executions), `servers` (servers, logs), `mcp` (mcp,
-//! mcp-proxy); `cli` is the command
-//! line and `output` the shared formatting.
+//! mcp-proxy); `cli` is the command line and `output` the shared
+//! formatting.
 
 mod agent;
 mod cli;

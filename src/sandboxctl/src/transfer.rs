@@ -195,7 +195,11 @@ pub async fn upload(
     let r = answer
         .map_err(|s| rpc_error("Workspace.Initialize", s))?
         .into_inner();
-    let took = start.elapsed();
+    report_uploaded(&r, start.elapsed(), json_out);
+    Ok(ExitCode::SUCCESS)
+}
+
+fn report_uploaded(r: &proto::InitializeResponse, took: std::time::Duration, json_out: bool) {
     if json_out {
         outln!(
             "{}",
@@ -216,7 +220,6 @@ pub async fn upload(
             r.archive_sha256
         );
     }
-    Ok(ExitCode::SUCCESS)
 }
 
 fn sha256_file(path: &Path) -> anyhow::Result<String> {
