@@ -168,44 +168,9 @@ fn run(args: Args, pid1: bool) -> anyhow::Result<()> {
     };
     let mut config = loaded?;
     let env_token = std::env::var(TOKEN_ENV).ok();
-    let mut overrides = Overrides {
-        listen: args.listen.clone(),
-        mcp_listen: args.mcp_listen.clone(),
-        workspace: args.workspace.clone(),
-        state_root: args.state_root.clone(),
-        data_path: args.data_path.clone(),
-        token_file: args.token_file.clone(),
-        token: env_token.clone(),
-        log_format: args.log_format,
-        mail_ports: args.mail_ports,
-        tenant_user: args.tenant_user.clone(),
-        allow_remote_tcp: args.allow_remote_tcp,
-        name: args.name.clone(),
-        manifest: args.manifest.clone(),
-        exec_root: args.exec_root.clone(),
-    };
+    let mut overrides = overrides(&args, env_token.clone());
     if args.dev {
-        if overrides.listen.is_empty() {
-            overrides.listen = vec![DEV_SOCKET.into(), DEV_TCP.into()];
-        }
-        if overrides.mcp_listen.is_empty() {
-            overrides.mcp_listen = vec![DEV_MCP_SOCKET.into(), DEV_MCP_TCP.into()];
-        }
-        if overrides.workspace.is_none() {
-            overrides.workspace = Some(DEV_WORKSPACE.into());
-        }
-        if overrides.exec_root.is_none() {
-            overrides.exec_root = Some(DEV_EXEC_ROOT.into());
-        }
-        if overrides.state_root.is_none() && config.state_root == Path::new(DEFAULT_STATE_ROOT) {
-            overrides.state_root = Some(DEV_STATE_ROOT.into());
-        }
-        if overrides.token_file.is_none() && env_token.is_none() && config.auth.token_file.is_none()
-        {
-            let path = Path::new(DEV_TOKEN_FILE);
-            Token::load_or_create(path)?;
-            overrides.token_file = Some(path.to_owned());
-        }
+        dev_defaults(&mut overrides, &config, env_token.is_some())?;
     }
     config.apply(&overrides);
     let settings = config.validate(env_token.as_deref(), args.token_file.is_some() || args.dev)?;
@@ -233,29 +198,82 @@ fn run(args: Args, pid1: bool) -> anyhow::Result<()> {
         .context("starting the async runtime")?;
     runtime.block_on(async move {
         let bound = server::bind(&settings).await?;
-        // The --dev banner is for a person at a terminal; JSON logs stay
-        // JSON lines only (the listeners are logged there anyway).
-        if args.dev && json_logs {
-            if let Some(p) = &overrides.token_file {
-                tracing::info!(token_file = %p.display(), "token for tcp:// clients");
-            }
-        } else if args.dev {
-            for ep in bound.endpoints() {
-                eprintln!("sandbox-agent: listening on {ep}");
-            }
-            if let Some(p) = &overrides.token_file {
-                eprintln!(
-                    "sandbox-agent: token in {} (for tcp:// clients: --token-file {})",
-                    p.display(),
-                    p.display()
-                );
-            }
+        if args.dev {
+            dev_banner(&bound, overrides.token_file.as_deref(), json_logs);
         }
         let shutdown = CancellationToken::new();
         tokio::spawn(signals(shutdown.clone()));
         server::serve(settings, bound, shutdown).await?;
         anyhow::Ok(())
     })
+}
+
+/// The command line's (and `SANDBOX_AGENT_TOKEN`'s) settings over the
+/// config file's.
+fn overrides(args: &Args, env_token: Option<String>) -> Overrides {
+    Overrides {
+        listen: args.listen.clone(),
+        mcp_listen: args.mcp_listen.clone(),
+        workspace: args.workspace.clone(),
+        state_root: args.state_root.clone(),
+        data_path: args.data_path.clone(),
+        token_file: args.token_file.clone(),
+        token: env_token,
+        log_format: args.log_format,
+        mail_ports: args.mail_ports,
+        tenant_user: args.tenant_user.clone(),
+        allow_remote_tcp: args.allow_remote_tcp,
+        name: args.name.clone(),
+        manifest: args.manifest.clone(),
+        exec_root: args.exec_root.clone(),
+    }
+}
+
+/// `--dev`: local paths and listeners wherever nothing explicit is set;
+/// a token file made if there is no token.
+fn dev_defaults(o: &mut Overrides, config: &Config, env_token: bool) -> anyhow::Result<()> {
+    if o.listen.is_empty() {
+        o.listen = vec![DEV_SOCKET.into(), DEV_TCP.into()];
+    }
+    if o.mcp_listen.is_empty() {
+        o.mcp_listen = vec![DEV_MCP_SOCKET.into(), DEV_MCP_TCP.into()];
+    }
+    if o.workspace.is_none() {
+        o.workspace = Some(DEV_WORKSPACE.into());
+    }
+    if o.exec_root.is_none() {
+        o.exec_root = Some(DEV_EXEC_ROOT.into());
+    }
+    if o.state_root.is_none() && config.state_root == Path::new(DEFAULT_STATE_ROOT) {
+        o.state_root = Some(DEV_STATE_ROOT.into());
+    }
+    if o.token_file.is_none() && !env_token && config.auth.token_file.is_none() {
+        let path = Path::new(DEV_TOKEN_FILE);
+        Token::load_or_create(path)?;
+        o.token_file = Some(path.to_owned());
+    }
+    Ok(())
+}
+
+/// The `--dev` banner: for a person at a terminal; JSON logs stay JSON
+/// lines only (the listeners are logged there anyway).
+fn dev_banner(bound: &server::Bound, token_file: Option<&Path>, json_logs: bool) {
+    if json_logs {
+        if let Some(p) = token_file {
+            tracing::info!(token_file = %p.display(), "token for tcp:// clients");
+        }
+        return;
+    }
+    for ep in bound.endpoints() {
+        eprintln!("sandbox-agent: listening on {ep}");
+    }
+    if let Some(p) = token_file {
+        eprintln!(
+            "sandbox-agent: token in {} (for tcp:// clients: --token-file {})",
+            p.display(),
+            p.display()
+        );
+    }
 }
 
 /// Cancels `shutdown` on the first SIGTERM or SIGINT.

@@ -196,54 +196,123 @@ async fn serve_inner(
     bound: Bound,
     shutdown: CancellationToken,
 ) -> Result<(), ServeError> {
-    let limits = settings.limits.clone();
     let (health, health_service) = tonic_health::server::health_reporter();
     for name in proto::SERVICE_NAMES {
         health
             .set_service_status(name, ServingStatus::Serving)
             .await;
     }
-    let supervisor = Arc::new(
-        Supervisor::new(
-            &settings.manifest,
-            settings.supervisor.clone(),
-            &settings.effective.state_root,
-        )
-        .map_err(ServeError::Supervisor)?,
-    );
-    let manifest = Arc::new(settings.manifest.clone());
-    let executions = Executions::new(
-        settings.exec.clone(),
-        supervisor.clone(),
-        settings.workspace.clone(),
-    );
-    let lifecycle = Lifecycle::new(
-        manifest.clone(),
-        supervisor.clone(),
-        bound.workspace.clone(),
-        executions.clone(),
-        settings.lifecycle.clone(),
-        settings.effective.state_root.join("server-data"),
-    );
-    publish_server_health(&supervisor, &health).await;
+    let d = Domain::start(&settings, &bound.workspace)?;
+    publish_server_health(&d.supervisor, &health).await;
     let routes = routes(
         &settings,
         health_service,
         bound.workspace.clone(),
-        lifecycle.clone(),
-        executions.clone(),
+        d.lifecycle.clone(),
+        d.executions.clone(),
         shutdown.clone(),
     )?;
-
     let mut servers = JoinSet::new();
+    let accept_tasks =
+        serve_control_plane(&settings, bound.listeners, &routes, &shutdown, &mut servers);
+    let gateway = crate::gateway::Gateway::new(
+        d.lifecycle.clone(),
+        d.supervisor.clone(),
+        d.manifest,
+        settings.gateway.clone(),
+    );
+    for listener in bound.mcp_listeners {
+        let policy = listener_policy(&settings, listener.local_endpoint());
+        servers.spawn(
+            gateway
+                .clone()
+                .serve(listener, policy, shutdown.clone())
+                .in_current_span(),
+        );
+    }
+    if let Some(listener) = bound.exec_mcp {
+        let policy = scripts_policy(&d.executions, listener.local_endpoint());
+        servers.spawn(
+            gateway
+                .clone()
+                .serve(listener, policy, shutdown.clone())
+                .in_current_span(),
+        );
+    }
+    info!(version = sandbox_client::VERSION, workspace = %settings.workspace.display(), "serving");
+
+    shutdown.cancelled().await;
+    drain(&settings, &health, &d.lifecycle, servers, accept_tasks).await;
+    info!("stopped");
+    Ok(())
+}
+
+/// The domain the services share: the supervisor, the executions and the
+/// lifecycle over them.
+struct Domain {
+    supervisor: Arc<Supervisor>,
+    manifest: Arc<crate::supervisor::manifest::Manifest>,
+    executions: Arc<Executions>,
+    lifecycle: Arc<Lifecycle>,
+}
+
+impl Domain {
+    fn start(settings: &Settings, workspace: &Arc<Workspace>) -> Result<Domain, ServeError> {
+        let supervisor = Arc::new(
+            Supervisor::new(
+                &settings.manifest,
+                settings.supervisor.clone(),
+                &settings.effective.state_root,
+            )
+            .map_err(ServeError::Supervisor)?,
+        );
+        let manifest = Arc::new(settings.manifest.clone());
+        let executions = Executions::new(
+            settings.exec.clone(),
+            supervisor.clone(),
+            settings.workspace.clone(),
+        );
+        let lifecycle = Lifecycle::new(
+            manifest.clone(),
+            supervisor.clone(),
+            workspace.clone(),
+            executions.clone(),
+            settings.lifecycle.clone(),
+            settings.effective.state_root.join("server-data"),
+        );
+        Ok(Domain {
+            supervisor,
+            manifest,
+            executions,
+            lifecycle,
+        })
+    }
+}
+
+/// A listener's policy: a token always over TCP, on local sockets when
+/// `require_token_on_local`.
+fn listener_policy(settings: &Settings, endpoint: &Endpoint) -> AuthPolicy {
+    AuthPolicy {
+        token: settings.token.clone(),
+        required: matches!(endpoint, Endpoint::Tcp { .. }) || settings.require_token_on_local,
+        lease: None,
+    }
+}
+
+/// Serves the gRPC services on each control-plane listener; returns the
+/// accept loops.
+fn serve_control_plane(
+    settings: &Settings,
+    listeners: Vec<Listener>,
+    routes: &Routes,
+    shutdown: &CancellationToken,
+    servers: &mut JoinSet<()>,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    let limits = &settings.limits;
     let mut accept_tasks = Vec::new();
-    for listener in bound.listeners {
+    for listener in listeners {
         let endpoint = listener.local_endpoint().clone();
-        let policy = AuthPolicy {
-            token: settings.token.clone(),
-            required: matches!(endpoint, Endpoint::Tcp { .. }) || settings.require_token_on_local,
-            lease: None,
-        };
+        let policy = listener_policy(settings, &endpoint);
         info!(%endpoint, token_required = policy.required, "listening");
         let keepalive = Duration::from_millis(limits.keepalive_interval_ms);
         let server = Server::builder()
@@ -272,60 +341,43 @@ async fn serve_inner(
             .in_current_span(),
         );
     }
-    let gateway = crate::gateway::Gateway::new(
-        lifecycle.clone(),
-        supervisor.clone(),
-        manifest,
-        settings.gateway.clone(),
-    );
-    for listener in bound.mcp_listeners {
-        let policy = AuthPolicy {
-            token: settings.token.clone(),
-            required: matches!(listener.local_endpoint(), Endpoint::Tcp { .. })
-                || settings.require_token_on_local,
-            lease: None,
-        };
-        servers.spawn(
-            gateway
-                .clone()
-                .serve(listener, policy, shutdown.clone())
-                .in_current_span(),
-        );
-    }
-    if let Some(listener) = bound.exec_mcp {
-        // Scripts get their own token for this listener: it is in their
-        // environment, opens nothing but the data plane, and lives as long
-        // as the lease (made at Acquire, Narrow and Reset, revoked at
-        // Release: Executions::open/close).
-        let policy = AuthPolicy {
-            token: None,
-            required: true,
-            lease: Some(executions.lease_token()),
-        };
-        if let Endpoint::Tcp { host, port } = listener.local_endpoint() {
-            let host = if host.contains(':') {
-                format!("[{host}]")
-            } else {
-                host.clone()
-            };
-            executions.set_mcp_access(McpAccess {
-                base_url: format!("http://{host}:{port}"),
-            });
-        }
-        servers.spawn(
-            gateway
-                .clone()
-                .serve(listener, policy, shutdown.clone())
-                .in_current_span(),
-        );
-    }
-    info!(version = sandbox_client::VERSION, workspace = %settings.workspace.display(), "serving");
+    accept_tasks
+}
 
-    shutdown.cancelled().await;
-    info!(
-        grace_ms = limits.shutdown_grace_ms,
-        "shutting down: draining RPCs in flight"
-    );
+/// The scripts' listener policy. Scripts get their own token for it: it is
+/// in their environment, opens nothing but the data plane, and lives as
+/// long as the lease (made at Acquire, Narrow and Reset, revoked at
+/// Release: Executions::open/close). A TCP listener's URL goes into their
+/// environment too.
+fn scripts_policy(executions: &Executions, endpoint: &Endpoint) -> AuthPolicy {
+    if let Endpoint::Tcp { host, port } = endpoint {
+        let host = if host.contains(':') {
+            format!("[{host}]")
+        } else {
+            host.clone()
+        };
+        executions.set_mcp_access(McpAccess {
+            base_url: format!("http://{host}:{port}"),
+        });
+    }
+    AuthPolicy {
+        token: None,
+        required: true,
+        lease: Some(executions.lease_token()),
+    }
+}
+
+/// The stop: NOT_SERVING, the servers stopped, then the RPCs in flight get
+/// `shutdown_grace_ms` to finish before their connections close.
+async fn drain(
+    settings: &Settings,
+    health: &tonic_health::server::HealthReporter,
+    lifecycle: &Lifecycle,
+    mut servers: JoinSet<()>,
+    accept_tasks: Vec<tokio::task::JoinHandle<()>>,
+) {
+    let grace_ms = settings.limits.shutdown_grace_ms;
+    info!(grace_ms, "shutting down: draining RPCs in flight");
     health
         .set_service_status("", ServingStatus::NotServing)
         .await;
@@ -343,7 +395,7 @@ async fn serve_inner(
     .await;
     if drained.is_err() {
         warn!(
-            grace_ms = limits.shutdown_grace_ms,
+            grace_ms,
             "grace period over with RPCs still in flight; closing their connections"
         );
         servers.shutdown().await;
@@ -353,8 +405,6 @@ async fn serve_inner(
     for t in accept_tasks {
         let _ = tokio::time::timeout(Duration::from_secs(1), t).await;
     }
-    info!("stopped");
-    Ok(())
 }
 
 fn routes(

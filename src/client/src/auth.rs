@@ -105,10 +105,7 @@ impl Token {
 
     /// A fresh random token: 32 bytes from the OS, hex encoded.
     pub fn generate() -> io::Result<Token> {
-        let mut bytes = [0u8; 32];
-        getrandom::fill(&mut bytes).map_err(io::Error::other)?;
-        let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-        Ok(Token(hex.into()))
+        Ok(Token(crate::random::hex_token(32)?.into()))
     }
 
     /// The secret itself, for writing a token file or a header.

@@ -16,6 +16,8 @@
 //!   local-only Host/Origin rule of a proxy.
 //! - [`limits`]: the numbers the agent and its hosts must agree on (ports,
 //!   TTL bounds).
+//! - [`random`]: random bytes and hex tokens from the OS (an error when it
+//!   has none).
 //!
 //! ```no_run
 //! # async fn f() -> Result<(), Box<dyn std::error::Error>> {
@@ -31,6 +33,7 @@ pub mod mcp;
 pub mod mcp_client;
 pub mod mcp_forward;
 pub mod proto;
+pub mod random;
 pub mod transport;
 
 pub use connect::{Client, ConnectError, ConnectOptions, connect, error_chain};

@@ -52,55 +52,67 @@ pub(crate) async fn info(client: &Client, json: bool) -> anyhow::Result<ExitCode
     let status = proto::SandboxStatus::try_from(i.status)
         .map(|s| status_name(s).to_owned())
         .unwrap_or_else(|_| format!("unknown ({})", i.status));
+    if json {
+        outln!("{}", info_json(&i, &status));
+    } else {
+        for (k, v) in info_rows(i, status) {
+            outln!("{k:<10} {v}");
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `info --json`.
+fn info_json(i: &proto::GetInfoResponse, status: &str) -> serde_json::Value {
     let load = i.load_average.unwrap_or_default();
     let ws = i.workspace.clone().unwrap_or_default();
-    if json {
-        let lease = i.lease.as_ref().map(|l| {
-            json!({
-                "lease_id": l.lease_id,
-                "benchmark": proto::Benchmark::try_from(l.benchmark).map(|b| b.as_str_name()).unwrap_or("unknown"),
-                "server_names": l.server_names,
-                "acquired_at_ms": l.acquired_at_ms,
-                "ttl_seconds": l.ttl_seconds,
-                "expires_at_ms": l.expires_at_ms,
-                "test_account_email": l.test_account_email,
-            })
-        });
-        outln!(
-            "{}",
-            json!({
-                "ok": true,
-                "agent_version": i.agent_version,
-                "boot_id": i.boot_id,
-                "system_uptime_seconds": i.system_uptime_seconds,
-                "agent_uptime_ms": i.agent_uptime_ms,
-                "agent_pid": i.agent_pid,
-                "hostname": i.hostname,
-                "kernel_release": i.kernel_release,
-                "kernel_version": i.kernel_version,
-                "arch": i.arch,
-                "cpu_count": i.cpu_count,
-                "load_average": [load.one, load.five, load.fifteen],
-                "memory_total_bytes": i.memory_total_bytes,
-                "memory_available_bytes": i.memory_available_bytes,
-                "workspace": {
-                    "path": ws.path,
-                    "total_bytes": ws.total_bytes,
-                    "free_bytes": ws.free_bytes,
-                    "available_bytes": ws.available_bytes,
-                },
-                "agent_rss_bytes": i.agent_rss_bytes,
-                "status": status,
-                "lease": lease,
-            })
-        );
-        return Ok(ExitCode::SUCCESS);
-    }
+    let lease = i.lease.as_ref().map(|l| {
+        json!({
+            "lease_id": l.lease_id,
+            "benchmark": proto::Benchmark::try_from(l.benchmark).map(|b| b.as_str_name()).unwrap_or("unknown"),
+            "server_names": l.server_names,
+            "acquired_at_ms": l.acquired_at_ms,
+            "ttl_seconds": l.ttl_seconds,
+            "expires_at_ms": l.expires_at_ms,
+            "test_account_email": l.test_account_email,
+        })
+    });
+    json!({
+        "ok": true,
+        "agent_version": i.agent_version,
+        "boot_id": i.boot_id,
+        "system_uptime_seconds": i.system_uptime_seconds,
+        "agent_uptime_ms": i.agent_uptime_ms,
+        "agent_pid": i.agent_pid,
+        "hostname": i.hostname,
+        "kernel_release": i.kernel_release,
+        "kernel_version": i.kernel_version,
+        "arch": i.arch,
+        "cpu_count": i.cpu_count,
+        "load_average": [load.one, load.five, load.fifteen],
+        "memory_total_bytes": i.memory_total_bytes,
+        "memory_available_bytes": i.memory_available_bytes,
+        "workspace": {
+            "path": ws.path,
+            "total_bytes": ws.total_bytes,
+            "free_bytes": ws.free_bytes,
+            "available_bytes": ws.available_bytes,
+        },
+        "agent_rss_bytes": i.agent_rss_bytes,
+        "status": status,
+        "lease": lease,
+    })
+}
+
+/// `info` for people: one labelled row per fact.
+fn info_rows(i: proto::GetInfoResponse, status: String) -> [(&'static str, String); 11] {
+    let load = i.load_average.unwrap_or_default();
+    let ws = i.workspace.unwrap_or_default();
     let lease = match &i.lease {
         None => "-".to_owned(),
         Some(l) => format!("{} ({} servers)", l.lease_id, l.server_names.len()),
     };
-    let rows = [
+    [
         (
             "agent",
             format!(
@@ -141,9 +153,5 @@ pub(crate) async fn info(client: &Client, json: bool) -> anyhow::Result<ExitCode
             ),
         ),
         ("agent rss", bytes(i.agent_rss_bytes)),
-    ];
-    for (k, v) in rows {
-        outln!("{k:<10} {v}");
-    }
-    Ok(ExitCode::SUCCESS)
+    ]
 }

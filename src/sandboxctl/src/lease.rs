@@ -48,13 +48,9 @@ pub(crate) fn benchmark_name(v: i32) -> Value {
         .map_or(Value::Null, |n| json!(n))
 }
 
-fn new_lease_id() -> String {
-    let mut b = [0u8; 8];
-    let _ = getrandom::fill(&mut b);
-    format!(
-        "lease-{}",
-        b.iter().map(|x| format!("{x:02x}")).collect::<String>()
-    )
+fn new_lease_id() -> anyhow::Result<String> {
+    let token = sandbox_client::random::hex_token(8).context("making a lease id")?;
+    Ok(format!("lease-{token}"))
 }
 
 pub async fn acquire(
@@ -81,7 +77,10 @@ pub async fn acquire(
         env.entry(server).or_default().vars.insert(key, value);
     }
     let req = proto::AcquireRequest {
-        lease_id: a.lease_id.map_or_else(new_lease_id, str::to_owned),
+        lease_id: match a.lease_id {
+            Some(id) => id.to_owned(),
+            None => new_lease_id()?,
+        },
         server_names: a.servers.to_vec(),
         all_servers: a.all,
         benchmark: a.benchmark.map(benchmark).transpose()?.unwrap_or_default() as i32,

@@ -5,8 +5,9 @@
 //!
 //! One module per verb group: `agent` (health, info), `transfer` (upload,
 //! dump, clear), `lease` (acquire, release, reset, status, shutdown),
-//! `servers` (servers, logs), `mcp` (mcp, mcp-proxy); `cli` is the command
-//! line and `output` the shared formatting.
+//! `exec` (script executions), `servers` (servers, logs), `mcp` (mcp,
+//! mcp-proxy); `cli` is the command line and `output` the shared
+//! formatting.
 
 mod agent;
 mod cli;
@@ -82,27 +83,58 @@ async fn connect(args: &Args) -> anyhow::Result<Client> {
     Ok(opts.connect(uri).await?)
 }
 
+/// `exec …`: script executions.
+async fn run_exec(client: &Client, verb: &ExecVerb, json: bool) -> anyhow::Result<ExitCode> {
+    match verb {
+        ExecVerb::Upload { name, path } => exec::upload(client, name, path, json).await,
+        ExecVerb::Run { name, path, follow } => {
+            exec::run(client, name, path.as_deref(), *follow, json).await
+        }
+        ExecVerb::Status { name } => exec::status(client, name.as_deref(), json).await,
+        ExecVerb::Logs {
+            name,
+            follow,
+            cursor,
+        } => exec::logs(client, name, *cursor, *follow, json).await,
+        ExecVerb::Export { name, output } => exec::export(client, name, output, json).await,
+        ExecVerb::Cancel { name } => exec::cancel(client, name, json).await,
+    }
+}
+
+/// `servers [list|start|stop|restart]`.
+fn server_verb(verb: &Option<ServersVerb>) -> servers::ServerVerb<'_> {
+    match verb {
+        None | Some(ServersVerb::List) => servers::ServerVerb::List,
+        Some(ServersVerb::Start { name }) => servers::ServerVerb::Start(name),
+        Some(ServersVerb::Stop { name, grace_ms }) => servers::ServerVerb::Stop(name, *grace_ms),
+        Some(ServersVerb::Restart { name }) => servers::ServerVerb::Restart(name),
+    }
+}
+
+/// Runs one verb: the MCP ones on their own, every other on a connected
+/// client.
 async fn run(args: Args) -> anyhow::Result<ExitCode> {
     match &args.verb {
-        Verb::Mcp { name, verb } => return mcp::mcp(&args, name, verb).await,
+        Verb::Mcp { name, verb } => mcp::mcp(&args, name, verb).await,
         Verb::McpProxy {
             listen,
             allow_hosts,
             require_token,
-        } => {
-            return mcp::mcp_proxy(&args, listen, allow_hosts, require_token.as_deref()).await;
-        }
-        _ => {}
+        } => mcp::mcp_proxy(&args, listen, allow_hosts, require_token.as_deref()).await,
+        _ => run_on(&connect(&args).await?, &args).await,
     }
-    let client = connect(&args).await?;
+}
+
+/// Runs a verb of the agent's API on `client`.
+async fn run_on(client: &Client, args: &Args) -> anyhow::Result<ExitCode> {
     match &args.verb {
-        Verb::Health { service } => agent::health(&client, service, args.json).await,
-        Verb::Info => agent::info(&client, args.json).await,
+        Verb::Health { service } => agent::health(client, service, args.json).await,
+        Verb::Info => agent::info(client, args.json).await,
         Verb::Upload {
             path,
             merge,
             durable,
-        } => transfer::upload(&client, path, *merge, *durable, args.json).await,
+        } => transfer::upload(client, path, *merge, *durable, args.json).await,
         Verb::Dump {
             output,
             exclude,
@@ -111,7 +143,7 @@ async fn run(args: Args) -> anyhow::Result<ExitCode> {
             path,
         } => {
             transfer::dump(
-                &client,
+                client,
                 output,
                 exclude.clone(),
                 *zstd,
@@ -121,7 +153,7 @@ async fn run(args: Args) -> anyhow::Result<ExitCode> {
             )
             .await
         }
-        Verb::Clear => transfer::clear(&client, args.json).await,
+        Verb::Clear => transfer::clear(client, args.json).await,
         Verb::Acquire {
             servers,
             all,
@@ -144,47 +176,22 @@ async fn run(args: Args) -> anyhow::Result<ExitCode> {
                 auth,
                 env,
             };
-            lease::acquire(&client, a, args.json).await
+            lease::acquire(client, a, args.json).await
         }
         Verb::Release { lease_id, is_ttl } => {
-            lease::release(&client, lease_id.as_deref(), *is_ttl, args.json).await
+            lease::release(client, lease_id.as_deref(), *is_ttl, args.json).await
         }
-        Verb::Reset { lease_id } => lease::reset(&client, lease_id.as_deref(), args.json).await,
-        Verb::Shutdown { reason } => lease::shutdown(&client, reason, args.json).await,
-        Verb::Status => lease::status(&client, args.json).await,
-        Verb::Exec { verb } => match verb {
-            ExecVerb::Upload { name, path } => exec::upload(&client, name, path, args.json).await,
-            ExecVerb::Run { name, path, follow } => {
-                exec::run(&client, name, path.as_deref(), *follow, args.json).await
-            }
-            ExecVerb::Status { name } => exec::status(&client, name.as_deref(), args.json).await,
-            ExecVerb::Logs {
-                name,
-                follow,
-                cursor,
-            } => exec::logs(&client, name, *cursor, *follow, args.json).await,
-            ExecVerb::Export { name, output } => {
-                exec::export(&client, name, output, args.json).await
-            }
-            ExecVerb::Cancel { name } => exec::cancel(&client, name, args.json).await,
-        },
-        Verb::Servers { verb } => {
-            let v = match verb {
-                None | Some(ServersVerb::List) => servers::ServerVerb::List,
-                Some(ServersVerb::Start { name }) => servers::ServerVerb::Start(name),
-                Some(ServersVerb::Stop { name, grace_ms }) => {
-                    servers::ServerVerb::Stop(name, *grace_ms)
-                }
-                Some(ServersVerb::Restart { name }) => servers::ServerVerb::Restart(name),
-            };
-            servers::servers(&client, v, args.json).await
-        }
+        Verb::Reset { lease_id } => lease::reset(client, lease_id.as_deref(), args.json).await,
+        Verb::Shutdown { reason } => lease::shutdown(client, reason, args.json).await,
+        Verb::Status => lease::status(client, args.json).await,
+        Verb::Exec { verb } => run_exec(client, verb, args.json).await,
+        Verb::Servers { verb } => servers::servers(client, server_verb(verb), args.json).await,
         Verb::Mcp { .. } | Verb::McpProxy { .. } => mcp::unreachable_mcp(),
         Verb::Logs {
             name,
             follow,
             tail,
             stream,
-        } => servers::logs(&client, name, *follow, *tail, stream.as_deref(), args.json).await,
+        } => servers::logs(client, name, *follow, *tail, stream.as_deref(), args.json).await,
     }
 }

@@ -9,6 +9,7 @@ use std::time::Duration;
 use anyhow::Context;
 use sandbox_client::auth::Token;
 use sandbox_client::limits::MCP_VSOCK_PORT;
+use sandbox_serve::listen::Conn;
 use serde_json::json;
 
 use crate::cli::{Args, McpVerb};
@@ -92,7 +93,7 @@ pub(crate) async fn mcp_proxy(
             None => String::new(),
         }
     );
-    let (mut incoming, _accept) = listener.incoming(256);
+    let (incoming, _accept) = listener.incoming(256);
     let timeout = Duration::from_secs_f64(args.timeout.max(0.001));
     let proxy = std::sync::Arc::new(Proxy {
         target,
@@ -105,6 +106,16 @@ pub(crate) async fn mcp_proxy(
             ..HvsockOptions::default()
         },
     });
+    serve_proxy(incoming, proxy).await;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Serves each accepted connection (HTTP/1.1 or h2) through `proxy` until
+/// Ctrl-C or the listener's end.
+async fn serve_proxy(
+    mut incoming: tokio_stream::wrappers::ReceiverStream<std::io::Result<Conn>>,
+    proxy: std::sync::Arc<Proxy>,
+) {
     use tokio_stream::StreamExt;
     loop {
         let conn = tokio::select! {
@@ -130,7 +141,6 @@ pub(crate) async fn mcp_proxy(
                     .await;
         });
     }
-    Ok(ExitCode::SUCCESS)
 }
 
 type ProxyBody = http_body_util::combinators::BoxBody<bytes::Bytes, hyper::Error>;

@@ -195,7 +195,11 @@ pub async fn upload(
     let r = answer
         .map_err(|s| rpc_error("Workspace.Initialize", s))?
         .into_inner();
-    let took = start.elapsed();
+    report_uploaded(&r, start.elapsed(), json_out);
+    Ok(ExitCode::SUCCESS)
+}
+
+fn report_uploaded(r: &proto::InitializeResponse, took: std::time::Duration, json_out: bool) {
     if json_out {
         outln!(
             "{}",
@@ -216,7 +220,6 @@ pub async fn upload(
             r.archive_sha256
         );
     }
-    Ok(ExitCode::SUCCESS)
 }
 
 fn sha256_file(path: &Path) -> anyhow::Result<String> {
@@ -289,6 +292,61 @@ pub(crate) async fn save(
                 .with_context(|| format!("cannot create {}", partial.display()))?,
         )
     };
+    let trailer = match receive(&mut stream, rpc, &mut out)
+        .await
+        .and_then(Received::verified)
+    {
+        Ok(t) => t,
+        Err(e) => {
+            if !to_stdout {
+                let _ = tokio::fs::remove_file(&partial).await;
+            }
+            return Err(e);
+        }
+    };
+    if !to_stdout {
+        let file = tokio::fs::OpenOptions::new()
+            .write(true)
+            .open(&partial)
+            .await?;
+        file.sync_all().await.context("syncing the archive")?;
+        tokio::fs::rename(&partial, &final_path)
+            .await
+            .with_context(|| format!("renaming to {}", final_path.display()))?;
+    }
+    report_saved(&trailer, verb, output, start.elapsed(), json_out, to_stdout);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// An archive stream as received: its trailer, and what came before it.
+struct Received {
+    trailer: proto::DumpTrailer,
+    sha256: String,
+    bytes: u64,
+}
+
+impl Received {
+    /// The trailer, when the bytes received are the ones it describes.
+    fn verified(self) -> anyhow::Result<proto::DumpTrailer> {
+        let (sha, received, t) = (self.sha256, self.bytes, self.trailer);
+        if sha != t.sha256 || received != t.archive_bytes {
+            bail!(
+                "the archive received (sha256 {sha}, {received} bytes) is not what the agent sent (sha256 {}, {} bytes)",
+                t.sha256,
+                t.archive_bytes
+            );
+        }
+        Ok(t)
+    }
+}
+
+/// Writes the stream's chunks to `out` (hashing and counting them, with a
+/// progress bar) until its trailer.
+async fn receive(
+    stream: &mut tonic::Streaming<proto::DumpResponse>,
+    rpc: &'static str,
+    out: &mut (dyn tokio::io::AsyncWrite + Unpin + Send),
+) -> anyhow::Result<Received> {
     let bar = progress(None, "dumping");
     let mut h = Sha256::new();
     let mut received = 0u64;
@@ -312,72 +370,59 @@ pub(crate) async fn save(
     }
     .await;
     bar.finish_and_clear();
-    let trailer = match result {
-        Ok(t) => t,
-        Err(e) => {
-            if !to_stdout {
-                let _ = tokio::fs::remove_file(&partial).await;
-            }
-            return Err(e);
-        }
-    };
-    let sha = hex::encode(h.finalize());
-    if sha != trailer.sha256 || received != trailer.archive_bytes {
-        if !to_stdout {
-            let _ = tokio::fs::remove_file(&partial).await;
-        }
-        bail!(
-            "the archive received (sha256 {sha}, {received} bytes) is not what the agent sent (sha256 {}, {} bytes)",
-            trailer.sha256,
-            trailer.archive_bytes
-        );
-    }
-    if !to_stdout {
-        let file = tokio::fs::OpenOptions::new()
-            .write(true)
-            .open(&partial)
-            .await?;
-        file.sync_all().await.context("syncing the archive")?;
-        tokio::fs::rename(&partial, &final_path)
-            .await
-            .with_context(|| format!("renaming to {}", final_path.display()))?;
-    }
-    let took = start.elapsed();
+    Ok(Received {
+        trailer: result?,
+        sha256: hex::encode(h.finalize()),
+        bytes: received,
+    })
+}
+
+/// Reports a saved archive: JSON on stdout, or on stderr when the archive
+/// itself went to stdout; else lines for people on stderr.
+fn report_saved(
+    trailer: &proto::DumpTrailer,
+    verb: &str,
+    output: &str,
+    took: std::time::Duration,
+    json_out: bool,
+    to_stdout: bool,
+) {
     let summary = json!({ "ok": true, "output": output, "archive_bytes": trailer.archive_bytes, "sha256": trailer.sha256,
         "files": trailer.files, "dirs": trailer.dirs, "symlinks": trailer.symlinks, "skipped_special": trailer.skipped_special,
         "content_bytes": trailer.content_bytes, "changed_files": trailer.changed_files, "changed_truncated": trailer.changed_truncated,
         "agent_duration_ms": trailer.duration_ms, "duration_ms": took.as_millis() as u64 });
-    if json_out && !to_stdout {
-        outln!("{summary}");
-    } else if json_out {
-        eprintln!("{summary}");
-    } else {
-        eprintln!(
-            "{verb} {} files, {} dirs, {} symlinks ({} of content → {} archive, {}) in {:.2} s; sha256 {}",
-            trailer.files,
-            trailer.dirs,
-            trailer.symlinks,
-            bytes(trailer.content_bytes),
-            bytes(trailer.archive_bytes),
-            rate(trailer.archive_bytes, took),
-            took.as_secs_f64(),
-            trailer.sha256
-        );
-        if trailer.skipped_special > 0 {
-            eprintln!(
-                "skipped {} socket(s)/fifo(s)/device(s)",
-                trailer.skipped_special
-            );
+    if json_out {
+        if to_stdout {
+            eprintln!("{summary}");
+        } else {
+            outln!("{summary}");
         }
-        if !trailer.changed_files.is_empty() {
-            eprintln!(
-                "warning: {} file(s) changed while being read, e.g. {}",
-                trailer.changed_files.len(),
-                trailer.changed_files[0]
-            );
-        }
+        return;
     }
-    Ok(ExitCode::SUCCESS)
+    eprintln!(
+        "{verb} {} files, {} dirs, {} symlinks ({} of content → {} archive, {}) in {:.2} s; sha256 {}",
+        trailer.files,
+        trailer.dirs,
+        trailer.symlinks,
+        bytes(trailer.content_bytes),
+        bytes(trailer.archive_bytes),
+        rate(trailer.archive_bytes, took),
+        took.as_secs_f64(),
+        trailer.sha256
+    );
+    if trailer.skipped_special > 0 {
+        eprintln!(
+            "skipped {} socket(s)/fifo(s)/device(s)",
+            trailer.skipped_special
+        );
+    }
+    if !trailer.changed_files.is_empty() {
+        eprintln!(
+            "warning: {} file(s) changed while being read, e.g. {}",
+            trailer.changed_files.len(),
+            trailer.changed_files[0]
+        );
+    }
 }
 
 /// `clear`: empties the workspace, atomically.

@@ -144,6 +144,43 @@ impl Default for Limits {
     }
 }
 
+impl Limits {
+    /// Every limit is at least 1.
+    fn check_nonzero(&self) -> Result<(), ConfigError> {
+        for (name, v) in [
+            (
+                "max_connections_per_listener",
+                self.max_connections_per_listener as u64,
+            ),
+            ("max_concurrent_streams", self.max_concurrent_streams as u64),
+            ("max_message_bytes", self.max_message_bytes as u64),
+            ("shutdown_grace_ms", self.shutdown_grace_ms),
+            ("keepalive_interval_ms", self.keepalive_interval_ms),
+            ("stream_window_bytes", self.stream_window_bytes as u64),
+            (
+                "connection_window_bytes",
+                self.connection_window_bytes as u64,
+            ),
+            ("handshake_timeout_ms", self.handshake_timeout_ms),
+        ] {
+            if v == 0 {
+                return Err(ConfigError::ZeroLimit(name));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `p`, made absolute against the current directory when relative.
+fn absolute(p: &Path) -> Result<PathBuf, ConfigError> {
+    if p.is_relative() {
+        let cwd = std::env::current_dir().map_err(ConfigError::WorkspaceCwd)?;
+        Ok(cwd.join(p))
+    } else {
+        Ok(p.to_owned())
+    }
+}
+
 impl Default for Config {
     fn default() -> Self {
         Config {
@@ -359,21 +396,7 @@ impl Config {
         env_token: Option<&str>,
         file_from_cli: bool,
     ) -> Result<Settings, ConfigError> {
-        let (token, token_source) = match (&self.auth.token_file, env_token) {
-            (Some(p), _) if file_from_cli => (
-                Some(Token::from_file(p).map_err(ConfigError::Token)?),
-                TokenSource::File(p.clone()),
-            ),
-            (_, Some(t)) => (
-                Some(Token::new(t, TOKEN_ENV).map_err(ConfigError::Token)?),
-                TokenSource::Env,
-            ),
-            (Some(p), None) => (
-                Some(Token::from_file(p).map_err(ConfigError::Token)?),
-                TokenSource::File(p.clone()),
-            ),
-            (None, None) => (None, TokenSource::None),
-        };
+        let (token, token_source) = self.token(env_token, file_from_cli)?;
         if self.listen.is_empty() {
             return Err(ConfigError::NoListener);
         }
@@ -383,94 +406,33 @@ impl Config {
         if self.auth.require_on_local && token.is_none() {
             return Err(ConfigError::LocalNeedsToken);
         }
-        let l = &self.limits;
-        for (name, v) in [
-            (
-                "max_connections_per_listener",
-                l.max_connections_per_listener as u64,
-            ),
-            ("max_concurrent_streams", l.max_concurrent_streams as u64),
-            ("max_message_bytes", l.max_message_bytes as u64),
-            ("shutdown_grace_ms", l.shutdown_grace_ms),
-            ("keepalive_interval_ms", l.keepalive_interval_ms),
-            ("stream_window_bytes", l.stream_window_bytes as u64),
-            ("connection_window_bytes", l.connection_window_bytes as u64),
-            ("handshake_timeout_ms", l.handshake_timeout_ms),
-        ] {
-            if v == 0 {
-                return Err(ConfigError::ZeroLimit(name));
-            }
-        }
+        self.limits.check_nonzero()?;
         self.archive.validate()?;
         if self.workspace.as_os_str().is_empty() {
             return Err(ConfigError::WorkspaceEmpty);
         }
-        if self.workspace.is_relative() {
-            let cwd = std::env::current_dir().map_err(ConfigError::WorkspaceCwd)?;
-            self.workspace = cwd.join(&self.workspace);
-        }
+        self.workspace = absolute(&self.workspace)?;
         if self.state_root.as_os_str().is_empty() {
             return Err(ConfigError::StateRootEmpty);
         }
-        if self.state_root.is_relative() {
-            let cwd = std::env::current_dir().map_err(ConfigError::WorkspaceCwd)?;
-            self.state_root = cwd.join(&self.state_root);
-        }
+        self.state_root = absolute(&self.state_root)?;
         self.supervisor.validate()?;
         self.gateway.validate()?;
         self.lifecycle.validate()?;
-        if self.exec.root.is_relative() {
-            let cwd = std::env::current_dir().map_err(ConfigError::WorkspaceCwd)?;
-            self.exec.root = cwd.join(&self.exec.root);
-        }
+        self.exec.root = absolute(&self.exec.root)?;
         self.exec.validate(&self.workspace)?;
-        let exec_mcp_listen = match self.exec.mcp_listen.as_str() {
-            "" => None,
-            uri => {
-                let ep: Endpoint = uri
-                    .parse()
-                    .map_err(|e: UriError| ConfigError::ExecListen(e.to_string()))?;
-                if !ep.is_loopback_tcp() {
-                    return Err(ConfigError::ExecListen(format!(
-                        "{uri} must be a loopback tcp:// address (scripts reach it from inside the sandbox)"
-                    )));
-                }
-                // Port 0 (the default) never clashes; a fixed port must not
-                // be another listener's.
-                if seen.contains(&ep) && !matches!(ep, Endpoint::Tcp { port: 0, .. }) {
-                    return Err(ConfigError::Duplicate(ep.to_string()));
-                }
-                Some(ep)
-            }
-        };
+        let exec_mcp_listen = self.exec_mcp_listen(&seen)?;
         if let Some(d) = &self.data_path {
             crate::workspace::data_path::check(&self.workspace, d)
                 .map_err(ConfigError::DataPath)?;
         }
-        let roots = Roots {
-            workspace: &self.workspace,
-            state_root: &self.state_root,
-            data: self.data_path.as_deref(),
-        };
-        let manifest = match &self.manifest {
-            Some(p) => Manifest::load(p, &roots)?,
-            None if Path::new(DEFAULT_MANIFEST_PATH).exists() => {
-                Manifest::load(Path::new(DEFAULT_MANIFEST_PATH), &roots)?
-            }
-            None => Manifest::empty(Path::new(DEFAULT_MANIFEST_PATH)),
-        };
-        let mut manifest = manifest;
-        if let (MailPorts::Auto, Some(m)) = (self.mail_ports, manifest.mail.as_mut()) {
-            m.imap_port = 0;
-            m.smtp_port = 0;
-        }
-        let name = match &self.name {
-            Some(n) => n.clone(),
-            None => nix::unistd::gethostname()
+        let manifest = self.load_manifest()?;
+        let name = self.name.clone().unwrap_or_else(|| {
+            nix::unistd::gethostname()
                 .ok()
                 .and_then(|h| h.into_string().ok())
-                .unwrap_or_else(|| "sandbox".to_owned()),
-        };
+                .unwrap_or_else(|| "sandbox".to_owned())
+        });
         Ok(Settings {
             name,
             listen,
@@ -495,6 +457,76 @@ impl Config {
 }
 
 impl Config {
+    /// The API token and where it came from: a token file named on the
+    /// command line wins over `SANDBOX_AGENT_TOKEN`, which wins over one
+    /// from the config file.
+    fn token(
+        &self,
+        env_token: Option<&str>,
+        file_from_cli: bool,
+    ) -> Result<(Option<Token>, TokenSource), ConfigError> {
+        Ok(match (&self.auth.token_file, env_token) {
+            (Some(p), _) if file_from_cli => (
+                Some(Token::from_file(p).map_err(ConfigError::Token)?),
+                TokenSource::File(p.clone()),
+            ),
+            (_, Some(t)) => (
+                Some(Token::new(t, TOKEN_ENV).map_err(ConfigError::Token)?),
+                TokenSource::Env,
+            ),
+            (Some(p), None) => (
+                Some(Token::from_file(p).map_err(ConfigError::Token)?),
+                TokenSource::File(p.clone()),
+            ),
+            (None, None) => (None, TokenSource::None),
+        })
+    }
+
+    /// `exec.mcp_listen`: empty (none), or a loopback TCP address that is
+    /// not another listener's (`seen`), unless its port is 0.
+    fn exec_mcp_listen(&self, seen: &[Endpoint]) -> Result<Option<Endpoint>, ConfigError> {
+        let uri = self.exec.mcp_listen.as_str();
+        if uri.is_empty() {
+            return Ok(None);
+        }
+        let ep: Endpoint = uri
+            .parse()
+            .map_err(|e: UriError| ConfigError::ExecListen(e.to_string()))?;
+        if !ep.is_loopback_tcp() {
+            return Err(ConfigError::ExecListen(format!(
+                "{uri} must be a loopback tcp:// address (scripts reach it from inside the sandbox)"
+            )));
+        }
+        // Port 0 (the default) never clashes; a fixed port must not be
+        // another listener's.
+        if seen.contains(&ep) && !matches!(ep, Endpoint::Tcp { port: 0, .. }) {
+            return Err(ConfigError::Duplicate(ep.to_string()));
+        }
+        Ok(Some(ep))
+    }
+
+    /// The manifest (`--manifest`, else the default path if it exists, else
+    /// none), its mail ports made automatic under `MailPorts::Auto`.
+    fn load_manifest(&self) -> Result<Manifest, ConfigError> {
+        let roots = Roots {
+            workspace: &self.workspace,
+            state_root: &self.state_root,
+            data: self.data_path.as_deref(),
+        };
+        let mut manifest = match &self.manifest {
+            Some(p) => Manifest::load(p, &roots)?,
+            None if Path::new(DEFAULT_MANIFEST_PATH).exists() => {
+                Manifest::load(Path::new(DEFAULT_MANIFEST_PATH), &roots)?
+            }
+            None => Manifest::empty(Path::new(DEFAULT_MANIFEST_PATH)),
+        };
+        if let (MailPorts::Auto, Some(m)) = (self.mail_ports, manifest.mail.as_mut()) {
+            m.imap_port = 0;
+            m.smtp_port = 0;
+        }
+        Ok(manifest)
+    }
+
     /// Parses and checks one listener list; `seen` catches duplicates
     /// across the control and data planes.
     fn endpoints(

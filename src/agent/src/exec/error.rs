@@ -1,4 +1,4 @@
-//! Why an execution request failed, by cause; `rpc::exec::exec_status`
+//! Why an execution request failed, by cause; `rpc::status::exec_status`
 //! is the one place these become gRPC codes.
 
 use sandbox_client::limits::valid_execution_name;
@@ -7,7 +7,7 @@ use super::log::ReadError;
 use super::{MAIN_SCRIPT, MAX_NAME_LEN};
 use crate::workspace::ArchiveError;
 
-/// Why an execution request failed. `rpc::exec` maps each to a code.
+/// Why an execution request failed. `rpc::status` maps each to a code.
 #[derive(Debug, thiserror::Error)]
 pub enum ExecError {
     #[error("the sandbox is not leased; acquire it before running executions")]

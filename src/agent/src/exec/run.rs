@@ -146,69 +146,7 @@ async fn steps(
         install_packages(&s, &packages).await?;
     }
 
-    // The venv, and requirements.txt.
-    exec.set(|p| p.message = "creating the Python environment".into());
-    let uv = find_uv(&ctx.cfg.uv, &s.env);
-    let requirements = s.work.join(REQUIREMENTS);
-    let has_requirements = std::fs::metadata(&requirements).is_ok_and(|m| m.len() > 0);
-    let venv_s = venv.display().to_string();
-    let (cmd, args) = match &uv {
-        Some(uv) => (
-            uv.clone(),
-            strings(&[
-                "venv",
-                "--quiet",
-                "--clear",
-                "--python",
-                &ctx.cfg.python,
-                &venv_s,
-            ]),
-        ),
-        None => {
-            let mut a = strings(&["-m", "venv", "--clear"]);
-            if !has_requirements {
-                a.push("--without-pip".into());
-            }
-            a.push(venv_s.clone());
-            (ctx.cfg.python.clone(), a)
-        }
-    };
-    s.must("venv", cmd, args, "creating the Python environment")
-        .await?;
-    let python = venv.join("bin/python").display().to_string();
-    if has_requirements {
-        exec.set(|p| p.message = format!("installing {REQUIREMENTS}"));
-        log.note(&format!(
-            "[sandbox-agent] installing {REQUIREMENTS} with {}",
-            if uv.is_some() { "uv" } else { "pip" }
-        ));
-        let req = requirements.display().to_string();
-        let (cmd, args) = match &uv {
-            Some(uv) => (
-                uv.clone(),
-                strings(&["pip", "install", "--python", &python, "-r", &req]),
-            ),
-            None => (
-                python.clone(),
-                strings(&[
-                    "-m",
-                    "pip",
-                    "install",
-                    "--disable-pip-version-check",
-                    "--no-input",
-                    "-r",
-                    &req,
-                ]),
-            ),
-        };
-        s.must(
-            "requirements",
-            cmd,
-            args,
-            &format!("installing {REQUIREMENTS}"),
-        )
-        .await?;
-    }
+    let python = s.python_env(&venv).await?;
 
     exec.set(|p| {
         p.state = ExecState::Running;
@@ -219,6 +157,88 @@ async fn steps(
 
 fn strings(a: &[&str]) -> Vec<String> {
     a.iter().map(|s| s.to_string()).collect()
+}
+
+impl Steps<'_> {
+    /// The venv, with requirements.txt installed in it (by uv when there is
+    /// one, else by pip); its python.
+    async fn python_env(&self, venv: &Path) -> Result<String, Halt> {
+        let cfg = &self.ctx.cfg;
+        self.exec
+            .set(|p| p.message = "creating the Python environment".into());
+        let uv = find_uv(&cfg.uv, &self.env);
+        let requirements = self.work.join(REQUIREMENTS);
+        let has_requirements = std::fs::metadata(&requirements).is_ok_and(|m| m.len() > 0);
+        let (cmd, args) = venv_command(&cfg.python, uv.as_deref(), venv, has_requirements);
+        self.must("venv", cmd, args, "creating the Python environment")
+            .await?;
+        let python = venv.join("bin/python").display().to_string();
+        if has_requirements {
+            self.exec
+                .set(|p| p.message = format!("installing {REQUIREMENTS}"));
+            self.log.note(&format!(
+                "[sandbox-agent] installing {REQUIREMENTS} with {}",
+                if uv.is_some() { "uv" } else { "pip" }
+            ));
+            let (cmd, args) = requirements_command(uv.as_deref(), &python, &requirements);
+            self.must(
+                "requirements",
+                cmd,
+                args,
+                &format!("installing {REQUIREMENTS}"),
+            )
+            .await?;
+        }
+        Ok(python)
+    }
+}
+
+/// The command making the venv: `uv venv`, else `python -m venv` (without
+/// pip when nothing is to be installed).
+fn venv_command(
+    python: &str,
+    uv: Option<&str>,
+    venv: &Path,
+    has_requirements: bool,
+) -> (String, Vec<String>) {
+    let venv_s = venv.display().to_string();
+    match uv {
+        Some(uv) => (
+            uv.to_owned(),
+            strings(&["venv", "--quiet", "--clear", "--python", python, &venv_s]),
+        ),
+        None => {
+            let mut a = strings(&["-m", "venv", "--clear"]);
+            if !has_requirements {
+                a.push("--without-pip".into());
+            }
+            a.push(venv_s);
+            (python.to_owned(), a)
+        }
+    }
+}
+
+/// The command installing requirements.txt into the venv of `python`.
+fn requirements_command(uv: Option<&str>, python: &str, req: &Path) -> (String, Vec<String>) {
+    let req = req.display().to_string();
+    match uv {
+        Some(uv) => (
+            uv.to_owned(),
+            strings(&["pip", "install", "--python", python, "-r", &req]),
+        ),
+        None => (
+            python.to_owned(),
+            strings(&[
+                "-m",
+                "pip",
+                "install",
+                "--disable-pip-version-check",
+                "--no-input",
+                "-r",
+                &req,
+            ]),
+        ),
+    }
 }
 
 impl Steps<'_> {

@@ -62,12 +62,9 @@ impl Executions {
             "creating exec.root {}",
             self.cfg.root.display()
         )))?;
-        let mut rnd = [0u8; 8];
-        let _ = getrandom::fill(&mut rnd);
-        let stage = self
-            .cfg
-            .root
-            .join(format!(".upload-{}-{}", name, hex::encode(rnd)));
+        let rnd = sandbox_client::random::hex_token(8)
+            .map_err(io_err("naming the upload's staging directory"))?;
+        let stage = self.cfg.root.join(format!(".upload-{name}-{rnd}"));
         std::fs::create_dir_all(stage.join("work"))
             .map_err(io_err(format!("creating {}", stage.display())))?;
         // The run makes its venv here and works in work/: the tenant's.

@@ -22,13 +22,8 @@ pub struct Sessions {
 }
 
 /// A fresh session id: 128 random bits, hex.
-pub fn new_id() -> String {
-    let mut b = [0u8; 16];
-    if getrandom::fill(&mut b).is_err() {
-        b[..8].copy_from_slice(&crate::supervisor::now_ms().to_le_bytes());
-        b[8..].copy_from_slice(&u64::from(std::process::id()).to_le_bytes());
-    }
-    hex::encode(b)
+pub fn new_id() -> std::io::Result<String> {
+    sandbox_client::random::hex_token(16)
 }
 
 impl Sessions {

@@ -11,7 +11,10 @@ use tracing::{Instrument, info, warn};
 use super::{
     Current, LcError, Lease, Lifecycle, LifecycleConfig, MAX_LEASE_ID_LEN, Outside, SandboxStatus,
 };
-use crate::supervisor::manifest::{Benchmark, Credentials, LaunchError, Manifest};
+use crate::mail::Account;
+use crate::supervisor::manifest::{
+    Benchmark, Credentials, LaunchError, LaunchSpec, Manifest, ServerDef,
+};
 use crate::supervisor::now_ms;
 
 /// Which servers to acquire.
@@ -134,26 +137,52 @@ pub(super) fn unknown_servers(manifest: &Manifest, names: Vec<String>) -> LcErro
 }
 
 /// A random UUID (v4) naming one server within a lease (Klavis server `id`).
-pub(super) fn random_id() -> String {
-    let mut b = [0u8; 16];
-    if getrandom::fill(&mut b).is_err() {
-        // Only identifies a server within a lease; uniqueness, not secrecy.
-        b[..8].copy_from_slice(&now_ms().to_le_bytes());
+pub(super) fn random_id() -> Result<String, LcError> {
+    // `Builder::from_random_bytes` is `Uuid::new_v4` with the bytes given:
+    // no randomness is an error here, not a panic.
+    let b = sandbox_client::random::bytes::<16>().map_err(LcError::NoRandomness)?;
+    Ok(uuid::Builder::from_random_bytes(b).into_uuid().to_string())
+}
+
+/// A fresh id for each of `names`.
+pub(super) fn server_ids(names: &[String]) -> Result<BTreeMap<String, String>, LcError> {
+    names
+        .iter()
+        .map(|n| Ok((n.clone(), random_id()?)))
+        .collect()
+}
+
+/// When a lease acquired at `now` with `ttl_seconds` expires (0: never).
+pub(super) fn expires_at(now: u64, ttl_seconds: u32) -> u64 {
+    if ttl_seconds == 0 {
+        0
+    } else {
+        now + u64::from(ttl_seconds) * 1000
     }
-    b[6] = (b[6] & 0x0f) | 0x40;
-    b[8] = (b[8] & 0x3f) | 0x80;
-    let h = hex::encode(b);
-    format!(
-        "{}-{}-{}-{}-{}",
-        &h[..8],
-        &h[8..12],
-        &h[12..16],
-        &h[16..20],
-        &h[20..]
-    )
+}
+
+/// What an Acquire starts, worked out before anything is started.
+#[derive(Default)]
+struct Plan {
+    /// The servers to start, in order, and how.
+    names: Vec<String>,
+    specs: Vec<LaunchSpec>,
+    /// ALL's servers left out (their outside service is not configured).
+    skipped: Vec<(String, String)>,
+    /// Named servers whose credentials are missing: the Acquire fails.
+    missing: Vec<LaunchError>,
+    /// The lease's account on the sandbox's mail service.
+    account: Option<Account>,
+    /// What the servers that use it get of the account (Klavis `auth_data`).
+    auth_data: BTreeMap<String, BTreeMap<String, serde_json::Value>>,
+    /// The servers with a data tool for an outside service.
+    outside: BTreeMap<String, Outside>,
 }
 
 impl Lifecycle {
+    /// Checks the request, seeds the workspace, starts the mail service
+    /// and the servers and waits until each is ready; any failure undoes
+    /// it all and leaves the sandbox idle.
     pub async fn acquire(&self, p: AcquireParams) -> Result<(Lease, SandboxStatus), LcError> {
         let _op = self.op.lock().await;
         if let Some(c) = self.current().as_ref() {
@@ -166,117 +195,28 @@ impl Lifecycle {
             names: wanted,
             ttl_seconds,
         } = resolve(&p, &self.manifest, &self.cfg)?;
-        let mut specs = Vec::new();
-        let mut missing = Vec::new();
-        let mut names = Vec::new();
-        let mut skipped = Vec::new();
-        let mut account = None;
-        let mut auth_data = BTreeMap::new();
-        let mut outside = BTreeMap::new();
-        for name in &wanted {
-            let def = self
-                .manifest
-                .get(name)
-                .ok_or_else(|| unknown_servers(&self.manifest, vec![name.clone()]))?;
-            let mut creds = p.credentials.get(name).cloned().unwrap_or_default();
-            // Before the mail account: that one is the sandbox's own.
-            let own = def.lease_account(&creds);
-            // A mail-using server named without an account of its own gets
-            // the lease's account on the sandbox's mail service.
-            if let Some(mail) = self
-                .mail
-                .as_ref()
-                .filter(|_| def.mail && creds.auth.is_empty())
-            {
-                if account.is_none() {
-                    account = Some(mail.new_account(mail.address_for(&p.test_account_email))?);
-                }
-                if let Some(a) = &account {
-                    let fields = a.auth_data();
-                    creds.auth = fields
-                        .iter()
-                        .map(|(k, v)| {
-                            (
-                                k.clone(),
-                                v.as_str().map_or_else(|| v.to_string(), str::to_owned),
-                            )
-                        })
-                        .collect();
-                    auth_data.insert(name.clone(), fields);
-                }
-            }
-            match def.launch(p.benchmark, &creds, &|k| std::env::var(k).ok()) {
-                Ok(spec) => {
-                    if def.data_command.is_some() && !def.mail {
-                        outside.insert(
-                            name.clone(),
-                            Outside {
-                                own,
-                                env: spec.env.clone(),
-                            },
-                        );
-                    }
-                    specs.push(spec);
-                    names.push(name.clone());
-                }
-                // ALL means every server that can run here: one whose
-                // outside service is not configured is left out, by name.
-                Err(e @ LaunchError::MissingCredentials { .. })
-                    if matches!(p.servers, Selection::All) =>
-                {
-                    skipped.push((name.clone(), e.to_string()));
-                }
-                Err(e @ LaunchError::MissingCredentials { .. }) => missing.push(e),
-                Err(e) => return Err(e.into()),
-            }
-        }
-        if !skipped.is_empty() {
-            let left: Vec<&str> = skipped.iter().map(|(n, _)| n.as_str()).collect();
-            info!(skipped = %left.join(","), "ALL: servers whose outside service is not configured are left out");
-        }
-        if !missing.is_empty() {
-            return Err(LcError::MissingCredentials(missing));
-        }
+        let plan = self.plan(&p, &wanted)?;
+        let server_ids = server_ids(&plan.names)?;
         // Before anything is started or cleared.
         self.profile_data(p.benchmark)?;
         self.forget_ledgers().await;
         let span = tracing::info_span!("acquire", lease = %p.lease_id);
         let started = Instant::now();
-        async {
-            let seeded = self.prepare(&names, p.benchmark).await;
-            let r = match (seeded, &account, &self.mail) {
-                (Ok(()), Some(a), Some(m)) => match m.start(a).await {
-                    Ok(()) => self.start_and_wait(&specs).await,
-                    Err(e) => Err(e.into()),
-                },
-                (Ok(()), _, _) => self.start_and_wait(&specs).await,
-                (Err(e), _, _) => Err(e),
-            };
-            if let Err(e) = r {
-                warn!(error = %e, "acquire failed; undoing it");
-                self.teardown(&names, true).await;
-                return Err(e);
-            }
-            Ok(())
-        }
-        .instrument(span.clone())
-        .await?;
+        self.bring_up(&plan, p.benchmark)
+            .instrument(span.clone())
+            .await?;
         let now = now_ms();
         let lease = Lease {
-            id: p.lease_id.clone(),
+            id: p.lease_id,
             benchmark: p.benchmark,
-            server_ids: names.iter().map(|n| (n.clone(), random_id())).collect(),
-            servers: names,
+            server_ids,
+            servers: plan.names,
             acquired_at_ms: now,
             ttl_seconds,
-            expires_at_ms: if ttl_seconds == 0 {
-                0
-            } else {
-                now + u64::from(ttl_seconds) * 1000
-            },
+            expires_at_ms: expires_at(now, ttl_seconds),
             test_account_email: p.test_account_email,
-            skipped,
-            auth_data,
+            skipped: plan.skipped,
+            auth_data: plan.auth_data,
         };
         let ttl = CancellationToken::new();
         if ttl_seconds > 0 {
@@ -289,12 +229,12 @@ impl Lifecycle {
         self.exec.open(&lease.id, &lease.servers);
         *self.current() = Some(Current {
             lease: lease.clone(),
-            specs,
+            specs: plan.specs,
             ttl,
             broken: None,
             started: lease.servers.clone(),
-            mail: account,
-            outside,
+            mail: plan.account,
+            outside: plan.outside,
         });
         span.in_scope(|| {
             info!(
@@ -305,6 +245,112 @@ impl Lifecycle {
             )
         });
         Ok((lease, self.view().status))
+    }
+
+    /// How each wanted server is started (its credentials, the lease's mail
+    /// account); fails naming every server whose credentials are missing.
+    fn plan(&self, p: &AcquireParams, wanted: &[String]) -> Result<Plan, LcError> {
+        let mut plan = Plan::default();
+        for name in wanted {
+            self.plan_server(p, name, &mut plan)?;
+        }
+        if !plan.skipped.is_empty() {
+            let left: Vec<&str> = plan.skipped.iter().map(|(n, _)| n.as_str()).collect();
+            info!(skipped = %left.join(","), "ALL: servers whose outside service is not configured are left out");
+        }
+        if !plan.missing.is_empty() {
+            return Err(LcError::MissingCredentials(std::mem::take(
+                &mut plan.missing,
+            )));
+        }
+        Ok(plan)
+    }
+
+    fn plan_server(&self, p: &AcquireParams, name: &str, plan: &mut Plan) -> Result<(), LcError> {
+        let def = self
+            .manifest
+            .get(name)
+            .ok_or_else(|| unknown_servers(&self.manifest, vec![name.to_owned()]))?;
+        let mut creds = p.credentials.get(name).cloned().unwrap_or_default();
+        // Before the mail account: that one is the sandbox's own.
+        let own = def.lease_account(&creds);
+        self.give_mail_account(p, def, name, &mut creds, plan)?;
+        match def.launch(p.benchmark, &creds, &|k| std::env::var(k).ok()) {
+            Ok(spec) => {
+                if def.data_command.is_some() && !def.mail {
+                    let env = spec.env.clone();
+                    plan.outside.insert(name.to_owned(), Outside { own, env });
+                }
+                plan.specs.push(spec);
+                plan.names.push(name.to_owned());
+            }
+            // ALL means every server that can run here: one whose outside
+            // service is not configured is left out, by name.
+            Err(e @ LaunchError::MissingCredentials { .. })
+                if matches!(p.servers, Selection::All) =>
+            {
+                plan.skipped.push((name.to_owned(), e.to_string()));
+            }
+            Err(e @ LaunchError::MissingCredentials { .. }) => plan.missing.push(e),
+            Err(e) => return Err(e.into()),
+        }
+        Ok(())
+    }
+
+    /// A mail-using server named without an account of its own gets the
+    /// lease's account on the sandbox's mail service (made for the first).
+    fn give_mail_account(
+        &self,
+        p: &AcquireParams,
+        def: &ServerDef,
+        name: &str,
+        creds: &mut Credentials,
+        plan: &mut Plan,
+    ) -> Result<(), LcError> {
+        let Some(mail) = self
+            .mail
+            .as_ref()
+            .filter(|_| def.mail && creds.auth.is_empty())
+        else {
+            return Ok(());
+        };
+        if plan.account.is_none() {
+            plan.account = Some(mail.new_account(mail.address_for(&p.test_account_email))?);
+        }
+        if let Some(a) = &plan.account {
+            let fields = a.auth_data();
+            creds.auth = fields
+                .iter()
+                .map(|(k, v)| {
+                    (
+                        k.clone(),
+                        v.as_str().map_or_else(|| v.to_string(), str::to_owned),
+                    )
+                })
+                .collect();
+            plan.auth_data.insert(name.to_owned(), fields);
+        }
+        Ok(())
+    }
+
+    /// Seeds the workspace, starts the mail service and the servers, and
+    /// waits until they are ready; on a failure tears it all down.
+    async fn bring_up(&self, plan: &Plan, benchmark: Option<Benchmark>) -> Result<(), LcError> {
+        let seeded = self.prepare(&plan.names, benchmark).await;
+        let r = match (seeded, &plan.account, &self.mail) {
+            (Ok(()), Some(a), Some(m)) => match m.start(a).await {
+                Ok(()) => self.start_and_wait(&plan.specs).await,
+                Err(e) => Err(e.into()),
+            },
+            (Ok(()), _, _) => self.start_and_wait(&plan.specs).await,
+            (Err(e), _, _) => Err(e),
+        };
+        if let Err(e) = r {
+            warn!(error = %e, "acquire failed; undoing it");
+            self.teardown(&plan.names, true).await;
+            return Err(e);
+        }
+        Ok(())
     }
 
     pub(super) fn arm_ttl(&self, lease_id: String, after: Duration, cancel: CancellationToken) {
@@ -437,9 +483,9 @@ mod tests {
 
     #[test]
     fn lease_ids_are_uuids_of_version_4() {
-        let id = random_id();
+        let id = random_id().unwrap();
         assert_eq!(id.len(), 36);
         assert_eq!(&id[14..15], "4");
-        assert_ne!(id, random_id());
+        assert_ne!(id, random_id().unwrap());
     }
 }

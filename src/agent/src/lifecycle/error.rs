@@ -1,4 +1,4 @@
-//! Lifecycle errors, one variant per cause. `rpc::lc_status` maps each to
+//! Lifecycle errors, one variant per cause. `rpc::status::lc_status` maps each to
 //! one gRPC status code.
 
 use std::path::PathBuf;
@@ -121,6 +121,8 @@ pub enum LcError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error("making the servers' ids: {0}")]
+    NoRandomness(std::io::Error),
     #[error("the {what} task failed: {source}")]
     Task {
         what: &'static str,

@@ -10,12 +10,13 @@
 //! acquires cold.
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, info, warn};
 
-use super::acquire::{random_id, resolve_ttl, valid_lease_id};
+use super::acquire::{expires_at, resolve_ttl, server_ids, valid_lease_id};
 use super::{Current, LcError, Lease, Lifecycle, SandboxStatus, seed};
 use crate::supervisor::State;
 use crate::supervisor::manifest::Benchmark;
@@ -42,6 +43,21 @@ pub struct NarrowParams {
     pub test_account_email: String,
 }
 
+/// The current lease, when it is `id`.
+fn the_lease<'a>(cur: Option<&'a mut Current>, id: &str) -> Result<&'a mut Current, LcError> {
+    match cur {
+        None => Err(LcError::NoSuchLease {
+            asked: id.to_owned(),
+            current: None,
+        }),
+        Some(c) if c.lease.id != id => Err(LcError::NoSuchLease {
+            asked: id.to_owned(),
+            current: Some(c.lease.id.clone()),
+        }),
+        Some(c) => Ok(c),
+    }
+}
+
 impl Lifecycle {
     /// Narrows the current warm lease. The servers that left it are
     /// stopped when the returned [`Trim`] is dropped: hold it until the
@@ -61,24 +77,11 @@ impl Lifecycle {
             return Err(LcError::NoServersNamed);
         }
         let ttl_seconds = resolve_ttl(p.ttl, &self.cfg)?;
+        let server_ids = server_ids(&keep)?;
         let started = Instant::now();
         let (lease, dropped, dropped_state) = {
             let mut cur = self.current();
-            let c = match cur.as_mut() {
-                None => {
-                    return Err(LcError::NoSuchLease {
-                        asked: p.lease_id.clone(),
-                        current: None,
-                    });
-                }
-                Some(c) if c.lease.id != p.lease_id => {
-                    return Err(LcError::NoSuchLease {
-                        asked: p.lease_id.clone(),
-                        current: Some(c.lease.id.clone()),
-                    });
-                }
-                Some(c) => c,
-            };
+            let c = the_lease(cur.as_mut(), &p.lease_id)?;
             self.narrowable(c, &keep, p.benchmark, &p.test_account_email)?;
             let dropped: Vec<String> = c
                 .lease
@@ -87,74 +90,9 @@ impl Lifecycle {
                 .filter(|n| !keep.contains(n))
                 .cloned()
                 .collect();
-            // State paths only the dropped servers use: a kept server's
-            // state stays whatever it shares.
-            let kept_state: Vec<_> = keep
-                .iter()
-                .filter_map(|n| self.manifest.get(n))
-                .flat_map(|d| d.state_paths.iter().cloned())
-                .collect();
-            let dropped_state: Vec<_> = dropped
-                .iter()
-                .filter_map(|n| self.manifest.get(n))
-                .flat_map(|d| d.state_paths.iter().cloned())
-                .filter(|sp| {
-                    !kept_state
-                        .iter()
-                        .any(|k| k.starts_with(sp) || sp.starts_with(k))
-                })
-                .collect();
-            // The workspace directories only dropped servers' profiles keep
-            // go too: a cold Acquire of `keep` would not have made them.
-            let kept_dirs: Vec<_> = keep
-                .iter()
-                .filter_map(|n| self.manifest.get(n))
-                .flat_map(|d| d.dirs(c.lease.benchmark).iter().cloned())
-                .collect();
-            let dropped_dirs: Vec<_> = dropped
-                .iter()
-                .filter_map(|n| self.manifest.get(n))
-                .flat_map(|d| d.dirs(c.lease.benchmark).iter().cloned())
-                .filter(|d| !kept_dirs.iter().any(|k| k.starts_with(d)))
-                .collect();
-            self.ws.keep_dirs(kept_dirs, false);
-            self.ws.remove_dirs(&dropped_dirs);
-            let now = now_ms();
-            c.ttl.cancel();
-            c.ttl = CancellationToken::new();
-            c.specs.retain(|s| keep.contains(&s.name));
-            c.lease = Lease {
-                id: p.new_lease_id.clone(),
-                benchmark: c.lease.benchmark,
-                server_ids: keep.iter().map(|n| (n.clone(), random_id())).collect(),
-                servers: keep.clone(),
-                acquired_at_ms: now,
-                ttl_seconds,
-                expires_at_ms: if ttl_seconds == 0 {
-                    0
-                } else {
-                    now + u64::from(ttl_seconds) * 1000
-                },
-                test_account_email: p.test_account_email.clone(),
-                skipped: Vec::new(),
-                auth_data: c
-                    .lease
-                    .auth_data
-                    .iter()
-                    .filter(|(n, _)| keep.contains(n))
-                    .map(|(n, a)| (n.clone(), a.clone()))
-                    .collect(),
-            };
-            if !keep.iter().any(|n| self.uses_mail(n)) {
-                c.mail = None;
-            }
-            if ttl_seconds > 0 {
-                self.arm_ttl(
-                    c.lease.id.clone(),
-                    Duration::from_secs(ttl_seconds.into()),
-                    c.ttl.clone(),
-                );
-            }
+            let dropped_state = self.only_state_of(&dropped, &keep);
+            self.drop_workspace_dirs(&dropped, &keep, c.lease.benchmark);
+            self.hand_over(c, &p, &keep, server_ids, ttl_seconds);
             (c.lease.clone(), dropped, dropped_state)
         };
         // Executions belong to the tenant's lease and see only its servers.
@@ -178,6 +116,88 @@ impl Lifecycle {
             span,
         };
         Ok((lease, self.view().status, trim))
+    }
+
+    /// State paths only the `dropped` servers use: a kept server's state
+    /// stays, whatever it shares.
+    fn only_state_of(&self, dropped: &[String], keep: &[String]) -> Vec<PathBuf> {
+        let kept_state: Vec<_> = keep
+            .iter()
+            .filter_map(|n| self.manifest.get(n))
+            .flat_map(|d| d.state_paths.iter().cloned())
+            .collect();
+        dropped
+            .iter()
+            .filter_map(|n| self.manifest.get(n))
+            .flat_map(|d| d.state_paths.iter().cloned())
+            .filter(|sp| {
+                !kept_state
+                    .iter()
+                    .any(|k| k.starts_with(sp) || sp.starts_with(k))
+            })
+            .collect()
+    }
+
+    /// The workspace directories only dropped servers' profiles keep go
+    /// too: a cold Acquire of `keep` would not have made them.
+    fn drop_workspace_dirs(&self, dropped: &[String], keep: &[String], b: Option<Benchmark>) {
+        let kept_dirs: Vec<_> = keep
+            .iter()
+            .filter_map(|n| self.manifest.get(n))
+            .flat_map(|d| d.dirs(b).iter().cloned())
+            .collect();
+        let dropped_dirs: Vec<_> = dropped
+            .iter()
+            .filter_map(|n| self.manifest.get(n))
+            .flat_map(|d| d.dirs(b).iter().cloned())
+            .filter(|d| !kept_dirs.iter().any(|k| k.starts_with(d)))
+            .collect();
+        self.ws.keep_dirs(kept_dirs, false);
+        self.ws.remove_dirs(&dropped_dirs);
+    }
+
+    /// Makes the current lease the tenant's: its id, TTL (re-armed) and
+    /// email, only the kept servers (new ids) and their auth_data.
+    fn hand_over(
+        &self,
+        c: &mut Current,
+        p: &NarrowParams,
+        keep: &[String],
+        server_ids: BTreeMap<String, String>,
+        ttl_seconds: u32,
+    ) {
+        let now = now_ms();
+        c.ttl.cancel();
+        c.ttl = CancellationToken::new();
+        c.specs.retain(|s| keep.contains(&s.name));
+        c.lease = Lease {
+            id: p.new_lease_id.clone(),
+            benchmark: c.lease.benchmark,
+            server_ids,
+            servers: keep.to_vec(),
+            acquired_at_ms: now,
+            ttl_seconds,
+            expires_at_ms: expires_at(now, ttl_seconds),
+            test_account_email: p.test_account_email.clone(),
+            skipped: Vec::new(),
+            auth_data: c
+                .lease
+                .auth_data
+                .iter()
+                .filter(|(n, _)| keep.contains(n))
+                .map(|(n, a)| (n.clone(), a.clone()))
+                .collect(),
+        };
+        if !keep.iter().any(|n| self.uses_mail(n)) {
+            c.mail = None;
+        }
+        if ttl_seconds > 0 {
+            self.arm_ttl(
+                c.lease.id.clone(),
+                Duration::from_secs(ttl_seconds.into()),
+                c.ttl.clone(),
+            );
+        }
     }
 
     /// Whether the current (warm) lease narrowed to `keep` is what a cold

@@ -11,32 +11,39 @@ use super::{LcError, Lease, Lifecycle, ReleaseRecord, SandboxStatus, seed};
 use crate::supervisor::manifest::{Benchmark, Seed};
 use crate::supervisor::now_ms;
 
+/// What a Release answers, naming what it could not empty or delete.
+fn released_message(
+    cur_id: &str,
+    is_ttl: bool,
+    unwiped: &[String],
+    undeleted: &[String],
+) -> String {
+    let mut msg = format!(
+        "lease {cur_id} released{}; the sandbox is idle",
+        if is_ttl { " (TTL expired)" } else { "" }
+    );
+    if !unwiped.is_empty() {
+        msg.push_str(&format!(
+            "; could not empty {} (the next Acquire of its server empties it again)",
+            unwiped.join("; ")
+        ));
+    }
+    if !undeleted.is_empty() {
+        msg.push_str(&format!(
+            "; could not delete what the lease loaded into the shared account of {}",
+            undeleted.join("; ")
+        ));
+    }
+    msg
+}
+
 impl Lifecycle {
     /// Releases the lease. Returns the message to show.
     pub async fn release(&self, lease_id: &str, is_ttl: bool) -> Result<String, LcError> {
         let _op = self.op.lock().await;
         let cur_id = self.current().as_ref().map(|c| c.lease.id.clone());
         let Some(cur_id) = cur_id else {
-            let last = self
-                .last_release
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .clone();
-            return match last {
-                _ if lease_id.is_empty() => Ok("the sandbox is already idle".into()),
-                Some(r) if r.lease_id == lease_id => Ok(format!(
-                    "lease {lease_id} was already released{}",
-                    if r.is_ttl {
-                        " when its TTL expired"
-                    } else {
-                        ""
-                    }
-                )),
-                _ => Err(LcError::NoSuchLease {
-                    asked: lease_id.to_owned(),
-                    current: None,
-                }),
-            };
+            return self.already_released(lease_id);
         };
         if !lease_id.is_empty() && lease_id != cur_id {
             return Err(LcError::NoSuchLease {
@@ -87,23 +94,32 @@ impl Lifecycle {
             c.ttl.cancel();
         }
         span.in_scope(|| info!(ms = started.elapsed().as_millis() as u64, "released"));
-        let mut msg = format!(
-            "lease {cur_id} released{}; the sandbox is idle",
-            if is_ttl { " (TTL expired)" } else { "" }
-        );
-        if !unwiped.is_empty() {
-            msg.push_str(&format!(
-                "; could not empty {} (the next Acquire of its server empties it again)",
-                unwiped.join("; ")
-            ));
+        Ok(released_message(&cur_id, is_ttl, &unwiped, &undeleted))
+    }
+
+    /// A Release of an idle sandbox: fine when it names no lease or the
+    /// last one (Release is idempotent).
+    fn already_released(&self, lease_id: &str) -> Result<String, LcError> {
+        let last = self
+            .last_release
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        match last {
+            _ if lease_id.is_empty() => Ok("the sandbox is already idle".into()),
+            Some(r) if r.lease_id == lease_id => Ok(format!(
+                "lease {lease_id} was already released{}",
+                if r.is_ttl {
+                    " when its TTL expired"
+                } else {
+                    ""
+                }
+            )),
+            _ => Err(LcError::NoSuchLease {
+                asked: lease_id.to_owned(),
+                current: None,
+            }),
         }
-        if !undeleted.is_empty() {
-            msg.push_str(&format!(
-                "; could not delete what the lease loaded into the shared account of {}",
-                undeleted.join("; ")
-            ));
-        }
-        Ok(msg)
     }
 
     /// Back to the state right after Acquire, keeping the lease.

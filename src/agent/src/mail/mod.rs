@@ -111,13 +111,12 @@ impl Mail {
     /// A new account for a lease: `address`, a random password, and the
     /// ports the service will listen on.
     pub fn new_account(&self, address: String) -> Result<Account, MailError> {
-        let mut b = [0u8; 18];
-        getrandom::fill(&mut b).map_err(|e| MailError::Start {
-            why: format!("no randomness for the password: {e}"),
+        let password = sandbox_client::random::hex_token(18).map_err(|e| MailError::Start {
+            why: format!("making the password: {e}"),
         })?;
         Ok(Account {
             address,
-            password: hex::encode(b),
+            password,
             imap_port: port_or_free(self.def.imap_port)?,
             smtp_port: port_or_free(self.def.smtp_port)?,
         })

@@ -6,12 +6,14 @@ use tokio::sync::mpsc;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::BoxStream;
-use super::workspace::{Part, archive_status, compression, forward, trailer};
+use super::convert::{self, exec_state, exec_view};
+use super::status::exec_status;
+use super::upload::{Part, forward};
 use crate::exec::log::ReadError;
-use crate::exec::{ExecError, ExecState, ExecView, Executions};
+use crate::exec::{ExecError, ExecState, Executions};
 use crate::workspace::codec::Encoder;
 use crate::workspace::stream::{ChannelReader, ChunkSink};
-use crate::workspace::{ArchiveError, Compression, MAX_CHUNK_BYTES};
+use crate::workspace::{ArchiveError, Compression, DumpSummary, MAX_CHUNK_BYTES};
 use sandbox_client::proto;
 
 pub struct ExecService {
@@ -21,54 +23,6 @@ pub struct ExecService {
 impl ExecService {
     pub fn new(exec: Arc<Executions>) -> ExecService {
         ExecService { exec }
-    }
-}
-
-/// The gRPC status for an execution error: the one place its causes meet
-/// status codes.
-pub(super) fn exec_status(e: ExecError) -> Status {
-    let msg = e.to_string();
-    match e {
-        ExecError::NotLeased | ExecError::Active { .. } | ExecError::Released => {
-            Status::failed_precondition(msg)
-        }
-        ExecError::OtherLease { .. } | ExecError::Unknown { .. } => Status::not_found(msg),
-        ExecError::BadName(_) | ExecError::NoMain => Status::invalid_argument(msg),
-        ExecError::TooMany { .. } => Status::resource_exhausted(msg),
-        ExecError::Archive(a) => {
-            let s = archive_status(a);
-            Status::new(s.code(), format!("execution archive: {}", s.message()))
-        }
-        ExecError::Log(ReadError::PastEnd(_)) => Status::out_of_range(msg),
-        ExecError::Log(ReadError::Io(_)) | ExecError::Io { .. } => Status::internal(msg),
-    }
-}
-
-fn state(s: ExecState) -> proto::ExecState {
-    match s {
-        ExecState::Uploaded => proto::ExecState::Uploaded,
-        ExecState::Queued => proto::ExecState::Queued,
-        ExecState::Installing => proto::ExecState::Installing,
-        ExecState::Running => proto::ExecState::Running,
-        ExecState::Completed => proto::ExecState::Completed,
-        ExecState::Failed => proto::ExecState::Failed,
-    }
-}
-
-fn status_msg(v: ExecView) -> proto::ExecStatus {
-    proto::ExecStatus {
-        execution_name: v.name,
-        state: state(v.state) as i32,
-        klavis_status: v.state.klavis().into(),
-        message: v.message,
-        exit_code: v.exit_code,
-        signal: v.signal,
-        uploaded_at_ms: v.uploaded_at_ms,
-        started_at_ms: v.started_at_ms,
-        finished_at_ms: v.finished_at_ms,
-        log_bytes: v.log_bytes,
-        log_capped: v.log_capped,
-        directory: v.directory.display().to_string(),
     }
 }
 
@@ -112,7 +66,7 @@ fn read_logs(
         (false, true) => (view.state, view.state.klavis()),
     };
     Ok(proto::ExecLogsResponse {
-        state: state(st) as i32,
+        state: exec_state(st) as i32,
         klavis_status: klavis.into(),
         logs,
         next_cursor: next,
@@ -139,7 +93,7 @@ impl proto::exec_server::Exec for ExecService {
                 ));
             }
         };
-        let comp = compression(header.compression)?;
+        let comp = convert::compression(header.compression)?;
         let limits = self.exec.config().archive.clone();
         if header.size_hint > limits.max_archive_bytes {
             return Err(exec_status(ExecError::Archive(ArchiveError::Limit {
@@ -209,7 +163,7 @@ impl proto::exec_server::Exec for ExecService {
             .start(&r.lease_id, &r.execution_name)
             .await
             .map_err(exec_status)?;
-        Ok(Response::new(status_msg(v)))
+        Ok(Response::new(exec_view(v)))
     }
 
     async fn status(
@@ -221,7 +175,7 @@ impl proto::exec_server::Exec for ExecService {
             .exec
             .status(&r.lease_id, &r.execution_name)
             .map_err(exec_status)?;
-        Ok(Response::new(status_msg(v)))
+        Ok(Response::new(exec_view(v)))
     }
 
     async fn list(
@@ -231,7 +185,7 @@ impl proto::exec_server::Exec for ExecService {
         let r = req.into_inner();
         let v = self.exec.list(&r.lease_id).map_err(exec_status)?;
         Ok(Response::new(proto::ExecListResponse {
-            executions: v.into_iter().map(status_msg).collect(),
+            executions: v.into_iter().map(exec_view).collect(),
         }))
     }
 
@@ -333,11 +287,7 @@ impl proto::exec_server::Exec for ExecService {
         tokio::task::spawn_blocking(move || {
             let _e = span.enter();
             let start = std::time::Instant::now();
-            let sink = ChunkSink::new(tx.clone(), MAX_CHUNK_BYTES, |b| {
-                Ok(proto::DumpResponse {
-                    msg: Some(proto::dump_response::Msg::Chunk(b)),
-                })
-            });
+            let sink = ChunkSink::new(tx.clone(), MAX_CHUNK_BYTES, |b| Ok(convert::chunk(b)));
             let closed = sink.closed();
             let result = Encoder::new(sink, Compression::Gzip, 0, limits.dump_threads)
                 .map_err(|e| ExecError::Archive(ArchiveError::invalid(e.to_string())))
@@ -352,8 +302,13 @@ impl proto::exec_server::Exec for ExecService {
                     Ok((bytes, sha, tx, stats))
                 });
             match result {
-                Ok((bytes, sha, tx, stats)) => {
-                    let _ = tx.blocking_send(Ok(trailer(bytes, sha, stats, start)));
+                Ok((archive_bytes, sha256, tx, stats)) => {
+                    let _ = tx.blocking_send(Ok(convert::trailer(DumpSummary {
+                        archive_bytes,
+                        sha256,
+                        stats,
+                        duration: start.elapsed(),
+                    })));
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "export failed");
@@ -376,6 +331,6 @@ impl proto::exec_server::Exec for ExecService {
             .cancel(&r.lease_id, &r.execution_name)
             .await
             .map_err(exec_status)?;
-        Ok(Response::new(status_msg(v)))
+        Ok(Response::new(exec_view(v)))
     }
 }

@@ -91,7 +91,9 @@ enum Outcome {
     Stop,
 }
 
-/// Keeps one server running until `stop` is cancelled or it gives up.
+/// Keeps one server running until `stop` is cancelled or it gives up:
+/// launch, wait for readiness and then for an exit or the stop, decide
+/// whether to restart.
 pub(super) async fn runner(
     server: Arc<Server>,
     shared: Arc<Shared>,
@@ -105,192 +107,17 @@ pub(super) async fn runner(
     let mut policy = RestartTracker::new(spec.restart.clone());
     loop {
         set_state(&server, State::Starting, String::new());
-        let cg = shared
-            .cgroups
-            .as_ref()
-            .and_then(|root| match root.create(&server.name) {
-                Ok(cg) => Some(Arc::new(cg)),
-                Err(e) => {
-                    warn!(error = %e, "cannot create the server's cgroup; using its session only");
-                    None
-                }
-            });
-        if let (Some(cg), Some(mem)) = (&cg, spec.limits.memory_bytes)
-            && shared.cgroups.as_ref().is_some_and(|r| r.memory_limits())
-            && let Err(e) = cg.set_memory_max(mem)
-        {
-            warn!(error = %e, "cannot set memory.max");
-        }
-        let procs = cg.as_ref().and_then(|c| c.procs_fd().ok());
-        let spawned = match shared.spawner.spawn(&spec, procs).await {
-            Ok(s) => s,
-            Err(e) => {
-                if let Some(cg) = &cg {
-                    cg.remove();
-                }
-                let msg = format!(
-                    "cannot start {:?} (in {}): {e}",
-                    spec.command,
-                    spec.cwd.display()
-                );
-                warn!("{msg}");
-                server.log.push(
-                    Stream::Stderr,
-                    format!("sandbox-agent: {msg}").as_bytes(),
-                    false,
-                );
-                set_state(&server, State::Failed, msg);
-                return;
-            }
+        let cg = server_cgroup(&shared, &server.name, &spec);
+        let Some(mut p) = launch(&server, &shared, &spec, cg).await else {
+            return;
         };
-        let pid = spawned.pid;
-        let started = Instant::now();
-        info!(pid, command = %spec.command, "server started");
-        *server.proc_.lock().unwrap_or_else(|p| p.into_inner()) = Some((pid, cg.clone()));
-        server.status.send_modify(|s| {
-            s.pid = Some(pid);
-            s.started_at_ms = now_ms();
-            s.updated_at_ms = s.started_at_ms;
-        });
-        tokio::spawn(pump(spawned.stderr, server.log.clone(), Stream::Stderr));
-        let mut exit_rx = spawned.exit;
-        // stdin stays open for the whole life of an http server too: some
-        // servers exit when their stdin closes.
-        let mut _stdin_keepalive = None;
-        let conn = match &spec.transport {
-            Transport::Stdio => {
-                match StdioConn::start(
-                    spawned.stdin,
-                    spawned.stdout,
-                    server.log.clone(),
-                    shared.cfg.stdio_message_bytes,
-                ) {
-                    Ok(c) => Some(c),
-                    Err(e) => {
-                        warn!(error = %e, "cannot attach to the server's pipes");
-                        None
-                    }
-                }
-            }
-            Transport::Http { .. } => {
-                _stdin_keepalive = Some(spawned.stdin);
-                tokio::spawn(pump(spawned.stdout, server.log.clone(), Stream::Stdout));
-                None
-            }
-        };
-
-        // Readiness.
-        let ready = async {
-            match (&spec.transport, &conn) {
-                (Transport::Stdio, Some(c)) => c
-                    .handshake(spec.ready_timeout)
-                    .await
-                    .map(|_| ())
-                    .map_err(|e| e.to_string()),
-                (Transport::Stdio, None) => Err("the server's pipes are unusable".to_owned()),
-                (Transport::Http { port, path }, _) => {
-                    let deadline = Instant::now() + spec.ready_timeout;
-                    loop {
-                        let left = deadline.saturating_duration_since(Instant::now());
-                        let last =
-                            probe::http_ready(*port, path, left.min(HTTP_PROBE_TIMEOUT)).await;
-                        match last {
-                            Ok(()) => break Ok(()),
-                            Err(e) if Instant::now() >= deadline => {
-                                break Err(format!(
-                                    "not ready within {:?}: {e}",
-                                    spec.ready_timeout
-                                ));
-                            }
-                            Err(_) => tokio::time::sleep(HTTP_PROBE_INTERVAL).await,
-                        }
-                    }
-                }
-            }
-        };
-        let mut not_ready = None;
-        let outcome = tokio::select! {
-            r = ready => match r {
-                Ok(()) => {
-                    *server.conn.lock().unwrap_or_else(|p| p.into_inner()) = conn.clone();
-                    info!(pid, ms = started.elapsed().as_millis() as u64, "server ready");
-                    set_state(&server, State::Ready, String::new());
-                    tokio::select! {
-                        e = &mut exit_rx => Outcome::Exited(e.unwrap_or(Exit::Signal(0))),
-                        _ = stop.cancelled() => Outcome::Stop,
-                    }
-                }
-                Err(msg) => {
-                    warn!(pid, error = %msg, "server did not become ready");
-                    not_ready = Some(msg);
-                    let e = kill_tree(pid, cg.as_deref(), NOT_READY_KILL_GRACE, None, &mut exit_rx).await;
-                    Outcome::Exited(e)
-                }
-            },
-            e = &mut exit_rx => Outcome::Exited(e.unwrap_or(Exit::Signal(0))),
-            _ = stop.cancelled() => Outcome::Stop,
-        };
+        let (outcome, not_ready) = p.until_exit_or_stop(&server, &spec, &stop).await;
         *server.conn.lock().unwrap_or_else(|p| p.into_inner()) = None;
-
         let exit = match outcome {
-            Outcome::Stop => {
-                set_state(&server, State::Stopping, String::new());
-                let grace = server
-                    .stop_grace
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .take()
-                    .unwrap_or(spec.stop_grace);
-                let exit = kill_tree(pid, cg.as_deref(), grace, None, &mut exit_rx).await;
-                finish_process(&server, exit, State::Stopped, String::new(), false);
-                if let Some(cg) = &cg {
-                    cg.remove();
-                }
-                info!(pid, %exit, "server stopped");
-                return;
-            }
+            Outcome::Stop => return p.stop(&server, &spec).await,
             Outcome::Exited(exit) => exit,
         };
-        let why = match &not_ready {
-            Some(m) => format!("not ready: {m}"),
-            None => format!("exited: {exit}"),
-        };
-        warn!(pid, "{why}");
-        // Decide first, so the exit and the next state are published in one
-        // update: nobody may see a Ready server whose process is gone.
-        let clean = exit == Exit::Code(0) && not_ready.is_none();
-        let decision = policy.decide(clean, started.elapsed(), Instant::now());
-        let (state, message, counted, backoff) = match decision {
-            Decision::Stay { failed } => (
-                if failed {
-                    State::Failed
-                } else {
-                    State::Stopped
-                },
-                why,
-                false,
-                None,
-            ),
-            Decision::GiveUp { restarts, window } => {
-                let msg = format!(
-                    "crash loop: {restarts} restarts within {} s; last: {why}",
-                    window.as_secs_f64()
-                );
-                warn!("{msg}; giving up");
-                (State::Failed, msg, false, None)
-            }
-            Decision::Restart { after } => {
-                let msg = format!("{why}; restarting in {} ms", after.as_millis());
-                (State::Backoff, msg, true, Some(after))
-            }
-        };
-        finish_process(&server, exit, state, message, counted);
-        // The main process is gone; whatever it left running goes too.
-        let _ = kill_tree(pid, cg.as_deref(), Duration::ZERO, Some(exit), &mut exit_rx).await;
-        if let Some(cg) = &cg {
-            cg.remove();
-        }
-        let Some(backoff) = backoff else {
+        let Some(backoff) = p.exited(&server, &mut policy, exit, not_ready).await else {
             return;
         };
         tokio::select! {
@@ -299,6 +126,241 @@ pub(super) async fn runner(
                 set_state(&server, State::Stopped, String::new());
                 return;
             }
+        }
+    }
+}
+
+/// The server's own cgroup with its memory limit, when the agent has
+/// cgroups (else the server runs in its session only).
+fn server_cgroup(shared: &Shared, name: &str, spec: &LaunchSpec) -> Option<Arc<cgroup::Cgroup>> {
+    let cg = shared
+        .cgroups
+        .as_ref()
+        .and_then(|root| match root.create(name) {
+            Ok(cg) => Some(Arc::new(cg)),
+            Err(e) => {
+                warn!(error = %e, "cannot create the server's cgroup; using its session only");
+                None
+            }
+        });
+    if let (Some(cg), Some(mem)) = (&cg, spec.limits.memory_bytes)
+        && shared.cgroups.as_ref().is_some_and(|r| r.memory_limits())
+        && let Err(e) = cg.set_memory_max(mem)
+    {
+        warn!(error = %e, "cannot set memory.max");
+    }
+    cg
+}
+
+/// One process of a server, from its spawn to its exit.
+struct Process {
+    pid: i32,
+    cg: Option<Arc<cgroup::Cgroup>>,
+    started: Instant,
+    exit_rx: oneshot::Receiver<Exit>,
+    /// A stdio server's MCP connection (`None` for http, or unusable pipes).
+    conn: Option<Arc<StdioConn>>,
+    /// stdin stays open for the whole life of an http server too: some
+    /// servers exit when their stdin closes.
+    _stdin_keepalive: Option<OwnedFd>,
+}
+
+/// Spawns the server's process and attaches its output; a spawn that fails
+/// leaves the server Failed (`None`).
+async fn launch(
+    server: &Server,
+    shared: &Shared,
+    spec: &LaunchSpec,
+    cg: Option<Arc<cgroup::Cgroup>>,
+) -> Option<Process> {
+    let procs = cg.as_ref().and_then(|c| c.procs_fd().ok());
+    let spawned = match shared.spawner.spawn(spec, procs).await {
+        Ok(s) => s,
+        Err(e) => {
+            if let Some(cg) = &cg {
+                cg.remove();
+            }
+            let msg = format!(
+                "cannot start {:?} (in {}): {e}",
+                spec.command,
+                spec.cwd.display()
+            );
+            warn!("{msg}");
+            server.log.push(
+                Stream::Stderr,
+                format!("sandbox-agent: {msg}").as_bytes(),
+                false,
+            );
+            set_state(server, State::Failed, msg);
+            return None;
+        }
+    };
+    let pid = spawned.pid;
+    let started = Instant::now();
+    info!(pid, command = %spec.command, "server started");
+    *server.proc_.lock().unwrap_or_else(|p| p.into_inner()) = Some((pid, cg.clone()));
+    server.status.send_modify(|s| {
+        s.pid = Some(pid);
+        s.started_at_ms = now_ms();
+        s.updated_at_ms = s.started_at_ms;
+    });
+    tokio::spawn(pump(spawned.stderr, server.log.clone(), Stream::Stderr));
+    let (conn, stdin) = match &spec.transport {
+        Transport::Stdio => {
+            let conn = StdioConn::start(
+                spawned.stdin,
+                spawned.stdout,
+                server.log.clone(),
+                shared.cfg.stdio_message_bytes,
+            );
+            let conn = conn
+                .inspect_err(|e| warn!(error = %e, "cannot attach to the server's pipes"))
+                .ok();
+            (conn, None)
+        }
+        Transport::Http { .. } => {
+            tokio::spawn(pump(spawned.stdout, server.log.clone(), Stream::Stdout));
+            (None, Some(spawned.stdin))
+        }
+    };
+    Some(Process {
+        pid,
+        cg,
+        started,
+        exit_rx: spawned.exit,
+        conn,
+        _stdin_keepalive: stdin,
+    })
+}
+
+/// Whether the server became ready within its `ready_timeout`: a stdio
+/// server's MCP handshake, an http server's probe.
+async fn ready(spec: &LaunchSpec, conn: Option<&Arc<StdioConn>>) -> Result<(), String> {
+    match (&spec.transport, conn) {
+        (Transport::Stdio, Some(c)) => c
+            .handshake(spec.ready_timeout)
+            .await
+            .map(|_| ())
+            .map_err(|e| e.to_string()),
+        (Transport::Stdio, None) => Err("the server's pipes are unusable".to_owned()),
+        (Transport::Http { port, path }, _) => {
+            let deadline = Instant::now() + spec.ready_timeout;
+            loop {
+                let left = deadline.saturating_duration_since(Instant::now());
+                let last = probe::http_ready(*port, path, left.min(HTTP_PROBE_TIMEOUT)).await;
+                match last {
+                    Ok(()) => break Ok(()),
+                    Err(e) if Instant::now() >= deadline => {
+                        break Err(format!("not ready within {:?}: {e}", spec.ready_timeout));
+                    }
+                    Err(_) => tokio::time::sleep(HTTP_PROBE_INTERVAL).await,
+                }
+            }
+        }
+    }
+}
+
+impl Process {
+    /// Waits for readiness (publishing Ready), then for the exit or the
+    /// stop. A server that is not ready is killed: its exit comes back with
+    /// the reason.
+    async fn until_exit_or_stop(
+        &mut self,
+        server: &Server,
+        spec: &LaunchSpec,
+        stop: &CancellationToken,
+    ) -> (Outcome, Option<String>) {
+        let pid = self.pid;
+        tokio::select! {
+            r = ready(spec, self.conn.as_ref()) => match r {
+                Ok(()) => {
+                    *server.conn.lock().unwrap_or_else(|p| p.into_inner()) = self.conn.clone();
+                    info!(pid, ms = self.started.elapsed().as_millis() as u64, "server ready");
+                    set_state(server, State::Ready, String::new());
+                    let outcome = tokio::select! {
+                        e = &mut self.exit_rx => Outcome::Exited(e.unwrap_or(Exit::Signal(0))),
+                        _ = stop.cancelled() => Outcome::Stop,
+                    };
+                    (outcome, None)
+                }
+                Err(msg) => {
+                    warn!(pid, error = %msg, "server did not become ready");
+                    let e = kill_tree(pid, self.cg.as_deref(), NOT_READY_KILL_GRACE, None, &mut self.exit_rx).await;
+                    (Outcome::Exited(e), Some(msg))
+                }
+            },
+            e = &mut self.exit_rx => (Outcome::Exited(e.unwrap_or(Exit::Signal(0))), None),
+            _ = stop.cancelled() => (Outcome::Stop, None),
+        }
+    }
+
+    /// A stop: the process tree ends within the stop grace (a Stop's own,
+    /// else the manifest's), and the server is Stopped.
+    async fn stop(mut self, server: &Server, spec: &LaunchSpec) {
+        set_state(server, State::Stopping, String::new());
+        let grace = server
+            .stop_grace
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+            .unwrap_or(spec.stop_grace);
+        let exit = kill_tree(self.pid, self.cg.as_deref(), grace, None, &mut self.exit_rx).await;
+        finish_process(server, exit, State::Stopped, String::new(), false);
+        if let Some(cg) = &self.cg {
+            cg.remove();
+        }
+        info!(pid = self.pid, %exit, "server stopped");
+    }
+
+    /// An exit (or a failed readiness): publishes it with the restart
+    /// decision, ends what the process left running, and returns the
+    /// backoff before the next start (`None`: no restart).
+    async fn exited(
+        &mut self,
+        server: &Server,
+        policy: &mut RestartTracker,
+        exit: Exit,
+        not_ready: Option<String>,
+    ) -> Option<Duration> {
+        let pid = self.pid;
+        let why = match &not_ready {
+            Some(m) => format!("not ready: {m}"),
+            None => format!("exited: {exit}"),
+        };
+        warn!(pid, "{why}");
+        // Decide first, so the exit and the next state are published in one
+        // update: nobody may see a Ready server whose process is gone.
+        let clean = exit == Exit::Code(0) && not_ready.is_none();
+        let decision = policy.decide(clean, self.started.elapsed(), Instant::now());
+        let (state, message, backoff) = next_state(decision, why);
+        finish_process(server, exit, state, message, backoff.is_some());
+        // The main process is gone; whatever it left running goes too.
+        let cg = self.cg.as_deref();
+        let _ = kill_tree(pid, cg, Duration::ZERO, Some(exit), &mut self.exit_rx).await;
+        if let Some(cg) = cg {
+            cg.remove();
+        }
+        backoff
+    }
+}
+
+/// The state a restart decision leaves the server in, its message, and the
+/// backoff before a restart (`Some`: the exit counts as a restart).
+fn next_state(decision: Decision, why: String) -> (State, String, Option<Duration>) {
+    match decision {
+        Decision::Stay { failed: true } => (State::Failed, why, None),
+        Decision::Stay { failed: false } => (State::Stopped, why, None),
+        Decision::GiveUp { restarts, window } => {
+            let msg = format!(
+                "crash loop: {restarts} restarts within {} s; last: {why}",
+                window.as_secs_f64()
+            );
+            warn!("{msg}; giving up");
+            (State::Failed, msg, None)
+        }
+        Decision::Restart { after } => {
+            let msg = format!("{why}; restarting in {} ms", after.as_millis());
+            (State::Backoff, msg, Some(after))
         }
     }
 }

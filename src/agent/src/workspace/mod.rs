@@ -3,8 +3,9 @@
 //!
 //! [`Workspace`] runs one operation at a time (Initialize, Dump or Clear;
 //! a second one is refused, naming the first). The operations are blocking
-//! and run on a blocking thread; the gRPC adapter connects them to streams
-//! through bounded channels ([`stream`]).
+//! and run on a blocking thread; [`Workspace::initialize_streamed`] and
+//! [`Workspace::dump_streamed`] connect them to streams through bounded
+//! channels ([`stream`]).
 //!
 //! - [`extract`]: tar → directory, confined ([`confine`]) and limited
 //!   ([`limits`]).
@@ -15,6 +16,8 @@
 //! - [`error`]: [`WorkspaceError`], the archive's [`ArchiveError`] and the
 //!   workspace's own causes.
 //! - [`data_path`]: the second path (e.g. `/data`) showing the workspace.
+//! - `transfer`: Initialize and Dump as streams (the blocking operation on
+//!   its own thread, bounded channels, cancellation by a Release).
 //!
 //! The archive code (`extract`, `pack`, `codec`, `confine`, `limits`,
 //! `stream`) is the `sandbox-archive` crate, re-exported here; `txn`,
@@ -25,9 +28,11 @@ pub mod data_path;
 pub mod error;
 mod moves;
 mod ops;
+mod transfer;
 pub mod txn;
 
 pub use codec::Compression;
 pub use error::{ArchiveError, WorkspaceError};
 pub use limits::{ArchiveLimits, MAX_CHUNK_BYTES};
 pub use ops::{DumpRequest, InitRequest, InitStats, OpGuard, Workspace};
+pub use transfer::{DumpItem, DumpMsg, DumpSummary, TransferError};

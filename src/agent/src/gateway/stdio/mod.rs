@@ -169,6 +169,9 @@ impl Gateway {
         Duration::from_millis(self.cfg.sse_keep_alive_ms)
     }
 
+    /// POST: one message or a batch (a single request in 2026-07-28).
+    /// `initialize`, `server/discover` and subscriptions are answered here;
+    /// requests go to the child ([`Self::run`]).
     async fn post(
         self: &Arc<Self>,
         req: http::Request<Incoming>,
@@ -178,80 +181,17 @@ impl Gateway {
         modern: bool,
     ) -> Response<Body> {
         let headers = req.headers().clone();
-        let accept = header_str(&headers, header::ACCEPT.as_str()).unwrap_or("");
-        let accepts_sse = accept.contains("text/event-stream");
-        let wants_json = accept.contains("application/json") || !accepts_sse;
-        let body = match Limited::new(req.into_body(), self.cfg.max_body_bytes)
-            .collect()
-            .await
-        {
-            Ok(b) => b.to_bytes(),
-            Err(e) => {
-                let status = if e
-                    .downcast_ref::<http_body_util::LengthLimitError>()
-                    .is_some()
-                {
-                    StatusCode::PAYLOAD_TOO_LARGE
-                } else {
-                    StatusCode::BAD_REQUEST
-                };
-                return http_error(
-                    status,
-                    format!(
-                        "reading the body: {e} (limit gateway.max_body_bytes = {})",
-                        self.cfg.max_body_bytes
-                    ),
-                );
-            }
+        let accept = Accept::of(&headers);
+        let body = match self.read_body(req).await {
+            Ok(b) => b,
+            Err(refused) => return *refused,
         };
-        let parsed: Value = match serde_json::from_slice(&body) {
-            Ok(v) => v,
-            Err(e) => {
-                return json_response(
-                    StatusCode::BAD_REQUEST,
-                    &rpc_error(&Value::Null, code::PARSE_ERROR, format!("parse error: {e}")),
-                );
-            }
+        let (messages, batch) = match parse_messages(&body, modern) {
+            Ok(m) => m,
+            Err(refused) => return *refused,
         };
-        let (messages, batch) = match parsed {
-            Value::Array(a) if !a.is_empty() && !modern => (a, true),
-            Value::Object(_) => (vec![parsed], false),
-            _ => {
-                let what = if modern {
-                    "the body must be one JSON-RPC request or notification object (2026-07-28 has no batches)"
-                } else {
-                    "expected a JSON-RPC message object or a batch"
-                };
-                return json_response(
-                    StatusCode::BAD_REQUEST,
-                    &rpc_error(&Value::Null, code::INVALID_REQUEST, what),
-                );
-            }
-        };
-        if modern {
-            let m = &messages[0];
-            if m.get("id").is_none() {
-                // No client-to-server notifications in this revision;
-                // accepted and dropped, as the spec allows.
-                return accepted();
-            }
-            if method_of(m).is_none() {
-                return json_response(
-                    StatusCode::BAD_REQUEST,
-                    &rpc_error(
-                        &Value::Null,
-                        code::INVALID_REQUEST,
-                        "2026-07-28 has no server-to-client requests to answer",
-                    ),
-                );
-            }
-            if let Err((code, message, data)) = check_envelope(m, &headers) {
-                let mut answer = rpc_error(&m["id"], code, message);
-                if !data.is_null() {
-                    answer["error"]["data"] = data;
-                }
-                return json_response(modern_status(&answer), &answer);
-            }
+        if modern && let Some(refused) = check_modern(&messages[0], &headers) {
+            return refused;
         }
         let is_init = messages.iter().any(|m| method_of(m) == Some("initialize"));
         if !is_init
@@ -263,106 +203,132 @@ impl Gateway {
         let conn = match self.conn(name).await {
             Ok(c) => c,
             Err(e) => {
-                let answers: Vec<Value> = messages
-                    .iter()
-                    .filter(|m| m.get("method").is_some())
-                    .filter_map(|m| {
-                        m.get("id")
-                            .map(|id| rpc_error(id, code::INTERNAL_ERROR, e.to_string()))
-                    })
-                    .collect();
-                return self.reply(answers, batch, wants_json, None, modern);
+                let answers = not_connected(&messages, &e.to_string());
+                return self.reply(answers, batch, accept.json, None, modern);
             }
         };
         let route = self.route(name, lease);
         let generation = route.attach(&conn);
-        let session_for_route = session.clone();
         let x = Arc::new(Exchange {
-            route: route.clone(),
-            conn: conn.clone(),
+            route,
+            conn,
             generation,
-            session: session_for_route,
+            session,
             modern,
             timeout: Duration::from_millis(self.cfg.request_timeout_ms),
         });
+        let sorted = self.sort(&x, messages, name, lease).await;
+        if sorted.requests.is_empty() {
+            return if sorted.local.is_empty() {
+                accepted()
+            } else {
+                self.reply(sorted.local, batch, accept.json, sorted.new_session, modern)
+            };
+        }
+        self.run(
+            x,
+            sorted.requests,
+            sorted.local,
+            batch,
+            accept.sse,
+            accept.json,
+        )
+        .await
+    }
 
-        // Messages answered here; requests left for the child.
-        let mut local = Vec::new();
-        let mut requests = Vec::new();
-        let mut new_session = None;
+    /// The body, within `gateway.max_body_bytes`.
+    async fn read_body(&self, req: http::Request<Incoming>) -> Result<Bytes, Box<Response<Body>>> {
+        let max = self.cfg.max_body_bytes;
+        match Limited::new(req.into_body(), max).collect().await {
+            Ok(b) => Ok(b.to_bytes()),
+            Err(e) => {
+                let status = if e
+                    .downcast_ref::<http_body_util::LengthLimitError>()
+                    .is_some()
+                {
+                    StatusCode::PAYLOAD_TOO_LARGE
+                } else {
+                    StatusCode::BAD_REQUEST
+                };
+                Err(Box::new(http_error(
+                    status,
+                    format!("reading the body: {e} (limit gateway.max_body_bytes = {max})"),
+                )))
+            }
+        }
+    }
+
+    /// Sorts a POST's messages: answered here (`initialize`,
+    /// `server/discover`, subscriptions the child need not hear of, errors),
+    /// requests for the child, and what is delivered at once (the client's
+    /// notifications and its answers to the child's requests).
+    async fn sort(&self, x: &Exchange, messages: Vec<Value>, name: &str, lease: &str) -> Sorted {
+        let mut s = Sorted::default();
         for m in messages {
             let id = m.get("id").cloned();
             match (method_of(&m), id) {
-                (Some("initialize"), Some(id)) if !modern => match initialize(&conn, &m, &id) {
-                    Some(a) => {
-                        let sid = session::new_id();
-                        let caps = m
-                            .pointer("/params/capabilities")
-                            .cloned()
-                            .unwrap_or(Value::Null);
-                        self.sessions.insert(&sid, name, lease, caps);
-                        new_session = Some(sid);
-                        local.push(a);
+                (Some("initialize"), Some(id)) if !x.modern => {
+                    let (answer, sid) = self.open_session(x, &m, &id, name, lease);
+                    s.local.push(answer);
+                    if sid.is_some() {
+                        s.new_session = sid;
                     }
-                    None => local.push(rpc_error(
-                        &id,
-                        code::INTERNAL_ERROR,
-                        "the MCP server has not finished initializing",
-                    )),
-                },
-                (Some("server/discover"), Some(id)) => local.push(discover(&conn, &id)),
-                (Some("subscriptions/listen"), Some(id)) => local.push(rpc_error(
+                }
+                (Some("server/discover"), Some(id)) => s.local.push(discover(&x.conn, &id)),
+                (Some("subscriptions/listen"), Some(id)) => s.local.push(rpc_error(
                     &id,
                     code::METHOD_NOT_FOUND,
                     "subscriptions/listen is not served by this gateway; poll the lists instead",
                 )),
                 (Some(method @ ("resources/subscribe" | "resources/unsubscribe")), Some(id))
-                    if session.is_some() =>
+                    if x.session.is_some() =>
                 {
-                    let uri = m
-                        .pointer("/params/uri")
-                        .and_then(Value::as_str)
-                        .unwrap_or("");
-                    let s = session.as_deref().unwrap_or("");
-                    let tell_child = if method == "resources/subscribe" {
-                        route.subscribe(s, uri)
+                    if subscription(x, method, &m) {
+                        s.requests.push(m);
                     } else {
-                        route.unsubscribe(s, uri)
-                    };
-                    if tell_child {
-                        requests.push(m);
-                    } else {
-                        local.push(mcp::result(&id, json!({})));
+                        s.local.push(mcp::result(&id, json!({})));
                     }
                 }
-                (Some(_), Some(_)) => requests.push(m),
-                (Some(method), None) => self.client_notification(&x, method, &m).await,
-                (None, Some(id)) => {
-                    // The client's answer to one of the child's requests.
-                    if route.take_server_request(session.as_deref(), &id) {
-                        if let Err(e) = conn.send_message(&m).await {
-                            debug!(error = %e, "answer to a server request not delivered");
-                        }
-                    } else {
-                        debug!(%id, "an answer to no waiting server request; ignored");
-                    }
-                }
-                (None, None) => local.push(rpc_error(
+                (Some(_), Some(_)) => s.requests.push(m),
+                (Some(method), None) => self.client_notification(x, method, &m).await,
+                (None, Some(id)) => client_answer(x, &m, &id).await,
+                (None, None) => s.local.push(rpc_error(
                     &Value::Null,
                     code::INVALID_REQUEST,
                     "a message without method or id",
                 )),
             }
         }
-        if requests.is_empty() {
-            return if local.is_empty() {
-                accepted()
-            } else {
-                self.reply(local, batch, wants_json, new_session, modern)
-            };
-        }
-        self.run(x, requests, local, batch, accepts_sse, wants_json)
-            .await
+        s
+    }
+
+    /// `initialize` (handshake era): answered from the child's handshake,
+    /// with a new session (its id second).
+    fn open_session(
+        &self,
+        x: &Exchange,
+        m: &Value,
+        id: &Value,
+        name: &str,
+        lease: &str,
+    ) -> (Value, Option<String>) {
+        let Some(answer) = initialize(&x.conn, m, id) else {
+            let why = "the MCP server has not finished initializing";
+            return (rpc_error(id, code::INTERNAL_ERROR, why), None);
+        };
+        let sid = match session::new_id() {
+            Ok(sid) => sid,
+            Err(e) => {
+                let why = format!("no session id: {e}");
+                return (rpc_error(id, code::INTERNAL_ERROR, why), None);
+            }
+        };
+        let caps = m
+            .pointer("/params/capabilities")
+            .cloned()
+            .unwrap_or(Value::Null);
+        self.sessions.insert(&sid, name, lease, caps);
+        (answer, Some(sid))
     }
 
     /// A client notification: `cancelled` names the client's request id,
@@ -494,6 +460,129 @@ impl Gateway {
             r.headers_mut().insert(mcp_header::SESSION, v);
         }
         r
+    }
+}
+
+/// What a POST's Accept header allows.
+struct Accept {
+    /// An SSE stream.
+    sse: bool,
+    /// A JSON answer (also when SSE is not accepted).
+    json: bool,
+}
+
+impl Accept {
+    fn of(headers: &HeaderMap) -> Accept {
+        let accept = header_str(headers, header::ACCEPT.as_str()).unwrap_or("");
+        let sse = accept.contains("text/event-stream");
+        Accept {
+            sse,
+            json: accept.contains("application/json") || !sse,
+        }
+    }
+}
+
+/// A POST's messages, sorted by [`Gateway::sort`].
+#[derive(Default)]
+struct Sorted {
+    /// Answers made here.
+    local: Vec<Value>,
+    /// Requests for the child.
+    requests: Vec<Value>,
+    /// The session an `initialize` opened.
+    new_session: Option<String>,
+}
+
+/// The body's messages and whether they came as a batch (2026-07-28: one
+/// object, no batches).
+fn parse_messages(body: &[u8], modern: bool) -> Result<(Vec<Value>, bool), Box<Response<Body>>> {
+    let parsed: Value = match serde_json::from_slice(body) {
+        Ok(v) => v,
+        Err(e) => {
+            return Err(Box::new(json_response(
+                StatusCode::BAD_REQUEST,
+                &rpc_error(&Value::Null, code::PARSE_ERROR, format!("parse error: {e}")),
+            )));
+        }
+    };
+    match parsed {
+        Value::Array(a) if !a.is_empty() && !modern => Ok((a, true)),
+        Value::Object(_) => Ok((vec![parsed], false)),
+        _ => {
+            let what = if modern {
+                "the body must be one JSON-RPC request or notification object (2026-07-28 has no batches)"
+            } else {
+                "expected a JSON-RPC message object or a batch"
+            };
+            Err(Box::new(json_response(
+                StatusCode::BAD_REQUEST,
+                &rpc_error(&Value::Null, code::INVALID_REQUEST, what),
+            )))
+        }
+    }
+}
+
+/// A 2026-07-28 message: a request with its envelope matching the headers
+/// (`None`), or the answer refusing it. A notification is accepted and
+/// dropped, as the spec allows (there are none client-to-server).
+fn check_modern(m: &Value, headers: &HeaderMap) -> Option<Response<Body>> {
+    if m.get("id").is_none() {
+        return Some(accepted());
+    }
+    if method_of(m).is_none() {
+        return Some(json_response(
+            StatusCode::BAD_REQUEST,
+            &rpc_error(
+                &Value::Null,
+                code::INVALID_REQUEST,
+                "2026-07-28 has no server-to-client requests to answer",
+            ),
+        ));
+    }
+    let (code, message, data) = check_envelope(m, headers).err()?;
+    let mut answer = rpc_error(&m["id"], code, message);
+    if !data.is_null() {
+        answer["error"]["data"] = data;
+    }
+    Some(json_response(modern_status(&answer), &answer))
+}
+
+/// The answers to a POST's requests when the child cannot be reached.
+fn not_connected(messages: &[Value], why: &str) -> Vec<Value> {
+    messages
+        .iter()
+        .filter(|m| m.get("method").is_some())
+        .filter_map(|m| {
+            m.get("id")
+                .map(|id| rpc_error(id, code::INTERNAL_ERROR, why.to_owned()))
+        })
+        .collect()
+}
+
+/// `resources/subscribe` or `unsubscribe` on the session's route; whether
+/// the child must hear of it (the first subscriber, the last to leave).
+fn subscription(x: &Exchange, method: &str, m: &Value) -> bool {
+    let uri = m
+        .pointer("/params/uri")
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    let s = x.session.as_deref().unwrap_or("");
+    if method == "resources/subscribe" {
+        x.route.subscribe(s, uri)
+    } else {
+        x.route.unsubscribe(s, uri)
+    }
+}
+
+/// The client's answer to one of the child's requests: delivered when the
+/// child is waiting for it.
+async fn client_answer(x: &Exchange, m: &Value, id: &Value) {
+    if x.route.take_server_request(x.session.as_deref(), id) {
+        if let Err(e) = x.conn.send_message(m).await {
+            debug!(error = %e, "answer to a server request not delivered");
+        }
+    } else {
+        debug!(%id, "an answer to no waiting server request; ignored");
     }
 }
 

@@ -3,11 +3,13 @@
 //! naming its field.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use super::schema::{ManifestFile, RestartPolicy, ServerFile, TransportKind};
-use super::{Override, Restart, Seed, ServerDef, Transport};
+use super::schema::{
+    ManifestFile, OverrideFile, RestartPolicy, SeedFile, ServerFile, TransportKind,
+};
+use super::{Benchmark, Override, Restart, Seed, ServerDef, Transport};
 
 /// Environment variables a child gets from the agent's own environment when
 /// neither the manifest nor the lease sets them.
@@ -218,6 +220,7 @@ fn lookup(kind: &'static str, name: &str, source: nix::Error) -> EntryError {
 
 /// Checks one `[servers.NAME]` entry and resolves it against the defaults:
 /// variables expanded, users looked up, every limit and path checked.
+/// Fields are checked in the file's order; the first problem is the error.
 pub(super) fn check_entry(
     name: &str,
     e: &ServerFile,
@@ -227,214 +230,29 @@ pub(super) fn check_entry(
     if !valid_name(name) {
         return Err(field("name", EntryError::BadName));
     }
-    let workspace = roots.workspace;
-    let ws = workspace.display().to_string();
-    let state_root = roots.state_root.display().to_string();
-    let install = file.install_dir.clone().unwrap_or_default();
-    let data = roots.data.unwrap_or(workspace).display().to_string();
-    let vars = [
-        ("workspace", ws.as_str()),
-        ("data", data.as_str()),
-        ("state_root", state_root.as_str()),
-        ("install_dir", install.as_str()),
-        ("name", name),
-    ];
-    if install.is_empty() && e.command.contains("${install_dir}") {
-        return Err(field("command", EntryError::NoInstallDir));
-    }
-    let x = |s: &str, f: &str| expand(s, &vars, f);
-    let command = x(&e.command, "command")?;
-    if command.trim().is_empty() {
-        return Err(field("command", EntryError::Empty));
-    }
-    let args = e
-        .args
-        .iter()
-        .map(|a| x(a, "args"))
-        .collect::<Result<Vec<_>, _>>()?;
-    let mut env = BTreeMap::new();
-    for (k, v) in file.defaults.env.iter().chain(e.env.iter()) {
-        env.insert(k.clone(), x(v, "env")?);
-    }
-    check_env(&env, "env")?;
+    let owned = file_vars(file, roots);
+    let mut vars: Vec<(&str, &str)> = owned.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    vars.push(("name", name));
+    let c = Entry {
+        e,
+        file,
+        workspace: roots.workspace,
+        vars: &vars,
+    };
+    let (command, args) = c.command()?;
+    let env = c.env()?;
     let cwd = match &e.cwd {
-        Some(c) => abs_path(&x(c, "cwd")?, "cwd")?,
-        None => workspace.to_owned(),
+        Some(d) => abs_path(&c.x(d, "cwd")?, "cwd")?,
+        None => roots.workspace.to_owned(),
     };
-    let (mut uid, mut gid) = (None, None);
-    if let Some(u) = e.user.as_ref().or(file.defaults.user.as_ref()) {
-        let (u, g) = resolve_user(u, "user")?;
-        uid = Some(u);
-        gid = Some(g);
-    }
-    if let Some(g) = e.group.as_ref().or(file.defaults.group.as_ref()) {
-        gid = Some(resolve_group(g, "group")?);
-    }
-    let transport = match (e.transport, &e.http) {
-        (TransportKind::Stdio, None) => Transport::Stdio,
-        (TransportKind::Stdio, Some(_)) => {
-            return Err(field("http", EntryError::HttpTableWithoutHttp));
-        }
-        (TransportKind::Http, None) => {
-            return Err(field("http", EntryError::HttpWithoutTable));
-        }
-        (TransportKind::Http, Some(h)) => {
-            let path = h.path.clone().unwrap_or_else(|| "/mcp".into());
-            if h.port == 0 {
-                return Err(field("http.port", EntryError::BadPort));
-            }
-            if !path.starts_with('/') {
-                return Err(field("http.path", EntryError::RelativeHttpPath));
-            }
-            Transport::Http { port: h.port, path }
-        }
-    };
-    let ms = |v: Option<u64>, d: Option<u64>, dflt: u64, f: &str| -> Result<Duration, FieldError> {
-        let v = v.or(d).unwrap_or(dflt);
-        if v == 0 {
-            return Err(field(f, EntryError::Zero));
-        }
-        Ok(Duration::from_millis(v))
-    };
-    let ready_timeout = ms(
-        e.ready_timeout_ms,
-        file.defaults.ready_timeout_ms,
-        60_000,
-        "ready_timeout_ms",
-    )?;
-    let stop_grace = ms(
-        e.stop_grace_ms,
-        file.defaults.stop_grace_ms,
-        5_000,
-        "stop_grace_ms",
-    )?;
-    let r = &e.restart;
-    let d = &file.defaults.restart;
-    let restart = Restart {
-        policy: r.policy.or(d.policy).unwrap_or(RestartPolicy::OnFailure),
-        initial_backoff: ms(
-            r.initial_backoff_ms,
-            d.initial_backoff_ms,
-            250,
-            "restart.initial_backoff_ms",
-        )?,
-        max_backoff: ms(
-            r.max_backoff_ms,
-            d.max_backoff_ms,
-            10_000,
-            "restart.max_backoff_ms",
-        )?,
-        max_restarts: r.max_restarts.or(d.max_restarts).unwrap_or(5),
-        window: ms(r.window_ms, d.window_ms, 60_000, "restart.window_ms")?,
-    };
-    if restart.max_backoff < restart.initial_backoff {
-        return Err(field("restart.max_backoff_ms", EntryError::BackoffOrder));
-    }
-    let mut state_paths = Vec::new();
-    for p in &e.state_paths {
-        let path = abs_path(&x(p, "state_paths")?, "state_paths")?;
-        if path.parent().is_none() || path.starts_with(workspace) || workspace.starts_with(&path) {
-            return Err(field(
-                "state_paths",
-                EntryError::StatePathOverlapsWorkspace(path),
-            ));
-        }
-        state_paths.push(path);
-    }
+    let (uid, gid) = c.ids()?;
+    let transport = transport(e)?;
+    let (ready_timeout, stop_grace) = c.timeouts()?;
+    let restart = c.restart()?;
+    let state_paths = c.state_paths()?;
     let limits = e.limits.or(&file.defaults.limits);
-    let mut pass_env: Vec<String> = BASE_PASS_ENV.iter().map(|s| s.to_string()).collect();
-    pass_env.extend(file.defaults.pass_env.iter().cloned());
-    pass_env.extend(e.pass_env.iter().cloned());
-    for v in &pass_env {
-        if !valid_env_name(v) {
-            return Err(field("pass_env", EntryError::BadEnvName(v.clone())));
-        }
-    }
-    for r in &e.requires {
-        if !valid_env_name(&r.var) {
-            return Err(field("requires", EntryError::BadEnvName(r.var.clone())));
-        }
-    }
-    for v in e.auth_env.values() {
-        if !valid_env_name(v) {
-            return Err(field("auth_env", EntryError::BadEnvName(v.clone())));
-        }
-    }
-    let mut benchmarks = BTreeMap::new();
-    for (b, o) in &e.benchmarks {
-        let f = |s: &str| format!("benchmarks.{}.{s}", b.as_str());
-        let mut env = BTreeMap::new();
-        for (k, v) in &o.env {
-            env.insert(k.clone(), x(v, &f("env"))?);
-        }
-        check_env(&env, &f("env"))?;
-        let mut seed = Vec::new();
-        for s in &o.seed {
-            let from = abs_path(&x(&s.from, &f("seed.from"))?, &f("seed.from"))?;
-            if !from.exists() {
-                return Err(field(&f("seed.from"), EntryError::SeedMissing(from)));
-            }
-            let to = match &s.to {
-                None => None,
-                Some(t) => {
-                    let to = abs_path(&x(t, &f("seed.to"))?, &f("seed.to"))?;
-                    if to == workspace {
-                        None
-                    } else if state_paths.iter().any(|sp| to.starts_with(sp)) {
-                        Some(to)
-                    } else {
-                        return Err(field(&f("seed.to"), EntryError::SeedOutsideState(to)));
-                    }
-                }
-            };
-            seed.push(Seed { from, to });
-        }
-        benchmarks.insert(
-            *b,
-            Override {
-                command: o
-                    .command
-                    .as_deref()
-                    .map(|c| x(c, &f("command")))
-                    .transpose()?,
-                args: o
-                    .args
-                    .as_ref()
-                    .map(|a| {
-                        a.iter()
-                            .map(|s| x(s, &f("args")))
-                            .collect::<Result<Vec<_>, _>>()
-                    })
-                    .transpose()?,
-                env,
-                seed,
-                metadata: o.metadata.clone(),
-                dirs: o
-                    .dirs
-                    .iter()
-                    .map(|d| {
-                        let comps = sandbox_archive::confine::normalize(std::path::Path::new(d))
-                            .map_err(|r| {
-                                field(
-                                    &f("dirs"),
-                                    EntryError::BadWorkspaceDir(d.clone(), r.to_string()),
-                                )
-                            })?;
-                        if comps.is_empty() {
-                            return Err(field(
-                                &f("dirs"),
-                                EntryError::BadWorkspaceDir(
-                                    d.clone(),
-                                    "it names the workspace itself".into(),
-                                ),
-                            ));
-                        }
-                        Ok(comps.iter().collect::<PathBuf>())
-                    })
-                    .collect::<Result<Vec<_>, _>>()?,
-            },
-        );
-    }
+    let pass_env = c.env_names()?;
+    let benchmarks = c.benchmarks(&state_paths)?;
     Ok(ServerDef {
         name: name.to_owned(),
         description: e.description.clone().unwrap_or_default(),
@@ -459,7 +277,273 @@ pub(super) fn check_entry(
         data_command: e
             .data_command
             .as_deref()
-            .map(|c| x(c, "data_command"))
+            .map(|d| c.x(d, "data_command"))
             .transpose()?,
     })
+}
+
+/// One `[servers.NAME]` entry being checked, with the manifest's defaults
+/// and the `${…}` variables its strings may use.
+struct Entry<'a> {
+    e: &'a ServerFile,
+    file: &'a ManifestFile,
+    workspace: &'a Path,
+    vars: &'a [(&'a str, &'a str)],
+}
+
+impl Entry<'_> {
+    /// `s` with its variables expanded (`f` names the field).
+    fn x(&self, s: &str, f: &str) -> Result<String, FieldError> {
+        expand(s, self.vars, f)
+    }
+
+    /// `command` and `args`.
+    fn command(&self) -> Result<(String, Vec<String>), FieldError> {
+        let e = self.e;
+        let no_install_dir = self
+            .file
+            .install_dir
+            .as_deref()
+            .unwrap_or_default()
+            .is_empty();
+        if no_install_dir && e.command.contains("${install_dir}") {
+            return Err(field("command", EntryError::NoInstallDir));
+        }
+        let command = self.x(&e.command, "command")?;
+        if command.trim().is_empty() {
+            return Err(field("command", EntryError::Empty));
+        }
+        let args = e
+            .args
+            .iter()
+            .map(|a| self.x(a, "args"))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok((command, args))
+    }
+
+    /// `env`: the defaults', then the entry's.
+    fn env(&self) -> Result<BTreeMap<String, String>, FieldError> {
+        let mut env = BTreeMap::new();
+        for (k, v) in self.file.defaults.env.iter().chain(self.e.env.iter()) {
+            env.insert(k.clone(), self.x(v, "env")?);
+        }
+        check_env(&env, "env")?;
+        Ok(env)
+    }
+
+    /// `user` and `group` (or the defaults'): uid and gid, looked up.
+    fn ids(&self) -> Result<(Option<u32>, Option<u32>), FieldError> {
+        let (e, d) = (self.e, &self.file.defaults);
+        let (mut uid, mut gid) = (None, None);
+        if let Some(u) = e.user.as_ref().or(d.user.as_ref()) {
+            let (u, g) = resolve_user(u, "user")?;
+            uid = Some(u);
+            gid = Some(g);
+        }
+        if let Some(g) = e.group.as_ref().or(d.group.as_ref()) {
+            gid = Some(resolve_group(g, "group")?);
+        }
+        Ok((uid, gid))
+    }
+
+    /// `ready_timeout_ms` and `stop_grace_ms`.
+    fn timeouts(&self) -> Result<(Duration, Duration), FieldError> {
+        let (e, d) = (self.e, &self.file.defaults);
+        Ok((
+            millis(
+                e.ready_timeout_ms,
+                d.ready_timeout_ms,
+                60_000,
+                "ready_timeout_ms",
+            )?,
+            millis(e.stop_grace_ms, d.stop_grace_ms, 5_000, "stop_grace_ms")?,
+        ))
+    }
+
+    /// The `restart` table over the defaults'.
+    fn restart(&self) -> Result<Restart, FieldError> {
+        let r = &self.e.restart;
+        let d = &self.file.defaults.restart;
+        let restart = Restart {
+            policy: r.policy.or(d.policy).unwrap_or(RestartPolicy::OnFailure),
+            initial_backoff: millis(
+                r.initial_backoff_ms,
+                d.initial_backoff_ms,
+                250,
+                "restart.initial_backoff_ms",
+            )?,
+            max_backoff: millis(
+                r.max_backoff_ms,
+                d.max_backoff_ms,
+                10_000,
+                "restart.max_backoff_ms",
+            )?,
+            max_restarts: r.max_restarts.or(d.max_restarts).unwrap_or(5),
+            window: millis(r.window_ms, d.window_ms, 60_000, "restart.window_ms")?,
+        };
+        if restart.max_backoff < restart.initial_backoff {
+            return Err(field("restart.max_backoff_ms", EntryError::BackoffOrder));
+        }
+        Ok(restart)
+    }
+
+    /// `state_paths`: absolute, neither in the workspace nor containing it.
+    fn state_paths(&self) -> Result<Vec<PathBuf>, FieldError> {
+        let ws = self.workspace;
+        let mut state_paths = Vec::new();
+        for p in &self.e.state_paths {
+            let path = abs_path(&self.x(p, "state_paths")?, "state_paths")?;
+            if path.parent().is_none() || path.starts_with(ws) || ws.starts_with(&path) {
+                return Err(field(
+                    "state_paths",
+                    EntryError::StatePathOverlapsWorkspace(path),
+                ));
+            }
+            state_paths.push(path);
+        }
+        Ok(state_paths)
+    }
+
+    /// The variables a child may take from the agent's environment (the
+    /// base ones, the defaults', the entry's); checks the names `requires`
+    /// and `auth_env` use too.
+    fn env_names(&self) -> Result<Vec<String>, FieldError> {
+        let e = self.e;
+        let mut pass_env: Vec<String> = BASE_PASS_ENV.iter().map(|s| s.to_string()).collect();
+        pass_env.extend(self.file.defaults.pass_env.iter().cloned());
+        pass_env.extend(e.pass_env.iter().cloned());
+        let named = [
+            ("pass_env", pass_env.iter().collect::<Vec<_>>()),
+            ("requires", e.requires.iter().map(|r| &r.var).collect()),
+            ("auth_env", e.auth_env.values().collect()),
+        ];
+        for (f, names) in named {
+            if let Some(v) = names.into_iter().find(|v| !valid_env_name(v)) {
+                return Err(field(f, EntryError::BadEnvName(v.clone())));
+            }
+        }
+        Ok(pass_env)
+    }
+
+    /// The `[servers.NAME.benchmarks.*]` profiles.
+    fn benchmarks(
+        &self,
+        state_paths: &[PathBuf],
+    ) -> Result<BTreeMap<Benchmark, Override>, FieldError> {
+        let mut benchmarks = BTreeMap::new();
+        for (b, o) in &self.e.benchmarks {
+            benchmarks.insert(*b, self.profile(b.as_str(), o, state_paths)?);
+        }
+        Ok(benchmarks)
+    }
+
+    /// One benchmark's profile (`bench`: its name in field names).
+    fn profile(
+        &self,
+        bench: &str,
+        o: &OverrideFile,
+        state_paths: &[PathBuf],
+    ) -> Result<Override, FieldError> {
+        let f = |s: &str| format!("benchmarks.{bench}.{s}");
+        let mut env = BTreeMap::new();
+        for (k, v) in &o.env {
+            env.insert(k.clone(), self.x(v, &f("env"))?);
+        }
+        check_env(&env, &f("env"))?;
+        let seed = o
+            .seed
+            .iter()
+            .map(|s| self.seed(s, &f, state_paths))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Override {
+            command: o
+                .command
+                .as_deref()
+                .map(|c| self.x(c, &f("command")))
+                .transpose()?,
+            args: o
+                .args
+                .as_ref()
+                .map(|a| {
+                    a.iter()
+                        .map(|s| self.x(s, &f("args")))
+                        .collect::<Result<Vec<_>, _>>()
+                })
+                .transpose()?,
+            env,
+            seed,
+            metadata: o.metadata.clone(),
+            dirs: o
+                .dirs
+                .iter()
+                .map(|d| workspace_dir(d, &f("dirs")))
+                .collect::<Result<Vec<_>, _>>()?,
+        })
+    }
+
+    /// One `seed` of a profile: `from` exists; `to` is the workspace or in
+    /// one of the server's state paths.
+    fn seed(
+        &self,
+        s: &SeedFile,
+        f: &impl Fn(&str) -> String,
+        state_paths: &[PathBuf],
+    ) -> Result<Seed, FieldError> {
+        let from = abs_path(&self.x(&s.from, &f("seed.from"))?, &f("seed.from"))?;
+        if !from.exists() {
+            return Err(field(&f("seed.from"), EntryError::SeedMissing(from)));
+        }
+        let Some(t) = &s.to else {
+            return Ok(Seed { from, to: None });
+        };
+        let to = abs_path(&self.x(t, &f("seed.to"))?, &f("seed.to"))?;
+        if to == self.workspace {
+            Ok(Seed { from, to: None })
+        } else if state_paths.iter().any(|sp| to.starts_with(sp)) {
+            Ok(Seed { from, to: Some(to) })
+        } else {
+            Err(field(&f("seed.to"), EntryError::SeedOutsideState(to)))
+        }
+    }
+}
+
+/// `transport` and its `http` table.
+fn transport(e: &ServerFile) -> Result<Transport, FieldError> {
+    match (e.transport, &e.http) {
+        (TransportKind::Stdio, None) => Ok(Transport::Stdio),
+        (TransportKind::Stdio, Some(_)) => Err(field("http", EntryError::HttpTableWithoutHttp)),
+        (TransportKind::Http, None) => Err(field("http", EntryError::HttpWithoutTable)),
+        (TransportKind::Http, Some(h)) => {
+            let path = h.path.clone().unwrap_or_else(|| "/mcp".into());
+            if h.port == 0 {
+                return Err(field("http.port", EntryError::BadPort));
+            }
+            if !path.starts_with('/') {
+                return Err(field("http.path", EntryError::RelativeHttpPath));
+            }
+            Ok(Transport::Http { port: h.port, path })
+        }
+    }
+}
+
+/// A duration in ms: the entry's, else the defaults', else `dflt`; never 0.
+fn millis(v: Option<u64>, d: Option<u64>, dflt: u64, f: &str) -> Result<Duration, FieldError> {
+    let v = v.or(d).unwrap_or(dflt);
+    if v == 0 {
+        return Err(field(f, EntryError::Zero));
+    }
+    Ok(Duration::from_millis(v))
+}
+
+/// A profile's workspace directory: relative, inside, not the workspace.
+fn workspace_dir(d: &str, f: &str) -> Result<PathBuf, FieldError> {
+    let comps = sandbox_archive::confine::normalize(Path::new(d))
+        .map_err(|r| field(f, EntryError::BadWorkspaceDir(d.to_owned(), r.to_string())))?;
+    if comps.is_empty() {
+        return Err(field(
+            f,
+            EntryError::BadWorkspaceDir(d.to_owned(), "it names the workspace itself".into()),
+        ));
+    }
+    Ok(comps.iter().collect::<PathBuf>())
 }
