@@ -20,7 +20,7 @@ pub fn bytes<const N: usize>() -> io::Result<[u8; N]> {
 pub fn hex_token(n: usize) -> io::Result<String> {
     let mut b = vec![0u8; n];
     fill(&mut b)?;
-    Ok(b.iter().map(|x| format!("{x:02x}")).collect())
+    Ok(hex::encode(b))
 }
 
 #[cfg(test)]

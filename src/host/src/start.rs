@@ -296,8 +296,9 @@ fn signing_key(dir: &std::path::Path) -> anyhow::Result<Vec<u8>> {
     if let Ok(k) = std::fs::read(&path) {
         return Ok(k);
     }
-    let mut k = vec![0u8; 32];
-    getrandom::fill(&mut k).map_err(|e| anyhow::anyhow!("random: {e}"))?;
+    let k = sandbox_client::random::bytes::<32>()
+        .context("making the key that signs transfer URLs")?
+        .to_vec();
     let mut f = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)

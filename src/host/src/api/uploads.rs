@@ -255,10 +255,9 @@ impl Uploads {
             tokio::fs::create_dir_all(self.exec_dir(id)).await?;
         }
         let mut r = self.begin(id, owner, kind)?;
-        let mut rnd = [0u8; 8];
-        getrandom::fill(&mut rnd).map_err(|e| std::io::Error::other(e.to_string()))?;
+        let rnd = sandbox_client::random::hex_token(8)?;
         let mut part = final_path.as_os_str().to_owned();
-        part.push(format!(".{}.part", hex::encode(rnd)));
+        part.push(format!(".{rnd}.part"));
         let part = PathBuf::from(part);
         let stored = async {
             let mut f = tokio::fs::OpenOptions::new()
