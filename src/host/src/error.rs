@@ -165,8 +165,8 @@ pub struct ValidationItem {
     /// pydantic's error type (`missing`, `int_parsing`, …).
     #[serde(rename = "type")]
     pub kind: String,
-    /// What was found there.
-    #[schema(value_type = Object)]
+    /// What was found there (any JSON value).
+    #[schema(value_type = Value)]
     pub input: Value,
     /// The constraint that failed, when pydantic names one.
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -295,4 +295,83 @@ mod tests {
             Err(e) => panic!("{e}"),
         }
     }
+
+    /// A bare HTTP/2 server standing in for the agent: reads a request body
+    /// to its end and reports how it ended (cleanly, or reset).
+    async fn body_ends() -> (u16, tokio::sync::mpsc::UnboundedReceiver<String>) {
+        use http_body_util::BodyExt;
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let port = l.local_addr().expect("addr").port();
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            while let Ok((s, _)) = l.accept().await {
+                let tx = tx.clone();
+                let svc = hyper::service::service_fn(
+                    move |req: hyper::Request<hyper::body::Incoming>| {
+                        let tx = tx.clone();
+                        async move {
+                            let mut body = req.into_body();
+                            let end = loop {
+                                match body.frame().await {
+                                    Some(Ok(_)) => continue,
+                                    Some(Err(e)) => break format!("reset: {e}"),
+                                    None => break "clean end".to_owned(),
+                                }
+                            };
+                            let _ = tx.send(end);
+                            // Never answers: the host decides.
+                            std::future::pending::<
+                                Result<hyper::Response<String>, std::convert::Infallible>,
+                            >()
+                            .await
+                        }
+                    },
+                );
+                tokio::spawn(
+                    hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+                        .serve_connection(hyper_util::rt::TokioIo::new(s), svc),
+                );
+            }
+        });
+        (port, rx)
+    }
+
+    /// Over a real gRPC connection, the read error resets the call's
+    /// stream: the agent sees an error, never a clean end it could take
+    /// for a whole archive.
+    #[tokio::test]
+    async fn a_read_error_resets_the_agent_call() {
+        let (port, mut ends) = body_ends().await;
+        let c = sandbox_client::connect(&format!("tcp://127.0.0.1:{port}"))
+            .await
+            .expect("connect");
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = tokio::fs::File::open(dir.path()).await.expect("open");
+        let (chunks, failure) = stored_chunks(file);
+        let header = proto::InitializeRequest {
+            msg: Some(proto::initialize_request::Msg::Header(
+                proto::InitializeHeader::default(),
+            )),
+        };
+        let chunks = chunks.map(|c| proto::InitializeRequest {
+            msg: Some(proto::initialize_request::Msg::Chunk(c)),
+        });
+        let stream = futures_util::stream::iter([header]).chain(chunks);
+        let mut ws = c.workspace();
+        let wait = std::time::Duration::from_secs(10);
+        let r = tokio::time::timeout(
+            wait,
+            stream_to_agent("initialize", ws.initialize(stream), failure),
+        )
+        .await
+        .expect("the request ends");
+        assert!(matches!(r, Err(HostError::Internal(_))), "{r:?}");
+        let end = tokio::time::timeout(wait, ends.recv())
+            .await
+            .expect("the agent sees the stream end")
+            .expect("an end");
+        assert!(end.starts_with("reset"), "{end}");
+    }
 }

@@ -4,15 +4,16 @@
 //! here ([`check`]) before the agent sees it, and these types generate the
 //! document's schemas for those bodies and for the dumps.
 //!
-//! Like pydantic, unknown fields are ignored and a field's absence takes
-//! its default; a wrong type or a missing required field is refused naming
-//! where. Unlike pydantic, the answer is a 400 (what this API answered for
+//! Like pydantic, unknown fields are ignored, a field's absence takes its
+//! default, and numbers and booleans are read as its lax mode reads them
+//! (`1024.0` and `"10"` are integers, `1` and `"yes"` true); a wrong type
+//! or a missing required field is refused naming where. Unlike pydantic, the answer is a 400 (what this API answered for
 //! bad data before, from the agent) and names the first misfit only.
 
 use std::collections::BTreeMap;
 
-use serde::de::DeserializeOwned;
-use serde::{Deserialize, Serialize};
+use serde::de::{DeserializeOwned, Error as _};
+use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::Value;
 use utoipa::ToSchema;
 
@@ -22,8 +23,81 @@ fn us() -> String {
     "US".into()
 }
 
-fn yes() -> bool {
-    true
+fn yes() -> LaxBool {
+    LaxBool(true)
+}
+
+/// An integer as pydantic's lax mode reads one: an integer, a float with
+/// no fraction, a string of digits, a boolean.
+#[derive(Debug, Clone, Copy, Serialize)]
+#[serde(transparent)]
+pub struct LaxInt(pub i64);
+
+/// A number as pydantic's lax mode reads one: a number, a numeric string,
+/// a boolean.
+#[derive(Debug, Clone, Copy, Serialize)]
+#[serde(transparent)]
+pub struct LaxFloat(pub f64);
+
+/// A boolean as pydantic's lax mode reads one: a boolean, 0 or 1, or one
+/// of its words (`true`/`false`, `yes`/`no`, `on`/`off`, `t`/`f`,
+/// `y`/`n`, `1`/`0`, any case).
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+#[serde(transparent)]
+pub struct LaxBool(pub bool);
+
+impl<'de> Deserialize<'de> for LaxInt {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let v = Value::deserialize(d)?;
+        let n = match &v {
+            Value::Bool(b) => Some(i64::from(*b)),
+            Value::Number(n) => n.as_i64().or_else(|| {
+                n.as_f64()
+                    .filter(|f| f.fract() == 0.0 && f.abs() < 9.0e18)
+                    .map(|f| f as i64)
+            }),
+            Value::String(s) => s.trim().parse().ok(),
+            _ => None,
+        };
+        n.map(LaxInt)
+            .ok_or_else(|| D::Error::custom(format!("invalid type: {v}, expected i64")))
+    }
+}
+
+impl<'de> Deserialize<'de> for LaxFloat {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let v = Value::deserialize(d)?;
+        let n = match &v {
+            Value::Bool(b) => Some(f64::from(u8::from(*b))),
+            Value::Number(n) => n.as_f64(),
+            Value::String(s) => s.trim().parse().ok().filter(|f: &f64| f.is_finite()),
+            _ => None,
+        };
+        n.map(LaxFloat)
+            .ok_or_else(|| D::Error::custom(format!("invalid type: {v}, expected f64")))
+    }
+}
+
+impl<'de> Deserialize<'de> for LaxBool {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let v = Value::deserialize(d)?;
+        let b = match &v {
+            Value::Bool(b) => Some(*b),
+            Value::Number(n) => match n.as_i64() {
+                Some(0) => Some(false),
+                Some(1) => Some(true),
+                _ => None,
+            },
+            Value::String(s) => match s.trim().to_ascii_lowercase().as_str() {
+                "1" | "true" | "t" | "yes" | "y" | "on" => Some(true),
+                "0" | "false" | "f" | "no" | "n" | "off" => Some(false),
+                _ => None,
+            },
+            _ => None,
+        };
+        b.map(LaxBool)
+            .ok_or_else(|| D::Error::custom(format!("invalid type: {v}, expected a boolean")))
+    }
 }
 
 /// `google_cloud`: BigQuery, Cloud Storage, Logging and Compute state.
@@ -79,7 +153,8 @@ pub struct StorageBucket {
     #[serde(default = "standard")]
     pub storage_class: String,
     #[serde(default)]
-    pub versioning_enabled: bool,
+    #[schema(value_type = bool)]
+    pub versioning_enabled: LaxBool,
     pub lifecycle_rules: Option<Vec<LifecycleRule>>,
     pub created_at: Option<String>,
     pub updated_at: Option<String>,
@@ -93,10 +168,13 @@ fn standard() -> String {
 pub struct LifecycleRule {
     pub action: String,
     pub action_storage_class: Option<String>,
-    pub age_days: Option<i64>,
+    #[schema(value_type = Option<i64>)]
+    pub age_days: Option<LaxInt>,
     pub created_before: Option<String>,
-    pub is_live: Option<bool>,
-    pub num_newer_versions: Option<i64>,
+    #[schema(value_type = Option<bool>)]
+    pub is_live: Option<LaxBool>,
+    #[schema(value_type = Option<i64>)]
+    pub num_newer_versions: Option<LaxInt>,
 }
 
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
@@ -138,7 +216,8 @@ pub struct LogBucket {
     #[serde(default = "global")]
     pub location: String,
     #[serde(default = "thirty")]
-    pub retention_days: i64,
+    #[schema(value_type = i64)]
+    pub retention_days: LaxInt,
     pub description: Option<String>,
     pub created_at: Option<String>,
     pub updated_at: Option<String>,
@@ -148,8 +227,8 @@ fn global() -> String {
     "global".into()
 }
 
-fn thirty() -> i64 {
-    30
+fn thirty() -> LaxInt {
+    LaxInt(30)
 }
 
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
@@ -203,9 +282,11 @@ pub struct PosteEmail {
     pub body_text: Option<String>,
     pub body_html: Option<String>,
     /// Default false.
-    pub is_read: Option<bool>,
+    #[schema(value_type = Option<bool>)]
+    pub is_read: Option<LaxBool>,
     /// Default false.
-    pub is_important: Option<bool>,
+    #[schema(value_type = Option<bool>)]
+    pub is_important: Option<LaxBool>,
     /// Default `INBOX`.
     pub folder: Option<String>,
     pub attachments: Option<Vec<PosteEmailAttachment>>,
@@ -215,7 +296,8 @@ pub struct PosteEmail {
 pub struct PosteEmailAttachment {
     pub filename: String,
     pub content_type: Option<String>,
-    pub size: Option<i64>,
+    #[schema(value_type = Option<i64>)]
+    pub size: Option<LaxInt>,
 }
 
 /// `canvas`: courses with their assignments, quizzes and enrollments.
@@ -230,7 +312,8 @@ pub struct CanvasCourse {
     pub name: String,
     pub course_code: String,
     #[serde(default = "yes")]
-    pub published: bool,
+    #[schema(value_type = bool)]
+    pub published: LaxBool,
     #[serde(default)]
     pub assignments: Vec<CanvasAssignment>,
     #[serde(default)]
@@ -245,12 +328,14 @@ pub struct CanvasCourse {
 pub struct CanvasAssignment {
     pub name: String,
     pub description: Option<String>,
-    pub points_possible: Option<f64>,
+    #[schema(value_type = Option<f64>)]
+    pub points_possible: Option<LaxFloat>,
     pub due_at: Option<String>,
     #[serde(default)]
     pub submission_types: Vec<String>,
     #[serde(default = "yes")]
-    pub published: bool,
+    #[schema(value_type = bool)]
+    pub published: LaxBool,
 }
 
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
@@ -270,9 +355,11 @@ pub struct CanvasQuiz {
     pub description: Option<String>,
     #[serde(default = "assignment")]
     pub quiz_type: String,
-    pub time_limit: Option<i64>,
+    #[schema(value_type = Option<i64>)]
+    pub time_limit: Option<LaxInt>,
     #[serde(default = "yes")]
-    pub published: bool,
+    #[schema(value_type = bool)]
+    pub published: LaxBool,
     pub due_at: Option<String>,
     #[serde(default)]
     pub questions: Vec<CanvasQuizQuestion>,
@@ -289,7 +376,8 @@ pub struct CanvasQuizQuestion {
     #[serde(default = "multiple_choice")]
     pub question_type: String,
     #[serde(default = "one")]
-    pub points_possible: f64,
+    #[schema(value_type = f64)]
+    pub points_possible: LaxFloat,
     #[schema(value_type = Option<Vec<Object>>)]
     pub answers: Option<Vec<serde_json::Map<String, Value>>>,
 }
@@ -298,8 +386,8 @@ fn multiple_choice() -> String {
     "multiple_choice_question".into()
 }
 
-fn one() -> f64 {
-    1.0
+fn one() -> LaxFloat {
+    LaxFloat(1.0)
 }
 
 /// Checks a per-server initialize body against the server's model; a
@@ -411,6 +499,15 @@ mod tests {
             r#"{"datasets": [{"id": "d"}], "tables": [{"dataset_id": "d", "id": "t", "fields": [{"name": "f", "type": "RECORD", "fields": [{"name": "g", "type": "STRING"}]}]}]}"#,
         );
         ok("filesystem", r#"{"anything": true}"#);
+        // pydantic's lax mode: numbers and booleans as Klavis accepts them.
+        ok(
+            "poste_email_toolathlon",
+            r#"{"users": {"a@b.c": {"emails": [{"subject": "s", "from_addr": "x@y", "to_addr": "a@b.c", "is_read": 1, "is_important": "yes", "attachments": [{"filename": "f", "size": 1024.0}, {"filename": "g", "size": "10"}]}]}}}"#,
+        );
+        ok(
+            "canvas",
+            r#"{"courses": [{"name": "n", "course_code": "c", "published": "false", "assignments": [{"name": "a", "points_possible": "2.5"}]}]}"#,
+        );
     }
 
     #[test]

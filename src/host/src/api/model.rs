@@ -114,11 +114,24 @@ pub struct ExecuteResponse {
     pub execution_name: String,
 }
 
+/// Klavis's words for an execution's state, as the agent gives them
+/// (`ExecStatus.klavis_status`); declares the answers' `status`.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+#[schema(as = ExecutionState)]
+#[allow(dead_code)] // the schema of a word the agent sends
+pub enum ExecutionState {
+    Pending,
+    Running,
+    Completed,
+    Failed,
+}
+
 /// `GET /local-sandbox/{id}/execution-status` (`ExecutionStatusResponse`).
 #[derive(Debug, Serialize, ToSchema)]
 #[schema(as = ExecutionStatusResponse)]
 pub struct ExecutionStatusResponse {
-    /// `pending`, `running`, `completed` or `failed`.
+    #[schema(value_type = ExecutionState)]
     pub status: String,
 }
 
@@ -126,6 +139,7 @@ pub struct ExecutionStatusResponse {
 #[derive(Debug, Serialize, ToSchema)]
 #[schema(as = ExecutionLogsResponse)]
 pub struct ExecutionLogsResponse {
+    #[schema(value_type = ExecutionState)]
     pub status: String,
     pub logs: String,
     /// The byte offset to ask from next.
