@@ -118,7 +118,7 @@ pub fn check_signed(h: &Host, action: &str, id: &str, q: &SignedQuery) -> HostRe
 /// Klavis's MCP URL, plus a capability token: whoever holds the URL may
 /// use that sandbox's MCP servers (Klavis's notebooks call it without a
 /// key) until the sandbox is released. The API key works as well.
-fn mcp_url(h: &Host, server: &str, id: &str) -> String {
+pub fn mcp_url(h: &Host, server: &str, id: &str) -> String {
     format!(
         "{}/{server}/mcp/?local_sandbox_id={id}&{MCP_TOKEN_PARAM}={}",
         h.public_url,

@@ -28,9 +28,11 @@
 
 mod common;
 mod exec;
+mod leases;
 pub mod klavis_data;
 pub mod model;
 mod reaper;
+mod sandbox_api;
 mod sandboxes;
 mod server_data;
 mod transfer;
@@ -94,6 +96,23 @@ pub fn router(host: Shared) -> Router {
             &format!("{sandbox}/export-artifacts"),
             post(exec::export_artifacts),
         )
+        // Klavis's MCP Sandbox API over the same sandboxes (static
+        // segments win over `{server}`).
+        .route("/sandbox/{server}", post(sandbox_api::create))
+        .route(
+            "/sandbox/{server}/{id}",
+            get(sandbox_api::get).delete(sandbox_api::delete),
+        )
+        .route("/sandbox/{server}/{id}/reset", post(sandbox_api::reset))
+        .route("/sandbox/local_dev/{id}/upload-url", post(transfer::upload_url))
+        .route("/sandbox/local_dev/{id}/initialize", post(transfer::initialize))
+        .route("/sandbox/local_dev/{id}/dump", get(transfer::dump_url))
+        .route(
+            "/sandbox/{server}/{id}/initialize",
+            post(server_data::initialize)
+                .layer(axum::extract::DefaultBodyLimit::max(MAX_SERVER_DATA_BYTES)),
+        )
+        .route("/sandbox/{server}/{id}/dump", get(server_data::dump))
         .route("/transfer/upload/{id}", put(transfer::upload))
         .route("/transfer/exec-upload/{id}/{name}", put(exec::exec_upload))
         .route(

@@ -156,3 +156,40 @@ pub struct ServerDataDump<T: ToSchema> {
     pub dumped_at: String,
     pub data: T,
 }
+
+/// `POST /sandbox/{server}` (`CreateSandboxResponse`).
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(as = CreateSandboxResponse)]
+pub struct CreateSandboxResponse {
+    pub sandbox_id: String,
+    /// Each server's MCP URL, by server name (`local_dev`: one each).
+    pub server_urls: std::collections::BTreeMap<String, String>,
+    pub server_name: String,
+    pub status: Status,
+    pub message: String,
+}
+
+/// `GET /sandbox/{server}/{id}` (`SandboxInfo`, with `server_urls` and
+/// `benchmark` besides).
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(as = SandboxInfo)]
+pub struct McpSandboxInfo {
+    pub sandbox_id: String,
+    /// The server's MCP URL (a one-server sandbox).
+    pub server_url: Option<String>,
+    pub server_urls: std::collections::BTreeMap<String, String>,
+    pub server_name: String,
+    pub status: Status,
+    pub updated_at: String,
+    pub benchmark: Option<String>,
+}
+
+/// `DELETE /sandbox/{server}/{id}` and `POST …/reset`
+/// (`ReleaseSandboxResponse`, `ResetSandboxResponse`).
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(as = SandboxStatusResponse)]
+pub struct SandboxStatusResponse {
+    pub sandbox_id: String,
+    pub status: Status,
+    pub message: String,
+}

@@ -7,7 +7,7 @@ use tracing::{info, warn};
 
 use super::Shared;
 use super::common::{now_ms, timestamp};
-use super::sandboxes::release_in_background;
+use super::leases::release_in_background;
 use crate::store::Status;
 
 /// The TTL reaper: releases sandboxes whose TTL passed.

@@ -1,34 +1,18 @@
-//! The sandbox endpoints: acquire, list, get, reset and release.
+//! The `/local-sandbox` endpoints: acquire, list, get, reset and release.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 
 use axum::Json;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
-use sandbox_client::proto;
-use serde_json::Value;
-use tracing::{info, warn};
 
-use crate::error::{HostError, HostResult};
-use crate::pool::{Miss, OnRelease, Slot, Taken, Want};
-use crate::store::{SandboxRow, ServerRow, Status};
+use crate::error::HostResult;
 
 use super::Shared;
-use super::common::{
-    agent_of, info as sandbox_info, now_ms, owner, sandbox_of, struct_json, timestamp,
-};
+use super::common::{info as sandbox_info, owner, sandbox_of};
+use super::leases;
 use super::model::{AcquireResponse, ListResponse, ReleaseResponse, ResetResponse, SandboxInfo};
-use super::validation::{AcquireBody, benchmark_proto, is_ttl, parse_acquire};
-
-/// What a leased slot carries: its servers, the warm profile on a hit (or
-/// why not), the servers of ALL not started, and each server's auth_data.
-struct Leased {
-    servers: Vec<String>,
-    profile: Option<usize>,
-    miss: Option<Miss>,
-    skipped: Vec<proto::SkippedServer>,
-    auth: BTreeMap<String, Value>,
-}
+use super::validation::{is_ttl, parse_acquire};
 
 /// `POST /local-sandbox`
 pub async fn acquire(
@@ -38,32 +22,7 @@ pub async fn acquire(
 ) -> HostResult<(StatusCode, Json<AcquireResponse>)> {
     let who = owner(&h, &headers)?;
     let req = parse_acquire(&body)?;
-    let _claim = OwnerClaim::take(&h, &who)?;
-    check_servers_known(&h, &req)?;
-    let started = std::time::Instant::now();
-    let want = Want {
-        servers: req.servers.clone(),
-        benchmark: req.benchmark.clone(),
-    };
-    let taken = h.pool.take(&want).await.map_err(|e| {
-        h.metrics.failed();
-        HostError::NoSandbox(e)
-    })?;
-    let slot = taken.slot.clone();
-    let id = uuid::Uuid::new_v4().to_string();
-    let mut leased = match lease_slot(&slot, taken, &req, &id).await {
-        Ok(l) => l,
-        Err(e) => {
-            h.metrics.failed();
-            settle_failed_lease(&h, slot);
-            return Err(e);
-        }
-    };
-    let (profile, miss) = (leased.profile, leased.miss.take());
-    let (row, skipped) = stored_row(&h, &req, id, who, &slot, leased);
-    h.store.insert(&row).inspect_err(|_| h.metrics.failed())?;
-    h.metrics.acquired(profile, miss, started.elapsed());
-    info!(sandbox = %row.id, slot = %slot.id, servers = row.servers.len(), warm = profile.is_some(), "acquired");
+    let (row, skipped) = leases::lease(&h, who, &req).await?;
     let SandboxInfo {
         local_sandbox_id,
         status,
@@ -76,268 +35,9 @@ pub async fn acquire(
         status,
         benchmark,
         servers,
-        message: acquire_message(&row, &skipped),
+        message: leases::acquire_message(&row, &skipped),
     };
     Ok((StatusCode::CREATED, Json(answer)))
-}
-
-/// Names of the API that this host's sandboxes do not carry: a 400 naming
-/// them and what they do carry.
-fn check_servers_known(h: &Shared, req: &AcquireBody) -> HostResult<()> {
-    let Some((missing, known)) = req
-        .servers
-        .as_deref()
-        .and_then(|asked| h.pool.missing_servers(asked))
-    else {
-        return Ok(());
-    };
-    Err(HostError::BadRequest(format!(
-        "acquire: unknown server{} {}; this host's sandboxes carry: {}",
-        if missing.len() > 1 { "s" } else { "" },
-        missing.join(", "),
-        known.join(", ")
-    )))
-}
-
-/// A failed Acquire leaves the agent idle, but a warm lease the failure
-/// left behind (a Narrow that failed for another reason) is ended before
-/// the sandbox goes back to the pool bare; one that cannot be ended is
-/// replaced. In the background.
-fn settle_failed_lease(h: &Shared, slot: Slot) {
-    let pool = h.pool.clone();
-    tokio::spawn(async move {
-        let idle = match slot.client().await {
-            Ok(c) => c
-                .agent()
-                .release(proto::ReleaseRequest::default())
-                .await
-                .is_ok(),
-            Err(_) => false,
-        };
-        let _ = tokio::task::spawn_blocking(move || {
-            if idle {
-                pool.give_back(&slot.id)
-            } else {
-                pool.drop_slot(&slot.id)
-            }
-        })
-        .await;
-    });
-}
-
-/// The sandbox as stored, its servers in the order asked for (a warm lease
-/// lists its profile's order); and the servers of ALL not started.
-fn stored_row(
-    h: &Shared,
-    req: &AcquireBody,
-    id: String,
-    owner: String,
-    slot: &Slot,
-    leased: Leased,
-) -> (SandboxRow, Vec<proto::SkippedServer>) {
-    let Leased {
-        mut servers,
-        mut auth,
-        skipped,
-        ..
-    } = leased;
-    if let Some(asked) = &req.servers {
-        servers.sort_by_key(|n| asked.iter().position(|a| a == n).unwrap_or(usize::MAX));
-    }
-    let now = timestamp();
-    let row = SandboxRow {
-        id,
-        owner,
-        slot: slot.id.clone(),
-        status: Status::Occupied,
-        benchmark: req.benchmark.clone(),
-        servers: servers
-            .into_iter()
-            .map(|name| ServerRow {
-                auth_data: auth.remove(&name),
-                name,
-                id: uuid::Uuid::new_v4().to_string(),
-            })
-            .collect(),
-        created_at: now.clone(),
-        updated_at: now,
-        expires_at_ms: req
-            .ttl
-            .map(|t| now_ms() + (f64::from(t) * 1000.0 * h.time_scale) as i64),
-    };
-    (row, skipped)
-}
-
-/// Acquire's message: the servers started, and for ALL the servers whose
-/// outside service is not configured, named with what they need.
-fn acquire_message(row: &SandboxRow, skipped: &[proto::SkippedServer]) -> String {
-    let names: Vec<&str> = row.servers.iter().map(|s| s.name.as_str()).collect();
-    let mut message = format!(
-        "Local sandbox acquired with {} server(s): {}",
-        names.len(),
-        names.join(", ")
-    );
-    if !skipped.is_empty() {
-        let left: Vec<String> = skipped
-            .iter()
-            .map(|s| format!("{} ({})", s.name, s.reason))
-            .collect();
-        message.push_str(&format!(
-            "; not started, their outside service is not configured: {}",
-            left.join("; ")
-        ));
-    }
-    message
-}
-
-/// One Acquire of an owner in flight, counted against the per-owner cap
-/// together with its live sandboxes; released on drop (the sandbox, once
-/// stored, counts by itself).
-struct OwnerClaim {
-    h: Shared,
-    who: String,
-}
-
-impl OwnerClaim {
-    fn take(h: &Shared, who: &str) -> HostResult<OwnerClaim> {
-        // Counted under the lock, so two Acquires cannot both see room.
-        let mut acquiring = h.acquiring.lock().unwrap_or_else(|p| p.into_inner());
-        let live = h.store.list(Some(who))?.len();
-        let n = acquiring.entry(who.to_owned()).or_default();
-        if live + *n >= h.max_per_owner {
-            return Err(HostError::TooManySandboxes {
-                held: live + *n,
-                limit: h.max_per_owner,
-            });
-        }
-        *n += 1;
-        Ok(OwnerClaim {
-            h: h.clone(),
-            who: who.to_owned(),
-        })
-    }
-}
-
-impl Drop for OwnerClaim {
-    fn drop(&mut self) {
-        let mut acquiring = self.h.acquiring.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(n) = acquiring.get_mut(&self.who) {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
-                acquiring.remove(&self.who);
-            }
-        }
-    }
-}
-
-/// Leases `slot` as sandbox `id`: by narrowing the warm lease it holds
-/// when that covers the request, else by a cold Acquire (after ending a
-/// warm lease that does not cover it, or that the agent would not narrow).
-/// Returns the servers, the warm profile on a hit, and why not otherwise.
-async fn lease_slot(slot: &Slot, taken: Taken, req: &AcquireBody, id: &str) -> HostResult<Leased> {
-    let c = slot.client().await.map_err(HostError::AgentUnreachable)?;
-    let mut miss = taken.miss;
-    let to_end = match taken.warm {
-        Some(w) if taken.covers => {
-            let narrowed = c
-                .agent()
-                .narrow(proto::NarrowRequest {
-                    lease_id: w.lease_id.clone(),
-                    new_lease_id: id.to_owned(),
-                    // ALL: every server the warm lease holds.
-                    server_names: req.servers.clone().unwrap_or_else(|| w.servers.clone()),
-                    benchmark: benchmark_proto(req.benchmark.as_deref()),
-                    ttl_seconds: Some(0),
-                    test_account_email: req.email.clone(),
-                })
-                .await;
-            match narrowed {
-                Ok(r) => {
-                    let r = r.into_inner();
-                    let auth = auth_data(r.lease.as_ref());
-                    return Ok(Leased {
-                        servers: r.servers.into_iter().map(|s| s.name).collect(),
-                        profile: Some(w.profile),
-                        miss: None,
-                        skipped: Vec::new(),
-                        auth,
-                    });
-                }
-                Err(s)
-                    if matches!(
-                        s.code(),
-                        tonic::Code::FailedPrecondition | tonic::Code::NotFound
-                    ) =>
-                {
-                    warn!(slot = %slot.id, error = %s.message(), "the warm lease cannot serve this Acquire; starting cold");
-                    miss = Some(Miss::Refused);
-                    Some(w)
-                }
-                Err(s) => return Err(HostError::agent("acquire")(s)),
-            }
-        }
-        other => other,
-    };
-    if let Some(w) = to_end {
-        // A warm lease of other servers: ended first (gone already is fine).
-        let ended = c
-            .agent()
-            .release(proto::ReleaseRequest {
-                lease_id: w.lease_id,
-                is_ttl: false,
-            })
-            .await;
-        if let Err(s) = ended
-            && s.code() != tonic::Code::NotFound
-        {
-            return Err(HostError::agent("releasing the warm lease")(s));
-        }
-    }
-    let r = c
-        .agent()
-        .acquire(proto::AcquireRequest {
-            lease_id: id.to_owned(),
-            server_names: req.servers.clone().unwrap_or_default(),
-            all_servers: req.servers.is_none(),
-            no_servers: req.servers.as_ref().is_some_and(Vec::is_empty),
-            benchmark: benchmark_proto(req.benchmark.as_deref()),
-            // The host's reaper owns the TTL (it survives host restarts in
-            // the database).
-            ttl_seconds: Some(0),
-            test_account_email: req.email.clone(),
-            ..Default::default()
-        })
-        .await
-        .map_err(|s| {
-            // A name of the API that this sandbox's manifest (or VM image)
-            // does not carry is the request's fault, not a missing resource.
-            if s.code() == tonic::Code::NotFound {
-                HostError::BadRequest(format!("acquire: {}", s.message()))
-            } else {
-                HostError::agent("acquire")(s)
-            }
-        })?
-        .into_inner();
-    let auth = auth_data(r.lease.as_ref());
-    Ok(Leased {
-        servers: r.servers.into_iter().map(|s| s.name).collect(),
-        profile: None,
-        miss,
-        skipped: r.lease.map(|l| l.skipped).unwrap_or_default(),
-        auth,
-    })
-}
-
-/// The lease's per-server auth_data as JSON.
-fn auth_data(lease: Option<&proto::Lease>) -> BTreeMap<String, Value> {
-    lease
-        .map(|l| {
-            l.auth_data
-                .iter()
-                .map(|(server, s)| (server.clone(), struct_json(s)))
-                .collect()
-        })
-        .unwrap_or_default()
 }
 
 /// `GET /local-sandbox`
@@ -361,53 +61,6 @@ pub async fn get(
     Ok(Json(sandbox_info(&h, &s)))
 }
 
-/// Ends a sandbox: marked released now, the agent released in the
-/// background, then back to the pool (or replaced if the release failed).
-pub fn release_in_background(h: &Shared, s: &SandboxRow, is_ttl: bool) {
-    if let Err(e) = h.store.mark_released(&s.id, &timestamp()) {
-        warn!(sandbox = %s.id, error = %e, "cannot record the release");
-    }
-    h.uploads.release(&s.id);
-    let (h, id, slot_id) = (h.clone(), s.id.clone(), s.slot.clone());
-    let releases = h.releases.clone();
-    releases.spawn(async move {
-        let pool = h.pool.clone();
-        if pool.on_release() == OnRelease::Replace {
-            // Its agent or VM is stopped whole; nothing to release inside.
-            let _ = tokio::task::spawn_blocking(move || pool.drop_slot(&slot_id)).await;
-            info!(sandbox = %id, is_ttl, "released; its sandbox is replaced");
-            return;
-        }
-        match release_lease(&h, &id, &slot_id, is_ttl).await {
-            Ok(()) => {
-                info!(sandbox = %id, is_ttl, "released");
-                let _ = tokio::task::spawn_blocking(move || pool.give_back(&slot_id)).await;
-            }
-            Err(e) => {
-                warn!(sandbox = %id, error = %e, "release failed; the agent is replaced");
-                let _ = tokio::task::spawn_blocking(move || pool.drop_slot(&slot_id)).await;
-            }
-        }
-    });
-}
-
-/// The agent's Release of lease `id` on its slot.
-async fn release_lease(h: &Shared, id: &str, slot_id: &str, is_ttl: bool) -> Result<(), String> {
-    let slot = h
-        .pool
-        .leased_slot(slot_id)
-        .ok_or_else(|| "its agent is gone".to_owned())?;
-    let c = slot.client().await.map_err(|e| e.to_string())?;
-    c.agent()
-        .release(proto::ReleaseRequest {
-            lease_id: id.to_owned(),
-            is_ttl,
-        })
-        .await
-        .map(|_| ())
-        .map_err(|s| s.to_string())
-}
-
 /// `DELETE /local-sandbox/{id}?is_ttl=`
 pub async fn release(
     State(h): State<Shared>,
@@ -418,7 +71,7 @@ pub async fn release(
     owner(&h, &headers)?;
     let is_ttl = is_ttl(&q)?;
     let s = sandbox_of(&h, &headers, &id)?;
-    release_in_background(&h, &s, is_ttl);
+    leases::release_in_background(&h, &s, is_ttl);
     Ok(Json(ReleaseResponse {
         message: format!(
             "Local sandbox release started for {id}: it will be released asynchronously in background."
@@ -433,18 +86,9 @@ pub async fn reset(
     Path(id): Path<String>,
 ) -> HostResult<Json<ResetResponse>> {
     let s = sandbox_of(&h, &headers, &id)?;
-    agent_of(&h, &s)
-        .await?
-        .agent()
-        .reset(proto::ResetRequest {
-            lease_id: id.clone(),
-        })
-        .await
-        .map_err(HostError::agent("reset"))?;
-    h.store.set_status(&id, Status::Occupied, &timestamp())?;
     // Klavis declares any JSON object; the sandbox as it is after the
     // reset, which Klavis clients ignore, and a message.
-    let s = h.store.get(&id, &s.owner)?.unwrap_or(s);
+    let s = leases::reset(&h, s).await?;
     Ok(Json(ResetResponse {
         sandbox: sandbox_info(&h, &s),
         message: format!("Local sandbox {id} reset"),

@@ -130,25 +130,40 @@ pub(super) fn parse_acquire(body: &[u8]) -> Result<AcquireBody, HostError> {
         Some(names) => server_names(names, &mut errors),
     };
     let benchmark = benchmark(o.get("benchmark"), &mut errors);
-    let email = match o.get("test_account_email") {
-        None | Some(Value::Null) => String::new(),
-        Some(Value::String(s)) => s.clone(),
-        Some(other) => {
-            errors.push(verr(
-                &["body".into(), "test_account_email".into()],
-                "Input should be a valid string",
-                "string_type",
-                other,
-            ));
-            String::new()
-        }
-    };
+    let email = email(o.get("test_account_email"), &mut errors);
     let ttl = ttl_seconds(o.get("ttl_seconds"), &mut errors);
     if !errors.is_empty() {
         return Err(HostError::Validation(errors));
     }
     Ok(AcquireBody {
         servers,
+        benchmark,
+        email,
+        ttl,
+    })
+}
+
+/// Validates `POST /sandbox/{server}` like Klavis's model: every field
+/// optional (`benchmark`, `ttl_seconds`, `test_account_email`), extras
+/// ignored, no body the same as `{}`; the servers are the path's.
+pub(super) fn parse_create(body: &[u8], servers: Vec<String>) -> Result<AcquireBody, HostError> {
+    let v = if body.iter().all(u8::is_ascii_whitespace) {
+        Value::Object(Default::default())
+    } else {
+        body_object(body)?
+    };
+    let Some(o) = v.as_object() else {
+        return Err(HostError::Internal("a checked body is an object".into()));
+    };
+    let mut errors: Vec<ValidationItem> = Vec::new();
+    let benchmark = benchmark(o.get("benchmark"), &mut errors);
+    let email = email(o.get("test_account_email"), &mut errors);
+    let ttl = ttl_seconds(o.get("ttl_seconds"), &mut errors);
+    if !errors.is_empty() {
+        return Err(HostError::Validation(errors));
+    }
+    Ok(AcquireBody {
+        servers: Some(servers),
         benchmark,
         email,
         ttl,
@@ -197,6 +212,23 @@ fn server_names(v: &Value, errors: &mut Vec<ValidationItem>) -> Option<Vec<Strin
         errors.push(not_all(v));
     }
     Some(names)
+}
+
+/// `test_account_email`: a string, or none.
+fn email(v: Option<&Value>, errors: &mut Vec<ValidationItem>) -> String {
+    match v {
+        None | Some(Value::Null) => String::new(),
+        Some(Value::String(s)) => s.clone(),
+        Some(other) => {
+            errors.push(verr(
+                &["body".into(), "test_account_email".into()],
+                "Input should be a valid string",
+                "string_type",
+                other,
+            ));
+            String::new()
+        }
+    }
 }
 
 /// `benchmark`: one of Klavis's benchmark names, or none.

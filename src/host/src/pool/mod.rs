@@ -249,6 +249,14 @@ impl Pool {
         (!missing.is_empty()).then(|| (missing, known.clone()))
     }
 
+    /// The servers this host's sandboxes carry, once a slot has served.
+    pub fn servers(&self) -> Option<Vec<String>> {
+        self.catalog
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
     /// Records the server names of a slot that serves, once.
     async fn learn_catalog(&self, slot: &Slot) {
         if self
