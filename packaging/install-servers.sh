@@ -191,4 +191,8 @@ done
 if [[ ${#SELECTED[@]} -eq 0 ]] || want desktop-commander "${SELECTED[@]}"; then
     install -D -m 0755 "$HERE/launchers/desktop-commander-env.mjs" "$PREFIX/node/launchers/desktop-commander-env.mjs"
 fi
+# localmemory's data tool (Klavis's LocalMemoryData; the system's python3).
+if [[ ${#SELECTED[@]} -eq 0 ]] || want localmemory "${SELECTED[@]}"; then
+    install -D -m 0755 "$HERE/launchers/memory-data" "$PREFIX/bin/memory-data"
+fi
 echo "install-servers: done ($PREFIX)"

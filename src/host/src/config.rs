@@ -152,6 +152,11 @@ pub struct Args {
     /// or the keys sharing an owner) may hold at once; over it: 413.
     #[arg(long, default_value_t = 64 << 30, value_name = "BYTES")]
     pub max_stored_bytes_per_key: u64,
+    /// Largest `multipart/form-data` initialize (the SDK's
+    /// `initialize_local_dev` files), in bytes: it is held in memory while
+    /// it is packed; larger workspaces go through upload-url. Over it: 413.
+    #[arg(long, default_value_t = 256 << 20, value_name = "BYTES")]
+    pub max_multipart_bytes: u64,
     /// Live sandboxes one owner (an API key, or the keys sharing an owner in
     /// --api-key-file) may hold at once; one more Acquire is a 429.
     #[arg(long, default_value_t = 64, value_name = "N")]

@@ -117,6 +117,7 @@ fn upload_status(e: &UploadError) -> StatusCode {
     match e {
         UploadError::TooManyExecutions { .. } => StatusCode::TOO_MANY_REQUESTS,
         UploadError::ArchiveTooLarge { .. }
+        | UploadError::MultipartTooLarge { .. }
         | UploadError::SandboxFull { .. }
         | UploadError::OwnerFull { .. } => StatusCode::PAYLOAD_TOO_LARGE,
         UploadError::Body(_) => StatusCode::BAD_REQUEST,

@@ -8,11 +8,12 @@
 use serde_json::Value;
 use utoipa::OpenApi;
 
-use crate::api::klavis_data::{CanvasData, GoogleCloudData, PosteEmailData};
+use crate::api::klavis_data::{CanvasData, GoogleCloudData, LocalMemoryData, PosteEmailData};
 use crate::api::model::{
-    AcquireResponse, DownloadUrlResponse, ExecuteResponse, ExecutionLogsResponse,
-    ExecutionStatusResponse, InitializeResponse, ListResponse, ReleaseResponse, ResetResponse,
-    SandboxInfo, ServerDataDump, ServerItem, UploadUrlResponse,
+    AcquireResponse, CreateSandboxResponse, DownloadUrlResponse, ExecuteResponse,
+    ExecutionLogsResponse, ExecutionStatusResponse, InitializeResponse, ListResponse,
+    McpSandboxInfo, ReleaseResponse, ResetResponse, SandboxInfo, SandboxStatusResponse,
+    ServerDataDump, ServerItem, UploadUrlResponse,
 };
 use crate::error::{ErrorBody, ValidationBody, ValidationItem};
 use crate::store::Status;
@@ -38,6 +39,11 @@ use crate::store::Status;
     ServerDataDump<GoogleCloudData>,
     ServerDataDump<PosteEmailData>,
     ServerDataDump<CanvasData>,
+    LocalMemoryData,
+    ServerDataDump<LocalMemoryData>,
+    CreateSandboxResponse,
+    McpSandboxInfo,
+    SandboxStatusResponse,
     ErrorBody,
     ValidationBody,
     ValidationItem,

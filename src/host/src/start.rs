@@ -170,9 +170,10 @@ fn check_limits(args: &Args) -> anyhow::Result<()> {
         args.max_upload_bytes > 0
             && args.max_executions_per_sandbox > 0
             && args.max_stored_bytes_per_sandbox > 0
-            && args.max_stored_bytes_per_key > 0,
-        "--max-upload-bytes, --max-executions-per-sandbox, --max-stored-bytes-per-sandbox \
-         and --max-stored-bytes-per-key must be at least 1"
+            && args.max_stored_bytes_per_key > 0
+            && args.max_multipart_bytes > 0,
+        "--max-upload-bytes, --max-executions-per-sandbox, --max-stored-bytes-per-sandbox, \
+         --max-stored-bytes-per-key and --max-multipart-bytes must be at least 1"
     );
     anyhow::ensure!(
         args.max_connections > 0,
@@ -195,6 +196,7 @@ fn upload_limits(args: &Args) -> api::UploadLimits {
         executions: args.max_executions_per_sandbox,
         sandbox_bytes: args.max_stored_bytes_per_sandbox,
         owner_bytes: args.max_stored_bytes_per_key,
+        multipart_bytes: args.max_multipart_bytes,
     }
 }
 

@@ -22,6 +22,7 @@ use super::{LcError, Lifecycle, Outside};
 use crate::mail::Mail;
 use crate::server_data::{DataError, DataTool, Load};
 use crate::supervisor::job::RunAs;
+use crate::supervisor::manifest::DataUser;
 
 enum Provider {
     Mail(Arc<Mail>),
@@ -101,12 +102,11 @@ impl Lifecycle {
             };
         }
         let command = def.data_command.clone().unwrap_or_default();
-        Ok(Provider::Tool(self.tool(
-            command,
-            spec.env.clone(),
-            server,
-            own,
-        )))
+        let mut tool = self.tool(command, spec.env.clone(), server, own);
+        if def.data_user == DataUser::Tenant {
+            tool.run_as = RunAs::Tenant;
+        }
+        Ok(Provider::Tool(tool))
     }
 
     fn tool(

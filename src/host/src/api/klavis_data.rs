@@ -390,6 +390,32 @@ fn one() -> LaxFloat {
     LaxFloat(1.0)
 }
 
+/// `localmemory`: the memory server's knowledge graph.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct LocalMemoryData {
+    #[serde(default)]
+    pub entities: Vec<MemoryEntity>,
+    #[serde(default)]
+    pub relations: Vec<MemoryRelation>,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct MemoryEntity {
+    pub name: String,
+    #[serde(rename = "entityType")]
+    pub entity_type: String,
+    #[serde(default)]
+    pub observations: Vec<String>,
+}
+
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct MemoryRelation {
+    pub from: String,
+    pub to: String,
+    #[serde(rename = "relationType")]
+    pub relation_type: String,
+}
+
 /// Checks a per-server initialize body against the server's model; a
 /// document that does not fit is a 400 naming where and why
 /// (`users.a@b.c.emails[1].subject: Field required`), the answer this API
@@ -400,6 +426,7 @@ pub fn check(server: &str, body: &Value) -> Result<(), HostError> {
         "google_cloud" => misfit::<GoogleCloudData>(body),
         "poste_email_toolathlon" => misfit::<PosteEmailData>(body),
         "canvas" => misfit::<CanvasData>(body),
+        "localmemory" => misfit::<LocalMemoryData>(body),
         _ => None,
     };
     match found {

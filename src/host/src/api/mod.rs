@@ -28,9 +28,10 @@
 
 mod common;
 mod exec;
-mod leases;
 pub mod klavis_data;
+mod leases;
 pub mod model;
+mod names;
 mod reaper;
 mod sandbox_api;
 mod sandboxes;
@@ -71,7 +72,11 @@ pub fn router(host: Shared) -> Router {
         .route(sandbox, get(sandboxes::get).delete(sandboxes::release))
         .route(&format!("{sandbox}/reset"), post(sandboxes::reset))
         .route(&format!("{sandbox}/upload-url"), post(transfer::upload_url))
-        .route(&format!("{sandbox}/initialize"), post(transfer::initialize))
+        // The multipart form counts its own bytes (--max-multipart-bytes).
+        .route(
+            &format!("{sandbox}/initialize"),
+            post(transfer::initialize).layer(axum::extract::DefaultBodyLimit::disable()),
+        )
         .route(&format!("{sandbox}/dump"), get(transfer::dump_url))
         .route(
             "/local-sandbox/{server}/{id}/initialize",
@@ -104,8 +109,14 @@ pub fn router(host: Shared) -> Router {
             get(sandbox_api::get).delete(sandbox_api::delete),
         )
         .route("/sandbox/{server}/{id}/reset", post(sandbox_api::reset))
-        .route("/sandbox/local_dev/{id}/upload-url", post(transfer::upload_url))
-        .route("/sandbox/local_dev/{id}/initialize", post(transfer::initialize))
+        .route(
+            "/sandbox/local_dev/{id}/upload-url",
+            post(transfer::upload_url),
+        )
+        .route(
+            "/sandbox/local_dev/{id}/initialize",
+            post(transfer::initialize).layer(axum::extract::DefaultBodyLimit::disable()),
+        )
         .route("/sandbox/local_dev/{id}/dump", get(transfer::dump_url))
         .route(
             "/sandbox/{server}/{id}/initialize",

@@ -23,10 +23,16 @@ use super::Shared;
 use super::common::{agent_of, sandbox_of};
 use super::klavis_data;
 use super::model::{InitializeResponse, ServerDataDump};
+use super::names;
 use super::validation;
 
 /// The servers Klavis gives per-server data endpoints.
-pub const DATA_SERVERS: [&str; 3] = ["google_cloud", "poste_email_toolathlon", "canvas"];
+pub const DATA_SERVERS: [&str; 4] = [
+    "google_cloud",
+    "poste_email_toolathlon",
+    "canvas",
+    "localmemory",
+];
 
 /// The largest dump the host takes from an agent (the agent's own
 /// mail.max_data_bytes bounds it first).
@@ -70,6 +76,7 @@ pub async fn initialize(
     Query(q): Query<HashMap<String, String>>,
     body: Bytes,
 ) -> HostResult<Json<InitializeResponse>> {
+    let server = names::ours(&server).to_owned();
     let s = sandbox_of(&h, &headers, &id)?;
     check_server(&server, &s)?;
     let default_data = validation::query_bool(&q, "init_default_data")?;
@@ -99,6 +106,7 @@ pub async fn dump(
     headers: HeaderMap,
     Path((server, id)): Path<(String, String)>,
 ) -> HostResult<Json<ServerDataDump<Value>>> {
+    let server = names::ours(&server).to_owned();
     let s = sandbox_of(&h, &headers, &id)?;
     check_server(&server, &s)?;
     let c = agent_of(&h, &s).await?;

@@ -26,6 +26,9 @@ pub struct UploadLimits {
     pub sandbox_bytes: u64,
     /// All archives of one owner's sandboxes (`--max-stored-bytes-per-key`).
     pub owner_bytes: u64,
+    /// One `multipart/form-data` initialize, held in memory while it is
+    /// packed (`--max-multipart-bytes`).
+    pub multipart_bytes: u64,
 }
 
 /// Why an upload was refused.
@@ -37,6 +40,10 @@ pub enum UploadError {
     TooManyExecutions { max: usize },
     #[error("the archive is larger than {limit} bytes (--max-upload-bytes)")]
     ArchiveTooLarge { limit: u64 },
+    #[error(
+        "the files are larger than {limit} bytes (--max-multipart-bytes): upload a tar.gz through upload-url instead"
+    )]
+    MultipartTooLarge { limit: u64 },
     #[error(
         "this sandbox's uploads would exceed {limit} bytes (--max-stored-bytes-per-sandbox); nothing of this upload was kept: release the sandbox to free its uploads"
     )]
@@ -198,6 +205,10 @@ impl Uploads {
         }
         drop(st);
         up
+    }
+
+    pub fn limits(&self) -> UploadLimits {
+        self.limits
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {

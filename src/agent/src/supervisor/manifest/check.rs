@@ -279,6 +279,7 @@ pub(super) fn check_entry(
             .as_deref()
             .map(|d| c.x(d, "data_command"))
             .transpose()?,
+        data_user: e.data_user,
     })
 }
 

@@ -24,8 +24,8 @@ pub use check::{EntryError, FieldError};
 pub use launch::{LaunchError, Missing};
 pub use mail::{MailDef, local_part_ok};
 pub use schema::{
-    Defaults, HttpFile, MailFile, ManifestFile, OverrideFile, RequiredFile, ResourceLimits,
-    RestartFile, RestartPolicy, SeedFile, ServerFile, TransportKind,
+    DataUser, Defaults, HttpFile, MailFile, ManifestFile, OverrideFile, RequiredFile,
+    ResourceLimits, RestartFile, RestartPolicy, SeedFile, ServerFile, TransportKind,
 };
 
 /// Manifest read when `--manifest` is not given.
@@ -138,6 +138,8 @@ pub struct ServerDef {
     pub mail: bool,
     /// Loads and dumps the server's data (see the schema's `data_command`).
     pub data_command: Option<String>,
+    /// Who runs it (the schema's `data_user`).
+    pub data_user: DataUser,
 }
 
 /// Everything needed to start one server process.

@@ -192,6 +192,21 @@ pub struct ServerFile {
     /// (`SANDBOX_DATA_ACCOUNT=shared`, `SANDBOX_DATA_LEDGER`), `CMD cleanup`
     /// at Release and Reset (see `server_data`).
     pub data_command: Option<String>,
+    /// Who runs `data_command`: `service` (default: an unprivileged user of
+    /// its own, for tools that hold an outside service's credentials) or
+    /// `tenant` (for data in the tenant's own files, e.g. the memory
+    /// server's graph).
+    #[serde(default)]
+    pub data_user: DataUser,
+}
+
+/// See [`ServerFile::data_user`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DataUser {
+    #[default]
+    Service,
+    Tenant,
 }
 
 /// `[mail]`: the sandbox's own mail service (IMAP + SMTP submission for one
