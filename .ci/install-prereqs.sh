@@ -71,7 +71,7 @@ rustup target list --installed | grep -qx x86_64-unknown-linux-musl \
 for c in rustfmt clippy; do
   rustup component list --installed | grep -q "^$c" || rustup component add "$c"
 done
-python3 -c 'import grpc, grpc_reflection, grpc_health, mcp' 2>/dev/null \
+python3 -c 'import grpc, grpc_reflection, grpc_health, mcp, klavis' 2>/dev/null \
   || python3 -m pip install -q -r tests/clients/requirements.txt \
   || python3 -m pip install -q --break-system-packages -r tests/clients/requirements.txt
 

@@ -59,7 +59,16 @@ pub fn shipped_manifest(state: &Path) -> String {
             &format!("\"{}\"", checkout_launcher(server, tool).display()),
         );
     }
+    // The memory data tool runs with the system's python: as it is here.
+    let memory_data = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/packaging/launchers/memory-data"
+    );
     text.replace(
+        "\"${install_dir}/bin/memory-data\"",
+        &format!("\"{memory_data}\""),
+    )
+    .replace(
         "install_dir = \"/opt/sandbox-agent/servers\"",
         &format!("install_dir = \"{}\"", servers_dir()),
     )

@@ -14,4 +14,5 @@ mod host;
 mod isolation;
 mod mail;
 mod profiles;
+mod sandbox_api;
 mod warm;

@@ -393,10 +393,8 @@ fn one() -> LaxFloat {
 /// `localmemory`: the memory server's knowledge graph.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct LocalMemoryData {
-    #[serde(default)]
-    pub entities: Vec<MemoryEntity>,
-    #[serde(default)]
-    pub relations: Vec<MemoryRelation>,
+    pub entities: Option<Vec<MemoryEntity>>,
+    pub relations: Option<Vec<MemoryRelation>>,
 }
 
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
@@ -404,8 +402,7 @@ pub struct MemoryEntity {
     pub name: String,
     #[serde(rename = "entityType")]
     pub entity_type: String,
-    #[serde(default)]
-    pub observations: Vec<String>,
+    pub observations: Option<Vec<String>>,
 }
 
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
