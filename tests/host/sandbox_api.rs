@@ -271,3 +271,49 @@ fn the_sandbox_api_refuses_as_klavis_does() {
     );
     assert_eq!(code, 404);
 }
+
+const ATLAS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/clients/atlas_client.py");
+
+/// MCP_Atlas's Klavis mode: local_dev, localmemory and its public-data and
+/// SaaS names acquired all at once (what this host cannot serve fails and
+/// is skipped, as the client does), a new MCP session for every tool
+/// call with state kept across them, every sandbox deleted.
+#[test]
+fn the_mcp_atlas_sequence_keeps_state_across_sessions() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let host = Host::start(dir.path(), &[]);
+    let out = Command::new("python3")
+        .args([ATLAS, &host.base, KEY_A])
+        .args(["local_dev", "localmemory", "google_cloud", "jira", "nope"])
+        .output()
+        .expect("python3");
+    assert!(
+        out.status.success(),
+        "atlas_client.py: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let local: Vec<&str> = v["acquired"]["local_dev"]
+        .as_array()
+        .expect("local_dev acquired")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert!(
+        local.contains(&"filesystem") && local.contains(&"terminal"),
+        "{v}"
+    );
+    assert_eq!(v["acquired"]["localmemory"], json!(["localmemory"]), "{v}");
+    // No Google Cloud credentials here: refused with why, as jira and an
+    // unknown name are; the client goes on without them.
+    assert_eq!(v["failed"]["jira"], 400, "{v}");
+    assert_eq!(v["failed"]["nope"], 422, "{v}");
+    assert!(v["failed"].get("google_cloud").is_some(), "{v}");
+    assert_eq!(v["calls"]["filesystem"], "state", "{v}");
+    assert_eq!(v["calls"]["localmemory"], json!(["Atlas"]), "{v}");
+    assert_eq!(
+        v["released"],
+        json!({"local_dev": 200, "localmemory": 200}),
+        "{v}"
+    );
+}
