@@ -317,3 +317,32 @@ fn the_mcp_atlas_sequence_keeps_state_across_sessions() {
         "{v}"
     );
 }
+
+/// The README's SDK example, as written, against a real host.
+#[test]
+fn the_readme_sdk_example_runs() {
+    const MARK: &str = "<!-- readme-test: python klavis -->";
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"))
+        .expect("README.md");
+    let after = &readme[readme.find(MARK).expect("the SDK example") + MARK.len()..];
+    let body = &after[after.find("```python\n").expect("a python block") + 10..];
+    let snippet = &body[..body.find("```").expect("its end")];
+    let dir = tempfile::tempdir().expect("tempdir");
+    let host = Host::start(dir.path(), &[]);
+    let file = dir.path().join("readme_sdk.py");
+    std::fs::write(&file, snippet).expect("snippet");
+    let out = Command::new("python3")
+        .arg(&file)
+        .env("SANDBOX_URL", &host.base)
+        .env("SANDBOX_KEY", KEY_A)
+        .output()
+        .expect("python3");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success()
+            && stdout.contains("'filesystem'")
+            && stdout.contains("/transfer/dump/"),
+        "stdout: {stdout}\nstderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
