@@ -346,3 +346,37 @@ fn the_readme_sdk_example_runs() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// Toolathlon's `emails` acquire: the renamed server with its
+/// `test_account_email`, which becomes the lease's mail account.
+#[test]
+fn test_account_email_is_the_mail_account() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let host = Host::start(dir.path(), &[]);
+    let b = &host.base;
+    let (code, a) = http(
+        "POST",
+        &format!("{b}/sandbox/emails"),
+        Some(KEY_A),
+        Some(r#"{"benchmark": "Toolathlon", "test_account_email": "jsmith@mcp.com"}"#),
+    );
+    assert_eq!(code, 200, "{a}");
+    assert!(
+        a["server_urls"]["poste_email_toolathlon"].is_string(),
+        "{a}"
+    );
+    let id = a["sandbox_id"].as_str().expect("id");
+    let (code, l) = http("GET", &format!("{b}/local-sandbox/{id}"), Some(KEY_A), None);
+    assert_eq!(code, 200, "{l}");
+    assert_eq!(
+        l["servers"][0]["auth_data"]["email"], "jsmith@mcp.com",
+        "{l}"
+    );
+    let (code, _) = http(
+        "DELETE",
+        &format!("{b}/sandbox/emails/{id}"),
+        Some(KEY_A),
+        None,
+    );
+    assert_eq!(code, 200);
+}
