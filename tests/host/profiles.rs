@@ -53,6 +53,67 @@ fn mcp_atlas_confines_the_terminal() {
     assert_eq!(ls["is_error"], false, "{ls}");
 }
 
+/// Toolathlon's terminal (configs/mcp_servers/terminal.yaml): 59 commands,
+/// every flag, shell operators, 2048-byte commands, 60 s, at `/data`.
+const TOOLATHLON_COMMANDS: &str = "ls cat pwd echo cd mkdir touch rm cp mv find grep head tail wc \
+    sort uniq diff tree chmod stat file which whoami date hostname df du ps env history clear sed \
+    awk cut tr basename dirname realpath md5sum sha256sum tar gzip gunzip zip unzip less more \
+    python wget curl ping netstat ifconfig nslookup traceroute helm kubectl git";
+
+/// Under Toolathlon the terminal has Toolathlon's rules: its 59 commands
+/// (sha256sum and pipes run; python3, not in the list, does not), by
+/// default every command.
+#[test]
+fn toolathlon_terminal_has_its_rules() {
+    let mut commands: Vec<&str> = TOOLATHLON_COMMANDS.split_whitespace().collect();
+    assert_eq!(commands.len(), 59);
+    commands.sort_unstable();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let host = Host::start(dir.path(), &[]);
+    let calls = json!([
+        ["terminal", "show_security_rules", {}],
+        ["terminal", "run_command", {"command": "echo toolathlon | sha256sum | cut -c1-16"}],
+        ["terminal", "run_command", {"command": "python3 --version"}],
+        ["terminal", "run_command", {"command": "touch /data/t.txt && wc -c t.txt"}],
+    ]);
+    let t = py(&host, KEY_A, &["calls", "Toolathlon", &calls.to_string()]);
+    let text = |i: usize| t["results"][i]["text"].as_str().unwrap_or_default();
+    let rules = text(0);
+    assert!(
+        rules.contains(&format!(
+            "Allowed Commands:\n----------------\n{}\n",
+            commands.join(", ")
+        )),
+        "{rules}"
+    );
+    // (The working directory reads /workspace here: /data is a symlink to
+    // it in the process backend, and the server resolves it.)
+    for want in [
+        "All flags allowed",
+        "Max Command Length: 2048 characters",
+        "Command Timeout: 60 seconds",
+    ] {
+        assert!(rules.contains(want), "{want}: {rules}");
+    }
+    // sha256("toolathlon\n")
+    assert_eq!(
+        text(1),
+        "00af91157f1269fb\n\nCommand completed with return code: 0",
+        "{t}"
+    );
+    assert!(text(2).contains("'python3' is not allowed"), "{t}");
+    assert_eq!(
+        text(3),
+        "0 t.txt\n\nCommand completed with return code: 0",
+        "{t}"
+    );
+
+    let plain = py(&host, KEY_A, &["calls", "-", &calls.to_string()]);
+    let rules = plain["results"][0]["text"].as_str().unwrap_or_default();
+    assert!(rules.contains("All commands allowed"), "{plain}");
+    assert_eq!(plain["results"][2]["is_error"], false, "{plain}");
+}
+
 /// Toolathlon keeps the memory server's graph in the workspace
 /// (`memory/memory.json`), so the dump the evaluation reads carries it; by
 /// default it stays in the server's state path, out of the dump.
