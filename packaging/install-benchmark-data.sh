@@ -4,11 +4,13 @@
 # uploads), checked file by file against pinned SHA-256 sums.
 #
 #   packaging/install-benchmark-data.sh BENCH --from DIR|URL [--pins FILE] [--prefix DIR]
+#                                       [--repos CSV] [--git-mirror BASE]
 #   packaging/install-benchmark-data.sh BENCH --pin --from DIR [--pins FILE]
 #
 # --from   a directory, or an http(s)/file URL of a tar archive (.tar,
 #          .tar.gz, .tar.zst; GNU tar detects the compression) whose
-#          top level is the data.
+#          top level is the data (MCP_Atlas: what its image has at /data,
+#          services/agent-environment/data/ of scaleapi/mcp-atlas).
 # --pins   the pinned sums, in sha256sum's format with paths relative to
 #          the data's top: packaging/benchmark-data/BENCH.sha256 by default.
 #          Nothing third-party is kept in this repository, only these sums.
@@ -19,8 +21,21 @@
 #
 # Every pinned file must be present with its sum, and nothing else may be
 # there (no unpinned file, no symlink, no device); otherwise nothing is
-# installed and the offending paths are named. The new tree replaces the
-# old one by rename, so a sandbox never sees half of it.
+# installed and the offending paths are named.
+#
+# Repositories: when the checked data has repos/git_submodule_info.csv
+# (MCP_Atlas: `url,sha,path` lines, no header, path /data/repos/NAME), each
+# is cloned into repos/NAME with its full history and checked out at its
+# pinned commit (detached HEAD), as MCP_Atlas's Dockerfile does (`git clone
+# URL PATH; git checkout SHA`); a commit other than the pin fails the install.
+# --repos CSV       that list from another file (same format) instead.
+# --git-mirror BASE clone https://github.com/OWNER/NAME from BASE/OWNER/NAME
+#                   (a directory or file:// URL of mirrors; git's
+#                   url.BASE/.insteadOf). Each clone's origin stays the
+#                   list's URL. Git's own insteadOf settings apply as well.
+#
+# The new tree replaces the old one by rename, so a sandbox never sees half
+# of it.
 set -euo pipefail
 
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -28,6 +43,8 @@ PREFIX=/opt/sandbox-agent/benchmark-data
 FROM=
 PINS=
 PIN=0
+REPOS=
+MIRROR=
 die() { echo "install-benchmark-data: $*" >&2; exit 2; }
 
 [[ $# -ge 1 ]] || die "usage: $0 BENCH --from DIR|URL [--pins FILE] [--prefix DIR] | BENCH --pin --from DIR"
@@ -43,6 +60,8 @@ while [[ $# -gt 0 ]]; do
     --pins) PINS=${2:?--pins needs a value}; shift 2 ;;
     --prefix) PREFIX=${2:?--prefix needs a value}; shift 2 ;;
     --pin) PIN=1; shift ;;
+    --repos) REPOS=${2:?--repos needs a value}; shift 2 ;;
+    --git-mirror) MIRROR=${2:?--git-mirror needs a value}; shift 2 ;;
     *) die "unknown argument '$1'" ;;
     esac
 done
@@ -51,6 +70,15 @@ PINS=${PINS:-$HERE/benchmark-data/$BENCH.sha256}
 # Absolute: the checks run from inside the data.
 [[ $PINS == /* ]] || PINS=$PWD/$PINS
 [[ $PREFIX == /* ]] || PREFIX=$PWD/$PREFIX
+if [[ -n $REPOS ]]; then
+    [[ -f $REPOS ]] || die "--repos $REPOS is not a file"
+    [[ $REPOS == /* ]] || REPOS=$PWD/$REPOS
+fi
+# A mirror directory given as a path: git reads it as one.
+if [[ -n $MIRROR && $MIRROR != *://* ]]; then
+    [[ -d $MIRROR ]] || die "--git-mirror $MIRROR is neither a directory nor a URL"
+    MIRROR=$(cd "$MIRROR" && pwd)
+fi
 
 # Regular files only, as ./relative paths, sorted.
 list_files() { (cd "$1" && find . -type f -print | LC_ALL=C sort); }
@@ -96,9 +124,42 @@ if ! bad=$(cd "$STAGE/data" && sha256sum --check --strict --quiet "$PINS" 2>&1);
     die "refused: files missing or not as pinned in $PINS: $(echo "$bad" | head -5 | tr '\n' ' ')"
 fi
 
+# The repositories, into the checked tree (the pins cover the list itself;
+# a copy of read-only data must first be made writable).
+chmod -R u+rwX "$STAGE/data"
+cloned=0
+list=${REPOS:-$STAGE/data/repos/git_submodule_info.csv}
+if [[ -f $list ]]; then
+    command -v git >/dev/null || die "git is needed to clone the repositories of $list"
+    git_cfg=(-c advice.detachedHead=false)
+    [[ -z $MIRROR ]] || git_cfg+=(-c "url.${MIRROR%/}/.insteadOf=https://github.com/")
+    seen=" "
+    while IFS= read -r line || [[ -n $line ]]; do
+        [[ -n $line ]] || continue
+        IFS=, read -r url sha path extra <<<"$line"
+        [[ -z $extra && -n $url && $url != -* ]] || die "$list: not a url,sha,path line: $line"
+        [[ $sha =~ ^[0-9a-f]{40}$ ]] || die "$list: not a full commit id: $sha"
+        name=${path#/data/repos/}
+        [[ $path == /data/repos/* && $name =~ ^[A-Za-z0-9._-]+$ && $name != . && $name != .. ]] ||
+            die "$list: $path is not /data/repos/NAME"
+        [[ $seen != *" $name "* ]] || die "$list: $path twice"
+        seen+="$name "
+        dest=$STAGE/data/repos/$name
+        [[ ! -e $dest ]] || die "$list: $path is already part of the data"
+        # --no-local: a real clone (a pack, no hard links) even from a mirror path.
+        GIT_TERMINAL_PROMPT=0 git "${git_cfg[@]}" clone --quiet --no-local -- "$url" "$dest" ||
+            die "cannot clone $url"
+        git -C "$dest" "${git_cfg[@]}" checkout --quiet --detach "$sha^{commit}" ||
+            die "$url has no commit $sha"
+        head=$(git -C "$dest" rev-parse HEAD)
+        [[ $head == "$sha" ]] || die "$url: HEAD is $head, not the pinned $sha"
+        cloned=$((cloned + 1))
+    done <"$list"
+fi
+
 chmod -R u+rwX,go+rX,go-w "$STAGE/data"
 if [[ -e $PREFIX/$BENCH ]]; then
     mv "$PREFIX/$BENCH" "$STAGE/old"
 fi
 mv "$STAGE/data" "$PREFIX/$BENCH"
-echo "install-benchmark-data: installed $(wc -l <"$PINS") files of $BENCH in $PREFIX/$BENCH"
+echo "install-benchmark-data: installed $(wc -l <"$PINS") files and $cloned repositories of $BENCH in $PREFIX/$BENCH ($(du -sh "$PREFIX/$BENCH" | cut -f1))"

@@ -52,7 +52,9 @@ mod benchmark_data {
     use std::path::Path;
     use std::process::Command;
 
-    use crate::common::bench_data::{ATLAS_CSV, installer, run_installer, write_atlas_data};
+    use crate::common::bench_data::{
+        ATLAS_CSV, installer, make_stand_ins, run_installer, write_atlas_data,
+    };
     use crate::common::mcp::memory_js;
     use crate::common::*;
     use sandbox_client::proto;
@@ -181,6 +183,103 @@ mod benchmark_data {
         let _ = http.wait();
         assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
         assert_eq!(std::fs::read_to_string(&csv).expect("from the URL"), good);
+    }
+
+    /// The repositories of `repos/git_submodule_info.csv` are cloned with
+    /// their history, detached at the pin, their origin the listed URL
+    /// (here from a local mirror); a pin the repository lacks, or a path
+    /// outside /data/repos, installs nothing.
+    #[test]
+    fn repositories_are_cloned_at_their_pins() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (src, pins, prefix, mirror) = (
+            dir.path().join("src"),
+            dir.path().join("pins"),
+            dir.path().join("prefix"),
+            dir.path().join("mirror"),
+        );
+        write_atlas_data(&src);
+        let list = dir.path().join("upstream.csv");
+        std::fs::write(
+            &list,
+            "https://github.com/o/one.git,0000000000000000000000000000000000000000,/data/repos/one\n\
+             https://github.com/o/two.git,0000000000000000000000000000000000000000,/data/repos/two",
+        )
+        .expect("list");
+        // The data's own list, pinned with it.
+        let csv = src.join("repos/git_submodule_info.csv");
+        let stand_ins = make_stand_ins(&list, &mirror, &csv);
+        let (src_s, pins_s, prefix_s) = (s(&src), s(&pins), s(&prefix));
+        run_installer(&["MCP_Atlas", "--pin", "--from", &src_s, "--pins", &pins_s]);
+        let base = format!("file://{}", mirror.display());
+        let install = [
+            "MCP_Atlas",
+            "--from",
+            &src_s,
+            "--pins",
+            &pins_s,
+            "--prefix",
+            &prefix_s,
+            "--git-mirror",
+            &base,
+        ];
+        let said = run_installer(&install);
+        assert!(said.contains("3 files and 2 repositories"), "{said}");
+        let git = |repo: &Path, args: &[&str]| {
+            let out = Command::new("git")
+                .arg("-C")
+                .arg(repo)
+                .args(args)
+                .output()
+                .expect("git");
+            String::from_utf8_lossy(&out.stdout).trim().to_owned()
+        };
+        for r in &stand_ins {
+            let repo = prefix.join("MCP_Atlas").join(r.rel());
+            assert_eq!(git(&repo, &["rev-parse", "HEAD"]), r.pin());
+            assert_eq!(git(&repo, &["symbolic-ref", "-q", "HEAD"]), "", "detached");
+            assert_eq!(git(&repo, &["config", "remote.origin.url"]), r.url);
+            let all = git(&repo, &["log", "--all", "--format=%H"]);
+            for c in &r.commits {
+                assert!(all.contains(c.as_str()), "{c} in {all}");
+            }
+            assert_eq!(git(&repo, &["status", "--porcelain"]), "");
+        }
+        let csv_installed = prefix.join("MCP_Atlas/repos/git_submodule_info.csv");
+        let good = std::fs::read(&csv_installed).expect("installed");
+
+        // A pin the repository does not have.
+        let other = dir.path().join("other.csv");
+        std::fs::write(
+            &other,
+            format!(
+                "{},{},/data/repos/one",
+                stand_ins[0].url,
+                stand_ins[1].pin()
+            ),
+        )
+        .expect("list");
+        let with_list = |l: &Path| {
+            let mut a = install.map(str::to_owned).to_vec();
+            a.extend(["--repos".to_owned(), s(l)]);
+            a
+        };
+        let args = with_list(&other);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let e = refused(&args);
+        assert!(e.contains(stand_ins[1].pin()), "{e}");
+        // Outside /data/repos.
+        std::fs::write(
+            &other,
+            format!("{},{},/data/../etc", stand_ins[0].url, stand_ins[0].pin()),
+        )
+        .expect("list");
+        let args = with_list(&other);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let e = refused(&args);
+        assert!(e.contains("not /data/repos/NAME"), "{e}");
+        // Nothing was replaced.
+        assert_eq!(std::fs::read(&csv_installed).expect("kept"), good);
     }
 
     /// A profile with preloaded data: an Acquire of it fails, naming the

@@ -17,6 +17,10 @@ Scenarios print one JSON object on stdout:
                     dump, release; the files of the dump with their text
   profile-bare BENCH SERVER TOOL ARGS
                     the same without the upload (MCP_Atlas's harness uploads nothing)
+  calls BENCH CALLS acquire the servers of CALLS (a JSON list of [server, tool, args]) with
+                    benchmark BENCH ("-": none), upload nothing, make each call in an MCP
+                    session of its own (as MCP_Atlas's client does), dump, release; the
+                    calls' texts and the files of the dump
   mail              acquire poste_email_toolathlon (Toolathlon, jsmith@mcp.com), load a
                     mailbox through its initialize endpoint, read it and send a mail with
                     the emails server's tools, dump; release, acquire again, dump (empty),
@@ -141,6 +145,40 @@ async def profile(base, headers, bench, server, tool, args, upload=True):
             "files": files}
 
 
+async def calls(base, headers, bench, calls_json):
+    from mcp import ClientSession
+    from mcp.client.streamable_http import streamablehttp_client
+    todo = json.loads(calls_json)
+    body = {"server_names": sorted({c[0] for c in todo})}
+    if bench != "-":
+        body["benchmark"] = bench
+    async with httpx.AsyncClient(timeout=300.0) as client:
+        resp = await client.post(f"{base}/local-sandbox", headers=headers, json=body)
+        data = resp.json()
+    if resp.status_code != 201:
+        return {"acquire_status": resp.status_code, "acquire": data}
+    urls = {s["server_name"]: s["mcp_server_url"] for s in data["servers"]}
+    sid = data["local_sandbox_id"]
+    results = []
+    for server, tool, args in todo:
+        async with streamablehttp_client(urls[server], timeout=120, sse_read_timeout=300) as (r, w, _):
+            async with ClientSession(r, w) as s:
+                await s.initialize()
+                got = await s.call_tool(tool, args)
+                results.append({"text": "".join(c.text for c in got.content if c.type == "text"),
+                                "is_error": bool(got.isError)})
+    files = {}
+    async with httpx.AsyncClient(timeout=300.0) as client:
+        resp = await client.get(f"{base}/local-sandbox/{sid}/dump", headers=headers)
+        resp = await client.get(resp.json()["download_url"])
+        with tarfile.open(fileobj=io.BytesIO(resp.content), mode="r:gz") as tar:
+            for m in tar.getmembers():
+                f = tar.extractfile(m) if m.isfile() else None
+                files[m.name] = f.read(65536).decode("utf-8", "replace") if f else None
+        await client.delete(f"{base}/local-sandbox/{sid}", headers=headers)
+    return {"acquire_status": 201, "acquire": data, "results": results, "files": files}
+
+
 MAILBOX = {"users": {"jsmith@mcp.com": {"emails": [
     {"subject": "Quarterly report due Friday", "from_addr": "Ann Lee <ann@mcp.com>",
      "to_addr": "jsmith@mcp.com", "cc_addr": "team@mcp.com", "date": "Wed, 10 Sep 2025 18:31:19 +0000",
@@ -212,6 +250,8 @@ async def main():
         out = await profile(base, headers, *sys.argv[4:8])
     elif scenario == "profile-bare":
         out = await profile(base, headers, *sys.argv[4:8], upload=False)
+    elif scenario == "calls":
+        out = await calls(base, headers, sys.argv[4], sys.argv[5])
     elif scenario == "mail":
         out = await mail(base, headers)
     elif scenario == "cycles":

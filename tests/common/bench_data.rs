@@ -1,7 +1,18 @@
-//! A small MCP_Atlas dataset made by the tests (nothing third-party is
-//! kept here), pinned and installed with packaging/install-benchmark-data.sh
-//! exactly as real data is, once per test process. The shipped manifest's
+//! Benchmark data for the tests, installed with
+//! packaging/install-benchmark-data.sh exactly as a real host installs it,
+//! once per test process; the shipped manifest's
 //! `/opt/sandbox-agent/benchmark-data` is pointed at it.
+//!
+//! MCP_Atlas's real data (its CSV files and memory graph, checked against
+//! the committed packaging/benchmark-data/MCP_Atlas.sha256) comes from the
+//! shared benchmark-data directory beside the checkout
+//! (`SANDBOX_AGENT_BENCHMARK_DATA`, default `../shared/benchmark-data`;
+//! nothing third-party is kept in this repository). Its 8 repositories live
+//! on GitHub, which tests never reach: each is a local stand-in (same URL
+//! and path, a few commits of its own, pinned at the middle one), cloned
+//! through the installer's `--git-mirror` with a `--repos` list of the
+//! stand-ins' pins. A small made-up dataset ([`write_atlas_data`]) serves
+//! the installer's own tests.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -9,9 +20,9 @@ use std::sync::OnceLock;
 
 /// Where the shipped manifest expects installed benchmark data.
 pub const SHIPPED_PREFIX: &str = "/opt/sandbox-agent/benchmark-data";
-/// An entity of the dataset's memory graph.
+/// An entity of the made-up dataset's memory graph.
 pub const ATLAS_ENTITY: &str = "atlas-preloaded-entity";
-/// A CSV file at the top of the dataset.
+/// A CSV file at the top of the made-up dataset.
 pub const ATLAS_CSV: &str = "barber_shop.csv";
 
 /// The installer, for tests that call it themselves.
@@ -19,7 +30,7 @@ pub fn installer() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("packaging/install-benchmark-data.sh")
 }
 
-/// Writes the dataset's files into `dir`.
+/// Writes the made-up dataset's files into `dir`.
 pub fn write_atlas_data(dir: &Path) {
     let memory = dir.join("repos/memory_mcp_server");
     std::fs::create_dir_all(&memory).expect("data dir");
@@ -49,31 +60,143 @@ pub fn run_installer(args: &[&str]) -> String {
     text
 }
 
-/// The prefix holding the installed test dataset (MCP_Atlas).
-pub fn prefix() -> &'static Path {
-    static PREFIX: OnceLock<PathBuf> = OnceLock::new();
-    PREFIX.get_or_init(|| {
+/// MCP_Atlas's real data: what its image has at /data (the shared
+/// benchmark-data's `MCP_Atlas/data`).
+pub fn atlas_source() -> PathBuf {
+    let root = std::env::var_os("SANDBOX_AGENT_BENCHMARK_DATA")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/benchmark-data"));
+    let dir = root.join("MCP_Atlas/data");
+    assert!(
+        dir.join("repos/git_submodule_info.csv").is_file(),
+        "MCP_Atlas's data is not at {}: set SANDBOX_AGENT_BENCHMARK_DATA to the directory \
+         holding MCP_Atlas/data (default: ../shared/benchmark-data beside the checkout)",
+        dir.display()
+    );
+    dir
+}
+
+/// One of MCP_Atlas's repositories as the tests stand it in.
+#[derive(Debug, Clone)]
+pub struct StandIn {
+    /// The real repository's URL (`https://github.com/OWNER/NAME.git`).
+    pub url: String,
+    /// Where the sandbox has it (`/data/repos/NAME`).
+    pub path: String,
+    /// The stand-in's commits, oldest first: the pin is the middle one, the
+    /// last is its default branch's tip (after the pin).
+    pub commits: [String; 3],
+}
+
+impl StandIn {
+    pub fn pin(&self) -> &str {
+        &self.commits[1]
+    }
+    /// The directory under the data's top (`repos/NAME`).
+    pub fn rel(&self) -> &str {
+        self.path.strip_prefix("/data/").expect("/data/repos/NAME")
+    }
+}
+
+fn git(dir: &Path, args: &[&str]) -> String {
+    let out = Command::new("git")
+        .arg("-C")
+        .arg(dir)
+        .args(args)
+        .envs([
+            ("GIT_AUTHOR_NAME", "stand-in"),
+            ("GIT_AUTHOR_EMAIL", "stand-in@example.org"),
+            ("GIT_COMMITTER_NAME", "stand-in"),
+            ("GIT_COMMITTER_EMAIL", "stand-in@example.org"),
+        ])
+        .output()
+        .expect("git");
+    assert!(
+        out.status.success(),
+        "git {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+/// Makes a stand-in for each repository of `list` (the benchmark's
+/// `url,sha,path` lines) under `mirror/OWNER/NAME.git`, and writes the list
+/// of the stand-ins' pins to `repos_csv`.
+pub fn make_stand_ins(list: &Path, mirror: &Path, repos_csv: &Path) -> Vec<StandIn> {
+    let text = std::fs::read_to_string(list).expect("git_submodule_info.csv");
+    let mut out = Vec::new();
+    for line in text.lines().filter(|l| !l.is_empty()) {
+        let f: Vec<&str> = line.split(',').collect();
+        let (url, path) = (f[0], f[2]);
+        let repo = url
+            .strip_prefix("https://github.com/")
+            .expect("a GitHub URL");
+        let dir = mirror.join(repo);
+        std::fs::create_dir_all(&dir).expect("stand-in dir");
+        git(&dir, &["-c", "init.defaultBranch=main", "init", "-q"]);
+        let commits = ["first", "pinned", "after the pin"].map(|what| {
+            std::fs::write(dir.join("README.md"), format!("{repo}: {what}\n")).expect("write");
+            git(&dir, &["add", "-A"]);
+            git(&dir, &["commit", "-q", "-m", &format!("{repo}: {what}")]);
+            git(&dir, &["rev-parse", "HEAD"])
+        });
+        out.push(StandIn {
+            url: url.to_owned(),
+            path: path.to_owned(),
+            commits,
+        });
+    }
+    let csv: Vec<String> = out
+        .iter()
+        .map(|s| format!("{},{},{}", s.url, s.pin(), s.path))
+        .collect();
+    std::fs::write(repos_csv, csv.join("\n")).expect("repos csv");
+    out
+}
+
+/// The installed test data.
+pub struct Installed {
+    /// The prefix holding `MCP_Atlas/`.
+    pub prefix: PathBuf,
+    /// MCP_Atlas's 8 repositories, as stood in.
+    pub repos: Vec<StandIn>,
+}
+
+/// MCP_Atlas's real data with stand-in repositories, installed once.
+pub fn atlas() -> &'static Installed {
+    static INSTALLED: OnceLock<Installed> = OnceLock::new();
+    INSTALLED.get_or_init(|| {
+        let src = atlas_source();
         let root = tempfile::Builder::new()
             .prefix("sandbox-suite-benchmark-data")
             .tempdir()
             .expect("tempdir")
             .keep();
-        let src = root.join("src");
-        write_atlas_data(&src);
-        let pins = root.join("MCP_Atlas.sha256");
+        let (mirror, csv) = (root.join("mirror"), root.join("repos.csv"));
+        let repos = make_stand_ins(&src.join("repos/git_submodule_info.csv"), &mirror, &csv);
         let prefix = root.join("installed");
-        let (s, p, x) = (
-            src.display().to_string(),
-            pins.display().to_string(),
-            prefix.display().to_string(),
-        );
-        run_installer(&["MCP_Atlas", "--pin", "--from", &s, "--pins", &p]);
-        run_installer(&["MCP_Atlas", "--from", &s, "--pins", &p, "--prefix", &x]);
+        let s = |p: &Path| p.display().to_string();
+        run_installer(&[
+            "MCP_Atlas",
+            "--from",
+            &s(&src),
+            "--repos",
+            &s(&csv),
+            "--git-mirror",
+            &format!("file://{}", mirror.display()),
+            "--prefix",
+            &s(&prefix),
+        ]);
         // The servers (some as other users) read it.
         for d in [&root, &prefix] {
             use std::os::unix::fs::PermissionsExt;
             std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755)).expect("chmod");
         }
-        prefix
+        Installed { prefix, repos }
     })
+}
+
+/// The prefix holding the installed test data.
+pub fn prefix() -> &'static Path {
+    &atlas().prefix
 }

@@ -3,7 +3,9 @@
 //! changes (the official MCP client on the mcp_server_url, the dump through
 //! its signed URL), and `ALL` starts every server that can run here.
 
-use crate::common::bench_data::{ATLAS_CSV, ATLAS_ENTITY};
+use serde_json::{Value, json};
+
+use crate::common::bench_data::{atlas, atlas_source};
 use crate::common::host::{Host, KEY_A, acquire, py, release, server_names};
 
 /// MCP_Atlas's terminal runs only `ls`, `cat` and `find`; by default the
@@ -49,6 +51,67 @@ fn mcp_atlas_confines_the_terminal() {
         ],
     );
     assert_eq!(ls["is_error"], false, "{ls}");
+}
+
+/// Toolathlon's terminal (configs/mcp_servers/terminal.yaml): 59 commands,
+/// every flag, shell operators, 2048-byte commands, 60 s, at `/data`.
+const TOOLATHLON_COMMANDS: &str = "ls cat pwd echo cd mkdir touch rm cp mv find grep head tail wc \
+    sort uniq diff tree chmod stat file which whoami date hostname df du ps env history clear sed \
+    awk cut tr basename dirname realpath md5sum sha256sum tar gzip gunzip zip unzip less more \
+    python wget curl ping netstat ifconfig nslookup traceroute helm kubectl git";
+
+/// Under Toolathlon the terminal has Toolathlon's rules: its 59 commands
+/// (sha256sum and pipes run; python3, not in the list, does not), by
+/// default every command.
+#[test]
+fn toolathlon_terminal_has_its_rules() {
+    let mut commands: Vec<&str> = TOOLATHLON_COMMANDS.split_whitespace().collect();
+    assert_eq!(commands.len(), 59);
+    commands.sort_unstable();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let host = Host::start(dir.path(), &[]);
+    let calls = json!([
+        ["terminal", "show_security_rules", {}],
+        ["terminal", "run_command", {"command": "echo toolathlon | sha256sum | cut -c1-16"}],
+        ["terminal", "run_command", {"command": "python3 --version"}],
+        ["terminal", "run_command", {"command": "touch /data/t.txt && wc -c t.txt"}],
+    ]);
+    let t = py(&host, KEY_A, &["calls", "Toolathlon", &calls.to_string()]);
+    let text = |i: usize| t["results"][i]["text"].as_str().unwrap_or_default();
+    let rules = text(0);
+    assert!(
+        rules.contains(&format!(
+            "Allowed Commands:\n----------------\n{}\n",
+            commands.join(", ")
+        )),
+        "{rules}"
+    );
+    // (The working directory reads /workspace here: /data is a symlink to
+    // it in the process backend, and the server resolves it.)
+    for want in [
+        "All flags allowed",
+        "Max Command Length: 2048 characters",
+        "Command Timeout: 60 seconds",
+    ] {
+        assert!(rules.contains(want), "{want}: {rules}");
+    }
+    // sha256("toolathlon\n")
+    assert_eq!(
+        text(1),
+        "00af91157f1269fb\n\nCommand completed with return code: 0",
+        "{t}"
+    );
+    assert!(text(2).contains("'python3' is not allowed"), "{t}");
+    assert_eq!(
+        text(3),
+        "0 t.txt\n\nCommand completed with return code: 0",
+        "{t}"
+    );
+
+    let plain = py(&host, KEY_A, &["calls", "-", &calls.to_string()]);
+    let rules = plain["results"][0]["text"].as_str().unwrap_or_default();
+    assert!(rules.contains("All commands allowed"), "{plain}");
+    assert_eq!(plain["results"][2]["is_error"], false, "{plain}");
 }
 
 /// Toolathlon keeps the memory server's graph in the workspace
@@ -132,64 +195,118 @@ fn all_starts_every_local_server() {
 }
 
 /// MCP_Atlas's harness uploads nothing: the sandbox comes with the
-/// benchmark's data (here the tests' small dataset, installed by
-/// packaging/install-benchmark-data.sh), which its memory server and
-/// terminal read, and which the dump carries.
+/// benchmark's real data (installed by packaging/install-benchmark-data.sh
+/// against the committed pins, its repositories from local stand-ins), at
+/// `/data` for the filesystem, terminal and git servers, byte for byte; its
+/// memory server starts with the 41 entities and 55 relations of the graph.
 #[test]
 fn mcp_atlas_comes_with_its_data() {
+    let src = atlas_source();
+    let csv = std::fs::read_to_string(src.join("Barber Shop.csv")).expect("Barber Shop.csv");
+    assert!(
+        !csv.ends_with('\n'),
+        "the CSV as published, no trailing newline"
+    );
+    let graph = std::fs::read_to_string(src.join("repos/memory_mcp_server/memories-for-mcp.json"))
+        .expect("memory graph");
+    let repos = &atlas().repos;
+    assert_eq!(repos.len(), 8);
     let dir = tempfile::tempdir().expect("tempdir");
     let host = Host::start(dir.path(), &[]);
-    let memory = py(
+
+    let mut calls = vec![
+        json!(["filesystem", "read_text_file", {"path": "/data/Barber Shop.csv"}]),
+        json!(["filesystem", "list_directory", {"path": "/data/repos"}]),
+        json!(["terminal", "run_command", {"command": "cat '/data/Barber Shop.csv'"}]),
+        json!(["localmemory", "read_graph", {}]),
+    ];
+    for r in repos {
+        calls.push(json!(["git", "git_status", {"repo_path": r.path}]));
+        calls.push(json!(["git", "git_log", {"repo_path": r.path, "max_count": 10}]));
+        calls.push(json!(["git", "git_show", {"repo_path": r.path, "revision": r.commits[2]}]));
+    }
+    let out = py(
         &host,
         KEY_A,
-        &[
-            "profile-bare",
-            "MCP_Atlas",
-            "localmemory",
-            "read_graph",
-            "{}",
-        ],
+        &["calls", "MCP_Atlas", &Value::from(calls).to_string()],
     );
-    assert_eq!(memory["is_error"], false, "{memory}");
+    let res = out["results"].as_array().expect("results");
+    let text = |i: usize| res[i]["text"].as_str().unwrap_or_default();
     assert!(
-        memory["text"]
-            .as_str()
-            .unwrap_or_default()
-            .contains(ATLAS_ENTITY),
-        "{memory}"
+        res.iter().all(|r| r["is_error"] == false),
+        "every call answers: {out}"
     );
-    assert!(
-        memory["files"][format!("./{ATLAS_CSV}")]
-            .as_str()
-            .is_some_and(|t| t.contains("Ann,3")),
-        "{memory}"
+    assert_eq!(text(0), csv, "read_text_file: the CSV byte for byte");
+    for r in repos {
+        let name = r.path.rsplit('/').next().expect("name");
+        assert!(text(1).contains(&format!("[DIR] {name}")), "{}", text(1));
+    }
+    assert_eq!(
+        text(2),
+        format!("{csv}\nCommand completed with return code: 0"),
+        "the terminal's cat"
     );
-    let cat = py(
-        &host,
-        KEY_A,
-        &[
-            "profile-bare",
-            "MCP_Atlas",
-            "terminal",
-            "run_command",
-            &format!(r#"{{"command":"cat {ATLAS_CSV}"}}"#),
-        ],
+    let read: Value = serde_json::from_str(text(3)).expect("read_graph JSON");
+    let names = |v: &Value| -> Vec<String> {
+        let mut n: Vec<String> = v["entities"]
+            .as_array()
+            .expect("entities")
+            .iter()
+            .map(|e| e["name"].as_str().expect("name").to_owned())
+            .collect();
+        n.sort();
+        n
+    };
+    assert_eq!(
+        read["entities"].as_array().map(Vec::len),
+        Some(41),
+        "{read}"
     );
-    assert!(
-        cat["text"].as_str().unwrap_or_default().contains("Bob,5"),
-        "{cat}"
+    assert_eq!(
+        read["relations"].as_array().map(Vec::len),
+        Some(55),
+        "{read}"
     );
+    let published: Vec<Value> = graph
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSONL line"))
+        .collect();
+    let entities: Vec<&Value> = published.iter().filter(|v| v["type"] == "entity").collect();
+    assert_eq!(names(&json!({ "entities": entities })), names(&read));
+    for (i, r) in repos.iter().enumerate() {
+        let (status, log, show) = (text(4 + 3 * i), text(5 + 3 * i), text(6 + 3 * i));
+        // Detached at the pin, as `git clone URL; git checkout SHA` leaves it.
+        assert!(
+            status.contains(&format!("HEAD detached at {}", &r.pin()[..7])),
+            "{}: {status}",
+            r.path
+        );
+        // The full history up to the pin...
+        assert!(
+            log.contains(r.pin()) && log.contains(&r.commits[0]) && !log.contains(&r.commits[2]),
+            "{}: {log}",
+            r.path
+        );
+        // ...and the default branch's commits after it.
+        assert!(show.contains("after the pin"), "{}: {show}", r.path);
+    }
+    // The dump carries the data as installed.
+    assert_eq!(out["files"]["./Barber Shop.csv"], csv.as_str(), "the dump");
+    assert_eq!(
+        out["files"]["./repos/memory_mcp_server/memories-for-mcp.json"],
+        graph.as_str(),
+        "the dump"
+    );
+
     // Without the benchmark, none of it.
     let plain = py(
         &host,
         KEY_A,
         &["profile-bare", "-", "localmemory", "read_graph", "{}"],
     );
+    let first = entities[0]["name"].as_str().expect("name");
     assert!(
-        !plain["text"]
-            .as_str()
-            .unwrap_or_default()
-            .contains(ATLAS_ENTITY),
+        !plain["text"].as_str().unwrap_or_default().contains(first),
         "{plain}"
     );
 }
