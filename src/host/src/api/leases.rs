@@ -382,4 +382,3 @@ async fn release_lease(h: &Shared, id: &str, slot_id: &str, is_ttl: bool) -> Res
         .map(|_| ())
         .map_err(|s| s.to_string())
 }
-

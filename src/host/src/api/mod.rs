@@ -28,8 +28,8 @@
 
 mod common;
 mod exec;
-mod leases;
 pub mod klavis_data;
+mod leases;
 pub mod model;
 mod reaper;
 mod sandbox_api;
@@ -104,8 +104,14 @@ pub fn router(host: Shared) -> Router {
             get(sandbox_api::get).delete(sandbox_api::delete),
         )
         .route("/sandbox/{server}/{id}/reset", post(sandbox_api::reset))
-        .route("/sandbox/local_dev/{id}/upload-url", post(transfer::upload_url))
-        .route("/sandbox/local_dev/{id}/initialize", post(transfer::initialize))
+        .route(
+            "/sandbox/local_dev/{id}/upload-url",
+            post(transfer::upload_url),
+        )
+        .route(
+            "/sandbox/local_dev/{id}/initialize",
+            post(transfer::initialize),
+        )
         .route("/sandbox/local_dev/{id}/dump", get(transfer::dump_url))
         .route(
             "/sandbox/{server}/{id}/initialize",

@@ -175,9 +175,12 @@ pub fn resolve(name: &str, known: &[String]) -> HostResult<Named> {
 /// before any has served, Klavis's local names (the agent refuses the
 /// ones it lacks).
 fn known(h: &Shared) -> Vec<String> {
-    h.pool
-        .servers()
-        .unwrap_or_else(|| super::SERVER_NAMES.iter().map(|s| (*s).to_owned()).collect())
+    h.pool.servers().unwrap_or_else(|| {
+        super::SERVER_NAMES
+            .iter()
+            .map(|s| (*s).to_owned())
+            .collect()
+    })
 }
 
 /// `POST /sandbox/{server}`: a new sandbox holding the server (or
@@ -294,7 +297,10 @@ mod tests {
         let r = resolve("local_dev", &known()).expect("local_dev");
         assert_eq!(r.servers, ["filesystem", "git", "terminal"]);
         let r = resolve("memory", &known()).expect("memory");
-        assert_eq!((r.servers[0].as_str(), r.answer_name.as_str()), ("localmemory", "localmemory"));
+        assert_eq!(
+            (r.servers[0].as_str(), r.answer_name.as_str()),
+            ("localmemory", "localmemory")
+        );
         let r = resolve("playwright_with_chunk", &known()).expect("alias");
         assert_eq!(
             (r.servers[0].as_str(), r.answer_name.as_str()),
@@ -313,6 +319,9 @@ mod tests {
             Err(HostError::BadRequest(m)) => assert!(m.contains("do not carry wikipedia"), "{m}"),
             other => panic!("{other:?}"),
         }
-        assert!(matches!(resolve("nope", &known()), Err(HostError::Validation(_))));
+        assert!(matches!(
+            resolve("nope", &known()),
+            Err(HostError::Validation(_))
+        ));
     }
 }
