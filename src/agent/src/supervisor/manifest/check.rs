@@ -279,6 +279,7 @@ pub(super) fn check_entry(
             .as_deref()
             .map(|d| c.x(d, "data_command"))
             .transpose()?,
+        in_all: e.in_all.unwrap_or(true),
     })
 }
 

@@ -192,6 +192,10 @@ pub struct ServerFile {
     /// (`SANDBOX_DATA_ACCOUNT=shared`, `SANDBOX_DATA_LEDGER`), `CMD cleanup`
     /// at Release and Reset (see `server_data`).
     pub data_command: Option<String>,
+    /// Started by an Acquire of all servers (`all_servers`; Klavis's `ALL`).
+    /// Default true; false: only when named, e.g. a public-data server that
+    /// Klavis serves as a sandbox of its own rather than a local one.
+    pub in_all: Option<bool>,
 }
 
 /// `[mail]`: the sandbox's own mail service (IMAP + SMTP submission for one
