@@ -172,12 +172,13 @@ pub fn resolve(name: &str, known: &[String]) -> HostResult<Named> {
 }
 
 /// The host's servers, for [`resolve`]: those its sandboxes carry, or
-/// before any has served, Klavis's local names (the agent refuses the
-/// ones it lacks).
+/// before any has served, Klavis's local and public-data names (the agent
+/// refuses the ones it lacks).
 fn known(h: &Shared) -> Vec<String> {
     h.pool.servers().unwrap_or_else(|| {
         super::SERVER_NAMES
             .iter()
+            .chain(PUBLIC_DATA)
             .map(|s| (*s).to_owned())
             .collect()
     })
@@ -307,6 +308,14 @@ mod tests {
             ("playwright", "playwright_with_chunk")
         );
         assert_eq!(resolve("git", &known()).expect("git").servers, ["git"]);
+        // A public-data server the manifest carries: a sandbox of its own.
+        let mut with = known();
+        with.push("calculator".into());
+        let r = resolve("calculator", &with).expect("calculator");
+        assert_eq!(
+            (r.servers, r.answer_name.as_str()),
+            (vec!["calculator".to_owned()], "calculator")
+        );
     }
 
     #[test]
