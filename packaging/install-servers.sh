@@ -51,6 +51,16 @@ SERVERS=(
     # aiosmtpd: the SMTP side of the sandbox's mail service (sandbox-mail).
     "poste_email_toolathlon|pip|emails-mcp==0.1.9|$MCP1 aiosmtpd==1.4.6 --ignore-requires-python"
 
+    # Public-data servers: Klavis serves each as a sandbox of its own
+    # (/sandbox/NAME), MCP_Atlas's versions (its mcp_server_template.json).
+    # They call public web APIs when a tool is used. osm-mcp-server declares
+    # Python >= 3.13 and runs unchanged on 3.11.
+    "calculator|pip|mcp-server-calculator==0.2.0|$MCP1"
+    "osm|pip|osm-mcp-server==0.1.1|$MCP1 --ignore-requires-python"
+    "wikipedia|pip|wikipedia-mcp==2.0.1"
+    "context7|npm|@upstash/context7-mcp@1.0.14"
+    "open_library|npm|@geobio/mcp-open-library@0.1.6"
+
     # The versions a benchmark pins where they differ from the above,
     # installed side by side (NAME@BENCH: npm into DIR/node@BENCH, pip into
     # DIR/py/NAME@BENCH) for servers.toml's profiles. From the benchmarks'

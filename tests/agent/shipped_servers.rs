@@ -4,7 +4,8 @@
 //! through the agent's data plane (sandboxctl, the real client), and the
 //! three that need one (google_cloud, poste_email_toolathlon, canvas) start
 //! with credentials of the right form and list their tools (no call reaches
-//! the outside service: there is none here).
+//! the outside service: there is none here). The public-data servers start
+//! and list their tools too.
 
 use crate::common::mcp::*;
 use crate::common::*;
@@ -228,6 +229,51 @@ fn every_shipped_server_starts_and_answers() {
     assert_eq!(mode & 0o777, 0o600);
     sandboxctl(&agent, &["release"]);
     assert!(!account.exists());
+}
+
+/// The public-data servers of the shipped manifest (Klavis serves each as
+/// a sandbox of its own): each starts when named and lists its tools. No
+/// tool is called, so nothing reaches the public APIs they use. They are
+/// the manifest's servers that ALL leaves out (`in_all = false`), so one
+/// added to the manifest without a line here fails this test.
+#[test]
+fn public_data_servers_start_and_list_their_tools() {
+    // (server, a tool it lists)
+    let servers = [
+        ("calculator", "calculate"),
+        ("context7", "resolve-library-id"),
+        ("open_library", "get_book_by_title"),
+        ("osm", "geocode_address"),
+        ("wikipedia", "search_wikipedia"),
+    ];
+    let agent = agent_with("", "");
+    let manifest = sandbox_agent::supervisor::manifest::Manifest::load(
+        &agent.dir.path().join("servers.toml"),
+        &sandbox_agent::supervisor::manifest::Roots {
+            workspace: &agent.dir.path().join("ws"),
+            state_root: &state_dir(&agent),
+            data: None,
+        },
+    )
+    .expect("the shipped manifest");
+    let all = manifest.all_names();
+    let named_only: Vec<String> = manifest
+        .names()
+        .into_iter()
+        .filter(|n| !all.contains(n))
+        .collect();
+    assert_eq!(
+        named_only,
+        servers.map(|(s, _)| s.to_owned()),
+        "the servers ALL leaves out"
+    );
+    let names: Vec<&str> = servers.iter().map(|(s, _)| *s).collect();
+    sandboxctl(&agent, &["acquire", "--servers", &names.join(",")]);
+    for (server, tool) in servers {
+        let out = sandboxctl(&agent, &["mcp", server, "tools"]);
+        assert!(out.contains(tool), "{server}: no {tool} in:\n{out}");
+    }
+    sandboxctl(&agent, &["release"]);
 }
 
 /// `--data-path`: the servers also see the workspace there (the

@@ -21,6 +21,10 @@ Scenarios print one JSON object on stdout:
                     benchmark BENCH ("-": none), upload nothing, make each call in an MCP
                     session of its own (as MCP_Atlas's client does), dump, release; the
                     calls' texts and the files of the dump
+  sandbox NAME BENCH
+                    as MCP_Atlas's Klavis integration: POST /sandbox/NAME with benchmark
+                    BENCH ("-": none), list the tools through server_urls[NAME] alone
+                    (no API key), GET it, DELETE /sandbox/NAME/ID
   mail              acquire poste_email_toolathlon (Toolathlon, jsmith@mcp.com), load a
                     mailbox through its initialize endpoint, read it and send a mail with
                     the emails server's tools, dump; release, acquire again, dump (empty),
@@ -236,6 +240,31 @@ async def mail(base, headers):
     return out
 
 
+async def sandbox(base, headers, name, bench):
+    from mcp import ClientSession
+    from mcp.client.streamable_http import streamablehttp_client
+    out = {}
+    async with httpx.AsyncClient(timeout=300.0) as client:
+        resp = await client.post(f"{base}/sandbox/{name}", headers=headers,
+                                 json={} if bench == "-" else {"benchmark": bench})
+        data = resp.json()
+        out["create"] = [resp.status_code, data]
+        if resp.status_code != 200:
+            return out
+    async with streamablehttp_client(data["server_urls"][name], timeout=120,
+                                     sse_read_timeout=300) as (r, w, _):
+        async with ClientSession(r, w) as s:
+            await s.initialize()
+            out["tools"] = sorted(t.name for t in (await s.list_tools()).tools)
+    async with httpx.AsyncClient(timeout=60.0) as client:
+        sid = data["sandbox_id"]
+        resp = await client.get(f"{base}/sandbox/{name}/{sid}", headers=headers)
+        out["get"] = [resp.status_code, resp.json()]
+        resp = await client.delete(f"{base}/sandbox/{name}/{sid}", headers=headers)
+        out["release"] = [resp.status_code, resp.json()]
+    return out
+
+
 async def main():
     base, key, scenario = sys.argv[1], sys.argv[2], sys.argv[3]
     headers = {"Authorization": f"Bearer {key}"}
@@ -254,6 +283,8 @@ async def main():
         out = await calls(base, headers, sys.argv[4], sys.argv[5])
     elif scenario == "mail":
         out = await mail(base, headers)
+    elif scenario == "sandbox":
+        out = await sandbox(base, headers, *sys.argv[4:6])
     elif scenario == "cycles":
         n = int(sys.argv[4])
         results = await asyncio.gather(*(cycle(base, headers, ["filesystem"]) for _ in range(n)),

@@ -194,6 +194,42 @@ fn all_starts_every_local_server() {
     release(&host, KEY_A, a["local_sandbox_id"].as_str().expect("id"));
 }
 
+/// A public-data server is a sandbox of its own, as MCP_Atlas's Klavis
+/// integration leases it: `/sandbox/calculator` with its benchmark holds
+/// that server alone, whose URL lists its tools (`ALL`, above, leaves it
+/// out). A public-data name this host does not carry is a 400 saying so.
+#[test]
+fn a_public_data_server_is_a_sandbox_of_its_own() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let host = Host::start(dir.path(), &[]);
+    let v = py(&host, KEY_A, &["sandbox", "calculator", "MCP_Atlas"]);
+    assert_eq!(v["create"][0], 200, "{v}");
+    let created = &v["create"][1];
+    assert_eq!(created["server_name"], "calculator", "{v}");
+    let urls: Vec<&String> = created["server_urls"]
+        .as_object()
+        .expect("server_urls")
+        .keys()
+        .collect();
+    assert_eq!(urls, ["calculator"], "{v}");
+    assert_eq!(v["tools"], serde_json::json!(["calculate"]), "{v}");
+    assert_eq!(v["get"][1]["benchmark"], "MCP_Atlas", "{v}");
+    assert_eq!(
+        v["get"][1]["server_url"], created["server_urls"]["calculator"],
+        "{v}"
+    );
+    assert_eq!(v["release"][0], 200, "{v}");
+
+    let v = py(&host, KEY_A, &["sandbox", "pubmed", "-"]);
+    assert_eq!(v["create"][0], 400, "{v}");
+    assert!(
+        v["create"][1]["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("do not carry pubmed")),
+        "{v}"
+    );
+}
+
 /// MCP_Atlas's harness uploads nothing: the sandbox comes with the
 /// benchmark's real data (installed by packaging/install-benchmark-data.sh
 /// against the committed pins, its repositories from local stand-ins), at

@@ -100,7 +100,8 @@ pub(crate) fn wait_warm(host: &Host, server: &str, not: &[PathBuf]) -> (PathBuf,
 #[test]
 fn warm_leases_serve_matching_acquires_and_give_way_to_others() {
     let dir = tempfile::tempdir().expect("tempdir");
-    // This host's sandboxes carry every Klavis server but playwright.
+    // This host's sandboxes carry every local Klavis server but playwright
+    // (the cut also drops the public-data servers and the profiles).
     let shipped = shipped_manifest(Path::new("${state_root}"));
     let cut = shipped
         .find("[servers.playwright]")

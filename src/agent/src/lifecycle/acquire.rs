@@ -77,7 +77,7 @@ pub(super) fn resolve(
         return Err(LcError::BadLeaseId);
     }
     let names: Vec<String> = match &p.servers {
-        Selection::All => manifest.names(),
+        Selection::All => manifest.all_names(),
         Selection::Nothing => Vec::new(),
         Selection::Names(n) => {
             let mut out: Vec<String> = Vec::new();
@@ -391,7 +391,8 @@ mod tests {
 
     fn manifest() -> Manifest {
         Manifest::parse(
-            "[servers.git]\ncommand = \"g\"\n[servers.memory]\ncommand = \"m\"\n",
+            "[servers.git]\ncommand = \"g\"\n[servers.memory]\ncommand = \"m\"\n\
+             [servers.solo]\ncommand = \"s\"\nin_all = false\n",
             Path::new("m.toml"),
             &crate::supervisor::manifest::Roots {
                 workspace: Path::new("/ws"),
@@ -433,8 +434,16 @@ mod tests {
             &LifecycleConfig::default(),
         )
         .unwrap();
+        // `in_all = false`: only when named.
         assert_eq!(all.names, ["git", "memory"]);
         assert_eq!(all.ttl_seconds, 0);
+        let solo = resolve(
+            &params(names(&["solo"]), Ttl::Default),
+            &manifest(),
+            &LifecycleConfig::default(),
+        )
+        .unwrap();
+        assert_eq!(solo.names, ["solo"]);
     }
 
     #[test]

@@ -19,7 +19,9 @@ pub enum LcError {
     BadLeaseId,
     #[error("name at least one server in server_names, or ask for all")]
     NoServersNamed,
-    #[error("the manifest has no servers to acquire")]
+    #[error(
+        "the manifest has no server that an Acquire of all servers starts (none, or each has in_all = false)"
+    )]
     EmptyManifest,
     #[error(
         "unknown server{} {}; this sandbox's manifest ({}) has: {}",

@@ -78,7 +78,7 @@ const SAAS: &[&str] = &[
 ];
 
 /// Klavis's names of servers that call public web APIs (no account).
-const PUBLIC_DATA: &[&str] = &[
+pub const PUBLIC_DATA: &[&str] = &[
     "calculator",
     "clinicaltrialsgov",
     "us_weather",

@@ -17,16 +17,17 @@ use super::Shared;
 use super::common::{mcp_url, owner, sandbox_of};
 use super::leases;
 use super::model::{CreateSandboxResponse, McpSandboxInfo, SandboxStatusResponse};
-use super::names::{Named, resolve};
+use super::names::{Named, PUBLIC_DATA, resolve};
 use super::validation::parse_create;
 
 /// The host's servers, for [`resolve`]: those its sandboxes carry, or
-/// before any has served, Klavis's local names (the agent refuses the
-/// ones it lacks).
+/// before any has served, Klavis's local and public-data names (the agent
+/// refuses the ones it lacks).
 fn known(h: &Shared) -> Vec<String> {
     h.pool.servers().unwrap_or_else(|| {
         super::SERVER_NAMES
             .iter()
+            .chain(PUBLIC_DATA)
             .map(|s| (*s).to_owned())
             .collect()
     })

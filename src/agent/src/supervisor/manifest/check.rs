@@ -280,6 +280,7 @@ pub(super) fn check_entry(
             .map(|d| c.x(d, "data_command"))
             .transpose()?,
         data_user: e.data_user,
+        in_all: e.in_all.unwrap_or(true),
     })
 }
 

@@ -140,6 +140,8 @@ pub struct ServerDef {
     pub data_command: Option<String>,
     /// Who runs it (the schema's `data_user`).
     pub data_user: DataUser,
+    /// Started by an Acquire of all servers (see the schema's `in_all`).
+    pub in_all: bool,
 }
 
 /// Everything needed to start one server process.
@@ -277,6 +279,16 @@ impl Manifest {
 
     pub fn names(&self) -> Vec<String> {
         self.servers.keys().cloned().collect()
+    }
+
+    /// The servers an Acquire of all servers starts: those not marked
+    /// `in_all = false`.
+    pub fn all_names(&self) -> Vec<String> {
+        self.servers
+            .values()
+            .filter(|d| d.in_all)
+            .map(|d| d.name.clone())
+            .collect()
     }
 
     pub fn get(&self, name: &str) -> Option<&ServerDef> {

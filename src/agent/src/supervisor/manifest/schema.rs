@@ -198,6 +198,10 @@ pub struct ServerFile {
     /// server's graph).
     #[serde(default)]
     pub data_user: DataUser,
+    /// Started by an Acquire of all servers (`all_servers`; Klavis's `ALL`).
+    /// Default true; false: only when named, e.g. a public-data server that
+    /// Klavis serves as a sandbox of its own rather than a local one.
+    pub in_all: Option<bool>,
 }
 
 /// See [`ServerFile::data_user`].
