@@ -20,7 +20,7 @@ pub enum LcError {
     #[error("name at least one server in server_names, or ask for all")]
     NoServersNamed,
     #[error(
-        "the manifest has no server that an Acquire of all servers starts (none, or each has in_all = false)"
+        "the manifest has no servers to acquire (none, or each has in_all = false and must be named)"
     )]
     EmptyManifest,
     #[error(
