@@ -60,20 +60,23 @@ pub fn run_installer(args: &[&str]) -> String {
     text
 }
 
-/// MCP_Atlas's real data: what its image has at /data (the shared
-/// benchmark-data's `MCP_Atlas/data`).
-pub fn atlas_source() -> PathBuf {
-    let root = std::env::var_os("SANDBOX_AGENT_BENCHMARK_DATA")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/benchmark-data"));
-    let dir = root.join("MCP_Atlas/data");
-    assert!(
-        dir.join("repos/git_submodule_info.csv").is_file(),
-        "MCP_Atlas's data is not at {}: set SANDBOX_AGENT_BENCHMARK_DATA to the directory \
-         holding MCP_Atlas/data (default: ../shared/benchmark-data beside the checkout)",
-        dir.display()
-    );
-    dir
+/// MCP_Atlas's real data, what its image has at /data (the shared
+/// benchmark-data's `MCP_Atlas/data`), where this machine has it:
+/// `SANDBOX_AGENT_BENCHMARK_DATA` when set (only there), else
+/// `../shared/benchmark-data` beside the checkout, else
+/// `/work/shared/benchmark-data`.
+pub fn atlas_source() -> Option<PathBuf> {
+    let roots: Vec<PathBuf> = match std::env::var_os("SANDBOX_AGENT_BENCHMARK_DATA") {
+        Some(r) => vec![PathBuf::from(r)],
+        None => vec![
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/benchmark-data"),
+            PathBuf::from("/work/shared/benchmark-data"),
+        ],
+    };
+    roots
+        .into_iter()
+        .map(|r| r.join("MCP_Atlas/data"))
+        .find(|d| d.join("repos/git_submodule_info.csv").is_file())
 }
 
 /// One of MCP_Atlas's repositories as the tests stand it in.
@@ -158,41 +161,77 @@ pub fn make_stand_ins(list: &Path, mirror: &Path, repos_csv: &Path) -> Vec<Stand
 pub struct Installed {
     /// The prefix holding `MCP_Atlas/`.
     pub prefix: PathBuf,
-    /// MCP_Atlas's 8 repositories, as stood in.
+    /// MCP_Atlas's repositories, as stood in.
     pub repos: Vec<StandIn>,
+    /// MCP_Atlas's real data, or (where this machine lacks it) the made-up
+    /// dataset with one stand-in repository.
+    pub real: bool,
 }
 
-/// MCP_Atlas's real data with stand-in repositories, installed once.
+/// MCP_Atlas's data with stand-in repositories, installed once: the real
+/// data where this machine has it ([`atlas_source`]), else the made-up
+/// dataset pinned on the spot (the tests that check the real data say
+/// they are skipped).
 pub fn atlas() -> &'static Installed {
     static INSTALLED: OnceLock<Installed> = OnceLock::new();
     INSTALLED.get_or_init(|| {
-        let src = atlas_source();
         let root = tempfile::Builder::new()
             .prefix("sandbox-suite-benchmark-data")
             .tempdir()
             .expect("tempdir")
             .keep();
-        let (mirror, csv) = (root.join("mirror"), root.join("repos.csv"));
-        let repos = make_stand_ins(&src.join("repos/git_submodule_info.csv"), &mirror, &csv);
-        let prefix = root.join("installed");
         let s = |p: &Path| p.display().to_string();
-        run_installer(&[
-            "MCP_Atlas",
-            "--from",
-            &s(&src),
-            "--repos",
-            &s(&csv),
-            "--git-mirror",
-            &format!("file://{}", mirror.display()),
-            "--prefix",
-            &s(&prefix),
+        let (mirror, csv) = (root.join("mirror"), root.join("repos.csv"));
+        let prefix = root.join("installed");
+        let (src, mut pins, real) = match atlas_source() {
+            Some(src) => (src, Vec::new(), true),
+            None => {
+                eprintln!(
+                    "MCP_Atlas's real data is not on this machine (SANDBOX_AGENT_BENCHMARK_DATA, \
+                     ../shared/benchmark-data): the tests install a made-up dataset"
+                );
+                let src = root.join("src");
+                write_atlas_data(&src);
+                std::fs::write(
+                    src.join("repos/git_submodule_info.csv"),
+                    "https://github.com/stand-in/example,0000000,/data/repos/example",
+                )
+                .expect("repos list");
+                let pins = root.join("MCP_Atlas.sha256");
+                run_installer(&[
+                    "MCP_Atlas",
+                    "--pin",
+                    "--from",
+                    &s(&src),
+                    "--pins",
+                    &s(&pins),
+                ]);
+                (src, vec!["--pins".to_owned(), s(&pins)], false)
+            }
+        };
+        let repos = make_stand_ins(&src.join("repos/git_submodule_info.csv"), &mirror, &csv);
+        let mirror_base = format!("file://{}", mirror.display());
+        let mut args: Vec<String> = ["MCP_Atlas", "--from", &s(&src), "--repos", &s(&csv)]
+            .map(str::to_owned)
+            .to_vec();
+        args.append(&mut pins);
+        args.extend([
+            "--git-mirror".to_owned(),
+            mirror_base,
+            "--prefix".to_owned(),
+            s(&prefix),
         ]);
+        run_installer(&args.iter().map(String::as_str).collect::<Vec<_>>());
         // The servers (some as other users) read it.
         for d in [&root, &prefix] {
             use std::os::unix::fs::PermissionsExt;
             std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755)).expect("chmod");
         }
-        Installed { prefix, repos }
+        Installed {
+            prefix,
+            repos,
+            real,
+        }
     })
 }
 

@@ -275,7 +275,7 @@ fn the_sandbox_api_refuses_as_klavis_does() {
 const ATLAS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/clients/atlas_client.py");
 
 /// MCP_Atlas's Klavis mode: local_dev, localmemory and its public-data and
-/// SaaS names acquired all at once (what this host cannot serve fails and
+/// SaaS names acquired all at once (9 in parallel) (what this host cannot serve fails and
 /// is skipped, as the client does), a new MCP session for every tool
 /// call with state kept across them, every sandbox deleted.
 #[test]
@@ -284,7 +284,14 @@ fn the_mcp_atlas_sequence_keeps_state_across_sessions() {
     let host = Host::start(dir.path(), &[]);
     let out = Command::new("python3")
         .args([ATLAS, &host.base, KEY_A])
-        .args(["local_dev", "localmemory", "google_cloud", "jira", "nope"])
+        .args([
+            "local_dev",
+            "localmemory",
+            "calculator",
+            "wikipedia",
+            "context7",
+        ])
+        .args(["pubmed", "google_cloud", "jira", "nope"])
         .output()
         .expect("python3");
     assert!(
@@ -304,6 +311,12 @@ fn the_mcp_atlas_sequence_keeps_state_across_sessions() {
         "{v}"
     );
     assert_eq!(v["acquired"]["localmemory"], json!(["localmemory"]), "{v}");
+    // Its public-data servers, each a sandbox of its own; pubmed has no
+    // published package (docs/profiles.md): refused, skipped.
+    for name in ["calculator", "wikipedia", "context7"] {
+        assert_eq!(v["acquired"][name], json!([name]), "{v}");
+    }
+    assert_eq!(v["failed"]["pubmed"], 400, "{v}");
     // No Google Cloud credentials here: refused with why, as jira and an
     // unknown name are; the client goes on without them.
     assert_eq!(v["failed"]["jira"], 400, "{v}");
@@ -313,7 +326,7 @@ fn the_mcp_atlas_sequence_keeps_state_across_sessions() {
     assert_eq!(v["calls"]["localmemory"], json!(["Atlas"]), "{v}");
     assert_eq!(
         v["released"],
-        json!({"local_dev": 200, "localmemory": 200}),
+        json!({"local_dev": 200, "localmemory": 200, "calculator": 200, "wikipedia": 200, "context7": 200}),
         "{v}"
     );
 }
