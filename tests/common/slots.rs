@@ -3,7 +3,7 @@
 //! restarts): ended here, and the read-only paths its isolated sandboxes
 //! need. Shared by `tests/` and `benches/`.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// `--sandbox-ro` for what the servers run from here: this source tree,
 /// pyenv's interpreters, the installed benchmark data (a real host has
@@ -36,7 +36,8 @@ pub fn agents(data: &Path) -> Vec<i32> {
 
 /// Ends every slot of the (stopped) host of `data`: an isolated agent is
 /// PID 1 of its pid namespace, so its death ends every process there; its
-/// pasta and cgroups go after it.
+/// pasta, whatever else is left in its cgroups (bubblewrap's own process
+/// when the host was killed mid-way), and the cgroups go after it.
 pub fn end_all(data: &Path) {
     let sig = nix::sys::signal::Signal::SIGKILL;
     for pid in agents(data) {
@@ -54,15 +55,59 @@ pub fn end_all(data: &Path) {
         {
             let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(p), sig);
         }
-        let id = slot.file_name();
-        for base in [
-            "/sys/fs/cgroup/unified/sandbox-slots",
-            "/sys/fs/cgroup/sandbox-slots",
-            "/sys/fs/cgroup/pids/sandbox-slots",
-        ] {
-            remove_cgroup(&Path::new(base).join(&id));
+        let id = slot.file_name().to_string_lossy().into_owned();
+        let mut groups = kill_members(&id);
+        groups.extend(
+            [
+                "/sys/fs/cgroup/unified/sandbox-slots",
+                "/sys/fs/cgroup/sandbox-slots",
+                "/sys/fs/cgroup/pids/sandbox-slots",
+            ]
+            .map(|base| Path::new(base).join(&id)),
+        );
+        for group in groups {
+            remove_cgroup(&group);
         }
     }
+}
+
+/// SIGKILLs every process in a cgroup of slot `id` (any hierarchy) and
+/// returns those cgroups' directories.
+fn kill_members(id: &str) -> Vec<PathBuf> {
+    let needle = format!("/sandbox-slots/{id}");
+    let mut groups = std::collections::BTreeSet::new();
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|p| p.parse::<i32>().ok()) else {
+            continue;
+        };
+        let Ok(text) = std::fs::read_to_string(e.path().join("cgroup")) else {
+            continue;
+        };
+        let mut member = false;
+        for line in text.lines() {
+            // `N:controllers:/path`; v2's controllers are empty.
+            let mut f = line.splitn(3, ':');
+            let (_, controllers, path) = (f.next(), f.next().unwrap_or(""), f.next().unwrap_or(""));
+            if let Some(at) = path.find(&needle) {
+                member = true;
+                let root = Path::new("/sys/fs/cgroup");
+                let base = match controllers {
+                    // v2: beside the v1 hierarchies (hybrid), or the root.
+                    "" if root.join("unified").is_dir() => root.join("unified"),
+                    "" => root.to_owned(),
+                    c => root.join(c.split(',').next().unwrap_or(c)),
+                };
+                groups.insert(base.join(path[..at + needle.len()].trim_start_matches('/')));
+            }
+        }
+        if member {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+    groups.into_iter().collect()
 }
 
 /// Removes a (dead) slot's cgroup and the groups below it, deepest first.
