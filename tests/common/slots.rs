@@ -45,6 +45,14 @@ pub fn end_all(data: &Path) {
         let _ = nix::sys::signal::killpg(pid, sig);
         let _ = nix::sys::signal::kill(pid, sig);
     }
+    // A slot the host was starting when it died may still be setting up
+    // (its bubblewrap names the slot's paths): a few passes catch it.
+    for _ in 0..5 {
+        if kill_mentioning(data) == 0 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
     let Ok(rd) = std::fs::read_dir(data.join("slots")) else {
         return;
     };
@@ -69,6 +77,30 @@ pub fn end_all(data: &Path) {
             remove_cgroup(&group);
         }
     }
+}
+
+/// SIGKILLs every process whose command line names a path under `data`;
+/// returns how many.
+fn kill_mentioning(data: &Path) -> usize {
+    // With the separator: "data-a/" never matches another host's "data-ab/".
+    let needle = format!("{}/", data.display());
+    let mut n = 0;
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|p| p.parse::<i32>().ok()) else {
+            continue;
+        };
+        let Ok(cmd) = std::fs::read(e.path().join("cmdline")) else {
+            continue;
+        };
+        if pid != std::process::id() as i32 && String::from_utf8_lossy(&cmd).contains(&needle) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+            n += 1;
+        }
+    }
+    n
 }
 
 /// SIGKILLs every process in a cgroup of slot `id` (any hierarchy) and
