@@ -100,31 +100,32 @@ async fn narrow_refuses_what_a_cold_acquire_would_not_give_and_trims_the_rest() 
     assert_eq!(r.servers.len(), 1);
     assert_eq!(r.servers[0].state, proto::ServerState::Ready as i32);
     // localmemory left the lease at once, and stops with its state wiped.
-    let stopped = eventually_async(Duration::from_secs(10), "localmemory stops", async || {
-        let all = c
-            .servers()
-            .list(proto::ListServersRequest {})
-            .await
-            .expect("List")
-            .into_inner()
-            .servers;
-        let m = all
-            .into_iter()
-            .find(|s| s.name == "localmemory")
-            .expect("listed");
-        if m.pid == 0 && m.state == proto::ServerState::Stopped as i32 {
-            Ok(m)
-        } else {
-            Err(format!("{m:?}"))
-        }
-    })
+    let stopped = eventually_async(
+        Duration::from_secs(10),
+        "localmemory stops and its state is wiped",
+        async || {
+            let all = c
+                .servers()
+                .list(proto::ListServersRequest {})
+                .await
+                .expect("List")
+                .into_inner()
+                .servers;
+            let m = all
+                .into_iter()
+                .find(|s| s.name == "localmemory")
+                .expect("listed");
+            // The wipe follows the stop: wait for both.
+            let left = std::fs::read_dir(&memory_state).expect("state dir").count();
+            if m.pid == 0 && m.state == proto::ServerState::Stopped as i32 && left == 0 {
+                Ok(m)
+            } else {
+                Err(format!("{m:?}, {left} entries left in its state dir"))
+            }
+        },
+    )
     .await;
     assert!(!stopped.in_lease);
-    assert_eq!(
-        std::fs::read_dir(&memory_state).expect("state dir").count(),
-        0,
-        "the dropped server's state is wiped"
-    );
     // The warm id is gone; the tenant's releases.
     let e = c
         .agent()
