@@ -90,6 +90,14 @@ pub struct Args {
     /// unless /etc/sandbox-agent/servers.toml exists.
     #[arg(long, value_name = "FILE")]
     pub manifest: Option<PathBuf>,
+    /// When a sandbox's MCP servers start: `auto` (on their first MCP
+    /// request for `server_names: "ALL"` and `/sandbox/local_dev`, which
+    /// lease many servers of which a task uses a few; before the answer
+    /// for an explicit list, as Klavis answers with ready servers),
+    /// `eager` (always before the answer) or `lazy` (always on first use).
+    /// A warm lease covering the request is used either way.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub server_start: ServerStart,
     /// Multiplies every TTL (0.05 makes 60 s last 3 s; for tests).
     #[arg(long, default_value_t = 1.0)]
     pub time_scale: f64,
@@ -161,6 +169,26 @@ pub struct Args {
     /// --api-key-file) may hold at once; one more Acquire is a 429.
     #[arg(long, default_value_t = 64, value_name = "N")]
     pub max_sandboxes_per_key: usize,
+}
+
+/// `--server-start`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ServerStart {
+    Auto,
+    Eager,
+    Lazy,
+}
+
+impl ServerStart {
+    /// Whether an Acquire starts its servers on first use; `many` is
+    /// `auto`'s case for it (ALL, `local_dev`).
+    pub fn lazy(self, many: bool) -> bool {
+        match self {
+            ServerStart::Auto => many,
+            ServerStart::Eager => false,
+            ServerStart::Lazy => true,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]

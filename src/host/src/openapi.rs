@@ -13,7 +13,7 @@ use crate::api::model::{
     AcquireResponse, CreateSandboxResponse, DownloadUrlResponse, ExecuteResponse,
     ExecutionLogsResponse, ExecutionStatusResponse, InitializeResponse, ListResponse,
     McpSandboxInfo, ReleaseResponse, ResetResponse, SandboxInfo, SandboxStatusResponse,
-    ServerDataDump, ServerItem, UploadUrlResponse,
+    ServerDataDump, ServerItem, ServerState, UploadUrlResponse,
 };
 use crate::error::{ErrorBody, ValidationBody, ValidationItem};
 use crate::store::Status;
@@ -22,6 +22,7 @@ use crate::store::Status;
 #[openapi(components(schemas(
     Status,
     ServerItem,
+    ServerState,
     SandboxInfo,
     AcquireResponse,
     ListResponse,

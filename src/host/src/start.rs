@@ -115,6 +115,7 @@ impl Host {
             public_url: public_url.clone(),
             uploads: api::Uploads::open(c.uploads, upload_limits(args), &owners),
             time_scale: args.time_scale,
+            server_start: args.server_start,
             max_per_owner: args.max_sandboxes_per_key,
             acquiring: Default::default(),
             releases: tokio_util::task::TaskTracker::new(),

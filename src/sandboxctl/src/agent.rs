@@ -22,13 +22,22 @@ pub(crate) async fn health(client: &Client, service: &str, json: bool) -> anyhow
         .into_inner();
     let status = ServingStatus::try_from(resp.status).unwrap_or(ServingStatus::Unknown);
     let name = status.as_str_name();
+    // A server's health is SERVING only while ready: its state says
+    // whether it is idle (lazy, not started yet), starting or failed.
+    let state = match service.strip_prefix("mcp/") {
+        Some(server) => server_state(client, server).await,
+        None => None,
+    };
     if json {
-        outln!(
-            "{}",
-            json!({ "ok": status == ServingStatus::Serving, "service": service, "status": name, "agent": client.endpoint().to_string() })
-        );
+        let mut v = json!({ "ok": status == ServingStatus::Serving, "service": service, "status": name, "agent": client.endpoint().to_string() });
+        if let Some(st) = state {
+            v["state"] = json!(st);
+        }
+        outln!("{v}");
     } else if service.is_empty() {
         outln!("{name}");
+    } else if let Some(st) = state {
+        outln!("{service}: {name} ({st})");
     } else {
         outln!("{service}: {name}");
     }
@@ -154,4 +163,18 @@ fn info_rows(i: proto::GetInfoResponse, status: String) -> [(&'static str, Strin
         ),
         ("agent rss", bytes(i.agent_rss_bytes)),
     ]
+}
+
+/// A server's state (`idle`, `starting`, `ready`, …), if the agent lists it.
+async fn server_state(client: &Client, server: &str) -> Option<&'static str> {
+    let list = client
+        .servers()
+        .list(proto::ListServersRequest {})
+        .await
+        .ok()?
+        .into_inner();
+    list.servers
+        .iter()
+        .find(|s| s.name == server)
+        .map(|s| crate::servers::state_str(s.state))
 }

@@ -94,7 +94,8 @@ pub(crate) enum Verb {
     },
     /// Empty the workspace, atomically.
     Clear,
-    /// Lease the sandbox: start MCP servers and wait until they are ready.
+    /// Lease the sandbox: start MCP servers and wait until they are ready
+    /// (with --lazy, on first use).
     Acquire {
         /// Servers to start, comma-separated (names from the manifest).
         #[arg(long, value_delimiter = ',', value_name = "NAMES")]
@@ -123,6 +124,10 @@ pub(crate) enum Verb {
         /// Environment variable for a server: SERVER.VAR=VALUE (repeatable).
         #[arg(long, value_name = "SERVER.VAR=VALUE")]
         env: Vec<String>,
+        /// Start no server now: each starts on its first MCP request (the
+        /// answer comes once the workspace is ready, servers idle).
+        #[arg(long)]
+        lazy: bool,
     },
     /// End the lease: stop the servers, clear the workspace and their state.
     Release {

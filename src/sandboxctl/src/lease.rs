@@ -32,6 +32,7 @@ pub struct AcquireArgs<'a> {
     pub email: Option<&'a str>,
     pub auth: &'a [String],
     pub env: &'a [String],
+    pub lazy: bool,
 }
 
 fn benchmark(b: &str) -> anyhow::Result<proto::Benchmark> {
@@ -89,6 +90,7 @@ pub async fn acquire(
         auth_data: auth,
         env,
         no_servers: false,
+        lazy: a.lazy,
     };
     let r = client
         .agent()

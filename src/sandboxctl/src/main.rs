@@ -164,6 +164,7 @@ async fn run_on(client: &Client, args: &Args) -> anyhow::Result<ExitCode> {
             email,
             auth,
             env,
+            lazy,
         } => {
             let a = lease::AcquireArgs {
                 servers,
@@ -175,6 +176,7 @@ async fn run_on(client: &Client, args: &Args) -> anyhow::Result<ExitCode> {
                 email: email.as_deref(),
                 auth,
                 env,
+                lazy: *lazy,
             };
             lease::acquire(client, a, args.json).await
         }

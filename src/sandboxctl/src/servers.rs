@@ -138,6 +138,7 @@ pub(crate) fn state_str(v: i32) -> &'static str {
         Ok(proto::ServerState::Backoff) => "backoff",
         Ok(proto::ServerState::Failed) => "failed",
         Ok(proto::ServerState::Stopping) => "stopping",
+        Ok(proto::ServerState::Idle) => "idle",
         _ => "unknown",
     }
 }

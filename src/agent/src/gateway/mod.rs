@@ -268,9 +268,16 @@ impl Gateway {
         }
         let lease = view.lease.map(|l| l.id).unwrap_or_default();
         let span = tracing::debug_span!("mcp", server = %name);
-        self.handle_server(req, &name, &lease)
-            .instrument(span)
-            .await
+        async {
+            // A lazy lease's server starts on its first request, which
+            // waits for it; one that cannot start answers with why.
+            if let Err(e) = self.lc.start_on_use(&name, &lease).await {
+                return http_error(StatusCode::SERVICE_UNAVAILABLE, e.to_string());
+            }
+            self.handle_server(req, &name, &lease).await
+        }
+        .instrument(span)
+        .await
     }
 
     fn check_host_origin(&self, h: &HeaderMap) -> Option<Response<Body>> {

@@ -48,6 +48,8 @@ pub struct AcquireParams {
     pub ttl: Ttl,
     pub test_account_email: String,
     pub credentials: BTreeMap<String, Credentials>,
+    /// Start no server now: each starts on its first use.
+    pub lazy: bool,
 }
 
 /// What a valid request resolves to: the servers in order (duplicates
@@ -202,7 +204,7 @@ impl Lifecycle {
         self.forget_ledgers().await;
         let span = tracing::info_span!("acquire", lease = %p.lease_id);
         let started = Instant::now();
-        self.bring_up(&plan, p.benchmark)
+        self.bring_up(&plan, p.benchmark, p.lazy)
             .instrument(span.clone())
             .await?;
         let now = now_ms();
@@ -217,6 +219,7 @@ impl Lifecycle {
             test_account_email: p.test_account_email,
             skipped: plan.skipped,
             auth_data: plan.auth_data,
+            lazy: p.lazy,
         };
         let ttl = CancellationToken::new();
         if ttl_seconds > 0 {
@@ -241,6 +244,7 @@ impl Lifecycle {
                 servers = %lease.servers.join(","),
                 ms = started.elapsed().as_millis() as u64,
                 ttl_seconds,
+                lazy = lease.lazy,
                 "acquired"
             )
         });
@@ -333,16 +337,22 @@ impl Lifecycle {
         Ok(())
     }
 
-    /// Seeds the workspace, starts the mail service and the servers, and
-    /// waits until they are ready; on a failure tears it all down.
-    async fn bring_up(&self, plan: &Plan, benchmark: Option<Benchmark>) -> Result<(), LcError> {
+    /// Seeds the workspace, starts the mail service and the servers (or,
+    /// `lazy`, marks them idle), and waits until they are ready; on a
+    /// failure tears it all down.
+    async fn bring_up(
+        &self,
+        plan: &Plan,
+        benchmark: Option<Benchmark>,
+        lazy: bool,
+    ) -> Result<(), LcError> {
         let seeded = self.prepare(&plan.names, benchmark).await;
         let r = match (seeded, &plan.account, &self.mail) {
             (Ok(()), Some(a), Some(m)) => match m.start(a).await {
-                Ok(()) => self.start_and_wait(&plan.specs).await,
+                Ok(()) => self.bring_servers_up(&plan.specs, lazy).await,
                 Err(e) => Err(e.into()),
             },
-            (Ok(()), _, _) => self.start_and_wait(&plan.specs).await,
+            (Ok(()), _, _) => self.bring_servers_up(&plan.specs, lazy).await,
             (Err(e), _, _) => Err(e),
         };
         if let Err(e) = r {
@@ -411,6 +421,7 @@ mod tests {
             ttl,
             test_account_email: String::new(),
             credentials: BTreeMap::new(),
+            lazy: false,
         }
     }
 

@@ -135,6 +135,9 @@ pub struct Lease {
     /// What the agent gave a server to reach a service it runs for the
     /// lease (the mail account), by server: Klavis's `auth_data`.
     pub auth_data: BTreeMap<String, BTreeMap<String, serde_json::Value>>,
+    /// The servers start on first use ([`Lifecycle::start_on_use`]), and
+    /// Reset brings them back to idle.
+    pub lazy: bool,
 }
 
 #[derive(Debug, Clone)]

@@ -187,6 +187,7 @@ impl Lifecycle {
                 .filter(|(n, _)| keep.contains(n))
                 .map(|(n, a)| (n.clone(), a.clone()))
                 .collect(),
+            lazy: c.lease.lazy,
         };
         if !keep.iter().any(|n| self.uses_mail(n)) {
             c.mail = None;
@@ -234,7 +235,9 @@ impl Lifecycle {
         }
         for n in keep {
             let state = self.sup.status(n).map(|s| s.state).ok();
-            if state != Some(State::Ready) {
+            // A lazy lease's idle server starts on its first use, as
+            // after a cold lazy Acquire.
+            if !matches!(state, Some(State::Ready | State::Idle)) {
                 return refuse(format!("server {n} is not ready ({state:?})"));
             }
         }

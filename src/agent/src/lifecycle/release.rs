@@ -162,7 +162,7 @@ impl Lifecycle {
             if let (Some(a), Some(m)) = (&account, &self.mail) {
                 m.start(a).await?;
             }
-            self.start_and_wait(&specs).await
+            self.bring_servers_up(&specs, lease.lazy).await
         }
         .instrument(span)
         .await;

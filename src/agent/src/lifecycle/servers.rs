@@ -106,6 +106,59 @@ impl Lifecycle {
         Ok(def.launch(None, &Credentials::default(), &|k| std::env::var(k).ok())?)
     }
 
+    /// A lease's servers after its seeding: started and waited for, or,
+    /// `lazy`, marked idle (each starts on its first use).
+    pub(super) async fn bring_servers_up(
+        &self,
+        specs: &[LaunchSpec],
+        lazy: bool,
+    ) -> Result<(), LcError> {
+        if !lazy {
+            return self.start_and_wait(specs).await;
+        }
+        for s in specs {
+            self.sup.park(&s.name).await?;
+        }
+        Ok(())
+    }
+
+    /// Starts an idle server of lease `lease` on its first use, and waits
+    /// (within `ready_deadline_ms`) until it is ready. Nothing to do for a
+    /// server that is not idle (running, starting, failed: the caller's
+    /// own wait handles those) or once the lease has ended.
+    pub async fn start_on_use(&self, name: &str, lease: &str) -> Result<(), LcError> {
+        if self.sup.status(name)?.state != State::Idle {
+            return Ok(());
+        }
+        let started = std::time::Instant::now();
+        {
+            let _op = self.op.lock().await;
+            let spec = self
+                .current()
+                .as_ref()
+                .filter(|c| c.lease.id == lease)
+                .and_then(|c| c.specs.iter().find(|s| s.name == name).cloned());
+            // Checked again under the lock: another request may have
+            // started it, or a Release ended the lease.
+            if let Some(spec) = spec
+                && self.sup.status(name)?.state == State::Idle
+            {
+                self.sup.start(spec).await?;
+            }
+        }
+        let deadline = Duration::from_millis(self.cfg.ready_deadline_ms);
+        self.wait_ready(name, deadline)
+            .await
+            .map_err(|e| LcError::NotReady(vec![e]))?;
+        tracing::info!(
+            server = name,
+            lease,
+            ms = started.elapsed().as_millis() as u64,
+            "started on first use"
+        );
+        Ok(())
+    }
+
     /// Starts every server and waits until all are ready, one fails, or
     /// the deadline passes.
     pub(super) async fn start_and_wait(&self, specs: &[LaunchSpec]) -> Result<(), LcError> {

@@ -84,6 +84,7 @@ impl proto::agent_server::Agent for AgentService {
             ttl: ttl(r.ttl_seconds),
             test_account_email: r.test_account_email,
             credentials,
+            lazy: r.lazy,
         };
         let (l, st) = self.lc.acquire(params).await.map_err(lc_status)?;
         Ok(Response::new(self.acquired(&l, st)))

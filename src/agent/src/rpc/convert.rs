@@ -273,6 +273,7 @@ pub(super) fn lease(l: &lifecycle::Lease) -> proto::Lease {
                 (server.clone(), prost_types::Struct { fields })
             })
             .collect(),
+        lazy: l.lazy,
     }
 }
 
@@ -350,6 +351,7 @@ fn server_state(s: State) -> i32 {
         State::Backoff => proto::ServerState::Backoff,
         State::Failed => proto::ServerState::Failed,
         State::Stopping => proto::ServerState::Stopping,
+        State::Idle => proto::ServerState::Idle,
     }) as i32
 }
 

@@ -117,6 +117,9 @@ pub enum State {
     Backoff,
     Failed,
     Stopping,
+    /// In a lazy lease, not started yet ([`Supervisor::park`]): its first
+    /// use starts it.
+    Idle,
 }
 
 /// A server's published state.
@@ -272,8 +275,12 @@ impl Supervisor {
         deadline: Duration,
     ) -> Result<Option<Status>, SupError> {
         let mut rx = self.watch(name)?;
-        let settled =
-            rx.wait_for(|s| matches!(s.state, State::Ready | State::Failed | State::Stopped));
+        let settled = rx.wait_for(|s| {
+            matches!(
+                s.state,
+                State::Ready | State::Failed | State::Stopped | State::Idle
+            )
+        });
         match tokio::time::timeout(deadline, settled).await {
             Ok(Ok(s)) => Ok(Some(s.clone())),
             // The sender lives as long as the supervisor.
@@ -354,11 +361,26 @@ impl Supervisor {
         Ok(server.status.borrow().clone())
     }
 
+    /// Marks a server that is not running [`State::Idle`]: in a lazy lease,
+    /// started on its first use. A running server is left as it is.
+    pub async fn park(&self, name: &str) -> Result<(), SupError> {
+        let server = self.server(name)?.clone();
+        let run = server.run.lock().await;
+        if run.as_ref().is_none_or(|r| r.task.is_finished()) {
+            set_state(&server, State::Idle, String::new());
+        }
+        Ok(())
+    }
+
     /// Stops a server and waits until all of its processes are gone.
     /// `grace`: time between SIGTERM and SIGKILL (default: the manifest's).
+    /// An idle server is just marked stopped.
     pub async fn stop(&self, name: &str, grace: Option<Duration>) -> Result<Status, SupError> {
         let server = self.server(name)?.clone();
         let mut run = server.run.lock().await;
+        if server.status.borrow().state == State::Idle {
+            set_state(&server, State::Stopped, String::new());
+        }
         if let Some(r) = run.take() {
             *server.stop_grace.lock().unwrap_or_else(|p| p.into_inner()) = grace;
             r.stop.cancel();

@@ -4,6 +4,7 @@
 //! handler modules import from here (and from `validation`, `uploads`,
 //! `model`), never from each other.
 
+use std::collections::BTreeMap;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::body::Body;
@@ -16,7 +17,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::Host;
-use super::model::{SandboxInfo, ServerItem};
+use super::model::{SandboxInfo, ServerItem, ServerState};
 use crate::error::{HostError, HostResult};
 use crate::signed::Invalid;
 use crate::store::SandboxRow;
@@ -139,8 +140,64 @@ pub fn server_items(h: &Host, s: &SandboxRow) -> Vec<ServerItem> {
             metadata: None,
             auth_data: sv.auth_data.clone(),
             tags: None,
+            state: None,
         })
         .collect()
+}
+
+/// How long an answer waits for the agent's list of server states; past
+/// it (or when the agent cannot be reached) the states are left out.
+const STATES_WITHIN: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Each server's process state, asked of the sandbox's agent; empty when
+/// it does not answer within [`STATES_WITHIN`].
+pub async fn live_states(h: &Host, s: &SandboxRow) -> BTreeMap<String, ServerState> {
+    let ask = async {
+        let c = agent_of(h, s).await.ok()?;
+        let list = c
+            .servers()
+            .list(proto::ListServersRequest {})
+            .await
+            .ok()?
+            .into_inner();
+        Some(
+            list.servers
+                .into_iter()
+                .filter(|sv| s.servers.iter().any(|r| r.name == sv.name))
+                .filter_map(|sv| Some((sv.name, server_state(sv.state)?)))
+                .collect(),
+        )
+    };
+    tokio::time::timeout(STATES_WITHIN, ask)
+        .await
+        .ok()
+        .flatten()
+        .unwrap_or_default()
+}
+
+/// The answer's name of an agent's server state.
+fn server_state(v: i32) -> Option<ServerState> {
+    use proto::ServerState as P;
+    Some(match P::try_from(v).ok()? {
+        P::Idle => ServerState::Idle,
+        P::Starting => ServerState::Starting,
+        P::Ready => ServerState::Ready,
+        P::Backoff => ServerState::Backoff,
+        P::Failed => ServerState::Failed,
+        P::Stopping => ServerState::Stopping,
+        P::Stopped => ServerState::Stopped,
+        P::Unspecified => return None,
+    })
+}
+
+/// [`info`] with each server's live state.
+pub async fn info_live(h: &Host, s: &SandboxRow) -> SandboxInfo {
+    let mut i = info(h, s);
+    let mut states = live_states(h, s).await;
+    for sv in &mut i.servers {
+        sv.state = states.remove(&sv.server_name);
+    }
+    i
 }
 
 pub fn info(h: &Host, s: &SandboxRow) -> SandboxInfo {

@@ -27,13 +27,18 @@ struct Leased {
     auth: BTreeMap<String, Value>,
 }
 
-/// Leases a sandbox for `who` as `req` asks: returns it as stored, and
-/// the servers of ALL not started (with why).
-pub async fn lease(
-    h: &Shared,
-    who: String,
-    req: &AcquireBody,
-) -> HostResult<(SandboxRow, Vec<proto::SkippedServer>)> {
+/// A sandbox just leased.
+pub struct NewLease {
+    /// As stored.
+    pub row: SandboxRow,
+    /// The servers of ALL not started, with why.
+    pub skipped: Vec<proto::SkippedServer>,
+    /// Its servers start on first use.
+    pub lazy: bool,
+}
+
+/// Leases a sandbox for `who` as `req` asks.
+pub async fn lease(h: &Shared, who: String, req: &AcquireBody) -> HostResult<NewLease> {
     let _claim = OwnerClaim::take(h, &who)?;
     check_servers_known(h, req)?;
     let started = std::time::Instant::now();
@@ -47,7 +52,8 @@ pub async fn lease(
     })?;
     let slot = taken.slot.clone();
     let id = uuid::Uuid::new_v4().to_string();
-    let mut leased = match lease_slot(&slot, taken, req, &id).await {
+    let lazy = h.server_start.lazy(req.many);
+    let mut leased = match lease_slot(&slot, taken, req, &id, lazy).await {
         Ok(l) => l,
         Err(e) => {
             h.metrics.failed();
@@ -56,11 +62,13 @@ pub async fn lease(
         }
     };
     let (profile, miss) = (leased.profile, leased.miss.take());
+    // A warm lease's servers are running, whatever was asked.
+    let lazy = lazy && profile.is_none();
     let (row, skipped) = stored_row(h, req, id, who, &slot, leased);
     h.store.insert(&row).inspect_err(|_| h.metrics.failed())?;
     h.metrics.acquired(profile, miss, started.elapsed());
-    info!(sandbox = %row.id, slot = %slot.id, servers = row.servers.len(), warm = profile.is_some(), "acquired");
-    Ok((row, skipped))
+    info!(sandbox = %row.id, slot = %slot.id, servers = row.servers.len(), warm = profile.is_some(), lazy, "acquired");
+    Ok(NewLease { row, skipped, lazy })
 }
 
 /// The agent's Reset of sandbox `s`; returns it as it is after.
@@ -164,15 +172,20 @@ fn stored_row(
     (row, skipped)
 }
 
-/// Acquire's message: the servers started, and for ALL the servers whose
-/// outside service is not configured, named with what they need.
-pub fn acquire_message(row: &SandboxRow, skipped: &[proto::SkippedServer]) -> String {
+/// Acquire's message: the servers started (or, lazy, to start on first
+/// use), and for ALL the servers whose outside service is not configured,
+/// named with what they need.
+pub fn acquire_message(l: &NewLease) -> String {
+    let NewLease { row, skipped, lazy } = l;
     let names: Vec<&str> = row.servers.iter().map(|s| s.name.as_str()).collect();
     let mut message = format!(
         "Local sandbox acquired with {} server(s): {}",
         names.len(),
         names.join(", ")
     );
+    if *lazy && !names.is_empty() {
+        message.push_str("; each starts on its first MCP request");
+    }
     if !skipped.is_empty() {
         let left: Vec<String> = skipped
             .iter()
@@ -230,7 +243,13 @@ impl Drop for OwnerClaim {
 /// when that covers the request, else by a cold Acquire (after ending a
 /// warm lease that does not cover it, or that the agent would not narrow).
 /// Returns the servers, the warm profile on a hit, and why not otherwise.
-async fn lease_slot(slot: &Slot, taken: Taken, req: &AcquireBody, id: &str) -> HostResult<Leased> {
+async fn lease_slot(
+    slot: &Slot,
+    taken: Taken,
+    req: &AcquireBody,
+    id: &str,
+    lazy: bool,
+) -> HostResult<Leased> {
     let c = slot.client().await.map_err(HostError::AgentUnreachable)?;
     let mut miss = taken.miss;
     let to_end = match taken.warm {
@@ -301,6 +320,7 @@ async fn lease_slot(slot: &Slot, taken: Taken, req: &AcquireBody, id: &str) -> H
             // the database).
             ttl_seconds: Some(0),
             test_account_email: req.email.clone(),
+            lazy,
             ..Default::default()
         })
         .await

@@ -173,6 +173,8 @@ pub struct Host {
     pub uploads: Uploads,
     /// Multiplies TTLs (tests shorten the clock with it).
     pub time_scale: f64,
+    /// When servers start (`--server-start`).
+    pub server_start: crate::config::ServerStart,
     /// Live sandboxes per owner (`--max-sandboxes-per-key`).
     pub max_per_owner: usize,
     /// Acquires in flight per owner, counted against `max_per_owner`

@@ -28,6 +28,25 @@ pub struct ServerItem {
     #[schema(value_type = Option<Object>)]
     pub auth_data: Option<Value>,
     pub tags: Option<Vec<String>>,
+    /// This host's addition: the server's process state, where the answer
+    /// asked the sandbox (Acquire, Get, Reset; not List).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub state: Option<ServerState>,
+}
+
+/// A server's process state (this host's addition to Klavis's shapes):
+/// `idle` is a server of a lazy lease not started yet, which its first MCP
+/// request starts (`--server-start`); `failed` is Klavis's `error`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum ServerState {
+    Idle,
+    Starting,
+    Ready,
+    Backoff,
+    Failed,
+    Stopping,
+    Stopped,
 }
 
 /// `GET /local-sandbox/{id}` (`LocalSandboxInfo`).
@@ -167,6 +186,9 @@ pub struct CreateSandboxResponse {
     pub server_name: String,
     pub status: Status,
     pub message: String,
+    /// This host's addition: each server's process state, by server name.
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub server_states: std::collections::BTreeMap<String, ServerState>,
 }
 
 /// `GET /sandbox/{server}/{id}` (`SandboxInfo`, with `server_urls` and
@@ -182,6 +204,9 @@ pub struct McpSandboxInfo {
     pub status: Status,
     pub updated_at: String,
     pub benchmark: Option<String>,
+    /// This host's addition: each server's process state, by server name.
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub server_states: std::collections::BTreeMap<String, ServerState>,
 }
 
 /// `DELETE /sandbox/{server}/{id}` and `POST …/reset`

@@ -104,6 +104,8 @@ pub struct Named {
     pub servers: Vec<String>,
     /// The name answers carry: Klavis's spelling where it has one.
     pub answer_name: String,
+    /// `local_dev`: the local servers together.
+    pub local_dev: bool,
 }
 
 /// Resolves a path's server name against what this host's sandboxes
@@ -122,6 +124,7 @@ pub fn resolve(name: &str, known: &[String]) -> HostResult<Named> {
         return Ok(Named {
             servers,
             answer_name: name.into(),
+            local_dev: true,
         });
     }
     let (ours, answer) = match ALIASES.iter().find(|(sent, _, _)| *sent == name) {
@@ -132,6 +135,7 @@ pub fn resolve(name: &str, known: &[String]) -> HostResult<Named> {
         return Ok(Named {
             servers: vec![ours.to_owned()],
             answer_name: answer.to_owned(),
+            local_dev: false,
         });
     }
     if SAAS.contains(&name) {

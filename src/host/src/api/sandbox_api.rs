@@ -14,7 +14,7 @@ use crate::error::{HostError, HostResult};
 use crate::store::{SandboxRow, Status};
 
 use super::Shared;
-use super::common::{mcp_url, owner, sandbox_of};
+use super::common::{live_states, mcp_url, owner, sandbox_of};
 use super::leases;
 use super::model::{CreateSandboxResponse, McpSandboxInfo, SandboxStatusResponse};
 use super::names::{Named, PUBLIC_DATA, resolve};
@@ -43,14 +43,16 @@ pub async fn create(
 ) -> HostResult<Json<CreateSandboxResponse>> {
     let who = owner(&h, &headers)?;
     let named = resolve(&server, &known(&h))?;
-    let req = parse_create(&body, named.servers.clone())?;
-    let (row, skipped) = leases::lease(&h, who, &req).await?;
+    let req = parse_create(&body, named.servers.clone(), named.local_dev)?;
+    let new = leases::lease(&h, who, &req).await?;
+    let row = &new.row;
     Ok(Json(CreateSandboxResponse {
-        server_urls: server_urls(&h, &row),
+        server_urls: server_urls(&h, row),
         sandbox_id: row.id.clone(),
         server_name: named.answer_name,
         status: row.status,
-        message: leases::acquire_message(&row, &skipped),
+        message: leases::acquire_message(&new),
+        server_states: live_states(&h, row).await,
     }))
 }
 
@@ -98,6 +100,7 @@ pub async fn get(
         status: s.status,
         updated_at: s.updated_at.clone(),
         benchmark: s.benchmark.clone(),
+        server_states: live_states(&h, &s).await,
     }))
 }
 

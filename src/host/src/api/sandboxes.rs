@@ -9,7 +9,7 @@ use axum::http::{HeaderMap, StatusCode};
 use crate::error::HostResult;
 
 use super::Shared;
-use super::common::{info as sandbox_info, owner, sandbox_of};
+use super::common::{info as sandbox_info, info_live, owner, sandbox_of};
 use super::leases;
 use super::model::{AcquireResponse, ListResponse, ReleaseResponse, ResetResponse, SandboxInfo};
 use super::validation::{is_ttl, parse_acquire};
@@ -22,20 +22,21 @@ pub async fn acquire(
 ) -> HostResult<(StatusCode, Json<AcquireResponse>)> {
     let who = owner(&h, &headers)?;
     let req = parse_acquire(&body)?;
-    let (row, skipped) = leases::lease(&h, who, &req).await?;
+    let new = leases::lease(&h, who, &req).await?;
+    let row = &new.row;
     let SandboxInfo {
         local_sandbox_id,
         status,
         benchmark,
         servers,
         ..
-    } = sandbox_info(&h, &row);
+    } = info_live(&h, row).await;
     let answer = AcquireResponse {
         local_sandbox_id,
         status,
         benchmark,
         servers,
-        message: leases::acquire_message(&row, &skipped),
+        message: leases::acquire_message(&new),
     };
     Ok((StatusCode::CREATED, Json(answer)))
 }
@@ -58,7 +59,7 @@ pub async fn get(
     Path(id): Path<String>,
 ) -> HostResult<Json<SandboxInfo>> {
     let s = sandbox_of(&h, &headers, &id)?;
-    Ok(Json(sandbox_info(&h, &s)))
+    Ok(Json(info_live(&h, &s).await))
 }
 
 /// `DELETE /local-sandbox/{id}?is_ttl=`
@@ -90,7 +91,7 @@ pub async fn reset(
     // reset, which Klavis clients ignore, and a message.
     let s = leases::reset(&h, s).await?;
     Ok(Json(ResetResponse {
-        sandbox: sandbox_info(&h, &s),
+        sandbox: info_live(&h, &s).await,
         message: format!("Local sandbox {id} reset"),
     }))
 }

@@ -53,6 +53,9 @@ pub(super) struct AcquireBody {
     pub benchmark: Option<String>,
     pub email: String,
     pub ttl: Option<u32>,
+    /// Many servers a task uses few of (ALL, `local_dev`): under
+    /// `--server-start auto` they start on first use.
+    pub many: bool,
 }
 
 /// The name pydantic gives the list member of `server_names`'s union
@@ -136,6 +139,7 @@ pub(super) fn parse_acquire(body: &[u8]) -> Result<AcquireBody, HostError> {
         return Err(HostError::Validation(errors));
     }
     Ok(AcquireBody {
+        many: servers.is_none(),
         servers,
         benchmark,
         email,
@@ -146,7 +150,11 @@ pub(super) fn parse_acquire(body: &[u8]) -> Result<AcquireBody, HostError> {
 /// Validates `POST /sandbox/{server}` like Klavis's model: every field
 /// optional (`benchmark`, `ttl_seconds`, `test_account_email`), extras
 /// ignored, no body the same as `{}`; the servers are the path's.
-pub(super) fn parse_create(body: &[u8], servers: Vec<String>) -> Result<AcquireBody, HostError> {
+pub(super) fn parse_create(
+    body: &[u8],
+    servers: Vec<String>,
+    many: bool,
+) -> Result<AcquireBody, HostError> {
     let v = if body.iter().all(u8::is_ascii_whitespace) {
         Value::Object(Default::default())
     } else {
@@ -167,6 +175,7 @@ pub(super) fn parse_create(body: &[u8], servers: Vec<String>) -> Result<AcquireB
         benchmark,
         email,
         ttl,
+        many,
     })
 }
 
