@@ -11,6 +11,7 @@ mod first_day;
 mod gateway;
 mod hardening;
 mod hvsock;
+mod lazy;
 mod lifecycle;
 mod mail;
 mod narrow;

@@ -29,12 +29,18 @@ Scenarios print one JSON object on stdout:
                     mailbox through its initialize endpoint, read it and send a mail with
                     the emails server's tools, dump; release, acquire again, dump (empty),
                     load the default data, dump, release
+  burst N SECONDS   the benchmarks' pattern: N tasks at once, each POST /sandbox/local_dev,
+                    then one tool call on filesystem and one on terminal, the whole task
+                    within SECONDS; each task's times and outcome, the wall time; releases
+  burst-keep N SECONDS
+                    the same, the sandboxes left for the caller to read and release
 """
 import asyncio
 import io
 import json
 import sys
 import tarfile
+import time
 
 import httpx
 
@@ -265,6 +271,57 @@ async def sandbox(base, headers, name, bench):
     return out
 
 
+async def burst_one(base, headers, within):
+    """The benchmarks' pattern, one task: local_dev through the MCP Sandbox
+    API, one tool call on filesystem and one on terminal, all within
+    `within` seconds (MCP_Atlas's client gives 30)."""
+    from mcp import ClientSession
+    from mcp.client.streamable_http import streamablehttp_client
+    out = {}
+    start = time.monotonic()
+
+    async def task():
+        async with httpx.AsyncClient(timeout=within) as client:
+            resp = await client.post(f"{base}/sandbox/local_dev", headers=headers, json={})
+            out["acquire_ms"] = (time.monotonic() - start) * 1000
+            resp.raise_for_status()
+            data = resp.json()
+        out["sandbox_id"] = data["sandbox_id"]
+        out["states"] = data.get("server_states", {})
+        for server, tool, args in (("filesystem", "list_allowed_directories", {}),
+                                   ("terminal", "run_command", {"command": "echo burst-ok"})):
+            async with streamablehttp_client(data["server_urls"][server], timeout=within,
+                                             sse_read_timeout=within) as (r, w, _):
+                async with ClientSession(r, w) as s:
+                    await s.initialize()
+                    got = await s.call_tool(tool, args)
+                    out[server] = {"is_error": bool(got.isError),
+                                   "text": "".join(c.text for c in got.content if c.type == "text")}
+        out["task_ms"] = (time.monotonic() - start) * 1000
+
+    try:
+        await asyncio.wait_for(task(), within)
+        out["ok"] = not out["filesystem"]["is_error"] and "burst-ok" in out["terminal"]["text"]
+    except BaseException as e:  # noqa: BLE001 - a timeout or any failure is a result here
+        out["ok"] = False
+        out["error"] = repr(e)[:300]
+    return out
+
+
+async def burst(base, headers, n, within, keep):
+    t = time.monotonic()
+    results = await asyncio.gather(*(burst_one(base, headers, within) for _ in range(n)))
+    wall_ms = (time.monotonic() - t) * 1000
+    if keep:
+        # The caller reads the sandboxes' states, then releases them.
+        return {"wall_ms": wall_ms, "results": results}
+    async with httpx.AsyncClient(timeout=60.0) as client:
+        for r in results:
+            if "sandbox_id" in r:
+                await client.delete(f"{base}/sandbox/local_dev/{r['sandbox_id']}", headers=headers)
+    return {"wall_ms": wall_ms, "results": results}
+
+
 async def main():
     base, key, scenario = sys.argv[1], sys.argv[2], sys.argv[3]
     headers = {"Authorization": f"Bearer {key}"}
@@ -285,6 +342,9 @@ async def main():
         out = await mail(base, headers)
     elif scenario == "sandbox":
         out = await sandbox(base, headers, *sys.argv[4:6])
+    elif scenario in ("burst", "burst-keep"):
+        out = await burst(base, headers, int(sys.argv[4]), float(sys.argv[5]),
+                          scenario == "burst-keep")
     elif scenario == "cycles":
         n = int(sys.argv[4])
         results = await asyncio.gather(*(cycle(base, headers, ["filesystem"]) for _ in range(n)),

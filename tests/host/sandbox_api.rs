@@ -393,3 +393,61 @@ fn test_account_email_is_the_mail_account() {
     );
     assert_eq!(code, 200);
 }
+
+/// The benchmarks' pattern on `local_dev` (lazy by default): two tasks at
+/// once, each acquiring and calling filesystem and terminal with the
+/// official MCP client. The create answers with every server idle; after
+/// the calls exactly those two run, in both sandboxes; an explicit list
+/// (`/local-sandbox`) and a one-server `/sandbox/{name}` start theirs
+/// before answering, as Klavis's do.
+#[test]
+fn local_dev_starts_each_server_on_first_use() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let host = Host::start(dir.path(), &[]);
+    let v = py(&host, KEY_A, &["burst-keep", "2", "120"]);
+    let results = v["results"].as_array().expect("results");
+    assert_eq!(results.len(), 2, "{v}");
+    for r in results {
+        assert_eq!(r["ok"], true, "{r}");
+        let states = r["states"].as_object().expect("server_states");
+        assert!(states.len() >= 3, "{r}");
+        assert!(states.values().all(|s| s == "idle"), "at create: {r}");
+        let id = r["sandbox_id"].as_str().expect("id");
+        let (code, got) = http(
+            "GET",
+            &format!("{}/sandbox/local_dev/{id}", host.base),
+            Some(KEY_A),
+            None,
+        );
+        assert_eq!(code, 200, "{got}");
+        for (name, state) in got["server_states"].as_object().expect("states") {
+            let used = name == "filesystem" || name == "terminal";
+            assert_eq!(state, if used { "ready" } else { "idle" }, "{name}: {got}");
+        }
+        release_sandbox(&host, id);
+    }
+    let a = acquire(&host, KEY_A, r#"{"server_names": ["filesystem", "git"]}"#);
+    for s in a["servers"].as_array().expect("servers") {
+        assert_eq!(s["state"], "ready", "an explicit list starts eagerly: {a}");
+    }
+    release(&host, KEY_A, a["local_sandbox_id"].as_str().expect("id"));
+    let (code, c) = http(
+        "POST",
+        &format!("{}/sandbox/git", host.base),
+        Some(KEY_A),
+        Some("{}"),
+    );
+    assert_eq!(code, 200, "{c}");
+    assert_eq!(c["server_states"], json!({"git": "ready"}), "{c}");
+    release_sandbox(&host, c["sandbox_id"].as_str().expect("id"));
+}
+
+fn release_sandbox(host: &Host, id: &str) {
+    let (code, body) = http(
+        "DELETE",
+        &format!("{}/sandbox/local_dev/{id}", host.base),
+        Some(KEY_A),
+        None,
+    );
+    assert_eq!(code, 200, "{body}");
+}
