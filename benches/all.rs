@@ -14,12 +14,13 @@ mod lifecycle;
 mod workspace;
 
 fn main() {
-    let benches: [(&str, fn()); 5] = [
+    let benches: [(&str, fn()); 6] = [
         ("agent", agent::main),
         ("workspace", workspace::main),
         ("lifecycle", lifecycle::main),
         ("gateway", gateway::main),
         ("host", host::main),
+        ("burst", host::burst_main),
     ];
     // cargo passes `--bench`; other words name benchmarks.
     let asked: Vec<String> = std::env::args()

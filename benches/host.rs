@@ -26,6 +26,8 @@ use http_body_util::{BodyExt, Full};
 use serde_json::Value;
 
 use crate::common;
+#[path = "host/burst.rs"]
+mod burst;
 #[path = "host/profiles.rs"]
 mod profiles;
 #[path = "host/vm.rs"]
@@ -479,4 +481,58 @@ pub fn main() {
             None => println!("(qemu backend: skipped in short mode, or QEMU / vhost-device-vsock missing)"),
         }
     });
+}
+
+/// The benchmarks' pattern on `local_dev`, lazy beside eager
+/// (`host/burst.rs`).
+pub fn burst_main() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let r = rt.block_on(burst::run(dir.path()));
+    println!(
+        "# local_dev (11 servers) through /sandbox/local_dev, lazy (`--server-start auto`) vs eager; {}",
+        common::mode()
+    );
+    println!("| measure | lazy | eager | lazy / eager |");
+    println!("|---|---|---|---|");
+    let (l, e) = (&r.lazy, &r.eager);
+    println!(
+        "| cold Acquire from a bare pool, p50 ({} / {} rounds) | {:.1} ms | {:.0} ms | {:.4}x |",
+        l.rounds,
+        e.rounds,
+        l.acquire_ms,
+        e.acquire_ms,
+        l.acquire_ms / e.acquire_ms
+    );
+    println!(
+        "| burst: {} tasks at once (acquire + filesystem and terminal calls), done within {} s | {} of {} | {} of {} | |",
+        l.tasks,
+        burst::WITHIN_S,
+        l.ok,
+        l.tasks,
+        e.ok,
+        e.tasks
+    );
+    println!(
+        "| burst: wall time | {:.1} s | {:.1} s | {:.2}x |",
+        l.wall_s,
+        e.wall_s,
+        l.wall_s / e.wall_s
+    );
+    println!(
+        "| burst: slowest Acquire / slowest task | {:.1} s / {:.1} s | {:.1} s / {:.1} s | |",
+        l.slowest_acquire_s, l.slowest_task_s, e.slowest_acquire_s, e.slowest_task_s
+    );
+    println!(
+        "| burst: peak memory (PSS) of every sandbox together | {:.0} MiB | {:.0} MiB | {:.2}x |",
+        l.peak_mib,
+        e.peak_mib,
+        l.peak_mib / e.peak_mib
+    );
+    println!(
+        "| one sandbox after its two calls (PSS, median) | {:.0} MiB | {:.0} MiB | {:.2}x |",
+        l.per_sandbox_mib,
+        e.per_sandbox_mib,
+        l.per_sandbox_mib / e.per_sandbox_mib
+    );
 }
