@@ -134,7 +134,12 @@ impl proto::agent_server::Agent for AgentService {
         let (l, st) = self.lc.reset(&r.lease_id).await.map_err(lc_status)?;
         Ok(Response::new(proto::ResetResponse {
             status: sandbox_status(st),
-            message: format!("lease {} reset; {} ready", l.id, l.servers.join(", ")),
+            message: format!(
+                "lease {} reset; {} {}",
+                l.id,
+                l.servers.join(", "),
+                convert::servers_are(&l)
+            ),
             servers: self.servers(&l.servers),
             lease: Some(lease(&l)),
         }))

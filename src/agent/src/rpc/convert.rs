@@ -225,12 +225,22 @@ fn auth_strings(server: &str, s: &prost_types::Struct) -> Result<BTreeMap<String
 /// The message of an Acquire's (or a Narrow's) answer.
 pub(super) fn acquired_message(l: &lifecycle::Lease) -> String {
     format!(
-        "{} server{} ready: {}{}",
+        "{} server{} {}: {}{}",
         l.servers.len(),
         if l.servers.len() == 1 { "" } else { "s" },
+        servers_are(l),
         l.servers.join(", "),
         skipped_note(&l.skipped)
     )
+}
+
+/// What a lease's servers are right after its Acquire or Reset.
+pub(super) fn servers_are(l: &lifecycle::Lease) -> &'static str {
+    if l.lazy {
+        "to start on first use"
+    } else {
+        "ready"
+    }
 }
 
 /// "; left out, ..." naming the servers an ALL Acquire did not start.
