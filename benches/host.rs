@@ -388,10 +388,19 @@ async fn exec_rounds(h: &Host, dir: &Path) -> (f64, f64, f64, f64) {
 }
 
 fn print_exec(exec_ms: f64, python_ms: f64, poll_ms: f64, get_ms: f64) {
-    println!("| executions (one lease, {} rounds) | median | vs reference |", rounds());
+    println!(
+        "| executions (one lease, {} rounds) | median | vs reference |",
+        rounds()
+    );
     println!("|---|---|---|");
-    println!("| execute → `completed` of `print('hello')` (venv, run, log polled every 5 ms) | {exec_ms:.0} ms | {:.2}x `python3 main.py` run directly ({python_ms:.0} ms) |", exec_ms / python_ms);
-    println!("| one execution-logs poll | {poll_ms:.2} ms | {:.2}x one `GET /local-sandbox/{{id}}` ({get_ms:.2} ms) |", poll_ms / get_ms);
+    println!(
+        "| execute → `completed` of `print('hello')` (venv, run, log polled every 5 ms) | {exec_ms:.0} ms | {:.2}x `python3 main.py` run directly ({python_ms:.0} ms) |",
+        exec_ms / python_ms
+    );
+    println!(
+        "| one execution-logs poll | {poll_ms:.2} ms | {:.2}x one `GET /local-sandbox/{{id}}` ({get_ms:.2} ms) |",
+        poll_ms / get_ms
+    );
     println!();
 }
 
@@ -405,7 +414,10 @@ pub fn exec_main() {
         tokio::time::sleep(Duration::from_secs(3)).await;
         let (exec_ms, python_ms, poll_ms, get_ms) = exec_rounds(&bare, dir.path()).await;
         drop(bare);
-        println!("# executions through sandbox-host (process backend; {})", common::mode());
+        println!(
+            "# executions through sandbox-host (process backend; {})",
+            common::mode()
+        );
         print_exec(exec_ms, python_ms, poll_ms, get_ms);
     });
 }

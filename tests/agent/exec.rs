@@ -718,6 +718,11 @@ try:
 except ImportError:
     found = False
 print("before:", repr(os.environ.get("PLANTED", "")), found)
+try:
+    os.rename("{base}", "{base}.moved")
+    print("moved the base venv")
+except OSError as e:
+    print("refused moving the base venv", e)
 for where, d in targets:
     try:
         os.makedirs(d, exist_ok=True)
@@ -761,6 +766,10 @@ print("sitecustomize:", getattr(sc, "__file__", None))
         );
     }
     assert!(planted.contains("refused in base venv"), "{planted}");
+    assert!(
+        planted.contains("refused moving the base venv"),
+        "{planted}"
+    );
     // A run again of the planting execution starts from a clean venv too.
     start(&c, "plant").await;
     let (log, _, status) = read_all(&c, "plant", 1 << 20).await;
