@@ -389,6 +389,41 @@ async fn exec_rounds(h: &Host, dir: &Path) -> (f64, f64, f64, f64) {
     )
 }
 
+fn print_exec(exec_ms: f64, python_ms: f64, poll_ms: f64, get_ms: f64) {
+    println!(
+        "| executions (one lease, {} rounds) | median | vs reference |",
+        rounds()
+    );
+    println!("|---|---|---|");
+    println!(
+        "| execute → `completed` of `print('hello')` (venv, run, log polled every 5 ms) | {exec_ms:.0} ms | {:.2}x `python3 main.py` run directly ({python_ms:.0} ms) |",
+        exec_ms / python_ms
+    );
+    println!(
+        "| one execution-logs poll | {poll_ms:.2} ms | {:.2}x one `GET /local-sandbox/{{id}}` ({get_ms:.2} ms) |",
+        poll_ms / get_ms
+    );
+    println!();
+}
+
+/// The executions part alone (`cargo bench -p sandbox-suite -- exec`): a
+/// host with a pool of bare agents, one lease, the rounds of `main`.
+pub fn exec_main() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(async {
+        let bare = start(dir.path(), "bare", 1, "");
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let (exec_ms, python_ms, poll_ms, get_ms) = exec_rounds(&bare, dir.path()).await;
+        drop(bare);
+        println!(
+            "# executions through sandbox-host (process backend; {})",
+            common::mode()
+        );
+        print_exec(exec_ms, python_ms, poll_ms, get_ms);
+    });
+}
+
 pub fn main() {
     let dir = tempfile::tempdir().expect("tempdir");
     let rt = tokio::runtime::Runtime::new().expect("runtime");
@@ -432,11 +467,7 @@ pub fn main() {
         println!("| notebook cycle (acquire → upload → initialize → dump → download → release), warm leases | {warm_cycle:.0} ms | |");
         println!("| notebook cycle, bare agents | {bare_cycle:.0} ms | |");
         println!();
-        println!("| executions (one lease, {} rounds) | median | vs reference |", rounds());
-        println!("|---|---|---|");
-        println!("| execute → `completed` of `print('hello')` (venv, run, log polled every 5 ms) | {exec_ms:.0} ms | {:.2}x `python3 main.py` run directly ({python_ms:.0} ms) |", exec_ms / python_ms);
-        println!("| one execution-logs poll | {poll_ms:.2} ms | {:.2}x one `GET /local-sandbox/{{id}}` ({get_ms:.2} ms) |", poll_ms / get_ms);
-        println!();
+        print_exec(exec_ms, python_ms, poll_ms, get_ms);
         let r = &subsets;
         println!(
             "| Acquire of a random subset of the warm set ({}; {} subsets, the same for both) | p50 | p99 |",

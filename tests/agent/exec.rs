@@ -682,6 +682,101 @@ async fn executions_named_like_the_agents_own_jobs_stop_nothing() {
     assert!(accepts(), "the mail service stopped");
 }
 
+/// What one execution leaves where Python looks for modules never reaches
+/// the next one (issue 30: executions without requirements.txt share the
+/// agent's prepared base venv, each run a copy of its own). Execution A
+/// plants a module, a `.pth` file and a `sitecustomize` in every
+/// site-packages it can find (its own venv, the user site of the lease's
+/// home, the interpreter's, the agent's base venv) and tries to reach the
+/// next execution's directory; B, run after it, must import none of them.
+#[tokio::test]
+async fn an_execution_leaves_nothing_the_next_one_imports() {
+    if !root_or_skip("tenants run as uid 1000") {
+        return;
+    }
+    let agent = agent_with("", "");
+    let c = client(&agent).await;
+    acquire(&c, "lease-plant").await;
+    let base = state_dir(&agent).join("exec-base-venv");
+    let exec_root = agent.dir.path().join("exec");
+    let plant = format!(
+        r#"
+import glob, os, site, sys, sysconfig
+base_py = sysconfig.get_paths(vars={{"base": sys.base_prefix, "platbase": sys.base_prefix}})["purelib"]
+targets = [
+    ("own venv", sysconfig.get_paths()["purelib"]),
+    ("user site", site.getusersitepackages()),
+    ("interpreter", base_py),
+    ("stdlib", sysconfig.get_paths()["stdlib"]),
+    ("base venv", (glob.glob("{base}/lib/python*/site-packages") or ["{base}/lib/site-packages"])[0]),
+    ("next execution", "{exec_root}/check/venv/lib/python%d.%d/site-packages" % sys.version_info[:2]),
+]
+print("uid:", os.getuid(), "in a venv:", sys.prefix != sys.base_prefix)
+try:
+    import planted_mod
+    found = True
+except ImportError:
+    found = False
+print("before:", repr(os.environ.get("PLANTED", "")), found)
+try:
+    os.rename("{base}", "{base}.moved")
+    print("moved the base venv")
+except OSError as e:
+    print("refused moving the base venv", e)
+for where, d in targets:
+    try:
+        os.makedirs(d, exist_ok=True)
+        tag = where.replace(" ", "_")
+        open(os.path.join(d, "zz_planted.pth"), "w").write("import os; os.environ['PLANTED'] = os.environ.get('PLANTED', '') + '{{}} '\n".format(tag))
+        open(os.path.join(d, "sitecustomize.py"), "w").write("import os; os.environ['PLANTED'] = os.environ.get('PLANTED', '') + 'sitecustomize_{{}} '\n".format(tag))
+        open(os.path.join(d, "planted_mod.py"), "w").write("WHERE = '{{}}'\n".format(tag))
+        print("planted in", where, d)
+    except OSError as e:
+        print("refused in", where, d, e)
+"#,
+        base = base.display(),
+        exec_root = exec_root.display()
+    );
+    let (status, log) = run_to_end(&c, "plant", &plant).await;
+    assert_eq!(status, "completed", "{log}");
+    assert!(log.contains("uid: 1000"), "{log}");
+    // The attack reached what a tenant can write (its home; its own venv
+    // when it has one), never the agent's base venv.
+    assert!(log.contains("planted in user site"), "{log}");
+    let planted = log;
+    let check = r#"
+import os, sys
+print("planted:", repr(os.environ.get("PLANTED", "")))
+try:
+    import planted_mod
+    print("imported planted_mod:", planted_mod.WHERE, planted_mod.__file__)
+except ImportError:
+    print("no planted_mod")
+sc = sys.modules.get("sitecustomize")
+print("sitecustomize:", getattr(sc, "__file__", None))
+"#;
+    for round in 0..2 {
+        let (status, log) = run_to_end(&c, "check", check).await;
+        assert_eq!(status, "completed", "round {round}: {log}");
+        assert!(log.contains("no planted_mod"), "round {round}: {log}");
+        assert!(log.contains("planted: ''"), "round {round}: {log}");
+        assert!(
+            !log.contains("zz_planted") && !log.contains("sitecustomize: /"),
+            "round {round}: {log}"
+        );
+    }
+    assert!(planted.contains("refused in base venv"), "{planted}");
+    assert!(
+        planted.contains("refused moving the base venv"),
+        "{planted}"
+    );
+    // A run again of the planting execution starts from a clean venv too.
+    start(&c, "plant").await;
+    let (log, _, status) = read_all(&c, "plant", 1 << 20).await;
+    assert_eq!(status, "completed", "{log}");
+    assert!(log.contains("before: '' False"), "{log}");
+}
+
 /// packages.txt is installed by the agent's own apt-get (exec.apt_get, by
 /// absolute path, with the system's PATH): an apt-get a tenant planted in
 /// its venv, first on the execution's PATH, never runs as root (finding of

@@ -271,6 +271,7 @@ impl Domain {
             settings.exec.clone(),
             supervisor.clone(),
             settings.workspace.clone(),
+            settings.effective.state_root.join("exec-base-venv"),
         );
         let lifecycle = Lifecycle::new(
             manifest.clone(),

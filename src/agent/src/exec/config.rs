@@ -16,10 +16,12 @@ pub struct ExecConfig {
     /// Where execution directories live. Must be outside the workspace;
     /// everything in it is removed at Release.
     pub root: PathBuf,
-    /// The interpreter venvs are made from.
+    /// The interpreter venvs are made from (asked once for its executable,
+    /// so a wrapper such as a pyenv shim runs once per agent, not per run).
     pub python: String,
-    /// `uv` for venvs and installs: "auto" (uv on PATH if there is one),
-    /// "off" (python -m venv + pip), or a path.
+    /// `uv` for venvs and installs: "auto" (uv on the agent's PATH if there
+    /// is one, found once), "off" (python -m venv + pip per run), or a
+    /// path. With uv, the agent makes one base venv that every run copies.
     pub uv: String,
     /// Installing packages.txt with apt-get: "auto" (when the agent is
     /// root and apt-get exists) or "off". Packages already installed are

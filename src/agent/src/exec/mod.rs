@@ -4,7 +4,8 @@
 //!
 //! ```text
 //! <root>/<name>/work/        the uploaded archive; the script's cwd; exported
-//! <root>/<name>/venv/        its Python virtual environment
+//! <root>/<name>/venv/        its Python virtual environment (a copy of
+//!                            the agent's base venv, see [`venv`])
 //! <root>/<name>/output.log   stdout+stderr, capped ([`log::ExecLog`])
 //! ```
 //!
@@ -26,6 +27,7 @@ mod error;
 pub mod log;
 mod run;
 mod upload;
+mod venv;
 
 pub use config::{ExecConfig, ExecConfigError};
 use error::io_err;
@@ -198,10 +200,34 @@ pub struct Executions {
     token: sandbox_serve::auth::LeaseToken,
     inner: Mutex<Inner>,
     slots: Arc<Semaphore>,
+    prep: Arc<Prep>,
+}
+
+/// The interpreter, uv and base venv, found and made once per agent (at
+/// its first lease, in the background) for every run.
+pub(crate) struct Prep {
+    cell: tokio::sync::OnceCell<venv::Prepared>,
+    /// Where the base venv is made: the agent's, never the tenant's.
+    base: PathBuf,
+}
+
+impl Prep {
+    async fn get(&self, cfg: &ExecConfig, sup: &Supervisor) -> &venv::Prepared {
+        self.cell
+            .get_or_init(|| venv::prepare(cfg, sup, &self.base))
+            .await
+    }
 }
 
 impl Executions {
-    pub fn new(cfg: ExecConfig, sup: Arc<Supervisor>, workspace: PathBuf) -> Arc<Executions> {
+    /// `base_venv`: where the agent makes the venv every run copies (in
+    /// its state root, outside `exec.root`, which Release empties).
+    pub fn new(
+        cfg: ExecConfig,
+        sup: Arc<Supervisor>,
+        workspace: PathBuf,
+        base_venv: PathBuf,
+    ) -> Arc<Executions> {
         let slots = Arc::new(Semaphore::new(cfg.max_running));
         Arc::new(Executions {
             cfg,
@@ -211,7 +237,27 @@ impl Executions {
             token: Default::default(),
             inner: Mutex::new(Inner::default()),
             slots,
+            prep: Arc::new(Prep {
+                cell: tokio::sync::OnceCell::new(),
+                base: base_venv,
+            }),
         })
+    }
+
+    /// Prepares the runs' Python in the background unless done (the first
+    /// run waits for it): not at the agent's start, so an idle agent never
+    /// pays for it.
+    fn prepare_soon(&self) {
+        if self.prep.cell.initialized() {
+            return;
+        }
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (prep, cfg, sup) = (self.prep.clone(), self.cfg.clone(), self.sup.clone());
+        rt.spawn(async move {
+            prep.get(&cfg, &sup).await;
+        });
     }
 
     pub fn config(&self) -> &ExecConfig {
@@ -247,6 +293,7 @@ impl Executions {
                 self.token.revoke();
             }
         }
+        self.prepare_soon();
         let mut i = self.inner();
         i.generation += 1;
         i.lease = Some(LeaseInfo {
@@ -372,6 +419,7 @@ impl Executions {
                 .zip(self.current_token()),
             servers,
             slots: self.slots.clone(),
+            prep: self.prep.clone(),
         };
         let stop = CancellationToken::new();
         let span = tracing::info_span!("execution", execution = %name);

@@ -1,6 +1,7 @@
 //! One run of an execution, in the background: wait for a slot, install
-//! `packages.txt`, make the venv, install `requirements.txt`, run
-//! `python main.py`. Every step is a supervisor job whose output goes to
+//! `packages.txt`, make the venv (a copy of the agent's base venv, see
+//! [`super::venv`]), install `requirements.txt`, run `python main.py`.
+//! Every step but the venv's copy is a supervisor job whose output goes to
 //! the execution's log; a stop (cancel, release, timeout) kills the step's
 //! whole tree.
 
@@ -15,6 +16,7 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use super::log::ExecLog;
+use super::venv;
 use super::{ExecConfig, ExecState, Execution, McpAccess, PACKAGES, REQUIREMENTS};
 use crate::supervisor::Supervisor;
 use crate::supervisor::job::{JobEnd, JobGroup, JobSpec, RunAs};
@@ -23,7 +25,8 @@ use crate::supervisor::now_ms;
 use crate::supervisor::spawn::Exit;
 
 /// PATH when the agent has none (as PID 1).
-const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+pub(super) const DEFAULT_PATH: &str =
+    "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 /// How long the log pump may run on after a step's tree is gone (a
 /// process outside the tree could hold the pipe open).
 const PUMP_DRAIN: Duration = Duration::from_secs(2);
@@ -36,6 +39,7 @@ pub(super) struct RunCtx {
     pub mcp: Option<(McpAccess, String)>,
     pub servers: Vec<String>,
     pub slots: Arc<Semaphore>,
+    pub prep: Arc<super::Prep>,
 }
 
 /// Why a run ended early.
@@ -161,17 +165,35 @@ fn strings(a: &[&str]) -> Vec<String> {
 
 impl Steps<'_> {
     /// The venv, with requirements.txt installed in it (by uv when there is
-    /// one, else by pip); its python.
+    /// one, else by pip); its python. The venv is a copy of the agent's
+    /// base venv when there is one, else made by `python -m venv`.
     async fn python_env(&self, venv: &Path) -> Result<String, Halt> {
         let cfg = &self.ctx.cfg;
         self.exec
             .set(|p| p.message = "creating the Python environment".into());
-        let uv = find_uv(&cfg.uv, &self.env);
+        let prep = self.ctx.prep.get(cfg, &self.ctx.sup).await;
+        let uv = prep.uv.as_deref();
         let requirements = self.work.join(REQUIREMENTS);
         let has_requirements = std::fs::metadata(&requirements).is_ok_and(|m| m.len() > 0);
-        let (cmd, args) = venv_command(&cfg.python, uv.as_deref(), venv, has_requirements);
-        self.must("venv", cmd, args, "creating the Python environment")
-            .await?;
+        match &prep.base {
+            Some(base) => {
+                let (base, dir) = (base.clone(), self.exec.dir.clone());
+                let owner = self.ctx.sup.tenant().uid().zip(self.ctx.sup.tenant().gid());
+                let name = venv.file_name().unwrap_or_default().to_owned();
+                tokio::task::spawn_blocking(move || venv::clone_base(&base, &dir, &name, owner))
+                    .await
+                    .map_err(std::io::Error::other)
+                    .and_then(|r| r)
+                    .map_err(|e| {
+                        Halt::Failed(format!("creating the Python environment failed: {e}"))
+                    })?;
+            }
+            None => {
+                let (cmd, args) = venv_command(&prep.python, uv, venv, has_requirements);
+                self.must("venv", cmd, args, "creating the Python environment")
+                    .await?;
+            }
+        }
         let python = venv.join("bin/python").display().to_string();
         if has_requirements {
             self.exec
@@ -180,7 +202,7 @@ impl Steps<'_> {
                 "[sandbox-agent] installing {REQUIREMENTS} with {}",
                 if uv.is_some() { "uv" } else { "pip" }
             ));
-            let (cmd, args) = requirements_command(uv.as_deref(), &python, &requirements);
+            let (cmd, args) = requirements_command(uv, &python, &requirements);
             self.must(
                 "requirements",
                 cmd,
@@ -382,11 +404,11 @@ pub fn env_key(server: &str) -> String {
         .collect()
 }
 
-/// `uv` to use: the configured path, the one on PATH ("auto"), or none.
-fn find_uv(setting: &str, env: &BTreeMap<String, String>) -> Option<String> {
+/// `uv` to use: the configured path, the one on `path` ("auto"), or none.
+pub(super) fn find_uv(setting: &str, path: &str) -> Option<String> {
     match setting {
         "off" => None,
-        "auto" => which("uv", env.get("PATH").map(String::as_str).unwrap_or("")),
+        "auto" => which("uv", path),
         path => Some(path.to_owned()),
     }
 }
