@@ -23,6 +23,7 @@ use std::io::{Read, Write};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use rustix::fs::{AtFlags, Mode, OFlags};
 use tar::EntryType;
@@ -32,7 +33,8 @@ use crate::confine::{self, remove_at};
 use crate::error::{ArchiveError, sys};
 
 use super::dirs::DirTree;
-use super::fsops::{times, umask};
+use super::fsops::{FileMeta, times, umask};
+use super::writers::{PIECE, Piece, Writers};
 use super::{ExtractOptions, ExtractStats, Meter, invalid, read_error};
 
 pub(super) struct Extractor<'a> {
@@ -52,6 +54,16 @@ pub(super) struct Extractor<'a> {
     /// Entries plus the directories created implicitly, for max_entries.
     pub(super) created: u64,
     pub(super) parent: Option<(PathBuf, OwnedFd)>,
+    /// The cached parent is setgid (only looked at when the owner is this
+    /// process's own: see `file_owner`).
+    pub(super) parent_setgid: bool,
+    /// This process's effective uid and gid.
+    pub(super) me: (u32, u32),
+    /// Threads writing file contents (`archive.extract_writers`; none: this
+    /// thread writes them).
+    pub(super) writers: Option<Writers>,
+    /// Files handed to the writers so far (picks the next one's writer).
+    pub(super) handed: usize,
     pub(super) buf: Vec<u8>,
     /// File content bytes written so far (for max_expanded_bytes).
     pub(super) expanded: u64,
@@ -118,6 +130,13 @@ impl<'a> Extractor<'a> {
             dirs: DirTree::default(),
             created: 0,
             parent: None,
+            parent_setgid: false,
+            me: (
+                rustix::process::geteuid().as_raw(),
+                rustix::process::getegid().as_raw(),
+            ),
+            writers: None,
+            handed: 0,
             buf: vec![0; 256 << 10],
             expanded: 0,
         }
@@ -303,7 +322,26 @@ impl<'a> Extractor<'a> {
             )
         })?;
         let mut file = File::from(fd);
-        let written = self.copy_data(e, &mut file, t, size)?;
+        let meta = FileMeta {
+            mode: m.mode,
+            mtime: m.mtime,
+            chmod: m.mode & umask() != 0,
+            owner: self.file_owner(),
+        };
+        let written = match self.writers.take() {
+            Some(w) => {
+                let r = self.hand_over(e, file, t, size, meta, &w);
+                self.writers = Some(w);
+                r?
+            }
+            None => {
+                let n = self.copy_data(e, &mut file, t, size)?;
+                if n == size {
+                    super::fsops::apply_meta(file.as_fd(), &meta, &t.path)?;
+                }
+                n
+            }
+        };
         if written != size {
             return Err(invalid(
                 t.raw,
@@ -311,13 +349,6 @@ impl<'a> Extractor<'a> {
             ));
         }
         self.expanded += size;
-        self.meta_fd(
-            file.as_fd(),
-            m.mode,
-            m.mtime,
-            &t.path,
-            m.mode & umask() != 0,
-        )?;
         let key = self.key(&t.path);
         self.files.insert(key);
         self.stats.files += 1;
@@ -349,6 +380,79 @@ impl<'a> Extractor<'a> {
             });
         }
         Ok(())
+    }
+
+    /// Reads an entry's data into pieces for one writer, which writes them
+    /// into `file` and then sets `meta` on it: the same checks as
+    /// [`Self::copy_data`]. Returns the bytes read.
+    fn hand_over<R: Read>(
+        &mut self,
+        e: &mut tar::Entry<'_, R>,
+        file: File,
+        t: &Target<'_>,
+        size: u64,
+        meta: FileMeta,
+        w: &Writers,
+    ) -> Result<u64, ArchiveError> {
+        let writer = self.handed % w.len();
+        self.handed = self.handed.wrapping_add(1);
+        let path = Arc::new(t.path.clone());
+        let mut file = Some(Arc::new(file));
+        let mut meta = Some(meta);
+        let mut written = 0u64;
+        let mut buf = w.buffer();
+        let mut len = 0usize;
+        loop {
+            let n = match e.read(&mut buf[len..]) {
+                Ok(n) => n,
+                Err(err) => return Err(read_error(err, self.compression)),
+            };
+            // Never past the size the limits were checked against.
+            if written + n as u64 > size {
+                return Err(invalid(
+                    t.raw,
+                    format!("holds more data than its size ({size})"),
+                ));
+            }
+            written += n as u64;
+            len += n;
+            self.meter.check()?;
+            let end = n == 0;
+            if !end && len < PIECE {
+                continue;
+            }
+            let (f, last) = if end {
+                (file.take(), meta.take())
+            } else {
+                (file.clone(), None)
+            };
+            let Some(f) = f else {
+                return Err(ArchiveError::invalid("internal error: no file to write"));
+            };
+            let full = std::mem::replace(&mut buf, if end { Vec::new() } else { w.buffer() });
+            w.send(
+                writer,
+                Piece {
+                    file: f,
+                    data: full,
+                    len,
+                    last,
+                    path: path.clone(),
+                },
+            )?;
+            len = 0;
+            if end {
+                return Ok(written);
+            }
+        }
+    }
+
+    /// Waits for the writers to write every file handed to them.
+    pub(super) fn finish_writers(&mut self) -> Result<(), ArchiveError> {
+        match self.writers.take() {
+            Some(w) => w.finish(),
+            None => Ok(()),
+        }
     }
 
     /// Copies an entry's data into `file`, never more than `size` bytes,

@@ -27,6 +27,7 @@ mod entry;
 mod fsops;
 #[cfg(test)]
 mod tests;
+mod writers;
 
 use std::cell::Cell;
 use std::io::{self, BufRead, Read};
@@ -117,26 +118,43 @@ impl Meter<'_> {
 const BLOCK: usize = 256 << 10;
 const BLOCKS_IN_FLIGHT: usize = 4;
 
+/// A block of `BLOCK` bytes and how many of them the decoder filled.
+type Block = (Vec<u8>, usize);
+
+/// Blocks the extractor is done with, for the decoder to fill again (at
+/// most `BLOCKS_IN_FLIGHT + 2` exist: no allocation, page fault or zeroing
+/// per block).
+type FreeBlocks = Arc<std::sync::Mutex<Vec<Vec<u8>>>>;
+
 /// `Read` over the decoder thread's blocks.
 struct Blocks {
-    rx: std::sync::mpsc::Receiver<io::Result<Vec<u8>>>,
+    rx: std::sync::mpsc::Receiver<io::Result<Block>>,
     cur: Vec<u8>,
+    len: usize,
     pos: usize,
+    free: FreeBlocks,
 }
 
 impl Read for Blocks {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        while self.pos == self.cur.len() {
+        while self.pos == self.len {
             match self.rx.recv() {
-                Ok(Ok(b)) => {
-                    self.cur = b;
+                Ok(Ok((b, len))) => {
+                    let done = std::mem::replace(&mut self.cur, b);
+                    if done.len() == BLOCK {
+                        let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
+                        if free.len() < BLOCKS_IN_FLIGHT + 2 {
+                            free.push(done);
+                        }
+                    }
+                    self.len = len;
                     self.pos = 0;
                 }
                 Ok(Err(e)) => return Err(e),
                 Err(_) => return Ok(0),
             }
         }
-        let n = buf.len().min(self.cur.len() - self.pos);
+        let n = buf.len().min(self.len - self.pos);
         buf[..n].copy_from_slice(&self.cur[self.pos..self.pos + n]);
         self.pos += n;
         Ok(n)
@@ -308,6 +326,9 @@ pub fn extract<R: Read + Send + 'static>(
         ctl: ctl.clone(),
     };
     let mut x = Extractor::new(root, opts, &meter, compression);
+    if opts.limits.extract_writers > 0 {
+        x.writers = Some(writers::Writers::start(opts.limits.extract_writers)?);
+    }
     let last_end = read_entries(&mut plain, &mut x, &ctl)?;
     ctl.open();
     // The parser stops at the first zero block; if it stopped because the
@@ -320,6 +341,7 @@ pub fn extract<R: Read + Send + 'static>(
     only_zeros_after(&mut plain, &meter, compression)?;
     drop(plain);
     let _ = decoder.join();
+    x.finish_writers()?;
     x.finish_dirs()?;
     Ok(x.stats)
 }
@@ -332,14 +354,18 @@ fn spawn_decoder<R: BufRead + Send + 'static>(
     expanded: Arc<AtomicU64>,
 ) -> Result<(Blocks, JoinHandle<()>), ArchiveError> {
     let (tx, rx) = std::sync::mpsc::sync_channel(BLOCKS_IN_FLIGHT);
+    let free = FreeBlocks::default();
+    let recycled = free.clone();
     let decoder = std::thread::Builder::new()
         .name("ws-decode".into())
-        .spawn(move || decode(compressed, compression, &tx, &expanded))
+        .spawn(move || decode(compressed, compression, &tx, &expanded, &recycled))
         .map_err(|e| ArchiveError::io("starting the decoder thread", e))?;
     let blocks = Blocks {
         rx,
         cur: Vec::new(),
+        len: 0,
         pos: 0,
+        free,
     };
     Ok((blocks, decoder))
 }
@@ -349,8 +375,9 @@ fn spawn_decoder<R: BufRead + Send + 'static>(
 fn decode<R: BufRead>(
     compressed: R,
     compression: Compression,
-    tx: &SyncSender<io::Result<Vec<u8>>>,
+    tx: &SyncSender<io::Result<Block>>,
     expanded: &AtomicU64,
+    free: &FreeBlocks,
 ) {
     let mut dec = match codec::decoder(compressed, compression) {
         Ok(d) => d,
@@ -360,7 +387,8 @@ fn decode<R: BufRead>(
         }
     };
     loop {
-        let mut block = vec![0u8; BLOCK];
+        let reused = free.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        let mut block = reused.unwrap_or_else(|| vec![0u8; BLOCK]);
         let mut filled = 0;
         // Fill whole blocks: fewer, larger hand-offs.
         while filled < BLOCK {
@@ -377,9 +405,8 @@ fn decode<R: BufRead>(
         if filled == 0 {
             return;
         }
-        block.truncate(filled);
         expanded.fetch_add(filled as u64, Ordering::Relaxed);
-        if tx.send(Ok(block)).is_err() {
+        if tx.send(Ok((block, filled))).is_err() {
             return;
         }
     }
