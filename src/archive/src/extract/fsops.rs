@@ -230,7 +230,11 @@ pub(super) struct FileMeta {
 
 /// Sets `m` on the open file `fd` (`path` for messages): mode when
 /// `m.chmod`, owner when given, then mtime.
-pub(super) fn apply_meta(fd: BorrowedFd<'_>, m: &FileMeta, path: &Path) -> Result<(), ArchiveError> {
+pub(super) fn apply_meta(
+    fd: BorrowedFd<'_>,
+    m: &FileMeta,
+    path: &Path,
+) -> Result<(), ArchiveError> {
     if m.chmod {
         rustix::fs::fchmod(fd, Mode::from_raw_mode(m.mode))
             .map_err(|e| ArchiveError::io(format!("chmod {}", path.display()), sys(e)))?;

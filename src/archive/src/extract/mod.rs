@@ -87,6 +87,32 @@ impl<R: Read> Read for Counted<R> {
     }
 }
 
+/// Counts the bytes consumed through it (a `Counted` for buffered input:
+/// the decoder reads the source's own buffers).
+struct CountedBuf<R> {
+    inner: R,
+    n: Arc<AtomicU64>,
+}
+
+impl<R: BufRead> Read for CountedBuf<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.n.fetch_add(n as u64, Ordering::Relaxed);
+        Ok(n)
+    }
+}
+
+impl<R: BufRead> BufRead for CountedBuf<R> {
+    fn fill_buf(&mut self) -> io::Result<&[u8]> {
+        self.inner.fill_buf()
+    }
+
+    fn consume(&mut self, n: usize) {
+        self.n.fetch_add(n as u64, Ordering::Relaxed);
+        self.inner.consume(n);
+    }
+}
+
 /// The compressed and expanded byte counters, for the bomb check.
 pub(super) struct Meter<'a> {
     limits: &'a ArchiveLimits,
@@ -301,15 +327,26 @@ pub fn extract<R: Read + Send + 'static>(
     root: BorrowedFd<'_>,
     opts: &ExtractOptions<'_>,
 ) -> Result<ExtractStats, ArchiveError> {
+    extract_buffered(codec::buffered(src), root, opts)
+}
+
+/// [`extract`] from a source with buffers of its own (a
+/// [`ChannelReader`](crate::stream::ChannelReader)'s chunks), which the
+/// decoder reads in place.
+pub fn extract_buffered<R: BufRead + Send + 'static>(
+    src: R,
+    root: BorrowedFd<'_>,
+    opts: &ExtractOptions<'_>,
+) -> Result<ExtractStats, ArchiveError> {
     let meter = Meter {
         limits: opts.limits,
         compressed: Arc::new(AtomicU64::new(0)),
         expanded: Arc::new(AtomicU64::new(0)),
     };
-    let mut compressed = codec::buffered(Counted {
+    let mut compressed = CountedBuf {
         inner: src,
         n: meter.compressed.clone(),
-    });
+    };
     let compression = codec::sniff(&mut compressed, opts.compression)
         .map_err(|e| read_error(e, opts.compression))?;
     if opts.compression == Compression::Auto && compression == Compression::None {

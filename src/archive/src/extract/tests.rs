@@ -944,7 +944,10 @@ fn files_are_written_whole_with_their_metadata_whatever_the_writers() {
         for (i, n) in sizes.iter().enumerate() {
             let p = d.ws.join(format!("d/f{i}"));
             let data: Vec<u8> = (0..*n).map(|b| (b * 7 + i) as u8).collect();
-            assert!(fs::read(&p).expect("read") == data, "{writers} writers: f{i}");
+            assert!(
+                fs::read(&p).expect("read") == data,
+                "{writers} writers: f{i}"
+            );
             assert_eq!(mode_of(&p), 0o640 + (i as u32 % 2) * 0o100);
             assert_eq!(fs::metadata(&p).expect("stat").mtime(), 1_000_000);
         }

@@ -66,10 +66,7 @@ impl Shared {
     }
 
     fn take_error(&self) -> Option<ArchiveError> {
-        self.error
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take()
+        self.error.lock().unwrap_or_else(|p| p.into_inner()).take()
     }
 }
 
@@ -139,7 +136,9 @@ impl Writers {
         self.check()?;
         if self.queues[i % self.queues.len()].send(piece).is_err() {
             self.check()?;
-            return Err(ArchiveError::invalid("internal error: a writer thread ended"));
+            return Err(ArchiveError::invalid(
+                "internal error: a writer thread ended",
+            ));
         }
         Ok(())
     }
@@ -154,8 +153,9 @@ impl Writers {
         self.queues.clear();
         for t in self.threads.drain(..) {
             if t.join().is_err() {
-                self.shared
-                    .fail(ArchiveError::invalid("internal error: a writer thread panicked"));
+                self.shared.fail(ArchiveError::invalid(
+                    "internal error: a writer thread panicked",
+                ));
             }
         }
     }
