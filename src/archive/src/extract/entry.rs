@@ -34,7 +34,7 @@ use crate::error::{ArchiveError, sys};
 
 use super::dirs::DirTree;
 use super::fsops::{FileMeta, times, umask};
-use super::writers::{PIECE, Piece, Writers};
+use super::writers::{Create, Dest, PIECE, Piece, Writers};
 use super::{ExtractOptions, ExtractStats, Meter, invalid, read_error};
 
 pub(super) struct Extractor<'a> {
@@ -53,7 +53,7 @@ pub(super) struct Extractor<'a> {
     pub(super) dirs: DirTree,
     /// Entries plus the directories created implicitly, for max_entries.
     pub(super) created: u64,
-    pub(super) parent: Option<(PathBuf, OwnedFd)>,
+    pub(super) parent: Option<(PathBuf, Arc<OwnedFd>)>,
     /// The cached parent is setgid (only looked at when the owner is this
     /// process's own: see `file_owner`).
     pub(super) parent_setgid: bool,
@@ -178,6 +178,14 @@ impl<'a> Extractor<'a> {
             return Ok(());
         };
         let m = Self::meta(e, &raw, kind)?;
+        // Files the writers create must exist before anything could meet
+        // them: a name the archive used already (a duplicate, a file over a
+        // directory or the reverse) and a hard link's target.
+        if let Some(w) = &self.writers
+            && (kind == EntryType::Link || self.seen.contains(&self.key(&t.path)))
+        {
+            w.barrier()?;
+        }
         match kind {
             EntryType::Regular | EntryType::Continuous | EntryType::GNUSparse => {
                 self.file(e, &t, &m)?
@@ -313,28 +321,65 @@ impl<'a> Extractor<'a> {
         let size = m.size;
         self.check_file_size(&t.path, size)?;
         self.ensure_parent(&t.parent, t.raw)?;
-        let fd = self.create(t.name, &t.path, t.raw, |dir, n| {
-            rustix::fs::openat(
-                dir,
-                n,
-                OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-                Mode::from_raw_mode(m.mode),
-            )
-        })?;
-        let mut file = File::from(fd);
         let meta = FileMeta {
             mode: m.mode,
             mtime: m.mtime,
             chmod: m.mode & umask() != 0,
             owner: self.file_owner(),
         };
-        let written = match self.writers.take() {
-            Some(w) => {
-                let r = self.hand_over(e, file, t, size, meta, &w);
+        // A writer creates the file itself when nothing can be in its way:
+        // outside merge mode, under a name the archive has not used (the
+        // tree holds nothing else); otherwise it is created here.
+        let created_here = if self.writers.is_some()
+            && !self.opts.merge
+            && !self.seen.contains(&self.key(&t.path))
+        {
+            None
+        } else {
+            let fd = self.create(t.name, &t.path, t.raw, |dir, n| {
+                rustix::fs::openat(
+                    dir,
+                    n,
+                    OFlags::WRONLY
+                        | OFlags::CREATE
+                        | OFlags::EXCL
+                        | OFlags::NOFOLLOW
+                        | OFlags::CLOEXEC,
+                    Mode::from_raw_mode(m.mode),
+                )
+            })?;
+            Some(File::from(fd))
+        };
+        let written = match (self.writers.take(), created_here) {
+            (Some(w), file) => {
+                let first = match file {
+                    Some(f) => Dest::Open(Arc::new(f)),
+                    None => {
+                        let dir = match &self.parent {
+                            Some((_, fd)) => fd.clone(),
+                            None => {
+                                self.writers = Some(w);
+                                return Err(ArchiveError::invalid(
+                                    "internal error: no parent directory",
+                                ));
+                            }
+                        };
+                        Dest::Create(Create {
+                            dir,
+                            name: t.name.to_owned(),
+                            mode: m.mode,
+                            raw: t.raw.to_vec(),
+                        })
+                    }
+                };
+                let r = self.hand_over(e, first, t, size, meta, &w);
                 self.writers = Some(w);
                 r?
             }
-            None => {
+            (None, None) => {
+                return Err(ArchiveError::invalid("internal error: no file to write"));
+            }
+            (None, Some(mut file)) => {
                 let n = self.copy_data(e, &mut file, t, size)?;
                 if n == size {
                     super::fsops::apply_meta(file.as_fd(), &meta, &t.path)?;
@@ -388,7 +433,7 @@ impl<'a> Extractor<'a> {
     fn hand_over<R: Read>(
         &mut self,
         e: &mut tar::Entry<'_, R>,
-        file: File,
+        first: Dest,
         t: &Target<'_>,
         size: u64,
         meta: FileMeta,
@@ -397,7 +442,7 @@ impl<'a> Extractor<'a> {
         let writer = self.handed % w.len();
         self.handed = self.handed.wrapping_add(1);
         let path = Arc::new(t.path.clone());
-        let mut file = Some(Arc::new(file));
+        let mut file = Some(first);
         let mut meta = Some(meta);
         let mut written = 0u64;
         let mut buf = w.buffer();
@@ -421,14 +466,8 @@ impl<'a> Extractor<'a> {
             if !end && len < PIECE {
                 continue;
             }
-            let (f, last) = if end {
-                (file.take(), meta.take())
-            } else {
-                (file.clone(), None)
-            };
-            let Some(f) = f else {
-                return Err(ArchiveError::invalid("internal error: no file to write"));
-            };
+            let f = file.take().unwrap_or(Dest::Same);
+            let last = if end { meta.take() } else { None };
             let full = std::mem::replace(&mut buf, if end { Vec::new() } else { w.buffer() });
             w.send(
                 writer,

@@ -66,6 +66,12 @@ impl Extractor<'_> {
     pub(super) fn ensure_parent(&mut self, rel: &Path, raw: &[u8]) -> Result<(), ArchiveError> {
         let hit = matches!(&self.parent, Some((p, _)) if p == rel);
         if !hit {
+            // A file the writers have yet to create may be in the way.
+            if let Some(w) = &self.writers
+                && self.under_a_file(rel)
+            {
+                w.barrier()?;
+            }
             let fd = match confine::open_dir(self.root, rel) {
                 Ok(fd) => fd,
                 Err(e) if e.raw_os_error() == Some(nix::libc::ENOENT) => {
@@ -76,9 +82,18 @@ impl Extractor<'_> {
             // Only worth a syscall when it can spare a chown per file.
             self.parent_setgid = self.opts.owner == Some(self.me)
                 && rustix::fs::fstat(&fd).map_or(true, |st| st.st_mode & 0o2000 != 0);
-            self.parent = Some((rel.to_owned(), fd));
+            self.parent = Some((rel.to_owned(), std::sync::Arc::new(fd)));
         }
         Ok(())
+    }
+
+    /// `rel` or a directory above it names a file of the archive.
+    fn under_a_file(&self, rel: &Path) -> bool {
+        let mut prefix = PathBuf::new();
+        rel.components().any(|c| {
+            prefix.push(c);
+            self.files.contains(&self.key(&prefix))
+        })
     }
 
     pub(super) fn make_dirs(&mut self, rel: &Path, raw: &[u8]) -> Result<OwnedFd, ArchiveError> {

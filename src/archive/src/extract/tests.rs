@@ -984,10 +984,10 @@ fn a_limit_hit_mid_stream_leaves_no_writer_running() {
 #[test]
 fn a_writer_s_error_surfaces_as_its_archive_error() {
     use super::fsops::FileMeta;
-    use super::writers::{Piece, Writers};
+    use super::writers::{Dest, Piece, Writers};
     use std::sync::Arc;
     let piece = |file: fs::File, w: &Writers, last: bool| Piece {
-        file: Arc::new(file),
+        file: Dest::Open(Arc::new(file)),
         data: w.buffer(),
         len: 10,
         last: last.then_some(FileMeta {
@@ -1032,14 +1032,14 @@ fn a_writer_s_error_surfaces_as_its_archive_error() {
 /// more than its bound.
 #[test]
 fn the_writer_pool_s_buffers_are_bounded() {
-    use super::writers::{Piece, Writers};
+    use super::writers::{Dest, Piece, Writers};
     use std::sync::Arc;
     let d = dirs();
     let w = Writers::start(2).expect("writers");
     let f = Arc::new(fs::File::create(d.ws.join("big")).expect("create"));
     for i in 0..500 {
         let piece = Piece {
-            file: f.clone(),
+            file: Dest::Open(f.clone()),
             data: w.buffer(),
             len: 1,
             last: None,
@@ -1081,4 +1081,52 @@ fn a_file_in_a_setgid_directory_still_gets_the_owner_s_group() {
     extract(Cursor::new(tar), root.as_fd(), &opts).expect("extract");
     assert_eq!(fs::metadata(sg.join("f")).expect("stat").gid(), gid);
     assert_eq!(fs::metadata(d.ws.join("plain")).expect("stat").gid(), gid);
+}
+
+/// Files the writers create are in place before any entry could meet them:
+/// a duplicate, a directory or symlink of the same name, a path below a
+/// file, a hard link to it; each gives the error it gives without writers.
+#[test]
+fn entries_meeting_a_file_the_writers_create_see_it_created() {
+    let cases: [(Tar, &str); 5] = [
+        (Tar::new().file("a", b"1").file("a", b"2"), "appears twice"),
+        (
+            Tar::new().file("a", b"1").dir("a", 0o755),
+            "is a directory replacing a non-directory",
+        ),
+        (
+            Tar::new().file("a", b"1").symlink("a", "b"),
+            "appears twice",
+        ),
+        (
+            Tar::new().file("a", b"1").file("a/b", b"2"),
+            "which is not a directory",
+        ),
+        (Tar::new().dir("d", 0o755).file("d/a", b"1"), ""),
+    ];
+    for (tar, needle) in cases {
+        let tar = tar.bytes();
+        for writers in [0, 2] {
+            let l = with(|l| l.extract_writers = writers);
+            let r = limited(&dirs().ws, tar.clone(), l);
+            if needle.is_empty() {
+                r.expect("extract");
+            } else {
+                assert_invalid(r, needle);
+            }
+        }
+    }
+    let d = dirs();
+    let mut tar = Tar::new();
+    for i in 0..50 {
+        tar = tar.file(&format!("f{i}"), &[b'x'; 3000]);
+    }
+    let tar = tar.hardlink("h", "f49").bytes();
+    limited(&d.ws, tar, ArchiveLimits::default()).expect("extract");
+    let (f, h) = (d.ws.join("f49"), d.ws.join("h"));
+    assert_eq!(fs::read(&h).expect("read"), vec![b'x'; 3000]);
+    assert_eq!(
+        fs::metadata(&f).expect("stat").ino(),
+        fs::metadata(&h).expect("stat").ino()
+    );
 }

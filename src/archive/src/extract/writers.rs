@@ -19,28 +19,59 @@
 //! The pool is joined before the extraction returns, success or not, so no
 //! writer touches the tree after that (the caller may then discard it).
 
+use std::ffi::OsString;
 use std::fs::File;
 use std::io::Write;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
-use crate::error::ArchiveError;
+use rustix::fs::{Mode, OFlags};
+
+use crate::error::{ArchiveError, sys};
 
 use super::fsops::{FileMeta, apply_meta};
+use super::invalid;
+
+/// What goes down a writer's queue.
+enum Job {
+    Piece(Piece),
+    /// Answered once everything queued before it is done.
+    Sync(SyncSender<()>),
+}
 
 /// Largest piece of a file handed to a writer at once.
 pub(super) const PIECE: usize = 256 << 10;
 /// Pieces queued per writer.
 pub(super) const QUEUE: usize = 8;
 
-/// What the extractor hands a writer: bytes for an open file, and with its
-/// last piece what to set on it before closing it.
+/// A file for a writer to create: `name` in the confined directory `dir`,
+/// `O_CREAT | O_EXCL | O_NOFOLLOW`, as the extractor would.
+pub(super) struct Create {
+    pub dir: Arc<OwnedFd>,
+    pub name: OsString,
+    pub mode: u32,
+    /// The entry's path as the archive gives it, for messages.
+    pub raw: Vec<u8>,
+}
+
+/// The file a piece is for.
+pub(super) enum Dest {
+    /// Opened (created) by the extractor.
+    Open(Arc<File>),
+    /// To create first (the first piece of a file).
+    Create(Create),
+    /// The file of this writer's previous piece.
+    Same,
+}
+
+/// What the extractor hands a writer: bytes for a file, and with its last
+/// piece what to set on it before closing it.
 pub(super) struct Piece {
-    pub file: Arc<File>,
+    pub file: Dest,
     /// A buffer from [`Writers::buffer`]; its first `len` bytes are written.
     pub data: Vec<u8>,
     pub len: usize,
@@ -71,7 +102,7 @@ impl Shared {
 }
 
 pub(super) struct Writers {
-    queues: Vec<SyncSender<Piece>>,
+    queues: Vec<SyncSender<Job>>,
     threads: Vec<JoinHandle<()>>,
     shared: Arc<Shared>,
     /// Buffers the pool may hold in all (queued, being written, free).
@@ -134,13 +165,36 @@ impl Writers {
     /// Queues `piece` on writer `i` (blocks while its queue is full).
     pub(super) fn send(&self, i: usize, piece: Piece) -> Result<(), ArchiveError> {
         self.check()?;
-        if self.queues[i % self.queues.len()].send(piece).is_err() {
+        if self.queues[i % self.queues.len()]
+            .send(Job::Piece(piece))
+            .is_err()
+        {
             self.check()?;
             return Err(ArchiveError::invalid(
                 "internal error: a writer thread ended",
             ));
         }
         Ok(())
+    }
+
+    /// Waits until every piece queued so far is written (the files the
+    /// writers create exist); the first error of any.
+    pub(super) fn barrier(&self) -> Result<(), ArchiveError> {
+        let (tx, rx) = std::sync::mpsc::sync_channel(self.queues.len());
+        for q in &self.queues {
+            if q.send(Job::Sync(tx.clone())).is_err() {
+                self.check()?;
+                return Err(ArchiveError::invalid(
+                    "internal error: a writer thread ended",
+                ));
+            }
+        }
+        for _ in &self.queues {
+            if rx.recv().is_err() {
+                break;
+            }
+        }
+        self.check()
     }
 
     /// Waits for every queued piece to be written; the first error of any.
@@ -184,8 +238,16 @@ impl Drop for Writers {
 }
 
 /// A writer thread: pieces in order until the extractor is done.
-fn run(rx: Receiver<Piece>, shared: &Shared, max_free: usize) {
-    while let Ok(p) = rx.recv() {
+fn run(rx: Receiver<Job>, shared: &Shared, max_free: usize) {
+    let mut cur: Option<Arc<File>> = None;
+    while let Ok(job) = rx.recv() {
+        let p = match job {
+            Job::Piece(p) => p,
+            Job::Sync(done) => {
+                let _ = done.send(());
+                continue;
+            }
+        };
         let Piece {
             file,
             data,
@@ -194,19 +256,23 @@ fn run(rx: Receiver<Piece>, shared: &Shared, max_free: usize) {
             path,
         } = p;
         if !shared.failed.load(Ordering::Acquire) {
-            let r = (&*file)
-                .write_all(&data[..len])
-                .map_err(|e| ArchiveError::io(format!("writing {}", path.display()), e))
-                .and_then(|()| match &last {
-                    Some(m) => apply_meta(file.as_fd(), m, &path),
+            let r = open(file, &mut cur, &path).and_then(|f| {
+                (&*f)
+                    .write_all(&data[..len])
+                    .map_err(|e| ArchiveError::io(format!("writing {}", path.display()), e))?;
+                match &last {
+                    Some(m) => apply_meta(f.as_fd(), m, &path),
                     None => Ok(()),
-                });
+                }
+            });
             if let Err(e) = r {
                 shared.fail(e);
             }
         }
-        // The last piece's handle is the last one: the file closes here.
-        drop(file);
+        // After its last piece a file closes here (this is its last handle).
+        if last.is_some() {
+            cur = None;
+        }
         if data.len() == PIECE {
             let mut free = shared.free.lock().unwrap_or_else(|p| p.into_inner());
             if free.len() < max_free {
@@ -214,4 +280,34 @@ fn run(rx: Receiver<Piece>, shared: &Shared, max_free: usize) {
             }
         }
     }
+}
+
+/// The file a piece goes to, created first if it says so.
+fn open(
+    dest: Dest,
+    cur: &mut Option<Arc<File>>,
+    path: &std::path::Path,
+) -> Result<Arc<File>, ArchiveError> {
+    match dest {
+        Dest::Open(f) => *cur = Some(f),
+        Dest::Create(c) => {
+            let fd = rustix::fs::openat(
+                &*c.dir,
+                &c.name,
+                OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                Mode::from_raw_mode(c.mode),
+            )
+            .map_err(|e| match e {
+                rustix::io::Errno::EXIST => invalid(
+                    &c.raw,
+                    "appears twice in the archive (or replaces a directory the archive created)",
+                ),
+                e => ArchiveError::io(format!("creating {}", path.display()), sys(e)),
+            })?;
+            *cur = Some(Arc::new(File::from(fd)));
+        }
+        Dest::Same => {}
+    }
+    cur.clone()
+        .ok_or_else(|| ArchiveError::invalid("internal error: a piece without its file"))
 }
