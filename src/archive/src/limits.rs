@@ -47,10 +47,11 @@ pub struct ArchiveLimits {
     pub queue_chunks: usize,
     /// Compression threads for Dump; 0 means one per CPU.
     pub dump_threads: usize,
-    /// Threads writing file contents and metadata while an extraction
-    /// parses the next entries (0: the extracting thread writes them). Each
-    /// holds at most 9 pieces of 256 KiB in flight (and as many open files):
-    /// 4.5 MiB with the default 2.
+    /// Threads creating and writing files while an extraction parses the
+    /// next entries (0, the default: the extracting thread does it all; on
+    /// 2 cores the pool measured slower for small files, see
+    /// docs/benchmarks.md). Each holds at most 9 pieces of 256 KiB in flight
+    /// (and as many open files): 4.5 MiB with 2.
     pub extract_writers: usize,
     /// Initialize flushes the new contents to disk (`syncfs`) before it
     /// answers, unless the request says otherwise. Off: the swap is atomic
@@ -76,7 +77,7 @@ impl Default for ArchiveLimits {
             owner: None,
             queue_chunks: 8,
             dump_threads: 0,
-            extract_writers: 2,
+            extract_writers: 0,
             durable_initialize: false,
         }
     }
