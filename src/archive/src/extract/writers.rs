@@ -1,13 +1,17 @@
-//! The writer pool: file contents and their metadata written on threads of
-//! their own while the extracting thread parses the next entries.
+//! The writer pool (`archive.extract_writers`, off by default): regular
+//! files created, written and given their metadata on threads of their own
+//! while the extracting thread parses the next entries.
 //!
-//! The extracting thread still does every namespace operation, in archive
-//! order: it checks each entry and its limits, creates the file (`O_EXCL |
-//! O_NOFOLLOW` in the confined parent) and reads its data, exactly as
-//! without the pool. What moves to a writer is what only touches that open
-//! file: `write`, the mode (when the umask took bits), the owner, the mtime
-//! and the `close`. A file's pieces all go to one writer, in order, so its
-//! mtime is set after its last byte.
+//! The extracting thread still checks each entry and its limits, in archive
+//! order, and reads its data. A writer creates a file (`O_CREAT | O_EXCL |
+//! O_NOFOLLOW` in the confined parent, as the extractor would) only when
+//! nothing can be in its way: outside merge mode, under a name the archive
+//! has not used. Before any entry that could meet a file still to be created
+//! (a name used already, a path below a file, a hard link) the extractor
+//! waits for the writers ([`Writers::barrier`]), so every entry sees what it
+//! would see without them. Otherwise the extractor creates the file and the
+//! writer only writes it. A file's pieces all go to one writer, in order, so
+//! its mtime is set after its last byte.
 //!
 //! Memory is bounded: each writer's queue holds at most [`QUEUE`] pieces of
 //! at most [`PIECE`] bytes (buffers are reused), so the pool holds at most
