@@ -4,7 +4,7 @@
 //! chunks of at most 1 MiB); a slow reader or writer applies backpressure
 //! to the other side instead of buffering.
 
-use std::io::{self, Read, Write};
+use std::io::{self, BufRead, Read, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -29,12 +29,17 @@ pub struct ReadOutcome {
 }
 
 /// Blocking `Read` over a channel of chunks, hashing and counting every
-/// byte, and enforcing the compressed-size limit.
+/// byte, and enforcing the compressed-size limit. As a `BufRead` it lends
+/// the chunks themselves (no copy): give it to
+/// [`extract_buffered`](crate::extract::extract_buffered).
 pub struct ChannelReader {
     rx: mpsc::Receiver<Feed>,
     cur: Bytes,
     hasher: Sha256,
+    /// Bytes consumed.
     count: u64,
+    /// Bytes received (consumed or in `cur`), checked against `max`.
+    received: u64,
     max: u64,
     outcome: Arc<Mutex<ReadOutcome>>,
 }
@@ -47,6 +52,7 @@ impl ChannelReader {
             cur: Bytes::new(),
             hasher: Sha256::new(),
             count: 0,
+            received: 0,
             max,
             outcome: outcome.clone(),
         };
@@ -62,32 +68,47 @@ impl ChannelReader {
     }
 }
 
-impl Read for ChannelReader {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+impl BufRead for ChannelReader {
+    fn fill_buf(&mut self) -> io::Result<&[u8]> {
         while self.cur.is_empty() {
             match self.rx.blocking_recv() {
                 None => {
                     let mut o = self.outcome.lock().unwrap_or_else(|p| p.into_inner());
                     o.count = self.count;
                     o.sha256 = Some(hex::encode(self.hasher.clone().finalize()));
-                    return Ok(0);
+                    return Ok(&[]);
                 }
-                Some(Ok(b)) => self.cur = b,
+                Some(Ok(b)) => {
+                    self.received += b.len() as u64;
+                    if self.received > self.max {
+                        let max = self.max;
+                        return Err(self.fail(ArchiveError::Limit {
+                            limit: "max_archive_bytes",
+                            detail: format!("the archive is larger than {max} bytes"),
+                        }));
+                    }
+                    self.cur = b;
+                }
                 Some(Err(e)) => return Err(self.fail(e)),
             }
         }
-        let n = buf.len().min(self.cur.len());
+        Ok(&self.cur)
+    }
+
+    fn consume(&mut self, n: usize) {
+        let n = n.min(self.cur.len());
         let chunk = self.cur.split_to(n);
-        buf[..n].copy_from_slice(&chunk);
         self.hasher.update(&chunk);
         self.count += n as u64;
-        if self.count > self.max {
-            let max = self.max;
-            return Err(self.fail(ArchiveError::Limit {
-                limit: "max_archive_bytes",
-                detail: format!("the archive is larger than {max} bytes"),
-            }));
-        }
+    }
+}
+
+impl Read for ChannelReader {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let have = self.fill_buf()?;
+        let n = buf.len().min(have.len());
+        buf[..n].copy_from_slice(&have[..n]);
+        self.consume(n);
         Ok(n)
     }
 }

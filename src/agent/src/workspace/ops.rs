@@ -390,7 +390,7 @@ impl Workspace {
                 owner: self.owner,
                 merge: req.merge,
             };
-            let result = extract::extract(src, stage.as_fd(), &opts);
+            let result = extract::extract_buffered(src, stage.as_fd(), &opts);
             let mut o = outcome.lock().unwrap_or_else(|p| p.into_inner());
             // A broken stream explains a parse error better than the parser.
             let stats = result.map_err(|e| o.failure.take().unwrap_or(e))?;

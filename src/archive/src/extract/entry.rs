@@ -23,6 +23,7 @@ use std::io::{Read, Write};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use rustix::fs::{AtFlags, Mode, OFlags};
 use tar::EntryType;
@@ -32,7 +33,8 @@ use crate::confine::{self, remove_at};
 use crate::error::{ArchiveError, sys};
 
 use super::dirs::DirTree;
-use super::fsops::{times, umask};
+use super::fsops::{FileMeta, times, umask};
+use super::writers::{Create, Dest, PIECE, Piece, Writers};
 use super::{ExtractOptions, ExtractStats, Meter, invalid, read_error};
 
 pub(super) struct Extractor<'a> {
@@ -51,7 +53,17 @@ pub(super) struct Extractor<'a> {
     pub(super) dirs: DirTree,
     /// Entries plus the directories created implicitly, for max_entries.
     pub(super) created: u64,
-    pub(super) parent: Option<(PathBuf, OwnedFd)>,
+    pub(super) parent: Option<(PathBuf, Arc<OwnedFd>)>,
+    /// The cached parent is setgid (only looked at when the owner is this
+    /// process's own: see `file_owner`).
+    pub(super) parent_setgid: bool,
+    /// This process's effective uid and gid.
+    pub(super) me: (u32, u32),
+    /// Threads writing file contents (`archive.extract_writers`; none: this
+    /// thread writes them).
+    pub(super) writers: Option<Writers>,
+    /// Files handed to the writers so far (picks the next one's writer).
+    pub(super) handed: usize,
     pub(super) buf: Vec<u8>,
     /// File content bytes written so far (for max_expanded_bytes).
     pub(super) expanded: u64,
@@ -118,6 +130,13 @@ impl<'a> Extractor<'a> {
             dirs: DirTree::default(),
             created: 0,
             parent: None,
+            parent_setgid: false,
+            me: (
+                rustix::process::geteuid().as_raw(),
+                rustix::process::getegid().as_raw(),
+            ),
+            writers: None,
+            handed: 0,
             buf: vec![0; 256 << 10],
             expanded: 0,
         }
@@ -159,6 +178,14 @@ impl<'a> Extractor<'a> {
             return Ok(());
         };
         let m = Self::meta(e, &raw, kind)?;
+        // Files the writers create must exist before anything could meet
+        // them: a name the archive used already (a duplicate, a file over a
+        // directory or the reverse) and a hard link's target.
+        if let Some(w) = &self.writers
+            && (kind == EntryType::Link || self.seen.contains(&self.key(&t.path)))
+        {
+            w.barrier()?;
+        }
         match kind {
             EntryType::Regular | EntryType::Continuous | EntryType::GNUSparse => {
                 self.file(e, &t, &m)?
@@ -294,16 +321,72 @@ impl<'a> Extractor<'a> {
         let size = m.size;
         self.check_file_size(&t.path, size)?;
         self.ensure_parent(&t.parent, t.raw)?;
-        let fd = self.create(t.name, &t.path, t.raw, |dir, n| {
-            rustix::fs::openat(
-                dir,
-                n,
-                OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-                Mode::from_raw_mode(m.mode),
-            )
-        })?;
-        let mut file = File::from(fd);
-        let written = self.copy_data(e, &mut file, t, size)?;
+        let meta = FileMeta {
+            mode: m.mode,
+            mtime: m.mtime,
+            chmod: m.mode & umask() != 0,
+            owner: self.file_owner(),
+        };
+        // A writer creates the file itself when nothing can be in its way:
+        // outside merge mode, under a name the archive has not used (the
+        // tree holds nothing else); otherwise it is created here.
+        let created_here = if self.writers.is_some()
+            && !self.opts.merge
+            && !self.seen.contains(&self.key(&t.path))
+        {
+            None
+        } else {
+            let fd = self.create(t.name, &t.path, t.raw, |dir, n| {
+                rustix::fs::openat(
+                    dir,
+                    n,
+                    OFlags::WRONLY
+                        | OFlags::CREATE
+                        | OFlags::EXCL
+                        | OFlags::NOFOLLOW
+                        | OFlags::CLOEXEC,
+                    Mode::from_raw_mode(m.mode),
+                )
+            })?;
+            Some(File::from(fd))
+        };
+        let written = match (self.writers.take(), created_here) {
+            (Some(w), file) => {
+                let first = match file {
+                    Some(f) => Dest::Open(Arc::new(f)),
+                    None => {
+                        let dir = match &self.parent {
+                            Some((_, fd)) => fd.clone(),
+                            None => {
+                                self.writers = Some(w);
+                                return Err(ArchiveError::invalid(
+                                    "internal error: no parent directory",
+                                ));
+                            }
+                        };
+                        Dest::Create(Create {
+                            dir,
+                            name: t.name.to_owned(),
+                            mode: m.mode,
+                            raw: t.raw.to_vec(),
+                        })
+                    }
+                };
+                let r = self.hand_over(e, first, t, size, meta, &w);
+                self.writers = Some(w);
+                r?
+            }
+            (None, None) => {
+                return Err(ArchiveError::invalid("internal error: no file to write"));
+            }
+            (None, Some(mut file)) => {
+                let n = self.copy_data(e, &mut file, t, size)?;
+                if n == size {
+                    super::fsops::apply_meta(file.as_fd(), &meta, &t.path)?;
+                }
+                n
+            }
+        };
         if written != size {
             return Err(invalid(
                 t.raw,
@@ -311,13 +394,6 @@ impl<'a> Extractor<'a> {
             ));
         }
         self.expanded += size;
-        self.meta_fd(
-            file.as_fd(),
-            m.mode,
-            m.mtime,
-            &t.path,
-            m.mode & umask() != 0,
-        )?;
         let key = self.key(&t.path);
         self.files.insert(key);
         self.stats.files += 1;
@@ -349,6 +425,73 @@ impl<'a> Extractor<'a> {
             });
         }
         Ok(())
+    }
+
+    /// Reads an entry's data into pieces for one writer, which writes them
+    /// into `file` and then sets `meta` on it: the same checks as
+    /// [`Self::copy_data`]. Returns the bytes read.
+    fn hand_over<R: Read>(
+        &mut self,
+        e: &mut tar::Entry<'_, R>,
+        first: Dest,
+        t: &Target<'_>,
+        size: u64,
+        meta: FileMeta,
+        w: &Writers,
+    ) -> Result<u64, ArchiveError> {
+        let writer = self.handed % w.len();
+        self.handed = self.handed.wrapping_add(1);
+        let path = Arc::new(t.path.clone());
+        let mut file = Some(first);
+        let mut meta = Some(meta);
+        let mut written = 0u64;
+        let mut buf = w.buffer();
+        let mut len = 0usize;
+        loop {
+            let n = match e.read(&mut buf[len..]) {
+                Ok(n) => n,
+                Err(err) => return Err(read_error(err, self.compression)),
+            };
+            // Never past the size the limits were checked against.
+            if written + n as u64 > size {
+                return Err(invalid(
+                    t.raw,
+                    format!("holds more data than its size ({size})"),
+                ));
+            }
+            written += n as u64;
+            len += n;
+            self.meter.check()?;
+            let end = n == 0;
+            if !end && len < PIECE {
+                continue;
+            }
+            let f = file.take().unwrap_or(Dest::Same);
+            let last = if end { meta.take() } else { None };
+            let full = std::mem::replace(&mut buf, if end { Vec::new() } else { w.buffer() });
+            w.send(
+                writer,
+                Piece {
+                    file: f,
+                    data: full,
+                    len,
+                    last,
+                    path: path.clone(),
+                },
+            )?;
+            len = 0;
+            if end {
+                return Ok(written);
+            }
+        }
+    }
+
+    /// Waits for the writers to write every file handed to them.
+    pub(super) fn finish_writers(&mut self) -> Result<(), ArchiveError> {
+        match self.writers.take() {
+            Some(w) => w.finish(),
+            None => Ok(()),
+        }
     }
 
     /// Copies an entry's data into `file`, never more than `size` bytes,

@@ -66,6 +66,12 @@ impl Extractor<'_> {
     pub(super) fn ensure_parent(&mut self, rel: &Path, raw: &[u8]) -> Result<(), ArchiveError> {
         let hit = matches!(&self.parent, Some((p, _)) if p == rel);
         if !hit {
+            // A file the writers have yet to create may be in the way.
+            if let Some(w) = &self.writers
+                && self.under_a_file(rel)
+            {
+                w.barrier()?;
+            }
             let fd = match confine::open_dir(self.root, rel) {
                 Ok(fd) => fd,
                 Err(e) if e.raw_os_error() == Some(nix::libc::ENOENT) => {
@@ -73,9 +79,21 @@ impl Extractor<'_> {
                 }
                 Err(e) => return Err(self.path_error(e, rel, raw)),
             };
-            self.parent = Some((rel.to_owned(), fd));
+            // Only worth a syscall when it can spare a chown per file.
+            self.parent_setgid = self.opts.owner == Some(self.me)
+                && rustix::fs::fstat(&fd).map_or(true, |st| st.st_mode & 0o2000 != 0);
+            self.parent = Some((rel.to_owned(), std::sync::Arc::new(fd)));
         }
         Ok(())
+    }
+
+    /// `rel` or a directory above it names a file of the archive.
+    fn under_a_file(&self, rel: &Path) -> bool {
+        let mut prefix = PathBuf::new();
+        rel.components().any(|c| {
+            prefix.push(c);
+            self.files.contains(&self.key(&prefix))
+        })
     }
 
     pub(super) fn make_dirs(&mut self, rel: &Path, raw: &[u8]) -> Result<OwnedFd, ArchiveError> {
@@ -162,22 +180,25 @@ impl Extractor<'_> {
         path: &Path,
         chmod: bool,
     ) -> Result<(), ArchiveError> {
-        if chmod {
-            rustix::fs::fchmod(fd, Mode::from_raw_mode(mode))
-                .map_err(|e| ArchiveError::io(format!("chmod {}", path.display()), sys(e)))?;
+        let m = FileMeta {
+            mode,
+            mtime,
+            chmod,
+            owner: self.opts.owner,
+        };
+        apply_meta(fd, &m, path)
+    }
+
+    /// The owner a new file in the cached parent must be given: none when
+    /// it already has it (the configured owner is this process's, and the
+    /// parent is not setgid, which would give the file the parent's group).
+    pub(super) fn file_owner(&self) -> Option<(u32, u32)> {
+        let owner = self.opts.owner?;
+        if owner == self.me && !self.parent_setgid {
+            None
+        } else {
+            Some(owner)
         }
-        if let Some((u, g)) = self.opts.owner {
-            rustix::fs::fchown(
-                fd,
-                Some(rustix::fs::Uid::from_raw(u)),
-                Some(rustix::fs::Gid::from_raw(g)),
-            )
-            .map_err(|e| ArchiveError::io(format!("chown {}", path.display()), sys(e)))?;
-        }
-        rustix::fs::futimens(fd, &times(mtime)).map_err(|e| {
-            ArchiveError::io(format!("setting mtime of {}", path.display()), sys(e))
-        })?;
-        Ok(())
     }
 
     pub(super) fn chown_at(
@@ -211,6 +232,39 @@ impl Extractor<'_> {
         }
         Ok(())
     }
+}
+
+/// What a writer sets on a file once its data is written.
+pub(super) struct FileMeta {
+    pub mode: u32,
+    pub mtime: u64,
+    /// The mode needs setting (the umask took bits of it).
+    pub chmod: bool,
+    pub owner: Option<(u32, u32)>,
+}
+
+/// Sets `m` on the open file `fd` (`path` for messages): mode when
+/// `m.chmod`, owner when given, then mtime.
+pub(super) fn apply_meta(
+    fd: BorrowedFd<'_>,
+    m: &FileMeta,
+    path: &Path,
+) -> Result<(), ArchiveError> {
+    if m.chmod {
+        rustix::fs::fchmod(fd, Mode::from_raw_mode(m.mode))
+            .map_err(|e| ArchiveError::io(format!("chmod {}", path.display()), sys(e)))?;
+    }
+    if let Some((u, g)) = m.owner {
+        rustix::fs::fchown(
+            fd,
+            Some(rustix::fs::Uid::from_raw(u)),
+            Some(rustix::fs::Gid::from_raw(g)),
+        )
+        .map_err(|e| ArchiveError::io(format!("chown {}", path.display()), sys(e)))?;
+    }
+    rustix::fs::futimens(fd, &times(m.mtime))
+        .map_err(|e| ArchiveError::io(format!("setting mtime of {}", path.display()), sys(e)))?;
+    Ok(())
 }
 
 /// The process umask, read once from /proc (reading it with umask(2)

@@ -27,6 +27,7 @@ mod entry;
 mod fsops;
 #[cfg(test)]
 mod tests;
+mod writers;
 
 use std::cell::Cell;
 use std::io::{self, BufRead, Read};
@@ -86,6 +87,32 @@ impl<R: Read> Read for Counted<R> {
     }
 }
 
+/// Counts the bytes consumed through it (a `Counted` for buffered input:
+/// the decoder reads the source's own buffers).
+struct CountedBuf<R> {
+    inner: R,
+    n: Arc<AtomicU64>,
+}
+
+impl<R: BufRead> Read for CountedBuf<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.n.fetch_add(n as u64, Ordering::Relaxed);
+        Ok(n)
+    }
+}
+
+impl<R: BufRead> BufRead for CountedBuf<R> {
+    fn fill_buf(&mut self) -> io::Result<&[u8]> {
+        self.inner.fill_buf()
+    }
+
+    fn consume(&mut self, n: usize) {
+        self.n.fetch_add(n as u64, Ordering::Relaxed);
+        self.inner.consume(n);
+    }
+}
+
 /// The compressed and expanded byte counters, for the bomb check.
 pub(super) struct Meter<'a> {
     limits: &'a ArchiveLimits,
@@ -117,26 +144,43 @@ impl Meter<'_> {
 const BLOCK: usize = 256 << 10;
 const BLOCKS_IN_FLIGHT: usize = 4;
 
+/// A block of `BLOCK` bytes and how many of them the decoder filled.
+type Block = (Vec<u8>, usize);
+
+/// Blocks the extractor is done with, for the decoder to fill again (at
+/// most `BLOCKS_IN_FLIGHT + 2` exist: no allocation, page fault or zeroing
+/// per block).
+type FreeBlocks = Arc<std::sync::Mutex<Vec<Vec<u8>>>>;
+
 /// `Read` over the decoder thread's blocks.
 struct Blocks {
-    rx: std::sync::mpsc::Receiver<io::Result<Vec<u8>>>,
+    rx: std::sync::mpsc::Receiver<io::Result<Block>>,
     cur: Vec<u8>,
+    len: usize,
     pos: usize,
+    free: FreeBlocks,
 }
 
 impl Read for Blocks {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        while self.pos == self.cur.len() {
+        while self.pos == self.len {
             match self.rx.recv() {
-                Ok(Ok(b)) => {
-                    self.cur = b;
+                Ok(Ok((b, len))) => {
+                    let done = std::mem::replace(&mut self.cur, b);
+                    if done.len() == BLOCK {
+                        let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
+                        if free.len() < BLOCKS_IN_FLIGHT + 2 {
+                            free.push(done);
+                        }
+                    }
+                    self.len = len;
                     self.pos = 0;
                 }
                 Ok(Err(e)) => return Err(e),
                 Err(_) => return Ok(0),
             }
         }
-        let n = buf.len().min(self.cur.len() - self.pos);
+        let n = buf.len().min(self.len - self.pos);
         buf[..n].copy_from_slice(&self.cur[self.pos..self.pos + n]);
         self.pos += n;
         Ok(n)
@@ -283,15 +327,26 @@ pub fn extract<R: Read + Send + 'static>(
     root: BorrowedFd<'_>,
     opts: &ExtractOptions<'_>,
 ) -> Result<ExtractStats, ArchiveError> {
+    extract_buffered(codec::buffered(src), root, opts)
+}
+
+/// [`extract`] from a source with buffers of its own (a
+/// [`ChannelReader`](crate::stream::ChannelReader)'s chunks), which the
+/// decoder reads in place.
+pub fn extract_buffered<R: BufRead + Send + 'static>(
+    src: R,
+    root: BorrowedFd<'_>,
+    opts: &ExtractOptions<'_>,
+) -> Result<ExtractStats, ArchiveError> {
     let meter = Meter {
         limits: opts.limits,
         compressed: Arc::new(AtomicU64::new(0)),
         expanded: Arc::new(AtomicU64::new(0)),
     };
-    let mut compressed = codec::buffered(Counted {
+    let mut compressed = CountedBuf {
         inner: src,
         n: meter.compressed.clone(),
-    });
+    };
     let compression = codec::sniff(&mut compressed, opts.compression)
         .map_err(|e| read_error(e, opts.compression))?;
     if opts.compression == Compression::Auto && compression == Compression::None {
@@ -308,6 +363,9 @@ pub fn extract<R: Read + Send + 'static>(
         ctl: ctl.clone(),
     };
     let mut x = Extractor::new(root, opts, &meter, compression);
+    if opts.limits.extract_writers > 0 {
+        x.writers = Some(writers::Writers::start(opts.limits.extract_writers)?);
+    }
     let last_end = read_entries(&mut plain, &mut x, &ctl)?;
     ctl.open();
     // The parser stops at the first zero block; if it stopped because the
@@ -320,6 +378,7 @@ pub fn extract<R: Read + Send + 'static>(
     only_zeros_after(&mut plain, &meter, compression)?;
     drop(plain);
     let _ = decoder.join();
+    x.finish_writers()?;
     x.finish_dirs()?;
     Ok(x.stats)
 }
@@ -332,14 +391,18 @@ fn spawn_decoder<R: BufRead + Send + 'static>(
     expanded: Arc<AtomicU64>,
 ) -> Result<(Blocks, JoinHandle<()>), ArchiveError> {
     let (tx, rx) = std::sync::mpsc::sync_channel(BLOCKS_IN_FLIGHT);
+    let free = FreeBlocks::default();
+    let recycled = free.clone();
     let decoder = std::thread::Builder::new()
         .name("ws-decode".into())
-        .spawn(move || decode(compressed, compression, &tx, &expanded))
+        .spawn(move || decode(compressed, compression, &tx, &expanded, &recycled))
         .map_err(|e| ArchiveError::io("starting the decoder thread", e))?;
     let blocks = Blocks {
         rx,
         cur: Vec::new(),
+        len: 0,
         pos: 0,
+        free,
     };
     Ok((blocks, decoder))
 }
@@ -349,8 +412,9 @@ fn spawn_decoder<R: BufRead + Send + 'static>(
 fn decode<R: BufRead>(
     compressed: R,
     compression: Compression,
-    tx: &SyncSender<io::Result<Vec<u8>>>,
+    tx: &SyncSender<io::Result<Block>>,
     expanded: &AtomicU64,
+    free: &FreeBlocks,
 ) {
     let mut dec = match codec::decoder(compressed, compression) {
         Ok(d) => d,
@@ -360,7 +424,8 @@ fn decode<R: BufRead>(
         }
     };
     loop {
-        let mut block = vec![0u8; BLOCK];
+        let reused = free.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        let mut block = reused.unwrap_or_else(|| vec![0u8; BLOCK]);
         let mut filled = 0;
         // Fill whole blocks: fewer, larger hand-offs.
         while filled < BLOCK {
@@ -377,9 +442,8 @@ fn decode<R: BufRead>(
         if filled == 0 {
             return;
         }
-        block.truncate(filled);
         expanded.fetch_add(filled as u64, Ordering::Relaxed);
-        if tx.send(Ok(block)).is_err() {
+        if tx.send(Ok((block, filled))).is_err() {
             return;
         }
     }
