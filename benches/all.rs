@@ -15,7 +15,7 @@ mod lifecycle;
 mod workspace;
 
 fn main() {
-    let benches: [(&str, fn()); 6] = [
+    let benches: [(&str, fn()); 7] = [
         ("agent", agent::main),
         ("workspace", workspace::main),
         ("lifecycle", lifecycle::main),
