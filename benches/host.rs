@@ -28,6 +28,8 @@ use serde_json::Value;
 use crate::common;
 #[path = "host/burst.rs"]
 mod burst;
+#[path = "host/memory.rs"]
+mod memory;
 #[path = "host/profiles.rs"]
 mod profiles;
 #[path = "host/vm.rs"]

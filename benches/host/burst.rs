@@ -11,7 +11,6 @@
 //!   sandboxes together, sampled while it runs;
 //! - the memory one such sandbox holds after its two calls.
 
-use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -19,6 +18,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+use super::memory::{pss_mib, slot_trees};
 use super::warm::until;
 use super::{Host, KEY, api, median, start_with};
 
@@ -60,63 +60,6 @@ async fn acquires(h: &Host, rounds: usize) -> f64 {
         api("DELETE", &format!("{}/sandbox/local_dev/{id}", h.base), "").await;
     }
     median(&mut t)
-}
-
-/// Each slot's process tree (its agent, servers, everything below).
-fn slot_trees(data: &Path) -> Vec<Vec<u32>> {
-    let roots: Vec<u32> = std::fs::read_dir(data.join("slots"))
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| std::fs::read_to_string(e.path().join("agent.pid")).ok())
-        .filter_map(|p| p.trim().parse().ok())
-        .collect();
-    let mut parent: HashMap<u32, u32> = HashMap::new();
-    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Ok(p) = e.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        if let Some(pp) = std::fs::read_to_string(format!("/proc/{p}/stat"))
-            .ok()
-            .and_then(|s| s.rsplit_once(") ")?.1.split(' ').nth(1)?.parse().ok())
-        {
-            parent.insert(p, pp);
-        }
-    }
-    let root_of = |p: u32| {
-        let mut cur = p;
-        for _ in 0..64 {
-            if roots.contains(&cur) {
-                return Some(cur);
-            }
-            match parent.get(&cur) {
-                Some(&pp) if pp > 1 => cur = pp,
-                _ => return None,
-            }
-        }
-        None
-    };
-    let mut trees: HashMap<u32, Vec<u32>> = HashMap::new();
-    for &p in parent.keys() {
-        if let Some(r) = root_of(p) {
-            trees.entry(r).or_default().push(p);
-        }
-    }
-    trees.into_values().collect()
-}
-
-/// Proportional set size of `pids` together, in MiB.
-fn pss_mib(pids: &[u32]) -> f64 {
-    let kib: u64 = pids
-        .iter()
-        .filter_map(|p| std::fs::read_to_string(format!("/proc/{p}/smaps_rollup")).ok())
-        .filter_map(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("Pss:"))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        })
-        .sum();
-    kib as f64 / 1024.0
 }
 
 /// Samples the PSS of every sandbox together until `stop`; the peak in MiB.

@@ -6,6 +6,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use super::memory::{pss_mib, slot_trees};
 use super::{Host, api, call, start_with};
 
 /// The warm set: the five servers the test command installs (node and
@@ -46,9 +47,12 @@ async fn metric(h: &Host, sample: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
-/// Waits (untimed) until `sample` reaches `at_least`.
+/// Waits (untimed) until `sample` is at least `at_least`: 60 s, plus 30 s per
+/// sandbox it counts (an isolated agent starts in about a second on an
+/// idle machine, many times that when the pool fills 20 at once beside a
+/// build).
 pub(super) async fn until(h: &Host, sample: &str, at_least: f64) {
-    let deadline = Instant::now() + Duration::from_secs(300);
+    let deadline = Instant::now() + Duration::from_secs(60 + 30 * at_least.ceil() as u64);
     while metric(h, sample).await < at_least {
         assert!(
             Instant::now() < deadline,
@@ -58,51 +62,9 @@ pub(super) async fn until(h: &Host, sample: &str, at_least: f64) {
     }
 }
 
-/// Proportional set size of `pid` and everything below it, in MiB.
-fn tree_pss_mib(pid: u32) -> f64 {
-    let mut all = vec![pid];
-    loop {
-        let before = all.len();
-        for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-            let Ok(p) = e.file_name().to_string_lossy().parse::<u32>() else {
-                continue;
-            };
-            if all.contains(&p) {
-                continue;
-            }
-            let ppid = std::fs::read_to_string(format!("/proc/{p}/stat"))
-                .ok()
-                .and_then(|s| s.rsplit_once(") ")?.1.split(' ').nth(1)?.parse().ok());
-            if ppid.is_some_and(|pp| all.contains(&pp)) {
-                all.push(p);
-            }
-        }
-        if all.len() == before {
-            break;
-        }
-    }
-    let kib: u64 = all
-        .iter()
-        .filter_map(|p| std::fs::read_to_string(format!("/proc/{p}/smaps_rollup")).ok())
-        .filter_map(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("Pss:"))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        })
-        .sum();
-    kib as f64 / 1024.0
-}
-
 /// Median PSS of the idle slots' process trees.
 fn idle_slots_mib(h: &Host) -> f64 {
-    let mut v: Vec<f64> = std::fs::read_dir(h.data.join("slots"))
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| std::fs::read_to_string(e.path().join("agent.pid")).ok())
-        .filter_map(|p| p.trim().parse().ok())
-        .map(tree_pss_mib)
-        .collect();
+    let mut v: Vec<f64> = slot_trees(&h.data).iter().map(|t| pss_mib(t)).collect();
     super::median(&mut v)
 }
 

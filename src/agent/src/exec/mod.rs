@@ -204,7 +204,7 @@ pub struct Executions {
 }
 
 /// The interpreter, uv and base venv, found and made once per agent (at
-/// its first lease, in the background) for every run.
+/// its first upload, in the background) for every run.
 pub(crate) struct Prep {
     cell: tokio::sync::OnceCell<venv::Prepared>,
     /// Where the base venv is made: the agent's, never the tenant's.
@@ -245,9 +245,9 @@ impl Executions {
     }
 
     /// Prepares the runs' Python in the background unless done (the first
-    /// run waits for it): not at the agent's start, so an idle agent never
-    /// pays for it.
-    fn prepare_soon(&self) {
+    /// run waits for it): at the agent's first upload, so neither an idle
+    /// agent nor a lease that runs no script pays for it.
+    pub(crate) fn prepare_soon(&self) {
         if self.prep.cell.initialized() {
             return;
         }
@@ -293,7 +293,6 @@ impl Executions {
                 self.token.revoke();
             }
         }
-        self.prepare_soon();
         let mut i = self.inner();
         i.generation += 1;
         i.lease = Some(LeaseInfo {

@@ -58,6 +58,7 @@ impl Executions {
             }
             i.generation
         };
+        self.prepare_soon();
         std::fs::create_dir_all(&self.cfg.root).map_err(io_err(format!(
             "creating exec.root {}",
             self.cfg.root.display()
