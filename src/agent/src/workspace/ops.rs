@@ -383,6 +383,21 @@ impl Workspace {
         let result = (|| {
             if req.merge {
                 self.txn.clone_into(stage.as_fd(), self.limits.max_depth)?;
+            } else if let Some((u, g)) = self.owner {
+                // The stage is the owner's (inside the agent's 0700 state
+                // directory, which no tenant can pass): the extractor then
+                // creates every entry as the owner, with no chown each.
+                rustix::fs::fchown(
+                    &stage,
+                    Some(rustix::fs::Uid::from_raw(u)),
+                    Some(rustix::fs::Gid::from_raw(g)),
+                )
+                .map_err(|e| {
+                    WorkspaceError::io(
+                        "giving the staging directory to archive.owner",
+                        error::sys(e),
+                    )
+                })?;
             }
             let opts = extract::ExtractOptions {
                 limits: &self.limits,

@@ -20,8 +20,10 @@
 //! file rather than a path walk.
 //!
 //! `entry` writes one entry; `fsops` holds the directory-handle plumbing
-//! (parents, creation, ownership, modes and times).
+//! (parents, creation, ownership, modes and times); `as_owner` lets root
+//! create the entries as their owner instead of chowning each.
 
+mod as_owner;
 mod dirs;
 mod entry;
 mod fsops;
@@ -363,6 +365,11 @@ pub fn extract_buffered<R: BufRead + Send + 'static>(
         ctl: ctl.clone(),
     };
     let mut x = Extractor::new(root, opts, &meter, compression);
+    // Held to the end, the directories' modes included.
+    let _as_owner = as_owner::AsOwner::enter(root, opts).map(|(guard, owner)| {
+        x.me = owner;
+        guard
+    });
     if opts.limits.extract_writers > 0 {
         x.writers = Some(writers::Writers::start(opts.limits.extract_writers)?);
     }
