@@ -9,15 +9,10 @@ use std::os::unix::fs::PermissionsExt;
 use std::time::Duration;
 
 use crate::common::mcp::*;
+use crate::common::servers::client;
 use crate::common::*;
 use sandbox_client::proto;
 use tonic::Code;
-
-async fn client(agent: &Agent) -> sandbox_client::Client {
-    sandbox_client::connect(&agent.unix_uri())
-        .await
-        .expect("connect")
-}
 
 async fn acquire(c: &sandbox_client::Client, id: &str) {
     c.agent()

@@ -7,37 +7,18 @@
 use std::time::Duration;
 
 use crate::common::mcp::*;
+use crate::common::servers::*;
 use crate::common::*;
 use sandbox_client::proto;
 
 const IDLE: i32 = proto::ServerState::Idle as i32;
 const READY: i32 = proto::ServerState::Ready as i32;
 
-async fn client(agent: &Agent) -> sandbox_client::Client {
-    sandbox_client::connect(&agent.unix_uri())
-        .await
-        .expect("connect")
-}
-
 fn lazy(id: &str, names: &[&str]) -> proto::AcquireRequest {
     proto::AcquireRequest {
-        lease_id: id.into(),
-        server_names: names.iter().map(|s| s.to_string()).collect(),
         lazy: true,
-        ..Default::default()
+        ..acquire_req(id, names)
     }
-}
-
-async fn states(c: &sandbox_client::Client) -> std::collections::BTreeMap<String, (i32, u32)> {
-    c.servers()
-        .list(proto::ListServersRequest {})
-        .await
-        .expect("List")
-        .into_inner()
-        .servers
-        .into_iter()
-        .map(|s| (s.name, (s.state, s.pid)))
-        .collect()
 }
 
 /// `sandboxctl mcp SERVER tools` on a thread; its output and success.

@@ -5,69 +5,10 @@
 use std::time::Duration;
 
 use crate::common::mcp::*;
+use crate::common::servers::*;
 use crate::common::*;
 use sandbox_client::proto;
 use tonic::Code;
-
-async fn client(agent: &Agent) -> sandbox_client::Client {
-    sandbox_client::connect(&agent.unix_uri())
-        .await
-        .expect("connect")
-}
-
-fn acquire_req(id: &str, names: &[&str]) -> proto::AcquireRequest {
-    proto::AcquireRequest {
-        lease_id: id.into(),
-        server_names: names.iter().map(|s| s.to_string()).collect(),
-        ..Default::default()
-    }
-}
-
-async fn list(c: &sandbox_client::Client) -> Vec<proto::ServerStatus> {
-    c.servers()
-        .list(proto::ListServersRequest {})
-        .await
-        .expect("List")
-        .into_inner()
-        .servers
-}
-
-async fn server(c: &sandbox_client::Client, name: &str) -> proto::ServerStatus {
-    list(c)
-        .await
-        .into_iter()
-        .find(|s| s.name == name)
-        .expect("server listed")
-}
-
-async fn wait_state(
-    c: &sandbox_client::Client,
-    name: &str,
-    timeout: Duration,
-    pred: impl Fn(&proto::ServerStatus) -> bool,
-) -> proto::ServerStatus {
-    let what = format!("{name} reaches the state");
-    eventually_async(timeout, &what, async || {
-        let s = server(c, name).await;
-        if pred(&s) {
-            Ok(s)
-        } else {
-            Err(format!("{s:?}"))
-        }
-    })
-    .await
-}
-
-async fn health(c: &sandbox_client::Client, service: &str) -> i32 {
-    c.health()
-        .check(proto::health::HealthCheckRequest {
-            service: service.into(),
-        })
-        .await
-        .expect("health")
-        .into_inner()
-        .status
-}
 
 const SERVING: i32 = proto::health::health_check_response::ServingStatus::Serving as i32;
 const READY: i32 = proto::ServerState::Ready as i32;

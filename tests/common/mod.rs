@@ -5,6 +5,7 @@ pub mod bench_data;
 pub mod bins;
 pub mod host;
 pub mod mcp;
+pub mod servers;
 pub mod slots;
 pub mod standin;
 pub mod vm;
