@@ -75,27 +75,11 @@ async fn a_lazy_lease_starts_only_the_servers_used() {
     assert_eq!(s["filesystem"].0, READY, "{s:?}");
     assert_eq!(s["git"], (IDLE, 0), "{s:?}");
     assert_eq!(s["localmemory"], (IDLE, 0), "{s:?}");
-    let fs = c
-        .servers()
-        .list(proto::ListServersRequest {})
-        .await
-        .expect("List")
-        .into_inner()
-        .servers
-        .into_iter()
-        .find(|s| s.name == "filesystem")
-        .expect("listed");
+    let fs = server(&c, "filesystem").await;
     assert_eq!(fs.restarts, 0, "started once: {fs:?}");
 
     // Reset: back to right after the Acquire, every server idle.
-    let r = c
-        .agent()
-        .reset(proto::ResetRequest {
-            lease_id: "lazy-1".into(),
-        })
-        .await
-        .expect("Reset")
-        .into_inner();
+    let r = reset(&c, "lazy-1").await;
     assert!(r.servers.iter().all(|s| s.state == IDLE), "{r:?}");
     eventually(Duration::from_secs(10), "no server process", || {
         when(descendants(agent.child.id()).is_empty(), || {
@@ -106,13 +90,7 @@ async fn a_lazy_lease_starts_only_the_servers_used() {
     // Used again, then released: what started stops, the rest never ran.
     let (ok, out) = tools(&agent, "git").join().expect("thread");
     assert!(ok && out.contains("git_status"), "{out}");
-    c.agent()
-        .release(proto::ReleaseRequest {
-            lease_id: "lazy-1".into(),
-            is_ttl: false,
-        })
-        .await
-        .expect("Release");
+    release(&c, "lazy-1").await;
     let s = states(&c).await;
     for (name, (state, pid)) in &s {
         assert_eq!(
@@ -144,16 +122,7 @@ restart = { initial_backoff_ms = 50, max_backoff_ms = 100, max_restarts = 1, win
         out.contains("503") && out.contains("no such config file /etc/broken.conf"),
         "the first request says why: {out}"
     );
-    let broken = c
-        .servers()
-        .list(proto::ListServersRequest {})
-        .await
-        .expect("List")
-        .into_inner()
-        .servers
-        .into_iter()
-        .find(|s| s.name == "broken")
-        .expect("listed");
+    let broken = server(&c, "broken").await;
     assert_eq!(
         broken.state,
         proto::ServerState::Failed as i32,

@@ -81,3 +81,25 @@ pub async fn health(c: &sandbox_client::Client, service: &str) -> i32 {
         .into_inner()
         .status
 }
+
+/// Resets lease `id`; the agent's answer.
+pub async fn reset(c: &sandbox_client::Client, id: &str) -> proto::ResetResponse {
+    c.agent()
+        .reset(proto::ResetRequest {
+            lease_id: id.into(),
+        })
+        .await
+        .expect("Reset")
+        .into_inner()
+}
+
+/// Releases lease `id` (not by TTL).
+pub async fn release(c: &sandbox_client::Client, id: &str) {
+    c.agent()
+        .release(proto::ReleaseRequest {
+            lease_id: id.into(),
+            is_ttl: false,
+        })
+        .await
+        .expect("Release");
+}

@@ -17,15 +17,14 @@
 
 use std::collections::HashSet;
 use std::ffi::OsStr;
-use std::fs::File;
 use std::hash::{BuildHasher, RandomState};
-use std::io::{Read, Write};
+use std::io::Read;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use rustix::fs::{AtFlags, Mode, OFlags};
+use rustix::fs::{AtFlags, Mode};
 use tar::EntryType;
 
 use crate::codec::Compression;
@@ -33,9 +32,9 @@ use crate::confine::{self, remove_at};
 use crate::error::{ArchiveError, sys};
 
 use super::dirs::DirTree;
-use super::fsops::{FileMeta, times, umask};
-use super::writers::{Create, Dest, PIECE, Piece, Writers};
-use super::{ExtractOptions, ExtractStats, Meter, invalid, read_error};
+use super::fsops::times;
+use super::writers::Writers;
+use super::{ExtractOptions, ExtractStats, Meter, invalid};
 
 pub(super) struct Extractor<'a> {
     pub(super) root: BorrowedFd<'a>,
@@ -70,24 +69,24 @@ pub(super) struct Extractor<'a> {
 }
 
 /// Where an entry goes, its path checked.
-struct Target<'r> {
+pub(super) struct Target<'r> {
     /// The path as the archive gives it, for messages.
-    raw: &'r [u8],
+    pub(super) raw: &'r [u8],
     /// The last component: the name created in `parent`.
-    name: &'r OsStr,
+    pub(super) name: &'r OsStr,
     /// The directory that holds it, relative to the root.
-    parent: PathBuf,
+    pub(super) parent: PathBuf,
     /// `parent` joined with `name`.
-    path: PathBuf,
+    pub(super) path: PathBuf,
 }
 
 /// What the header says of an entry besides its path and type.
-struct Meta {
+pub(super) struct Meta {
     /// Permission bits only (setuid, setgid and sticky dropped).
-    mode: u32,
-    mtime: u64,
+    pub(super) mode: u32,
+    pub(super) mtime: u64,
     /// The real size: the largest of the fields that may carry it.
-    size: u64,
+    pub(super) size: u64,
 }
 
 /// Records the tar reader folds into the entry that follows them.
@@ -307,232 +306,6 @@ impl<'a> Extractor<'a> {
             }
         }
         Ok(Meta { mode, mtime, size })
-    }
-
-    /// A regular file (plain, contiguous or GNU sparse, written dense): its
-    /// size checked against the limits first, then exactly that many bytes
-    /// written.
-    fn file<R: Read>(
-        &mut self,
-        e: &mut tar::Entry<'_, R>,
-        t: &Target<'_>,
-        m: &Meta,
-    ) -> Result<(), ArchiveError> {
-        let size = m.size;
-        self.check_file_size(&t.path, size)?;
-        self.ensure_parent(&t.parent, t.raw)?;
-        let meta = FileMeta {
-            mode: m.mode,
-            mtime: m.mtime,
-            chmod: m.mode & umask() != 0,
-            owner: self.file_owner(),
-        };
-        // A writer creates the file itself when nothing can be in its way:
-        // outside merge mode, under a name the archive has not used (the
-        // tree holds nothing else); otherwise it is created here.
-        let created_here = if self.writers.is_some()
-            && !self.opts.merge
-            && !self.seen.contains(&self.key(&t.path))
-        {
-            None
-        } else {
-            let fd = self.create(t.name, &t.path, t.raw, |dir, n| {
-                rustix::fs::openat(
-                    dir,
-                    n,
-                    OFlags::WRONLY
-                        | OFlags::CREATE
-                        | OFlags::EXCL
-                        | OFlags::NOFOLLOW
-                        | OFlags::CLOEXEC,
-                    Mode::from_raw_mode(m.mode),
-                )
-            })?;
-            Some(File::from(fd))
-        };
-        let written = match (self.writers.take(), created_here) {
-            (Some(w), file) => {
-                let first = match file {
-                    Some(f) => Dest::Open(Arc::new(f)),
-                    None => {
-                        let dir = match &self.parent {
-                            Some((_, fd)) => fd.clone(),
-                            None => {
-                                self.writers = Some(w);
-                                return Err(ArchiveError::invalid(
-                                    "internal error: no parent directory",
-                                ));
-                            }
-                        };
-                        Dest::Create(Create {
-                            dir,
-                            name: t.name.to_owned(),
-                            mode: m.mode,
-                            raw: t.raw.to_vec(),
-                        })
-                    }
-                };
-                let r = self.hand_over(e, first, t, size, meta, &w);
-                self.writers = Some(w);
-                r?
-            }
-            (None, None) => {
-                return Err(ArchiveError::invalid("internal error: no file to write"));
-            }
-            (None, Some(mut file)) => {
-                let n = self.copy_data(e, &mut file, t, size)?;
-                if n == size {
-                    super::fsops::apply_meta(file.as_fd(), &meta, &t.path)?;
-                }
-                n
-            }
-        };
-        if written != size {
-            return Err(invalid(
-                t.raw,
-                format!("is truncated: {written} of {size} bytes"),
-            ));
-        }
-        self.expanded += size;
-        let key = self.key(&t.path);
-        self.files.insert(key);
-        self.stats.files += 1;
-        self.stats.bytes_written += size;
-        Ok(())
-    }
-
-    /// Refuses a file of `size` bytes over max_file_bytes, or taking the
-    /// archive over max_expanded_bytes.
-    fn check_file_size(&self, path: &Path, size: u64) -> Result<(), ArchiveError> {
-        let limits = self.opts.limits;
-        if size > limits.max_file_bytes {
-            return Err(ArchiveError::Limit {
-                limit: "max_file_bytes",
-                detail: format!(
-                    "'{}' is {size} bytes (limit {})",
-                    path.display(),
-                    limits.max_file_bytes
-                ),
-            });
-        }
-        if self.expanded.saturating_add(size) > limits.max_expanded_bytes {
-            return Err(ArchiveError::Limit {
-                limit: "max_expanded_bytes",
-                detail: format!(
-                    "the archive expands to more than {} bytes",
-                    limits.max_expanded_bytes
-                ),
-            });
-        }
-        Ok(())
-    }
-
-    /// Reads an entry's data into pieces for one writer, which writes them
-    /// into `file` and then sets `meta` on it: the same checks as
-    /// [`Self::copy_data`]. Returns the bytes read.
-    fn hand_over<R: Read>(
-        &mut self,
-        e: &mut tar::Entry<'_, R>,
-        first: Dest,
-        t: &Target<'_>,
-        size: u64,
-        meta: FileMeta,
-        w: &Writers,
-    ) -> Result<u64, ArchiveError> {
-        let writer = self.handed % w.len();
-        self.handed = self.handed.wrapping_add(1);
-        let path = Arc::new(t.path.clone());
-        let mut file = Some(first);
-        let mut meta = Some(meta);
-        let mut written = 0u64;
-        let mut buf = w.buffer();
-        let mut len = 0usize;
-        loop {
-            let n = match e.read(&mut buf[len..]) {
-                Ok(n) => n,
-                Err(err) => return Err(read_error(err, self.compression)),
-            };
-            // Never past the size the limits were checked against.
-            if written + n as u64 > size {
-                return Err(invalid(
-                    t.raw,
-                    format!("holds more data than its size ({size})"),
-                ));
-            }
-            written += n as u64;
-            len += n;
-            self.meter.check()?;
-            let end = n == 0;
-            if !end && len < PIECE {
-                continue;
-            }
-            let f = file.take().unwrap_or(Dest::Same);
-            let last = if end { meta.take() } else { None };
-            let full = std::mem::replace(&mut buf, if end { Vec::new() } else { w.buffer() });
-            w.send(
-                writer,
-                Piece {
-                    file: f,
-                    data: full,
-                    len,
-                    last,
-                    path: path.clone(),
-                },
-            )?;
-            len = 0;
-            if end {
-                return Ok(written);
-            }
-        }
-    }
-
-    /// Waits for the writers to write every file handed to them.
-    pub(super) fn finish_writers(&mut self) -> Result<(), ArchiveError> {
-        match self.writers.take() {
-            Some(w) => w.finish(),
-            None => Ok(()),
-        }
-    }
-
-    /// Copies an entry's data into `file`, never more than `size` bytes,
-    /// checking the compression ratio as it goes; returns the bytes written.
-    fn copy_data<R: Read>(
-        &mut self,
-        e: &mut tar::Entry<'_, R>,
-        file: &mut File,
-        t: &Target<'_>,
-        size: u64,
-    ) -> Result<u64, ArchiveError> {
-        let mut written = 0u64;
-        let mut buf = std::mem::take(&mut self.buf);
-        let copied = loop {
-            let n = match e.read(&mut buf) {
-                Ok(n) => n,
-                Err(err) => break Err(read_error(err, self.compression)),
-            };
-            if n == 0 {
-                break Ok(written);
-            }
-            // Never past the size the limits were checked against.
-            if written + n as u64 > size {
-                break Err(invalid(
-                    t.raw,
-                    format!("holds more data than its size ({size})"),
-                ));
-            }
-            if let Err(err) = file.write_all(&buf[..n]) {
-                break Err(ArchiveError::io(
-                    format!("writing {}", t.path.display()),
-                    err,
-                ));
-            }
-            written += n as u64;
-            if let Err(err) = self.meter.check() {
-                break Err(err);
-            }
-        };
-        self.buf = buf;
-        copied
     }
 
     /// A directory: created 0700 (its mode and mtime are applied last), or

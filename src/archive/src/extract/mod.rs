@@ -26,6 +26,7 @@
 mod as_owner;
 mod dirs;
 mod entry;
+mod file;
 mod fsops;
 #[cfg(test)]
 mod tests;
