@@ -124,7 +124,27 @@ const DEV_TOKEN_FILE: &str = "sandbox-agent.token";
 const DEV_EXEC_ROOT: &str = "executions";
 const DEV_STATE_ROOT: &str = "state";
 
+/// mimalloc rather than musl's allocator, which takes one lock for every
+/// thread and returns each large buffer to the kernel on free (an unmap and
+/// a TLB shootdown per gRPC chunk); see docs/benchmarks.md.
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// mimalloc's `arena_eager_commit` (its number in `mi_option_t`, which
+/// the Rust bindings do not name).
+const MI_OPTION_ARENA_EAGER_COMMIT: libmimalloc_sys::mi_option_t = 4;
+
+/// Arenas committed on demand, not up front: with transparent huge pages
+/// on (`always`, as on many hosts), an eagerly committed arena is faulted
+/// in 2 MiB at a time, which took the idle agent from 7 to 19 MiB and made
+/// extraction slower. Before the first allocation that needs an arena.
+fn allocator_options() {
+    // SAFETY: sets a process-wide option; no allocation is in flight.
+    unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_ARENA_EAGER_COMMIT, 0) };
+}
+
 fn main() -> ExitCode {
+    allocator_options();
     // Run by the agent itself, as the tenant, at Release and Reset.
     if std::env::args().nth(1).as_deref() == Some(sandbox_agent::tenant::CLEAR_KEYRINGS_ARG) {
         return match sandbox_agent::tenant::clear_own_keyrings() {

@@ -48,10 +48,10 @@ pub struct ArchiveLimits {
     /// Compression threads for Dump; 0 means one per CPU.
     pub dump_threads: usize,
     /// Threads creating and writing files while an extraction parses the
-    /// next entries (0, the default: the extracting thread does it all; on
-    /// 2 cores the pool measured slower for small files, see
-    /// docs/benchmarks.md). Each holds at most 9 pieces of 256 KiB in flight
-    /// (and as many open files): 4.5 MiB with 2.
+    /// next entries (default 1; 0: the extracting thread does it all). File
+    /// data goes to them in batches of 256 KiB (at most 256 files, 16 of
+    /// them opened by the extractor); each writer holds at most 5 batches
+    /// in flight: 1.25 MiB per writer.
     pub extract_writers: usize,
     /// Initialize flushes the new contents to disk (`syncfs`) before it
     /// answers, unless the request says otherwise. Off: the swap is atomic
@@ -77,7 +77,7 @@ impl Default for ArchiveLimits {
             owner: None,
             queue_chunks: 8,
             dump_threads: 0,
-            extract_writers: 0,
+            extract_writers: 1,
             durable_initialize: false,
         }
     }

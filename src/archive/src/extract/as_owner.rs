@@ -10,8 +10,8 @@
 //!
 //! Only where nothing but this extraction has been in the tree: never in
 //! merge mode (replacing what the previous workspace held may need root's
-//! rights), never with writer threads (each would need the identity too),
-//! and only into a root the owner already owns and may write.
+//! rights), and only into a root the owner already owns and may write.
+//! Writer threads take the same identity on their own ([`AsOwner::take`]).
 
 use std::os::fd::BorrowedFd;
 
@@ -33,7 +33,7 @@ impl AsOwner {
         opts: &ExtractOptions<'_>,
     ) -> Option<(AsOwner, (u32, u32))> {
         let (uid, gid) = opts.owner?;
-        if opts.merge || opts.limits.extract_writers > 0 || uid == 0 {
+        if opts.merge || uid == 0 {
             return None;
         }
         if !rustix::process::geteuid().is_root() {
@@ -43,6 +43,12 @@ impl AsOwner {
         if st.st_uid != uid || st.st_gid != gid || st.st_mode & 0o300 != 0o300 {
             return None;
         }
+        Self::take(uid, gid).map(|guard| (guard, (uid, gid)))
+    }
+
+    /// Takes the filesystem identity `uid:gid` on this thread; `None` if
+    /// it did not take (then nothing changed).
+    pub(super) fn take(uid: u32, gid: u32) -> Option<AsOwner> {
         // The group first, while the fsuid is still root's.
         let gid_before = setfsgid(Gid::from_raw(gid));
         let uid_before = setfsuid(Uid::from_raw(uid));
@@ -53,7 +59,7 @@ impl AsOwner {
         // asking again tells. If either did not take, the guard undoes it.
         let took = setfsuid(Uid::from_raw(uid)).as_raw() == uid
             && setfsgid(Gid::from_raw(gid)).as_raw() == gid;
-        took.then_some((guard, (uid, gid)))
+        took.then_some(guard)
     }
 }
 
@@ -109,9 +115,12 @@ mod tests {
         b.into_inner().expect("finish")
     }
 
-    fn extract_as(ws: &Path, data: Vec<u8>) -> Result<(), ArchiveError> {
+    fn extract_as(ws: &Path, data: Vec<u8>, writers: usize) -> Result<(), ArchiveError> {
         let root = fs::File::open(ws).expect("open ws");
-        let l = ArchiveLimits::default();
+        let l = ArchiveLimits {
+            extract_writers: writers,
+            ..ArchiveLimits::default()
+        };
         let opts = ExtractOptions {
             limits: &l,
             compression: Compression::Auto,
@@ -174,33 +183,38 @@ mod tests {
         fs::write(tmp.path().join("root-only/after"), b"x").expect("root writes again");
     }
 
+    /// With or without writer threads (which take the identity too).
     #[test]
     fn entries_are_created_as_their_owner_and_the_thread_is_root_again() {
-        let Some((tmp, ws)) = setup(true) else { return };
-        extract_as(&ws, archive(&[])).expect("extract");
-        for (p, u, g) in owners(&ws) {
-            assert_eq!((u, g), (OWNER, OWNER), "{p}");
+        for writers in [0, 1, 2] {
+            let Some((tmp, ws)) = setup(true) else { return };
+            extract_as(&ws, archive(&[]), writers).expect("extract");
+            for (p, u, g) in owners(&ws) {
+                assert_eq!((u, g), (OWNER, OWNER), "{p}, {writers} writers");
+            }
+            let m = fs::metadata(ws.join("ro")).expect("ro");
+            assert_eq!(
+                m.mode() & 0o777,
+                0o555,
+                "the directory's mode, applied last"
+            );
+            root_is_back(&tmp);
         }
-        let m = fs::metadata(ws.join("ro")).expect("ro");
-        assert_eq!(
-            m.mode() & 0o777,
-            0o555,
-            "the directory's mode, applied last"
-        );
-        root_is_back(&tmp);
     }
 
     /// A root the owner does not own: each entry is given to the owner.
     #[test]
     fn without_the_root_entries_are_still_given_to_the_owner() {
-        let Some((tmp, ws)) = setup(false) else {
-            return;
-        };
-        extract_as(&ws, archive(&[])).expect("extract");
-        for (p, u, g) in owners(&ws) {
-            assert_eq!((u, g), (OWNER, OWNER), "{p}");
+        for writers in [0, 1] {
+            let Some((tmp, ws)) = setup(false) else {
+                return;
+            };
+            extract_as(&ws, archive(&[]), writers).expect("extract");
+            for (p, u, g) in owners(&ws) {
+                assert_eq!((u, g), (OWNER, OWNER), "{p}, {writers} writers");
+            }
+            root_is_back(&tmp);
         }
-        root_is_back(&tmp);
     }
 
     /// An archive refused part-way still gives the thread back to root.
@@ -211,7 +225,7 @@ mod tests {
             ("esc", EntryType::Symlink, "/etc"),
             ("esc/passwd", EntryType::Regular, ""),
         ]);
-        let e = extract_as(&ws, bad).expect_err("through a symlink");
+        let e = extract_as(&ws, bad, 1).expect_err("through a symlink");
         assert!(matches!(e, ArchiveError::Invalid(_)), "{e:?}");
         root_is_back(&tmp);
     }

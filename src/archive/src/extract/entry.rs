@@ -61,8 +61,6 @@ pub(super) struct Extractor<'a> {
     /// Threads writing file contents (`archive.extract_writers`; none: this
     /// thread writes them).
     pub(super) writers: Option<Writers>,
-    /// Files handed to the writers so far (picks the next one's writer).
-    pub(super) handed: usize,
     pub(super) buf: Vec<u8>,
     /// File content bytes written so far (for max_expanded_bytes).
     pub(super) expanded: u64,
@@ -135,7 +133,6 @@ impl<'a> Extractor<'a> {
                 rustix::process::getegid().as_raw(),
             ),
             writers: None,
-            handed: 0,
             buf: vec![0; 256 << 10],
             expanded: 0,
         }
@@ -180,8 +177,9 @@ impl<'a> Extractor<'a> {
         // Files the writers create must exist before anything could meet
         // them: a name the archive used already (a duplicate, a file over a
         // directory or the reverse) and a hard link's target.
-        if let Some(w) = &self.writers
+        if self.writers.is_some()
             && (kind == EntryType::Link || self.seen.contains(&self.key(&t.path)))
+            && let Some(w) = &mut self.writers
         {
             w.barrier()?;
         }

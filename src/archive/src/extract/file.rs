@@ -14,7 +14,7 @@ use crate::error::ArchiveError;
 
 use super::entry::{Extractor, Meta, Target};
 use super::fsops::{FileMeta, umask};
-use super::writers::{Create, Dest, PIECE, Piece, Writers};
+use super::writers::{Create, Dest, Writers};
 use super::{invalid, read_error};
 
 impl Extractor<'_> {
@@ -60,28 +60,8 @@ impl Extractor<'_> {
             Some(File::from(fd))
         };
         let written = match (self.writers.take(), created_here) {
-            (Some(w), file) => {
-                let first = match file {
-                    Some(f) => Dest::Open(Arc::new(f)),
-                    None => {
-                        let dir = match &self.parent {
-                            Some((_, fd)) => fd.clone(),
-                            None => {
-                                self.writers = Some(w);
-                                return Err(ArchiveError::invalid(
-                                    "internal error: no parent directory",
-                                ));
-                            }
-                        };
-                        Dest::Create(Create {
-                            dir,
-                            name: t.name.to_owned(),
-                            mode: m.mode,
-                            raw: t.raw.to_vec(),
-                        })
-                    }
-                };
-                let r = self.hand_over(e, first, t, size, meta, &w);
+            (Some(mut w), file) => {
+                let r = self.hand_over(e, file, t, size, meta, &mut w);
                 self.writers = Some(w);
                 r?
             }
@@ -136,28 +116,37 @@ impl Extractor<'_> {
         Ok(())
     }
 
-    /// Reads an entry's data into pieces for one writer, which writes them
-    /// into `file` and then sets `meta` on it: the same checks as
-    /// [`Self::copy_data`]. Returns the bytes read.
+    /// Reads an entry's data straight into the writers' open batch (the
+    /// file created here, or by its writer when `created` is `None`), with
+    /// the same checks as [`Self::copy_data`]; the writer sets `meta` after
+    /// the last byte. Returns the bytes read.
     fn hand_over<R: Read>(
         &mut self,
         e: &mut tar::Entry<'_, R>,
-        first: Dest,
+        created: Option<File>,
         t: &Target<'_>,
         size: u64,
         meta: FileMeta,
-        w: &Writers,
+        w: &mut Writers,
     ) -> Result<u64, ArchiveError> {
-        let writer = self.handed % w.len();
-        self.handed = self.handed.wrapping_add(1);
+        let mut dest = match created {
+            Some(f) => Dest::Open(f),
+            None => Dest::Create(Create {
+                dir: match &self.parent {
+                    Some((_, fd)) => fd.clone(),
+                    None => {
+                        return Err(ArchiveError::invalid("internal error: no parent directory"));
+                    }
+                },
+                name: t.name.to_owned(),
+                mode: meta.mode,
+                raw: t.raw.to_vec(),
+            }),
+        };
         let path = Arc::new(t.path.clone());
-        let mut file = Some(first);
-        let mut meta = Some(meta);
         let mut written = 0u64;
-        let mut buf = w.buffer();
-        let mut len = 0usize;
         loop {
-            let n = match e.read(&mut buf[len..]) {
+            let n = match e.read(w.room()?) {
                 Ok(n) => n,
                 Err(err) => return Err(read_error(err, self.compression)),
             };
@@ -169,28 +158,14 @@ impl Extractor<'_> {
                 ));
             }
             written += n as u64;
-            len += n;
+            w.filled(n);
             self.meter.check()?;
-            let end = n == 0;
-            if !end && len < PIECE {
-                continue;
-            }
-            let f = file.take().unwrap_or(Dest::Same);
-            let last = if end { meta.take() } else { None };
-            let full = std::mem::replace(&mut buf, if end { Vec::new() } else { w.buffer() });
-            w.send(
-                writer,
-                Piece {
-                    file: f,
-                    data: full,
-                    len,
-                    last,
-                    path: path.clone(),
-                },
-            )?;
-            len = 0;
-            if end {
+            if n == 0 {
+                w.part(dest, Some(meta), path)?;
                 return Ok(written);
+            }
+            if w.full() {
+                w.part(std::mem::replace(&mut dest, Dest::Same), None, path.clone())?;
             }
         }
     }

@@ -67,8 +67,9 @@ impl Extractor<'_> {
         let hit = matches!(&self.parent, Some((p, _)) if p == rel);
         if !hit {
             // A file the writers have yet to create may be in the way.
-            if let Some(w) = &self.writers
+            if self.writers.is_some()
                 && self.under_a_file(rel)
+                && let Some(w) = &mut self.writers
             {
                 w.barrier()?;
             }
@@ -235,6 +236,7 @@ impl Extractor<'_> {
 }
 
 /// What a writer sets on a file once its data is written.
+#[derive(Clone, Copy)]
 pub(super) struct FileMeta {
     pub mode: u32,
     pub mtime: u64,

@@ -301,15 +301,16 @@ pub(super) fn read_error(e: io::Error, compression: Compression) -> ArchiveError
     ArchiveError::invalid(format!("{what}: {why}"))
 }
 
-/// Reads what is left of an entry's data into nothing.
+/// Reads what is left of an entry's data into nothing (`sink`: a scratch
+/// buffer, not zeroed per entry).
 fn drain<R: Read>(
     entry: &mut tar::Entry<'_, R>,
+    sink: &mut [u8],
     meter: &Meter<'_>,
     compression: Compression,
 ) -> Result<(), ArchiveError> {
-    let mut sink = [0u8; 16 << 10];
     loop {
-        match entry.read(&mut sink) {
+        match entry.read(sink) {
             Ok(0) => return Ok(()),
             Ok(_) => meter.check()?,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -367,12 +368,16 @@ pub fn extract_buffered<R: BufRead + Send + 'static>(
     };
     let mut x = Extractor::new(root, opts, &meter, compression);
     // Held to the end, the directories' modes included.
-    let _as_owner = as_owner::AsOwner::enter(root, opts).map(|(guard, owner)| {
+    let owner_guard = as_owner::AsOwner::enter(root, opts);
+    let identity = owner_guard.as_ref().map(|(_, owner)| *owner);
+    if let Some(owner) = identity {
         x.me = owner;
-        guard
-    });
+    }
     if opts.limits.extract_writers > 0 {
-        x.writers = Some(writers::Writers::start(opts.limits.extract_writers)?);
+        x.writers = Some(writers::Writers::start(
+            opts.limits.extract_writers,
+            identity,
+        )?);
     }
     let last_end = read_entries(&mut plain, &mut x, &ctl)?;
     ctl.open();
@@ -483,7 +488,7 @@ fn read_entries<R: Read>(
         // Whatever data the extractor did not read (a directory or link
         // with a size, a PAX global header) is skipped here, streaming,
         // rather than by the reader under the metadata budget.
-        drain(&mut entry, meter, compression)?;
+        drain(&mut entry, &mut x.buf, meter, compression)?;
         ctl.close();
         let size = entry.header().entry_size().unwrap_or(0);
         last_end = entry.raw_file_position() + size.div_ceil(512) * 512;

@@ -1,22 +1,31 @@
-//! The writer pool (`archive.extract_writers`, off by default): regular
-//! files created, written and given their metadata on threads of their own
-//! while the extracting thread parses the next entries.
+//! The writer pool (`archive.extract_writers`): regular files created,
+//! written and given their metadata on threads of their own while the
+//! extracting thread parses the next entries.
 //!
 //! The extracting thread still checks each entry and its limits, in archive
-//! order, and reads its data. A writer creates a file (`O_CREAT | O_EXCL |
-//! O_NOFOLLOW` in the confined parent, as the extractor would) only when
-//! nothing can be in its way: outside merge mode, under a name the archive
-//! has not used. Before any entry that could meet a file still to be created
-//! (a name used already, a path below a file, a hard link) the extractor
-//! waits for the writers ([`Writers::barrier`]), so every entry sees what it
-//! would see without them. Otherwise the extractor creates the file and the
-//! writer only writes it. A file's pieces all go to one writer, in order, so
-//! its mtime is set after its last byte.
+//! order, and reads its data, straight into a [`Batch`]: one buffer holding
+//! the bytes of many small files (or a piece of a large one) and, per file,
+//! where it goes and what to set on it. A batch goes to a writer when it is
+//! full, so a writer wakes once per [`BATCH`] bytes or [`MAX_PARTS`] files,
+//! not once per file (a hand-off per small file cost more than the work it
+//! moved). A writer creates a file (`O_CREAT | O_EXCL | O_NOFOLLOW` in the
+//! confined parent, as the extractor would) only when nothing can be in its
+//! way: outside merge mode, under a name the archive has not used. Before
+//! any entry that could meet a file still to be created (a name used
+//! already, a path below a file, a hard link) the extractor sends the open
+//! batch and waits for the writers ([`Writers::barrier`]), so every entry
+//! sees what it would see without them. Otherwise the extractor creates the
+//! file and the writer only writes it. A file split over batches has them
+//! all go to one writer, in order, so its mtime is set after its last byte.
 //!
-//! Memory is bounded: each writer's queue holds at most [`QUEUE`] pieces of
-//! at most [`PIECE`] bytes (buffers are reused), so the pool holds at most
-//! `writers × (QUEUE + 1) × PIECE` bytes of data (4.5 MiB with the default
-//! 2 writers) and as many open files.
+//! When the extraction runs with the owner's filesystem identity
+//! ([`as_owner`](super::as_owner)), each writer takes it too, or chowns
+//! every file it writes if it cannot.
+//!
+//! Memory is bounded: each writer's queue holds at most [`QUEUE`] batches
+//! of [`BATCH`] bytes (buffers are reused), so the pool holds at most
+//! `writers × (QUEUE + 1) + 1` buffers (1.25 MiB per writer), and at most
+//! [`MAX_OPEN`] files opened by the extractor per batch.
 //!
 //! The first error of any writer is kept and returned to the extractor at
 //! its next hand-off or at [`Writers::finish`]; the others stop writing.
@@ -37,20 +46,26 @@ use rustix::fs::{Mode, OFlags};
 
 use crate::error::{ArchiveError, sys};
 
+use super::as_owner::AsOwner;
 use super::fsops::{FileMeta, apply_meta};
 use super::invalid;
 
 /// What goes down a writer's queue.
 enum Job {
-    Piece(Piece),
+    Batch(Batch),
     /// Answered once everything queued before it is done.
     Sync(SyncSender<()>),
 }
 
-/// Largest piece of a file handed to a writer at once.
-pub(super) const PIECE: usize = 256 << 10;
-/// Pieces queued per writer.
-pub(super) const QUEUE: usize = 8;
+/// Bytes of file data per batch.
+pub(super) const BATCH: usize = 256 << 10;
+/// Files (or pieces of one) per batch.
+pub(super) const MAX_PARTS: usize = 256;
+/// Files opened by the extractor (not by a writer) per batch: each is an
+/// open descriptor until its writer closes it.
+pub(super) const MAX_OPEN: usize = 16;
+/// Batches queued per writer.
+pub(super) const QUEUE: usize = 4;
 
 /// A file for a writer to create: `name` in the confined directory `dir`,
 /// `O_CREAT | O_EXCL | O_NOFOLLOW`, as the extractor would.
@@ -62,26 +77,34 @@ pub(super) struct Create {
     pub raw: Vec<u8>,
 }
 
-/// The file a piece is for.
+/// The file a part is for.
 pub(super) enum Dest {
     /// Opened (created) by the extractor.
-    Open(Arc<File>),
-    /// To create first (the first piece of a file).
+    Open(File),
+    /// To create first (the first part of a file).
     Create(Create),
-    /// The file of this writer's previous piece.
+    /// The file of this writer's previous part.
     Same,
 }
 
-/// What the extractor hands a writer: bytes for a file, and with its last
-/// piece what to set on it before closing it.
-pub(super) struct Piece {
+/// One file's bytes in a batch: those from the previous part's `end` to
+/// this `end`, and with its last part what to set on it.
+pub(super) struct Part {
     pub file: Dest,
-    /// A buffer from [`Writers::buffer`]; its first `len` bytes are written.
-    pub data: Vec<u8>,
-    pub len: usize,
-    /// Set on the last piece: the metadata to apply, then the file closes.
+    pub end: usize,
+    /// Set on the last part: the metadata to apply, then the file closes.
     pub last: Option<FileMeta>,
     pub path: Arc<PathBuf>,
+}
+
+/// File data for one writer: a buffer of [`BATCH`] bytes (its first `len`
+/// filled) and the files they belong to, in order.
+pub(super) struct Batch {
+    data: Vec<u8>,
+    len: usize,
+    parts: Vec<Part>,
+    /// Parts whose file the extractor opened.
+    open: usize,
 }
 
 struct Shared {
@@ -111,11 +134,16 @@ pub(super) struct Writers {
     shared: Arc<Shared>,
     /// Buffers the pool may hold in all (queued, being written, free).
     max_free: usize,
+    /// The batch being filled.
+    batch: Option<Batch>,
+    /// The writer the open batch goes to.
+    next: usize,
 }
 
 impl Writers {
-    /// Starts `n` writer threads (n ≥ 1).
-    pub(super) fn start(n: usize) -> Result<Writers, ArchiveError> {
+    /// Starts `n` writer threads (n ≥ 1). With `owner`, each takes that
+    /// filesystem identity (see [`as_owner`](super::as_owner)).
+    pub(super) fn start(n: usize, owner: Option<(u32, u32)>) -> Result<Writers, ArchiveError> {
         let shared = Arc::new(Shared {
             failed: AtomicBool::new(false),
             error: Mutex::new(None),
@@ -126,6 +154,8 @@ impl Writers {
             threads: Vec::with_capacity(n),
             shared: shared.clone(),
             max_free: n * (QUEUE + 1) + 1,
+            batch: None,
+            next: 0,
         };
         for i in 0..n {
             let (tx, rx) = std::sync::mpsc::sync_channel(QUEUE);
@@ -133,7 +163,12 @@ impl Writers {
             let max_free = w.max_free;
             let t = std::thread::Builder::new()
                 .name(format!("ws-write-{i}"))
-                .spawn(move || run(rx, &shared, max_free))
+                .spawn(move || {
+                    let identity = owner.and_then(|(u, g)| AsOwner::take(u, g));
+                    // Without the identity, every file is given its owner.
+                    let chown = if identity.is_none() { owner } else { None };
+                    run(rx, &shared, max_free, chown)
+                })
                 .map_err(|e| ArchiveError::io("starting a writer thread", e))?;
             w.queues.push(tx);
             w.threads.push(t);
@@ -141,19 +176,82 @@ impl Writers {
         Ok(w)
     }
 
-    pub(super) fn len(&self) -> usize {
-        self.queues.len()
+    /// The free room of the open batch, for the next bytes of the current
+    /// file (never empty: a full batch has been sent by [`Self::part`]).
+    pub(super) fn room(&mut self) -> Result<&mut [u8], ArchiveError> {
+        self.check()?;
+        let batch = match self.batch.take() {
+            Some(b) if b.len < b.data.len() => b,
+            Some(b) => {
+                // Full without its part ended: cannot happen through
+                // `part`, but never hand out an empty room.
+                self.send(b, false)?;
+                self.new_batch()
+            }
+            None => self.new_batch(),
+        };
+        let b = self.batch.insert(batch);
+        Ok(&mut b.data[b.len..])
     }
 
-    /// A buffer of [`PIECE`] bytes (reused: only new ones are zeroed).
-    pub(super) fn buffer(&self) -> Vec<u8> {
+    /// Counts `n` bytes of [`Self::room`] as filled.
+    pub(super) fn filled(&mut self, n: usize) {
+        if let Some(b) = &mut self.batch {
+            b.len = (b.len + n).min(b.data.len());
+        }
+    }
+
+    /// The open batch has no room left.
+    pub(super) fn full(&self) -> bool {
+        self.batch.as_ref().is_some_and(|b| b.len == b.data.len())
+    }
+
+    /// Ends a part: the bytes filled since the previous part are `file`'s,
+    /// and with `last` the file is complete. Sends the batch when it is
+    /// full; in the middle of a file (no `last`) the next batch then goes
+    /// to the same writer.
+    pub(super) fn part(
+        &mut self,
+        file: Dest,
+        last: Option<FileMeta>,
+        path: Arc<PathBuf>,
+    ) -> Result<(), ArchiveError> {
+        let mut b = match self.batch.take() {
+            Some(b) => b,
+            None => self.new_batch(),
+        };
+        if matches!(file, Dest::Open(_)) {
+            b.open += 1;
+        }
+        let ends_file = last.is_some();
+        b.parts.push(Part {
+            file,
+            end: b.len,
+            last,
+            path,
+        });
+        let full = b.len == b.data.len() || b.parts.len() >= MAX_PARTS || b.open >= MAX_OPEN;
+        if full || !ends_file {
+            // Mid-file (a full buffer): the rest follows to the same writer.
+            return self.send(b, ends_file);
+        }
+        self.batch = Some(b);
+        Ok(())
+    }
+
+    fn new_batch(&self) -> Batch {
         let reused = self
             .shared
             .free
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .pop();
-        reused.unwrap_or_else(|| vec![0; PIECE])
+        Batch {
+            data: reused.unwrap_or_else(|| vec![0; BATCH]),
+            len: 0,
+            parts: Vec::new(),
+            open: 0,
+        }
     }
 
     /// The first error of a writer, if one failed.
@@ -166,13 +264,15 @@ impl Writers {
         Ok(())
     }
 
-    /// Queues `piece` on writer `i` (blocks while its queue is full).
-    pub(super) fn send(&self, i: usize, piece: Piece) -> Result<(), ArchiveError> {
+    /// Queues `b` on the current writer (blocks while its queue is full);
+    /// with `advance`, the next batch goes to the next writer.
+    fn send(&mut self, b: Batch, advance: bool) -> Result<(), ArchiveError> {
         self.check()?;
-        if self.queues[i % self.queues.len()]
-            .send(Job::Piece(piece))
-            .is_err()
-        {
+        let i = self.next % self.queues.len();
+        if advance {
+            self.next = (i + 1) % self.queues.len();
+        }
+        if self.queues[i].send(Job::Batch(b)).is_err() {
             self.check()?;
             return Err(ArchiveError::invalid(
                 "internal error: a writer thread ended",
@@ -181,9 +281,18 @@ impl Writers {
         Ok(())
     }
 
-    /// Waits until every piece queued so far is written (the files the
+    /// Sends the open batch, if any (between two files).
+    fn flush(&mut self) -> Result<(), ArchiveError> {
+        match self.batch.take() {
+            Some(b) if !b.parts.is_empty() => self.send(b, true),
+            _ => Ok(()),
+        }
+    }
+
+    /// Waits until every file handed over so far is written (the files the
     /// writers create exist); the first error of any.
-    pub(super) fn barrier(&self) -> Result<(), ArchiveError> {
+    pub(super) fn barrier(&mut self) -> Result<(), ArchiveError> {
+        self.flush()?;
         let (tx, rx) = std::sync::mpsc::sync_channel(self.queues.len());
         for q in &self.queues {
             if q.send(Job::Sync(tx.clone())).is_err() {
@@ -201,13 +310,17 @@ impl Writers {
         self.check()
     }
 
-    /// Waits for every queued piece to be written; the first error of any.
+    /// Waits for every file handed over to be written; the first error of
+    /// any.
     pub(super) fn finish(mut self) -> Result<(), ArchiveError> {
+        let flushed = self.flush();
         self.join();
-        self.check()
+        self.check()?;
+        flushed
     }
 
     fn join(&mut self) {
+        self.batch = None;
         self.queues.clear();
         for t in self.threads.drain(..) {
             if t.join().is_err() {
@@ -227,6 +340,12 @@ impl Writers {
             .len()
     }
 
+    /// Parts of the open batch whose file the extractor opened.
+    #[cfg(test)]
+    pub(super) fn parts_open(&self) -> usize {
+        self.batch.as_ref().map_or(0, |b| b.open)
+    }
+
     #[cfg(test)]
     pub(super) fn max_buffers(&self) -> usize {
         self.max_free
@@ -234,64 +353,82 @@ impl Writers {
 }
 
 impl Drop for Writers {
-    /// On an error of the extractor: the writers finish what is queued (or
-    /// skip it once one failed) and are joined before the tree is given up.
+    /// On an error of the extractor: the writers finish every file handed
+    /// over, the open batch's too (or skip them once one failed), and are
+    /// joined before the tree is given up.
     fn drop(&mut self) {
+        let _ = self.flush();
         self.join();
     }
 }
 
-/// A writer thread: pieces in order until the extractor is done.
-fn run(rx: Receiver<Job>, shared: &Shared, max_free: usize) {
-    let mut cur: Option<Arc<File>> = None;
+/// A writer thread: batches in order until the extractor is done. With
+/// `chown`, every file is given that owner.
+fn run(rx: Receiver<Job>, shared: &Shared, max_free: usize, chown: Option<(u32, u32)>) {
+    let mut cur: Option<File> = None;
     while let Ok(job) = rx.recv() {
-        let p = match job {
-            Job::Piece(p) => p,
+        let b = match job {
+            Job::Batch(b) => b,
             Job::Sync(done) => {
                 let _ = done.send(());
                 continue;
             }
         };
-        let Piece {
-            file,
-            data,
-            len,
-            last,
-            path,
-        } = p;
-        if !shared.failed.load(Ordering::Acquire) {
-            let r = open(file, &mut cur, &path).and_then(|f| {
-                (&*f)
-                    .write_all(&data[..len])
-                    .map_err(|e| ArchiveError::io(format!("writing {}", path.display()), e))?;
-                match &last {
-                    Some(m) => apply_meta(f.as_fd(), m, &path),
-                    None => Ok(()),
-                }
-            });
-            if let Err(e) = r {
+        let mut start = 0;
+        for p in b.parts {
+            let bytes = b.data.get(start..p.end).unwrap_or_default();
+            start = p.end;
+            if !shared.failed.load(Ordering::Acquire)
+                && let Err(e) = write_part(p.file, &mut cur, bytes, p.last.as_ref(), &p.path, chown)
+            {
                 shared.fail(e);
             }
+            // After its last part a file closes here.
+            if p.last.is_some() {
+                cur = None;
+            }
         }
-        // After its last piece a file closes here (this is its last handle).
-        if last.is_some() {
-            cur = None;
-        }
-        if data.len() == PIECE {
+        if b.data.len() == BATCH {
             let mut free = shared.free.lock().unwrap_or_else(|p| p.into_inner());
             if free.len() < max_free {
-                free.push(data);
+                free.push(b.data);
             }
         }
     }
 }
 
-/// The file a piece goes to, created first if it says so.
-fn open(
+/// Writes one part: the file created or taken first, then its bytes, then
+/// with `last` its metadata.
+fn write_part(
     dest: Dest,
-    cur: &mut Option<Arc<File>>,
+    cur: &mut Option<File>,
+    bytes: &[u8],
+    last: Option<&FileMeta>,
     path: &std::path::Path,
-) -> Result<Arc<File>, ArchiveError> {
+    chown: Option<(u32, u32)>,
+) -> Result<(), ArchiveError> {
+    let f = open(dest, cur, path)?;
+    if !bytes.is_empty() {
+        (&*f)
+            .write_all(bytes)
+            .map_err(|e| ArchiveError::io(format!("writing {}", path.display()), e))?;
+    }
+    match last {
+        Some(m) if m.owner.is_none() && chown.is_some() => {
+            let m = FileMeta { owner: chown, ..*m };
+            apply_meta(f.as_fd(), &m, path)
+        }
+        Some(m) => apply_meta(f.as_fd(), m, path),
+        None => Ok(()),
+    }
+}
+
+/// The file a part goes to, created first if it says so.
+fn open<'c>(
+    dest: Dest,
+    cur: &'c mut Option<File>,
+    path: &std::path::Path,
+) -> Result<&'c File, ArchiveError> {
     match dest {
         Dest::Open(f) => *cur = Some(f),
         Dest::Create(c) => {
@@ -308,10 +445,10 @@ fn open(
                 ),
                 e => ArchiveError::io(format!("creating {}", path.display()), sys(e)),
             })?;
-            *cur = Some(Arc::new(File::from(fd)));
+            *cur = Some(File::from(fd));
         }
         Dest::Same => {}
     }
-    cur.clone()
-        .ok_or_else(|| ArchiveError::invalid("internal error: a piece without its file"))
+    cur.as_ref()
+        .ok_or_else(|| ArchiveError::invalid("internal error: a part without its file"))
 }

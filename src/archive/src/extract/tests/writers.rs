@@ -9,8 +9,8 @@ use super::*;
 /// mtimes (set after their last byte).
 #[test]
 fn files_are_written_whole_with_their_metadata_whatever_the_writers() {
-    use super::super::writers::PIECE;
-    let sizes = [0, 1, 4096, PIECE - 1, PIECE, PIECE + 1, 3 * PIECE + 17];
+    use super::super::writers::BATCH;
+    let sizes = [0, 1, 4096, BATCH - 1, BATCH, BATCH + 1, 3 * BATCH + 17];
     let mut tar = Tar::new().dir("d", 0o750);
     for (i, n) in sizes.iter().enumerate() {
         let data: Vec<u8> = (0..*n).map(|b| (b * 7 + i) as u8).collect();
@@ -63,31 +63,48 @@ fn a_limit_hit_mid_stream_leaves_no_writer_running() {
     }
 }
 
+/// Hands `w` one file of `n` bytes (`fill`), opened by the caller, as
+/// the extractor does: straight into the open batch, closed with `last`.
+fn hand(w: &mut super::super::writers::Writers, file: fs::File, n: usize, last: bool) {
+    use super::super::fsops::FileMeta;
+    use super::super::writers::Dest;
+    use std::sync::Arc;
+    let mut left = n;
+    let mut dest = Dest::Open(file);
+    loop {
+        let room = w.room().expect("room");
+        let k = left.min(room.len());
+        room[..k].fill(b'x');
+        w.filled(k);
+        left -= k;
+        if left == 0 {
+            let meta = last.then_some(FileMeta {
+                mode: 0o644,
+                mtime: 0,
+                chmod: false,
+                owner: None,
+            });
+            w.part(dest, meta, Arc::new("f".into())).expect("part");
+            return;
+        }
+        if w.full() {
+            let d = std::mem::replace(&mut dest, Dest::Same);
+            w.part(d, None, Arc::new("f".into())).expect("part");
+        }
+    }
+}
+
 /// A writer's failure is the extraction's error, as the same cause
 /// (a full disk is `DiskFull`), and later hand-offs say so too.
 #[test]
 fn a_writer_s_error_surfaces_as_its_archive_error() {
-    use super::super::fsops::FileMeta;
-    use super::super::writers::{Dest, Piece, Writers};
-    use std::sync::Arc;
-    let piece = |file: fs::File, w: &Writers, last: bool| Piece {
-        file: Dest::Open(Arc::new(file)),
-        data: w.buffer(),
-        len: 10,
-        last: last.then_some(FileMeta {
-            mode: 0o644,
-            mtime: 0,
-            chmod: false,
-            owner: None,
-        }),
-        path: Arc::new("f".into()),
-    };
-    let w = Writers::start(2).expect("writers");
+    use super::super::writers::{BATCH, Writers};
+    let mut w = Writers::start(2, None).expect("writers");
     let full = fs::OpenOptions::new()
         .write(true)
         .open("/dev/full")
         .expect("/dev/full");
-    w.send(0, piece(full, &w, true)).expect("queued");
+    hand(&mut w, full, 10, true);
     match w.finish() {
         Err(ArchiveError::DiskFull(m)) => assert!(m.contains("writing f"), "{m}"),
         other => panic!("expected DiskFull, got {other:?}"),
@@ -95,16 +112,17 @@ fn a_writer_s_error_surfaces_as_its_archive_error() {
 
     let d = dirs();
     fs::write(d.ws.join("ro"), b"").expect("file");
-    let w = Writers::start(1).expect("writers");
+    let mut w = Writers::start(1, None).expect("writers");
     let ro = fs::File::open(d.ws.join("ro")).expect("open");
-    w.send(0, piece(ro, &w, false)).expect("queued");
+    // A whole batch: sent at once, so the writer fails on it.
+    hand(&mut w, ro, BATCH, false);
     let mut later = Ok(());
     for _ in 0..1000 {
-        let f = fs::File::open(d.ws.join("ro")).expect("open");
-        later = w.send(0, piece(f, &w, false));
+        later = w.room().map(|_| ());
         if later.is_err() {
             break;
         }
+        std::thread::sleep(std::time::Duration::from_millis(1));
     }
     assert!(
         matches!(&later, Err(ArchiveError::Io { context, .. }) if context == "writing f"),
@@ -112,27 +130,30 @@ fn a_writer_s_error_surfaces_as_its_archive_error() {
     );
 }
 
-/// Buffers are reused: however many pieces go through, the pool keeps no
-/// more than its bound.
+/// Buffers are reused and batches bounded: however many files go
+/// through, small or spanning batches, the pool keeps no more buffers than
+/// its bound, and no batch holds more than its files.
 #[test]
 fn the_writer_pool_s_buffers_are_bounded() {
-    use super::super::writers::{Dest, Piece, Writers};
-    use std::sync::Arc;
+    use super::super::writers::{BATCH, MAX_OPEN, Writers};
     let d = dirs();
-    let w = Writers::start(2).expect("writers");
-    let f = Arc::new(fs::File::create(d.ws.join("big")).expect("create"));
+    let mut w = Writers::start(2, None).expect("writers");
     for i in 0..500 {
-        let piece = Piece {
-            file: Dest::Open(f.clone()),
-            data: w.buffer(),
-            len: 1,
-            last: None,
-            path: Arc::new("big".into()),
-        };
-        w.send(i % 2, piece).expect("queued");
+        let f = fs::File::create(d.ws.join(format!("f{i}"))).expect("create");
+        let n = if i % 50 == 0 { 2 * BATCH + 1 } else { i };
+        hand(&mut w, f, n, true);
         assert!(w.free_buffers() <= w.max_buffers());
+        assert!(
+            w.parts_open() < MAX_OPEN,
+            "files opened by the extractor per batch"
+        );
     }
     w.finish().expect("written");
+    for i in 0..500 {
+        let n = if i % 50 == 0 { 2 * BATCH + 1 } else { i };
+        let md = fs::metadata(d.ws.join(format!("f{i}"))).expect("stat");
+        assert_eq!(md.len(), n as u64, "f{i}");
+    }
 }
 
 /// Files the writers create are in place before any entry could meet them:
