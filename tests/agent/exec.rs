@@ -9,7 +9,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::time::Duration;
 
 use crate::common::mcp::*;
-use crate::common::servers::client;
+use crate::common::servers::{client, release};
 use crate::common::*;
 use sandbox_client::proto;
 use tonic::Code;
@@ -386,13 +386,7 @@ async fn release_kills_the_tree(config: &str) {
             when(n >= 3, || format!("{n} processes"))
         },
     );
-    c.agent()
-        .release(proto::ReleaseRequest {
-            lease_id: "lease-k".into(),
-            is_ttl: false,
-        })
-        .await
-        .expect("Release");
+    release(&c, "lease-k").await;
     let left = with_marker(&marker);
     assert!(left.is_empty(), "left running after Release: {left:?}");
     assert!(
@@ -485,16 +479,6 @@ async fn run_to_end(c: &sandbox_client::Client, name: &str, script: &str) -> (St
     start(c, name).await;
     let (log, _, status) = read_all(c, name, 1 << 20).await;
     (status, log)
-}
-
-async fn release(c: &sandbox_client::Client, id: &str) {
-    c.agent()
-        .release(proto::ReleaseRequest {
-            lease_id: id.into(),
-            is_ttl: false,
-        })
-        .await
-        .expect("Release");
 }
 
 /// A root agent runs scripts unprivileged, each lease in a home of its

@@ -12,6 +12,7 @@ use serde_json::Value;
 
 use crate::common::host::http;
 use crate::common::mcp::{agent_with, agent_with_env};
+use crate::common::servers;
 use crate::common::standin::{GCP_ACCESS, StandIn, gcp_key_file};
 use sandbox_client::proto;
 
@@ -108,19 +109,8 @@ fn names(list: &Value, at: &str) -> Vec<String> {
 }
 
 async fn reset_and_release(c: &sandbox_client::Client, id: &str) {
-    c.agent()
-        .reset(proto::ResetRequest {
-            lease_id: id.into(),
-        })
-        .await
-        .expect("Reset");
-    c.agent()
-        .release(proto::ReleaseRequest {
-            lease_id: id.into(),
-            is_ttl: false,
-        })
-        .await
-        .expect("Release");
+    servers::reset(c, id).await;
+    servers::release(c, id).await;
 }
 
 #[tokio::test]
