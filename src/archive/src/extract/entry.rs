@@ -104,7 +104,15 @@ fn refused(raw: &[u8], kind: EntryType) -> ArchiveError {
         EntryType::Char | EntryType::Block => {
             invalid(raw, "is a device node; device nodes are never extracted")
         }
-        other => invalid(raw, format!("has an unsupported type {other:?}")),
+        other => {
+            let b = other.as_byte();
+            let shown = if b.is_ascii_graphic() {
+                format!("'{}'", b as char)
+            } else {
+                format!("byte {b}")
+            };
+            invalid(raw, format!("has an unsupported type {shown}"))
+        }
     }
 }
 

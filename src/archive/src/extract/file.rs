@@ -159,6 +159,7 @@ impl Extractor<'_> {
             }
             written += n as u64;
             w.filled(n);
+            self.meter.wrote(n);
             self.meter.check()?;
             if n == 0 {
                 w.part(dest, Some(meta), path)?;
@@ -211,6 +212,7 @@ impl Extractor<'_> {
                 ));
             }
             written += n as u64;
+            self.meter.wrote(n);
             if let Err(err) = self.meter.check() {
                 break Err(err);
             }

@@ -120,13 +120,25 @@ impl<R: BufRead> BufRead for CountedBuf<R> {
 pub(super) struct Meter<'a> {
     limits: &'a ArchiveLimits,
     compressed: Arc<AtomicU64>,
+    /// Bytes out of the decoder (the tar stream).
     expanded: Arc<AtomicU64>,
+    /// File contents written, which can be more than the stream holds: the
+    /// holes of a GNU sparse file are written as zeros.
+    written: AtomicU64,
 }
 
 impl Meter<'_> {
+    /// Counts `n` bytes of file contents about to be written.
+    pub(super) fn wrote(&self, n: usize) {
+        self.written.fetch_add(n as u64, Ordering::Relaxed);
+    }
+
     fn check(&self) -> Result<(), ArchiveError> {
         let compressed = self.compressed.load(Ordering::Relaxed);
-        let expanded = self.expanded.load(Ordering::Relaxed);
+        let expanded = self
+            .expanded
+            .load(Ordering::Relaxed)
+            .max(self.written.load(Ordering::Relaxed));
         let l = self.limits;
         if expanded > l.ratio_grace_bytes
             && expanded > l.max_compression_ratio.saturating_mul(compressed.max(1))
@@ -346,6 +358,7 @@ pub fn extract_buffered<R: BufRead + Send + 'static>(
         limits: opts.limits,
         compressed: Arc::new(AtomicU64::new(0)),
         expanded: Arc::new(AtomicU64::new(0)),
+        written: AtomicU64::new(0),
     };
     let mut compressed = CountedBuf {
         inner: src,

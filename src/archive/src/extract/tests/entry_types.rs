@@ -37,6 +37,11 @@ fn a_contiguous_file_is_a_regular_file() {
 
 /// A GNU sparse file with 5 bytes of data at 1024 and a hole to 4096.
 fn sparse_tar() -> Vec<u8> {
+    sparse_tar_of(4096)
+}
+
+/// A GNU sparse file with 5 bytes of data at 1024 and a hole to `real`.
+fn sparse_tar_of(real: u64) -> Vec<u8> {
     let mut h = Header::new_gnu();
     h.set_entry_type(EntryType::GNUSparse);
     h.set_mode(0o644);
@@ -44,9 +49,9 @@ fn sparse_tar() -> Vec<u8> {
     let gnu = h.as_gnu_mut().expect("gnu");
     gnu.sparse[0].set_offset(1024);
     gnu.sparse[0].set_length(5);
-    gnu.sparse[1].set_offset(4096);
+    gnu.sparse[1].set_offset(real);
     gnu.sparse[1].set_length(0);
-    gnu.set_real_size(4096);
+    gnu.set_real_size(real);
     h.as_old_mut().name[..6].copy_from_slice(b"sparse");
     h.set_cksum();
     let mut b = Builder::new(Vec::new());
@@ -63,6 +68,23 @@ fn a_gnu_sparse_file_is_written_dense_at_its_real_size() {
     want[1024..1029].copy_from_slice(b"hello");
     assert_eq!(got, want);
     assert_eq!(stats.bytes_written, 4096);
+}
+
+/// A few hundred bytes declaring a huge sparse file: the zeros written for
+/// its holes count against the compression ratio, like a bomb's.
+#[test]
+fn a_gnu_sparse_file_s_holes_count_against_the_compression_ratio() {
+    let d = dirs();
+    let l = with(|l| {
+        l.max_compression_ratio = 100;
+        l.ratio_grace_bytes = 1 << 20;
+    });
+    assert_eq!(
+        limit(limited(&d.ws, sparse_tar_of(64 << 20), l)),
+        "max_compression_ratio"
+    );
+    let written = fs::metadata(d.ws.join("sparse")).map_or(0, |m| m.len());
+    assert!(written <= 2 << 20, "stopped early: {written} bytes written");
 }
 
 #[test]
@@ -251,7 +273,7 @@ fn an_unknown_entry_type_is_refused() {
     let tar = Tar::new()
         .raw(EntryType::new(b'V'), b"label", b"", 0o644, b"")
         .bytes();
-    assert_invalid(run(&d.ws, tar), "has an unsupported type");
+    assert_invalid(run(&d.ws, tar), "has an unsupported type 'V'");
 }
 
 #[test]
