@@ -454,7 +454,7 @@ fn routes(
             .max_encoding_message_size(max),
         )
         .add_service(
-            proto::workspace_server::WorkspaceServer::new(rpc::WorkspaceService::new(workspace))
+            proto::workspace_server::WorkspaceServer::new(rpc::WorkspaceService::new(workspace, lifecycle.clone()))
                 .max_decoding_message_size(max)
                 .max_encoding_message_size(max),
         )

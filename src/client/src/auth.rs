@@ -126,10 +126,14 @@ impl fmt::Debug for Token {
 }
 
 /// Client interceptor adding `authorization: Bearer <token>` when a token is
-/// configured.
+/// configured, and the lease the calls are made for
+/// ([`crate::lease::HEADER`]) when bound to one.
 #[derive(Clone, Default)]
 pub struct BearerInterceptor {
     header: Option<MetadataValue<Ascii>>,
+    /// `Err`: a lease id that cannot be sent; every call fails rather than
+    /// go out unbound.
+    lease: Option<Result<MetadataValue<Ascii>, String>>,
 }
 
 impl BearerInterceptor {
@@ -138,6 +142,18 @@ impl BearerInterceptor {
             // A validated token is printable ASCII, so this cannot fail; a
             // failure would only drop the header, never panic.
             header: token.and_then(|t| format!("Bearer {}", t.expose()).parse().ok()),
+            lease: None,
+        }
+    }
+
+    /// The same, naming lease `id` on every call.
+    pub fn with_lease(&self, id: &str) -> BearerInterceptor {
+        BearerInterceptor {
+            header: self.header.clone(),
+            lease: Some(
+                id.parse()
+                    .map_err(|_| format!("lease id {id:?} is not printable ASCII")),
+            ),
         }
     }
 }
@@ -146,6 +162,13 @@ impl tonic::service::Interceptor for BearerInterceptor {
     fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, Status> {
         if let Some(h) = &self.header {
             req.metadata_mut().insert("authorization", h.clone());
+        }
+        match &self.lease {
+            None => {}
+            Some(Ok(l)) => {
+                req.metadata_mut().insert(crate::lease::HEADER, l.clone());
+            }
+            Some(Err(e)) => return Err(Status::invalid_argument(e.clone())),
         }
         Ok(req)
     }

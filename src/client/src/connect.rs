@@ -155,6 +155,17 @@ pub struct Client {
 }
 
 impl Client {
+    /// This connection, with every call naming lease `id`: the agent
+    /// refuses the calls once that lease is not current
+    /// ([`crate::lease`]).
+    pub fn for_lease(&self, id: &str) -> Client {
+        Client {
+            channel: self.channel.clone(),
+            auth: self.auth.with_lease(id),
+            endpoint: self.endpoint.clone(),
+        }
+    }
+
     pub fn agent(&self) -> AgentClient<AuthChannel> {
         AgentClient::with_interceptor(self.channel.clone(), self.auth.clone())
     }

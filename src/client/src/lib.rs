@@ -14,6 +14,7 @@
 //! - [`mcp_client`]: a small streamable-HTTP MCP client (used by sandboxctl).
 //! - [`mcp_forward`]: forwarding MCP requests to a data plane, and the
 //!   local-only Host/Origin rule of a proxy.
+//! - [`lease`]: naming the lease a request was admitted under.
 //! - [`limits`]: the numbers the agent and its hosts must agree on (ports,
 //!   TTL bounds).
 //! - [`random`]: random bytes and hex tokens from the OS (an error when it
@@ -28,6 +29,7 @@
 
 pub mod auth;
 mod connect;
+pub mod lease;
 pub mod limits;
 pub mod mcp;
 pub mod mcp_client;

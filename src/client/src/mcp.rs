@@ -53,7 +53,9 @@ pub mod code {
 
 /// Request headers a proxy must not forward: the hop-by-hop ones (RFC 9110
 /// §7.6.1), `host` (the proxy's client addressed the proxy, not the
-/// upstream) and `authorization` (each hop has its own credentials).
+/// upstream), `authorization` (each hop has its own credentials) and the
+/// lease a request was admitted under ([`crate::lease::HEADER`]: each hop
+/// that admits names it itself).
 pub const NOT_FORWARDED: &[&str] = &[
     "connection",
     "keep-alive",
@@ -65,6 +67,7 @@ pub const NOT_FORWARDED: &[&str] = &[
     "upgrade",
     "host",
     "authorization",
+    crate::lease::HEADER,
 ];
 
 /// The server an MCP endpoint path names: `/<name>/mcp` or `/<name>/mcp/`

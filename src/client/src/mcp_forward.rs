@@ -95,15 +95,26 @@ pub enum ForwardError {
     Request(#[from] hyper::http::Error),
 }
 
+/// How a forwarded request is admitted upstream.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Upstream<'a> {
+    /// The data plane's bearer token.
+    pub token: Option<&'a str>,
+    /// The lease the request was admitted under ([`crate::lease`]): the
+    /// agent refuses it once that lease has ended.
+    pub lease: Option<&'a str>,
+}
+
 /// Sends `req` to `path` on the data plane at `target` over a connection of
-/// its own: the hop-by-hop headers, Host and Authorization are dropped, and
-/// `token`, if any, is sent as the data plane's bearer token. The answer's
-/// body streams as the agent writes it (SSE included).
+/// its own: the hop-by-hop headers, Host, Authorization and any lease the
+/// client named are dropped; `up` gives the data plane's bearer token and
+/// the lease, if any. The answer's body streams as the agent writes it (SSE
+/// included).
 pub async fn forward<B>(
     target: &Endpoint,
     path: &str,
     req: Request<B>,
-    token: Option<&str>,
+    up_auth: Upstream<'_>,
     timeout: Duration,
     hv: &HvsockOptions,
 ) -> Result<Response<Incoming>, ForwardError>
@@ -122,8 +133,11 @@ where
             up = up.header(k, v);
         }
     }
-    if let Some(t) = token {
+    if let Some(t) = up_auth.token {
         up = up.header(header::AUTHORIZATION, format!("Bearer {t}"));
+    }
+    if let Some(l) = up_auth.lease {
+        up = up.header(crate::lease::HEADER, l);
     }
     let up = up.body(body)?;
     let sock = dial(target, timeout, hv).await?;

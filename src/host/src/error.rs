@@ -69,6 +69,13 @@ pub enum HostError {
     /// The agent refused or failed `what`; its gRPC code decides.
     #[error("{what}: {}", status.message())]
     Agent { what: String, status: tonic::Status },
+    /// The sandbox's lease ended or was reset while the request was in
+    /// flight (409): it was stopped, and nothing of it reached the sandbox
+    /// after that.
+    #[error(
+        "sandbox {0} was released or reset while this request was in flight; the request was stopped and nothing of it reached the sandbox after that"
+    )]
+    LeaseEnded(String),
     /// The agent answered something this host cannot read (500).
     #[error("{0}")]
     BadAgentAnswer(String),
@@ -105,6 +112,7 @@ impl HostError {
                 StatusCode::SERVICE_UNAVAILABLE
             }
             HostError::DataPlane(_) => StatusCode::BAD_GATEWAY,
+            HostError::LeaseEnded(_) => StatusCode::CONFLICT,
             HostError::Agent { status, .. } => agent_status(status.code()),
             HostError::BadAgentAnswer(_) | HostError::Store(_) | HostError::Internal(_) => {
                 StatusCode::INTERNAL_SERVER_ERROR

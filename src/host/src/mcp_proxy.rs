@@ -2,7 +2,10 @@
 //! a sandbox, reverse-proxied to its agent's data plane with bodies
 //! streamed both ways (SSE answers pass through as they are written).
 //! Either the URL's `mcp_token` (a capability for that sandbox while it is
-//! live) or the API key of the sandbox's owner admits a request.
+//! live) or the API key of the sandbox's owner admits a request. The
+//! request runs under its sandbox's lease: the agent is told which
+//! (`sandbox_client::lease`) and refuses it once that lease has ended, and
+//! the sandbox's Release or Reset stops it here, body and answer alike.
 
 use axum::body::Body;
 use axum::extract::State;
@@ -11,8 +14,9 @@ use axum::response::Response;
 use http_body_util::BodyExt;
 
 use sandbox_client::mcp;
+use sandbox_client::mcp_forward::Upstream;
 
-use crate::api::Shared;
+use crate::api::{Shared, inflight};
 use crate::error::{HostError, HostResult};
 use crate::store::SandboxRow;
 
@@ -29,21 +33,22 @@ pub async fn proxy(State(h): State<Shared>, req: Request<Body>) -> HostResult<Re
         )));
     }
     let slot = h.pool.leased_slot(&s.slot).ok_or(HostError::AgentGone)?;
-    let resp = sandbox_client::mcp_forward::forward(
-        &slot.mcp_endpoint(),
-        &format!("/{server}/mcp"),
-        req,
-        None,
-        std::time::Duration::from_secs(5),
-        &sandbox_client::transport::HvsockOptions::default(),
-    )
-    .await
-    .map_err(|e| HostError::DataPlane(format!("the sandbox's MCP data plane: {e}")))?;
+    let token = inflight::admit(&h, &s)?;
+    let up = Upstream {
+        token: None,
+        lease: Some(id),
+    };
+    let (endpoint, path) = (slot.mcp_endpoint(), format!("/{server}/mcp"));
+    let hv = sandbox_client::transport::HvsockOptions::default();
+    let timeout = std::time::Duration::from_secs(5);
+    let forward = sandbox_client::mcp_forward::forward(&endpoint, &path, req, up, timeout, &hv);
+    let resp = tokio::select! {
+        r = forward => r.map_err(|e| HostError::DataPlane(format!("the sandbox's MCP data plane: {e}")))?,
+        _ = token.cancelled() => return Err(inflight::ended(id)),
+    };
     let (parts, body) = resp.into_parts();
-    Ok(Response::from_parts(
-        parts,
-        Body::new(body.map_err(axum::Error::new)),
-    ))
+    let body = Body::new(body.map_err(axum::Error::new));
+    Ok(Response::from_parts(parts, inflight::body(body, token, id)))
 }
 
 /// The live sandbox the request may use: by the URL's `mcp_token` (when

@@ -119,6 +119,7 @@ impl Host {
             max_per_owner: args.max_sandboxes_per_key,
             acquiring: Default::default(),
             releases: tokio_util::task::TaskTracker::new(),
+            inflight: Default::default(),
         });
         tokio::spawn(pool.keep_warm());
         tokio::spawn(api::reap(host.clone()));

@@ -184,7 +184,10 @@ impl Proxy {
             return refusal(StatusCode::NOT_FOUND, "MCP endpoints are /<server>/mcp");
         };
         let path = format!("/{server}/mcp");
-        let up = self.upstream_token.as_ref().map(|t| t.expose());
+        let up = sandbox_client::mcp_forward::Upstream {
+            token: self.upstream_token.as_ref().map(|t| t.expose()),
+            lease: None,
+        };
         match sandbox_client::mcp_forward::forward(
             &self.target,
             &path,

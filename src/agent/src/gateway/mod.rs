@@ -252,6 +252,15 @@ impl Gateway {
             );
         };
         let view = self.lc.view();
+        let current = view.lease.as_ref().map(|l| l.id.as_str());
+        // The lease the host admitted the request under; else the current
+        // one. Either way the request stays bound to it (`lease_ended`).
+        let lease = match bound_lease(req.headers()) {
+            Err(r) => return r,
+            Ok(Some(l)) if current != Some(l.as_str()) => return ended(&l),
+            Ok(Some(l)) => l,
+            Ok(None) => current.unwrap_or_default().to_owned(),
+        };
         let leased = view
             .lease
             .as_ref()
@@ -266,7 +275,6 @@ impl Gateway {
                 format!("server {name:?} is not served here: {detail}"),
             );
         }
-        let lease = view.lease.map(|l| l.id).unwrap_or_default();
         let span = tracing::debug_span!("mcp", server = %name);
         async {
             // A lazy lease's server starts on its first request, which
@@ -319,9 +327,40 @@ impl Gateway {
     ) -> Response<Body> {
         let transport = self.manifest.get(name).map(|d| d.transport.clone());
         match transport {
-            Some(Transport::Http { port, path }) => self.proxy(req, name, port, &path).await,
+            Some(Transport::Http { port, path }) => self.proxy(req, name, lease, port, &path).await,
             _ => self.stdio(req, name, lease).await,
         }
+    }
+
+    /// A request's body, within `gateway.max_body_bytes` (413 beyond it).
+    async fn read_body(&self, body: Incoming) -> Result<Bytes, Box<Response<Body>>> {
+        let max = self.cfg.max_body_bytes;
+        match http_body_util::Limited::new(body, max).collect().await {
+            Ok(b) => Ok(b.to_bytes()),
+            Err(e) => {
+                let status = if e
+                    .downcast_ref::<http_body_util::LengthLimitError>()
+                    .is_some()
+                {
+                    StatusCode::PAYLOAD_TOO_LARGE
+                } else {
+                    StatusCode::BAD_REQUEST
+                };
+                Err(Box::new(http_error(
+                    status,
+                    format!("reading the body: {e} (limit gateway.max_body_bytes = {max})"),
+                )))
+            }
+        }
+    }
+
+    /// A request of lease `lease` whose body is read and whose server's
+    /// connection is in hand: refused (404) unless that lease is still
+    /// current. Lease ids are never reused, so the connection was taken
+    /// while the lease was current: it is that lease's server, never the
+    /// next lease's.
+    fn lease_ended(&self, name: &str, lease: &str) -> Option<Response<Body>> {
+        (!self.leased(name, lease)).then(|| ended(lease))
     }
 
     /// Whether `name` is a server of lease `lease`, which is current.
@@ -413,6 +452,27 @@ impl Gateway {
             .conn(name)
             .ok_or_else(|| NotReady::Gone(name.to_owned()))
     }
+}
+
+/// The lease a request names (`sandbox-lease`, set by the host that
+/// admitted it), if any.
+fn bound_lease(h: &HeaderMap) -> Result<Option<String>, Response<Body>> {
+    match h.get(sandbox_client::lease::HEADER) {
+        None => Ok(None),
+        Some(v) => v.to_str().map(|s| Some(s.to_owned())).map_err(|_| {
+            http_error(
+                StatusCode::BAD_REQUEST,
+                "the sandbox-lease header is not printable ASCII",
+            )
+        }),
+    }
+}
+
+/// The answer to a request whose lease has ended (never naming the lease
+/// that holds the sandbox now).
+fn ended(lease: &str) -> Response<Body> {
+    let e = crate::lifecycle::LcError::LeaseEnded(lease.to_owned());
+    http_error(StatusCode::NOT_FOUND, e.to_string())
 }
 
 /// Why a request cannot reach a server now (the client gets a 503 saying

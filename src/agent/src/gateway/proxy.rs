@@ -1,7 +1,7 @@
 //! Reverse proxy for servers that speak streamable HTTP themselves.
 
 use http::{Response, StatusCode, header};
-use http_body_util::{BodyExt, Limited};
+use http_body_util::BodyExt;
 use hyper::body::Incoming;
 
 use sandbox_client::mcp::NOT_FORWARDED;
@@ -10,19 +10,28 @@ use super::{Body, BoxError, Gateway, http_error};
 
 impl Gateway {
     /// Reverse-proxies a request to a server that speaks streamable HTTP
-    /// itself. Bodies stream both ways, so SSE answers pass through as they
-    /// are written; the request body is limited like any other.
+    /// itself. The request body is read whole (within the limit), then the
+    /// lease is checked again (`lease_ended`); answers stream, so SSE
+    /// passes through as it is written.
     pub(super) async fn proxy(
         &self,
         req: http::Request<Incoming>,
         name: &str,
+        lease: &str,
         port: u16,
         path: &str,
     ) -> Response<Body> {
+        let (parts, body) = req.into_parts();
+        let body = match self.read_body(body).await {
+            Ok(b) => http_body_util::Full::new(b),
+            Err(refused) => return *refused,
+        };
         if let Err(e) = self.conn_ready(name).await {
             return http_error(StatusCode::SERVICE_UNAVAILABLE, e.to_string());
         }
-        let (parts, body) = req.into_parts();
+        if let Some(refused) = self.lease_ended(name, lease) {
+            return refused;
+        }
         let mut up = http::Request::builder()
             .method(parts.method.clone())
             .uri(path)
@@ -32,7 +41,6 @@ impl Gateway {
                 up = up.header(k, v);
             }
         }
-        let body = Limited::new(body, self.cfg.max_body_bytes);
         let up = match up.body(body) {
             Ok(r) => r,
             Err(e) => {

@@ -89,6 +89,13 @@ pub enum LcError {
         asked: String,
         current: Option<String>,
     },
+    /// A request bound to a lease (`sandbox_client::lease`) arrived, or
+    /// finished arriving, after that lease ended. The message never names
+    /// the lease that holds the sandbox now.
+    #[error(
+        "lease {0:?} has ended: this request was admitted under it and is refused; nothing was done"
+    )]
+    LeaseEnded(String),
     #[error(transparent)]
     Supervisor(#[from] SupError),
     #[error(

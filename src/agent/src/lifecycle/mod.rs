@@ -33,7 +33,7 @@ use crate::exec::Executions;
 use crate::mail::{Account, Mail};
 use crate::supervisor::manifest::{Benchmark, LaunchSpec, Manifest};
 use crate::supervisor::{State, Supervisor};
-use crate::workspace::Workspace;
+use crate::workspace::{Fence, Workspace};
 
 pub use acquire::{AcquireParams, Selection, Ttl};
 pub use error::{LcError, MAX_LEASE_ID_LEN, ReadyError};
@@ -287,6 +287,35 @@ impl Lifecycle {
             lease: Some(c.lease.clone()),
             last_release,
         }
+    }
+
+    /// Refuses a request bound to lease `lease` ([`sandbox_client::lease`])
+    /// once that lease is not current; an unbound request (`""`) passes.
+    /// Lease ids are never reused, so a lease current now was current
+    /// all along since the request was admitted.
+    pub fn check_lease(&self, lease: &str) -> Result<(), LcError> {
+        if lease.is_empty() {
+            return Ok(());
+        }
+        match self.current().as_ref() {
+            Some(c) if c.lease.id == lease => Ok(()),
+            _ => Err(LcError::LeaseEnded(lease.to_owned())),
+        }
+    }
+
+    /// [`Self::check_lease`] as the workspace checks it: with the
+    /// workspace claimed (a Release waits for the claim before the lease
+    /// ends), before reading it and again before swapping in an archive
+    /// whose last bytes came late. `None` for an unbound request.
+    pub fn fence(&self, lease: &str) -> Option<Fence> {
+        if lease.is_empty() {
+            return None;
+        }
+        let (me, lease) = (self.me.clone(), lease.to_owned());
+        Some(Fence::new(move || match me.upgrade() {
+            Some(lc) => lc.check_lease(&lease).map_err(|e| e.to_string()),
+            None => Err("the agent is stopping".into()),
+        }))
     }
 
     fn current(&self) -> std::sync::MutexGuard<'_, Option<Current>> {

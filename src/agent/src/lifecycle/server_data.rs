@@ -30,9 +30,16 @@ enum Provider {
 }
 
 impl Lifecycle {
-    /// Loads `what` into the data of leased server `server`.
-    pub async fn load_server_data(&self, server: &str, what: Load<'_>) -> Result<String, LcError> {
+    /// Loads `what` into the data of leased server `server`, for a request
+    /// admitted under `lease` (`""`: the current one).
+    pub async fn load_server_data(
+        &self,
+        lease: &str,
+        server: &str,
+        what: Load<'_>,
+    ) -> Result<String, LcError> {
         let _op = self.op.lock().await;
+        self.check_lease(lease)?;
         match self.data_of(server)? {
             Provider::Mail(m) => Ok(m.load(what).await?),
             Provider::Tool(t) => {
@@ -50,9 +57,11 @@ impl Lifecycle {
         }
     }
 
-    /// The data of leased server `server`, as JSON.
-    pub async fn dump_server_data(&self, server: &str) -> Result<Vec<u8>, LcError> {
+    /// The data of leased server `server`, as JSON, for a request admitted
+    /// under `lease` (`""`: the current one).
+    pub async fn dump_server_data(&self, lease: &str, server: &str) -> Result<Vec<u8>, LcError> {
         let _op = self.op.lock().await;
+        self.check_lease(lease)?;
         match self.data_of(server)? {
             Provider::Mail(m) => Ok(m.dump().await?),
             Provider::Tool(t) => t.dump().await.map_err(|source| LcError::Data {

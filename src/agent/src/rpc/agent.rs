@@ -114,10 +114,12 @@ impl proto::agent_server::Agent for AgentService {
         &self,
         req: Request<proto::ReleaseRequest>,
     ) -> Result<Response<proto::ReleaseResponse>, Status> {
+        let meta = super::lease_of(&req)?;
         let r = req.into_inner();
+        let lease = super::one_lease(&r.lease_id, meta)?;
         let message = self
             .lc
-            .release(&r.lease_id, r.is_ttl)
+            .release(&lease, r.is_ttl)
             .await
             .map_err(lc_status)?;
         Ok(Response::new(proto::ReleaseResponse {
@@ -130,8 +132,10 @@ impl proto::agent_server::Agent for AgentService {
         &self,
         req: Request<proto::ResetRequest>,
     ) -> Result<Response<proto::ResetResponse>, Status> {
+        let meta = super::lease_of(&req)?;
         let r = req.into_inner();
-        let (l, st) = self.lc.reset(&r.lease_id).await.map_err(lc_status)?;
+        let lease_id = super::one_lease(&r.lease_id, meta)?;
+        let (l, st) = self.lc.reset(&lease_id).await.map_err(lc_status)?;
         Ok(Response::new(proto::ResetResponse {
             status: sandbox_status(st),
             message: format!(

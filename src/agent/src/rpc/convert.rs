@@ -38,6 +38,7 @@ pub(super) fn init_request(h: proto::InitializeHeader) -> Result<InitRequest, St
         expected_sha256: h.expected_sha256,
         size_hint: h.size_hint,
         durable: h.durable,
+        fence: None,
     })
 }
 
@@ -60,6 +61,7 @@ pub(super) fn dump_request(r: proto::DumpRequest) -> DumpRequest {
     DumpRequest {
         exclude: r.exclude,
         sub_path: r.sub_path,
+        fence: None,
     }
 }
 

@@ -26,6 +26,44 @@ impl ExecService {
     }
 }
 
+/// A request's message with its one lease in `lease_id`: the message's,
+/// or the call's `sandbox-lease` metadata (the host sends both).
+fn bound<T: HasLease>(req: Request<T>) -> Result<T, Status> {
+    let meta = super::lease_of(&req)?;
+    let mut r = req.into_inner();
+    let lease = super::one_lease(r.lease(), meta)?;
+    *r.lease_mut() = lease;
+    Ok(r)
+}
+
+/// The messages that name a lease.
+trait HasLease {
+    fn lease(&self) -> &str;
+    fn lease_mut(&mut self) -> &mut String;
+}
+
+macro_rules! has_lease {
+    ($($t:ty),*) => {$(
+        impl HasLease for $t {
+            fn lease(&self) -> &str {
+                &self.lease_id
+            }
+            fn lease_mut(&mut self) -> &mut String {
+                &mut self.lease_id
+            }
+        }
+    )*};
+}
+
+has_lease!(
+    proto::ExecStartRequest,
+    proto::ExecStatusRequest,
+    proto::ExecListRequest,
+    proto::ExecLogsRequest,
+    proto::ExecExportRequest,
+    proto::ExecCancelRequest
+);
+
 /// One cursor read, as the answer to Logs (and each FollowLogs message).
 fn read_logs(
     exec: &Executions,
@@ -82,8 +120,9 @@ impl proto::exec_server::Exec for ExecService {
         req: Request<Streaming<proto::ExecUploadRequest>>,
     ) -> Result<Response<proto::ExecUploadResponse>, Status> {
         use proto::exec_upload_request::Msg;
+        let meta = super::lease_of(&req)?;
         let mut stream = req.into_inner();
-        let header = match stream.message().await? {
+        let mut header = match stream.message().await? {
             Some(proto::ExecUploadRequest {
                 msg: Some(Msg::Header(h)),
             }) => h,
@@ -93,6 +132,7 @@ impl proto::exec_server::Exec for ExecService {
                 ));
             }
         };
+        header.lease_id = super::one_lease(&header.lease_id, meta)?;
         let comp = convert::compression(header.compression)?;
         let limits = self.exec.config().archive.clone();
         if header.size_hint > limits.max_archive_bytes {
@@ -157,7 +197,7 @@ impl proto::exec_server::Exec for ExecService {
         &self,
         req: Request<proto::ExecStartRequest>,
     ) -> Result<Response<proto::ExecStatus>, Status> {
-        let r = req.into_inner();
+        let r = bound(req)?;
         let v = self
             .exec
             .start(&r.lease_id, &r.execution_name)
@@ -170,7 +210,7 @@ impl proto::exec_server::Exec for ExecService {
         &self,
         req: Request<proto::ExecStatusRequest>,
     ) -> Result<Response<proto::ExecStatus>, Status> {
-        let r = req.into_inner();
+        let r = bound(req)?;
         let v = self
             .exec
             .status(&r.lease_id, &r.execution_name)
@@ -182,7 +222,7 @@ impl proto::exec_server::Exec for ExecService {
         &self,
         req: Request<proto::ExecListRequest>,
     ) -> Result<Response<proto::ExecListResponse>, Status> {
-        let r = req.into_inner();
+        let r = bound(req)?;
         let v = self.exec.list(&r.lease_id).map_err(exec_status)?;
         Ok(Response::new(proto::ExecListResponse {
             executions: v.into_iter().map(exec_view).collect(),
@@ -193,7 +233,7 @@ impl proto::exec_server::Exec for ExecService {
         &self,
         req: Request<proto::ExecLogsRequest>,
     ) -> Result<Response<proto::ExecLogsResponse>, Status> {
-        let r = req.into_inner();
+        let r = bound(req)?;
         let exec = self.exec.clone();
         let out = tokio::task::spawn_blocking(move || read_logs(&exec, &r, r.cursor))
             .await
@@ -208,7 +248,7 @@ impl proto::exec_server::Exec for ExecService {
         &self,
         req: Request<proto::ExecLogsRequest>,
     ) -> Result<Response<Self::FollowLogsStream>, Status> {
-        let r = req.into_inner();
+        let r = bound(req)?;
         // Fail at once for an unknown execution or lease.
         self.exec
             .status(&r.lease_id, &r.execution_name)
@@ -276,7 +316,7 @@ impl proto::exec_server::Exec for ExecService {
         &self,
         req: Request<proto::ExecExportRequest>,
     ) -> Result<Response<Self::ExportStream>, Status> {
-        let r = req.into_inner();
+        let r = bound(req)?;
         self.exec
             .status(&r.lease_id, &r.execution_name)
             .map_err(exec_status)?;
@@ -325,7 +365,7 @@ impl proto::exec_server::Exec for ExecService {
         &self,
         req: Request<proto::ExecCancelRequest>,
     ) -> Result<Response<proto::ExecStatus>, Status> {
-        let r = req.into_inner();
+        let r = bound(req)?;
         let v = self
             .exec
             .cancel(&r.lease_id, &r.execution_name)

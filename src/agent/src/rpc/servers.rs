@@ -111,6 +111,7 @@ impl proto::servers_server::Servers for ServersService {
         &self,
         req: Request<proto::LoadDataRequest>,
     ) -> Result<Response<proto::LoadDataResponse>, Status> {
+        let lease = super::lease_of(&req)?;
         let r = req.into_inner();
         let what = if r.default_data {
             Load::Default
@@ -119,7 +120,7 @@ impl proto::servers_server::Servers for ServersService {
         };
         let summary = self
             .lc
-            .load_server_data(&r.server_name, what)
+            .load_server_data(&lease, &r.server_name, what)
             .await
             .map_err(lc_status)?;
         Ok(Response::new(proto::LoadDataResponse { summary }))
@@ -129,8 +130,13 @@ impl proto::servers_server::Servers for ServersService {
         &self,
         req: Request<proto::DumpDataRequest>,
     ) -> Result<Response<proto::DumpDataResponse>, Status> {
+        let lease = super::lease_of(&req)?;
         let name = req.into_inner().server_name;
-        let json = self.lc.dump_server_data(&name).await.map_err(lc_status)?;
+        let json = self
+            .lc
+            .dump_server_data(&lease, &name)
+            .await
+            .map_err(lc_status)?;
         let json = String::from_utf8(json)
             .map_err(|e| Status::internal(format!("the dump of {name} is not UTF-8: {e}")))?;
         Ok(Response::new(proto::DumpDataResponse {

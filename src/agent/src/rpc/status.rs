@@ -19,6 +19,7 @@ pub(super) fn ws_status(e: WorkspaceError) -> Status {
         WorkspaceError::Busy(_) => Status::aborted(msg),
         WorkspaceError::NotFound(_) => Status::not_found(msg),
         WorkspaceError::Stuck(_) => Status::failed_precondition(msg),
+        WorkspaceError::LeaseEnded(_) => Status::not_found(msg),
     }
 }
 
@@ -104,7 +105,9 @@ pub(super) fn lc_status(e: LcError) -> Status {
         | LcError::NoBenchmarkData { .. }
         | LcError::Launch(_)
         | LcError::MissingCredentials(_) => Status::failed_precondition(message),
-        LcError::NoSuchLease { .. } | LcError::Supervisor(_) => Status::not_found(message),
+        LcError::NoSuchLease { .. } | LcError::LeaseEnded(_) | LcError::Supervisor(_) => {
+            Status::not_found(message)
+        }
         LcError::NotInLease { .. } => Status::failed_precondition(message),
         LcError::NoServerData { .. } => Status::unimplemented(message),
         LcError::Data { source: d, .. } => data_status(&d, message),

@@ -26,6 +26,10 @@ pub enum WorkspaceError {
     /// (FAILED_PRECONDITION). The message says what to fix.
     #[error("{0}")]
     Stuck(String),
+    /// The lease the request was admitted under has ended
+    /// (`sandbox_client::lease`): nothing was read or changed (NOT_FOUND).
+    #[error("{0}")]
+    LeaseEnded(String),
 }
 
 impl WorkspaceError {

@@ -34,5 +34,5 @@ pub mod txn;
 pub use codec::Compression;
 pub use error::{ArchiveError, WorkspaceError};
 pub use limits::{ArchiveLimits, MAX_CHUNK_BYTES};
-pub use ops::{DumpRequest, InitRequest, InitStats, OpGuard, Workspace};
+pub use ops::{DumpRequest, Fence, InitRequest, InitStats, OpGuard, Workspace};
 pub use transfer::{DumpItem, DumpMsg, DumpSummary, TransferError};

@@ -25,6 +25,33 @@ pub struct InitStats {
     pub durable: bool,
 }
 
+/// The lease a request was admitted under, checked with the workspace
+/// claimed, right before an operation reads or changes it: a request whose
+/// lease has ended since it arrived (its body still arriving when the next
+/// tenant leased the sandbox) is refused there (`sandbox_client::lease`).
+#[derive(Clone)]
+pub struct Fence(Arc<dyn Fn() -> Result<(), String> + Send + Sync>);
+
+impl Fence {
+    /// `check` says why the request may no longer proceed.
+    pub fn new(check: impl Fn() -> Result<(), String> + Send + Sync + 'static) -> Fence {
+        Fence(Arc::new(check))
+    }
+
+    fn check(f: &Option<Fence>) -> Result<(), WorkspaceError> {
+        match f {
+            Some(f) => (f.0)().map_err(WorkspaceError::LeaseEnded),
+            None => Ok(()),
+        }
+    }
+}
+
+impl std::fmt::Debug for Fence {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Fence")
+    }
+}
+
 /// What to Initialize.
 #[derive(Debug, Clone, Default)]
 pub struct InitRequest {
@@ -36,6 +63,8 @@ pub struct InitRequest {
     pub size_hint: u64,
     /// Flush to disk before answering; `None`: `archive.durable_initialize`.
     pub durable: Option<bool>,
+    /// Checked before extracting and again before the swap.
+    pub fence: Option<Fence>,
 }
 
 /// What to Dump.
@@ -43,6 +72,8 @@ pub struct InitRequest {
 pub struct DumpRequest {
     pub exclude: Vec<String>,
     pub sub_path: String,
+    /// Checked before the first entry is read.
+    pub fence: Option<Fence>,
 }
 
 /// How often [`Workspace::begin_within`] looks whether the workspace is free.
@@ -77,6 +108,7 @@ impl OpGuard {
         src: stream::ChannelReader,
         outcome: &Mutex<stream::ReadOutcome>,
     ) -> Result<InitStats, WorkspaceError> {
+        Fence::check(&req.fence)?;
         self.ws.recovered()?;
         self.ws.initialize(req, src, outcome)
     }
@@ -89,8 +121,16 @@ impl OpGuard {
         out: W,
         cancelled: Option<&std::sync::atomic::AtomicBool>,
     ) -> Result<(W, pack::PackStats), WorkspaceError> {
+        Fence::check(&req.fence)?;
         self.ws.recovered()?;
         self.ws.dump(req, out, cancelled)
+    }
+
+    /// Empties the workspace atomically, unless `fence` refuses. Returns
+    /// the number of top-level entries removed. Blocking.
+    pub fn clear_for(&self, fence: &Option<Fence>) -> Result<u64, WorkspaceError> {
+        Fence::check(fence)?;
+        self.clear()
     }
 
     /// Empties the workspace atomically. Returns the number of top-level
@@ -427,6 +467,9 @@ impl Workspace {
             txn::fault_point("before-commit");
             Ok((stats, sha, count))
         })();
+        // The whole archive is read: the lease it came under must still be
+        // current (the claim held, no Release can end it meanwhile).
+        let result = result.and_then(|r| Fence::check(&req.fence).map(|()| r));
         match result {
             Ok((stats, sha, count)) => {
                 let durable = req.durable.unwrap_or(self.limits.durable_initialize);

@@ -74,10 +74,12 @@ pub fn is_live(h: &Host, id: &str) -> bool {
     matches!(h.store.get_live(id), Ok(Some(_)))
 }
 
-/// The agent of a live sandbox.
+/// The agent of a live sandbox, every call bound to its lease: the agent
+/// refuses them once the lease has ended (`sandbox_client::lease`).
 pub async fn agent_of(h: &Host, s: &SandboxRow) -> HostResult<sandbox_client::Client> {
     let slot = h.pool.leased_slot(&s.slot).ok_or(HostError::AgentGone)?;
-    slot.client().await.map_err(HostError::AgentUnreachable)
+    let c = slot.client().await.map_err(HostError::AgentUnreachable)?;
+    Ok(c.for_lease(&s.id))
 }
 
 /// `<public_url>/transfer/<path>?<signature of action on sandbox id>`.

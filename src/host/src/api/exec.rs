@@ -21,7 +21,7 @@ use serde_json::Value;
 
 use crate::error::{HostError, HostResult};
 
-use super::Shared;
+use super::{Shared, inflight};
 use super::common::{
     SignedQuery, URL_MINUTES, agent_of, archive_response, check_signed, is_live, owner, sandbox_of,
     signed_url, stored_chunks, stream_to_agent,
@@ -178,15 +178,19 @@ pub async fn execute(
     let name = body_name(&body)?;
     let s = sandbox_of(&h, &headers, &id)?;
     let file = stored_archive(&h, &id, &name).await?;
-    let c = agent_of(&h, &s).await?;
-    let up = upload_to_agent(&c, file, &id, &name).await?;
-    c.exec()
-        .start(proto::ExecStartRequest {
-            lease_id: id.clone(),
-            execution_name: name.clone(),
-        })
-        .await
-        .map_err(HostError::agent("execute"))?;
+    let up = inflight::run(&h, &s, async {
+        let c = agent_of(&h, &s).await?;
+        let up = upload_to_agent(&c, file, &id, &name).await?;
+        c.exec()
+            .start(proto::ExecStartRequest {
+                lease_id: id.clone(),
+                execution_name: name.clone(),
+            })
+            .await
+            .map_err(HostError::agent("execute"))?;
+        Ok(up)
+    })
+    .await?;
     let replaced = match (up.replaced, up.killed_running) {
         (_, true) => " (replacing a running execution of that name, which was killed)",
         (true, false) => " (replacing the previous execution of that name)",
@@ -334,15 +338,20 @@ pub async fn exec_download(
 ) -> HostResult<Response> {
     check_name("path", &name)?;
     let s = check_signed(&h, &action("exec-export", &name), &id, &q)?;
-    let stream = agent_of(&h, &s)
-        .await?
-        .exec()
-        .export(proto::ExecExportRequest {
-            lease_id: id,
-            execution_name: name.clone(),
-        })
-        .await
-        .map_err(HostError::agent("export-artifacts"))?
-        .into_inner();
-    archive_response(stream, Some(&format!("{name}-artifacts.tar.gz")))
+    let token = inflight::admit(&h, &s)?;
+    let stream = inflight::run(&h, &s, async {
+        agent_of(&h, &s)
+            .await?
+            .exec()
+            .export(proto::ExecExportRequest {
+                lease_id: id.clone(),
+                execution_name: name.clone(),
+            })
+            .await
+            .map_err(HostError::agent("export-artifacts"))
+    })
+    .await?
+    .into_inner();
+    let resp = archive_response(stream, Some(&format!("{name}-artifacts.tar.gz")))?;
+    Ok(inflight::response(resp, token, &id))
 }

@@ -73,6 +73,9 @@ pub async fn lease(h: &Shared, who: String, req: &AcquireBody) -> HostResult<New
 
 /// The agent's Reset of sandbox `s`; returns it as it is after.
 pub async fn reset(h: &Shared, s: SandboxRow) -> HostResult<SandboxRow> {
+    // What the lease had in flight stops: nothing started before the
+    // Reset lands after it.
+    h.inflight.end(&s.id);
     agent_of(h, &s)
         .await?
         .agent()
@@ -363,6 +366,9 @@ pub fn release_in_background(h: &Shared, s: &SandboxRow, is_ttl: bool) {
         warn!(sandbox = %s.id, error = %e, "cannot record the release");
     }
     h.uploads.release(&s.id);
+    // After the store says released: a request admitted later finds it so
+    // (`inflight::admit`); one in flight stops here.
+    h.inflight.end(&s.id);
     let (h, id, slot_id) = (h.clone(), s.id.clone(), s.slot.clone());
     let releases = h.releases.clone();
     releases.spawn(async move {

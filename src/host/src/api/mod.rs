@@ -21,6 +21,8 @@
 //! - `validation`: request bodies and queries checked as Klavis's pydantic
 //!   models check them, with the same 422 bodies.
 //! - `uploads`: the bounded store of uploaded archives.
+//! - `inflight`: requests in flight per sandbox, stopped when its lease
+//!   ends or is reset.
 //! - `reaper`: TTL expiry and dead agents.
 //!
 //! Errors are `crate::error::HostError`, whose one `status()` decides
@@ -28,6 +30,7 @@
 
 mod common;
 mod exec;
+pub mod inflight;
 pub mod klavis_data;
 mod leases;
 pub mod model;
@@ -184,6 +187,8 @@ pub struct Host {
     /// released sandbox is back in the pool (and stopped with it), never
     /// left running outside it.
     pub releases: tokio_util::task::TaskTracker,
+    /// Requests in flight per sandbox, stopped at its Release and Reset.
+    pub inflight: inflight::Inflight,
 }
 
 pub type Shared = Arc<Host>;

@@ -15,7 +15,7 @@ use tracing::info;
 
 use crate::error::{HostError, HostResult};
 
-use super::Shared;
+use super::{Shared, inflight};
 use super::common::{
     SignedQuery, URL_MINUTES, agent_of, archive_response, check_signed, is_live, owner, sandbox_of,
     signed_url, stored_chunks, stream_to_agent,
@@ -102,22 +102,28 @@ pub async fn initialize(
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.trim_start().starts_with("multipart/form-data"));
-    let r = if multipart {
-        let archive = files_archive(req, h.uploads.limits().multipart_bytes).await?;
-        let c = agent_of(&h, &s).await?;
-        let (chunks, failure) = chunked(archive);
-        send_archive(&c, chunks, failure).await?
-    } else {
-        let path = h.uploads.workspace_path(&id);
-        let file = tokio::fs::File::open(&path).await.map_err(|_| {
-            HostError::BadRequest(
-                "no archive uploaded for this sandbox: PUT a tar.gz to the upload URL first".into(),
-            )
-        })?;
-        let c = agent_of(&h, &s).await?;
-        let (chunks, failure) = stored_chunks(file);
-        send_archive(&c, chunks, failure).await?
-    };
+    // Under the sandbox's lease: a body still arriving when it ends is
+    // stopped, and the agent refuses the archive (it names that lease).
+    let r = inflight::run(&h, &s, async {
+        if multipart {
+            let archive = files_archive(req, h.uploads.limits().multipart_bytes).await?;
+            let c = agent_of(&h, &s).await?;
+            let (chunks, failure) = chunked(archive);
+            send_archive(&c, chunks, failure).await
+        } else {
+            let path = h.uploads.workspace_path(&id);
+            let file = tokio::fs::File::open(&path).await.map_err(|_| {
+                HostError::BadRequest(
+                    "no archive uploaded for this sandbox: PUT a tar.gz to the upload URL first"
+                        .into(),
+                )
+            })?;
+            let c = agent_of(&h, &s).await?;
+            let (chunks, failure) = stored_chunks(file);
+            send_archive(&c, chunks, failure).await
+        }
+    })
+    .await?;
     info!(sandbox = %id, files = r.files, bytes = r.bytes_written, ms = r.duration_ms, "initialized");
     Ok(Json(InitializeResponse {
         sandbox_id: id,
@@ -223,15 +229,21 @@ pub async fn download(
     Query(q): Query<SignedQuery>,
 ) -> HostResult<Response> {
     let s = check_signed(&h, "dump", &id, &q)?;
-    let stream = agent_of(&h, &s)
-        .await?
-        .workspace()
-        .dump(proto::DumpRequest {
-            compression: proto::Compression::Gzip as i32,
-            ..Default::default()
-        })
-        .await
-        .map_err(HostError::agent("dump"))?
-        .into_inner();
-    archive_response(stream, None)
+    let token = inflight::admit(&h, &s)?;
+    let dump = async {
+        agent_of(&h, &s)
+            .await?
+            .workspace()
+            .dump(proto::DumpRequest {
+                compression: proto::Compression::Gzip as i32,
+                ..Default::default()
+            })
+            .await
+            .map_err(HostError::agent("dump"))
+    };
+    let stream = tokio::select! {
+        r = dump => r?.into_inner(),
+        _ = token.cancelled() => return Err(inflight::ended(&id)),
+    };
+    Ok(inflight::response(archive_response(stream, None)?, token, &id))
 }

@@ -29,7 +29,6 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Method, Response, StatusCode, header};
-use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
@@ -182,7 +181,7 @@ impl Gateway {
     ) -> Response<Body> {
         let headers = req.headers().clone();
         let accept = Accept::of(&headers);
-        let body = match self.read_body(req).await {
+        let body = match self.read_body(req.into_body()).await {
             Ok(b) => b,
             Err(refused) => return *refused,
         };
@@ -207,6 +206,9 @@ impl Gateway {
                 return self.reply(answers, batch, accept.json, None, modern);
             }
         };
+        if let Some(refused) = self.lease_ended(name, lease) {
+            return refused;
+        }
         let route = self.route(name, lease);
         let generation = route.attach(&conn);
         let x = Arc::new(Exchange {
@@ -234,28 +236,6 @@ impl Gateway {
             accept.json,
         )
         .await
-    }
-
-    /// The body, within `gateway.max_body_bytes`.
-    async fn read_body(&self, req: http::Request<Incoming>) -> Result<Bytes, Box<Response<Body>>> {
-        let max = self.cfg.max_body_bytes;
-        match Limited::new(req.into_body(), max).collect().await {
-            Ok(b) => Ok(b.to_bytes()),
-            Err(e) => {
-                let status = if e
-                    .downcast_ref::<http_body_util::LengthLimitError>()
-                    .is_some()
-                {
-                    StatusCode::PAYLOAD_TOO_LARGE
-                } else {
-                    StatusCode::BAD_REQUEST
-                };
-                Err(Box::new(http_error(
-                    status,
-                    format!("reading the body: {e} (limit gateway.max_body_bytes = {max})"),
-                )))
-            }
-        }
     }
 
     /// Sorts a POST's messages: answered here (`initialize`,
