@@ -12,6 +12,7 @@ mod google_cloud;
 mod hardening;
 mod host;
 mod isolation;
+mod lease_bound;
 mod mail;
 mod profiles;
 mod sandbox_api;

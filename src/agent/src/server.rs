@@ -454,9 +454,12 @@ fn routes(
             .max_encoding_message_size(max),
         )
         .add_service(
-            proto::workspace_server::WorkspaceServer::new(rpc::WorkspaceService::new(workspace, lifecycle.clone()))
-                .max_decoding_message_size(max)
-                .max_encoding_message_size(max),
+            proto::workspace_server::WorkspaceServer::new(rpc::WorkspaceService::new(
+                workspace,
+                lifecycle.clone(),
+            ))
+            .max_decoding_message_size(max)
+            .max_encoding_message_size(max),
         )
         .add_service(
             proto::servers_server::ServersServer::new(rpc::ServersService::new(lifecycle))

@@ -117,11 +117,7 @@ impl proto::agent_server::Agent for AgentService {
         let meta = super::lease_of(&req)?;
         let r = req.into_inner();
         let lease = super::one_lease(&r.lease_id, meta)?;
-        let message = self
-            .lc
-            .release(&lease, r.is_ttl)
-            .await
-            .map_err(lc_status)?;
+        let message = self.lc.release(&lease, r.is_ttl).await.map_err(lc_status)?;
         Ok(Response::new(proto::ReleaseResponse {
             status: sandbox_status(self.lc.view().status),
             message,

@@ -21,7 +21,6 @@ use serde_json::Value;
 
 use crate::error::{HostError, HostResult};
 
-use super::{Shared, inflight};
 use super::common::{
     SignedQuery, URL_MINUTES, agent_of, archive_response, check_signed, is_live, owner, sandbox_of,
     signed_url, stored_chunks, stream_to_agent,
@@ -32,6 +31,7 @@ use super::model::{
 };
 use super::uploads::Kind;
 use super::validation::{body_object, check_region, query_error, verr};
+use super::{Shared, inflight};
 
 /// The signed-URL action for an execution `name` (the signature binds it).
 fn action(kind: &str, name: &str) -> String {

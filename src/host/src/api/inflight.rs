@@ -92,7 +92,11 @@ pub fn body(body: Body, token: CancellationToken, id: &str) -> Body {
 }
 
 /// `resp` with its body cut when `token` is cancelled ([`body`]).
-pub fn response(resp: axum::response::Response, token: CancellationToken, id: &str) -> axum::response::Response {
+pub fn response(
+    resp: axum::response::Response,
+    token: CancellationToken,
+    id: &str,
+) -> axum::response::Response {
     let (parts, b) = resp.into_parts();
     axum::response::Response::from_parts(parts, body(b, token, id))
 }

@@ -15,7 +15,6 @@ use tracing::info;
 
 use crate::error::{HostError, HostResult};
 
-use super::{Shared, inflight};
 use super::common::{
     SignedQuery, URL_MINUTES, agent_of, archive_response, check_signed, is_live, owner, sandbox_of,
     signed_url, stored_chunks, stream_to_agent,
@@ -23,6 +22,7 @@ use super::common::{
 use super::model::{DownloadUrlResponse, InitializeResponse, UploadUrlResponse};
 use super::uploads::Kind;
 use super::validation::check_region;
+use super::{Shared, inflight};
 
 /// The `message` of Klavis's initialize answer.
 const KLAVIS_INITIALIZE_MESSAGE: &str = "Extracted archive from GCS to workspace";
@@ -245,5 +245,9 @@ pub async fn download(
         r = dump => r?.into_inner(),
         _ = token.cancelled() => return Err(inflight::ended(&id)),
     };
-    Ok(inflight::response(archive_response(stream, None)?, token, &id))
+    Ok(inflight::response(
+        archive_response(stream, None)?,
+        token,
+        &id,
+    ))
 }

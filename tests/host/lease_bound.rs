@@ -1,0 +1,290 @@
+//! Issue 35: a request is bound to the lease that admitted it. Tenant A
+//! starts a request and holds back the rest of its body, releases its
+//! sandbox, and tenant B leases the same slot, recycled (the test makes
+//! sure of it: the pool's refill starts slowly, so A's slot is the one
+//! idle; and it checks B's slot is A's by its uid block). When A's body
+//! finally arrives, nothing of it may reach B's servers or workspace.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::common::AGENT;
+use crate::common::host::{Host, KEY_A, KEY_B, acquire, release, run_script, wait_metric};
+use crate::common::mcp::shipped_manifest;
+
+/// An HTTP/1.1 request sent in two parts: the head and `first` bytes of
+/// the body now, the rest when [`Stalled::finish`] is called.
+struct Stalled {
+    sock: TcpStream,
+    rest: Vec<u8>,
+}
+
+impl Stalled {
+    fn start(
+        base: &str,
+        method: &str,
+        target: &str,
+        headers: &[String],
+        body: &[u8],
+        first: usize,
+    ) -> Stalled {
+        let addr = base.trim_start_matches("http://");
+        let mut sock = TcpStream::connect(addr).expect("connect to the host");
+        sock.set_read_timeout(Some(Duration::from_secs(60)))
+            .expect("timeout");
+        let mut head = format!(
+            "{method} {target} HTTP/1.1\r\nhost: {addr}\r\ncontent-length: {}\r\nconnection: close\r\n",
+            body.len()
+        );
+        for h in headers {
+            head.push_str(h);
+            head.push_str("\r\n");
+        }
+        head.push_str("\r\n");
+        sock.write_all(head.as_bytes()).expect("the head");
+        sock.write_all(&body[..first]).expect("the first bytes");
+        Stalled {
+            sock,
+            rest: body[first..].to_vec(),
+        }
+    }
+
+    /// Sends the rest of the body; (status, body text), status 0 when the
+    /// host closed the connection without an answer.
+    fn finish(mut self) -> (u16, String) {
+        // The host may have answered (and closed) already.
+        let _ = self.sock.write_all(&self.rest);
+        let mut out = Vec::new();
+        let _ = self.sock.read_to_end(&mut out);
+        let text = String::from_utf8_lossy(&out).into_owned();
+        let code = text
+            .split_whitespace()
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(0);
+        (code, text)
+    }
+}
+
+/// The path and query of an `mcp_server_url`.
+fn target_of(url: &str) -> String {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    rest.find('/').map_or("/".into(), |i| rest[i..].to_owned())
+}
+
+/// The `mcp_server_url` of `server` in an Acquire answer.
+fn mcp_url(acquired: &Value, server: &str) -> String {
+    acquired["servers"]
+        .as_array()
+        .and_then(|a| a.iter().find(|s| s["server_name"] == server))
+        .and_then(|s| s["mcp_server_url"].as_str())
+        .unwrap_or_else(|| panic!("no {server} in {acquired}"))
+        .to_owned()
+}
+
+/// A `tools/call` of the terminal's `run_command`, as JSON-RPC.
+fn run_command(command: &str) -> Vec<u8> {
+    json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call",
+           "params": {"name": "run_command", "arguments": {"command": command}}})
+    .to_string()
+    .into_bytes()
+}
+
+/// Calls the terminal of an acquired sandbox with `command`; its text.
+fn terminal(acquired: &Value, command: &str) -> String {
+    let url = mcp_url(acquired, "terminal");
+    let out = std::process::Command::new("curl")
+        .args(["-s", "-X", "POST", &url])
+        .args(["-H", "content-type: application/json"])
+        .args(["-H", "accept: application/json, text/event-stream"])
+        .arg("--data-binary")
+        .arg(String::from_utf8(run_command(command)).expect("utf-8"))
+        .output()
+        .expect("curl");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    // JSON, or SSE whose data line carries the answer.
+    let json = text
+        .lines()
+        .find_map(|l| l.strip_prefix("data: "))
+        .unwrap_or(&text);
+    let v: Value = serde_json::from_str(json.trim()).unwrap_or(Value::String(text.clone()));
+    v["result"]["content"][0]["text"]
+        .as_str()
+        .map(str::to_owned)
+        .unwrap_or_else(|| format!("no text in {v}"))
+}
+
+/// The slot serving a sandbox: the host uid its tenant maps to (one uid
+/// block per slot) and when its PID 1 started, as a script there sees them.
+fn slot_identity(host: &Host, key: &str, acquired: &Value) -> String {
+    let id = acquired["local_sandbox_id"].as_str().expect("id");
+    let (status, log) = run_script(
+        host,
+        key,
+        id,
+        "whoami",
+        "print('slot', open('/proc/self/uid_map').read().split()[1], \
+         open('/proc/1/stat').read().rsplit(') ', 1)[1].split()[19])",
+    );
+    assert_eq!(status, "completed", "{log}");
+    let line = log
+        .lines()
+        .find(|l| l.starts_with("slot "))
+        .unwrap_or_default();
+    assert!(line.split(' ').count() == 3, "no identity in {log}");
+    line.to_owned()
+}
+
+/// The pool's idle sandboxes without servers.
+const IDLE: &str = r#"sandbox_host_pool_sandboxes{state="bare",profile=""}"#;
+
+/// A host (in `dir`) of one sandbox, started, whose later sandboxes start
+/// slowly (the agent's wrapper in `shown`, which the sandboxes see, sleeps
+/// first): a released sandbox is then the one idle, recycled.
+fn recycling_host(dir: &Path, shown: &Path) -> Host {
+    let wrapper = shown.join("agent");
+    let slow = shown.join("slow");
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\n[ -e {} ] && sleep 30\nexec {} \"$@\"\n",
+            slow.display(),
+            *AGENT
+        ),
+    )
+    .expect("wrapper");
+    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let manifest = dir.join("servers.toml");
+    std::fs::write(&manifest, shipped_manifest(Path::new("${state_root}"))).expect("manifest");
+    let args: Vec<String> = vec![
+        "--agent-bin".into(),
+        wrapper.display().to_string(),
+        "--manifest".into(),
+        manifest.display().to_string(),
+    ];
+    let host = Host::start_with(dir, &args);
+    wait_metric(&host, IDLE, 1.0, Duration::from_secs(60));
+    std::fs::write(&slow, "").expect("slow");
+    host
+}
+
+/// A multipart body of one `files` part.
+fn multipart(name: &str, content: &[u8]) -> (String, Vec<u8>) {
+    let boundary = "lease-bound-boundary-7d1f";
+    let mut b = format!(
+        "--{boundary}\r\ncontent-disposition: form-data; name=\"files\"; filename=\"{name}\"\r\ncontent-type: application/octet-stream\r\n\r\n"
+    )
+    .into_bytes();
+    b.extend_from_slice(content);
+    b.extend_from_slice(format!("\r\n--{boundary}--\r\n").as_bytes());
+    (
+        format!("content-type: multipart/form-data; boundary={boundary}"),
+        b,
+    )
+}
+
+/// B's sandbox takes A's recycled slot and gets B's secret file.
+fn lease_b_after(host: &Host, a: &Value, a_slot: &str) -> Value {
+    let a_id = a["local_sandbox_id"].as_str().expect("id");
+    release(host, KEY_A, a_id);
+    // The release ends in the background: A's slot is back when one
+    // is idle (the refill's new one sleeps).
+    wait_metric(host, IDLE, 1.0, Duration::from_secs(60));
+    let b = acquire(host, KEY_B, r#"{"server_names": ["terminal"]}"#);
+    assert_eq!(
+        slot_identity(host, KEY_B, &b),
+        a_slot,
+        "B must lease A's recycled slot"
+    );
+    let b_id = b["local_sandbox_id"].as_str().expect("id");
+    let (ct, body) = multipart("b-secret.txt", b"the secret of tenant B");
+    let out = std::process::Command::new("curl")
+        .args(["-s", "-o", "/dev/null", "-w", "%{http_code}", "-X", "POST"])
+        .arg(format!("{}/local-sandbox/{b_id}/initialize", host.base))
+        .args(["-H", &format!("authorization: Bearer {KEY_B}")])
+        .args(["-H", &ct])
+        .arg("--data-binary")
+        .arg("@-")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .and_then(|mut c| {
+            c.stdin.take().expect("stdin").write_all(&body)?;
+            c.wait_with_output()
+        })
+        .expect("curl");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "200",
+        "B's initialize"
+    );
+    assert_eq!(terminal(&b, "cat b-secret.txt"), "the secret of tenant B");
+    b
+}
+
+#[test]
+fn a_stalled_mcp_request_never_runs_in_the_next_lease() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let shown = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir");
+    let host = recycling_host(dir.path(), shown.path());
+    let a = acquire(&host, KEY_A, r#"{"server_names": ["terminal"]}"#);
+    let a_slot = slot_identity(&host, KEY_A, &a);
+    let target = target_of(&mcp_url(&a, "terminal"));
+    let body = run_command("cat b-secret.txt");
+    let stalled = Stalled::start(
+        &host.base,
+        "POST",
+        &target,
+        &[
+            "content-type: application/json".into(),
+            "accept: application/json, text/event-stream".into(),
+        ],
+        &body,
+        10,
+    );
+    let b = lease_b_after(&host, &a, &a_slot);
+    let (code, answer) = stalled.finish();
+    assert!(
+        !answer.contains("the secret of tenant B"),
+        "A read B's file through its stalled request: {answer}"
+    );
+    assert!(
+        code == 409 || code == 404 || code == 0,
+        "A's stalled request must be refused, got {code}: {answer}"
+    );
+    release(&host, KEY_B, b["local_sandbox_id"].as_str().expect("id"));
+}
+
+#[test]
+fn a_stalled_initialize_never_replaces_the_next_leases_workspace() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let shown = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir");
+    let host = recycling_host(dir.path(), shown.path());
+    let a = acquire(&host, KEY_A, r#"{"server_names": ["terminal"]}"#);
+    let a_slot = slot_identity(&host, KEY_A, &a);
+    let a_id = a["local_sandbox_id"].as_str().expect("id");
+    let (ct, body) = multipart("planted-by-a.txt", b"A's archive");
+    let stalled = Stalled::start(
+        &host.base,
+        "POST",
+        &format!("/local-sandbox/{a_id}/initialize"),
+        &[ct, format!("authorization: Bearer {KEY_A}")],
+        &body,
+        20,
+    );
+    let b = lease_b_after(&host, &a, &a_slot);
+    let (code, answer) = stalled.finish();
+    assert_ne!(code, 200, "A's stalled initialize succeeded: {answer}");
+    let listing = terminal(&b, "ls -a");
+    assert!(
+        listing.lines().any(|l| l == "b-secret.txt")
+            && listing.lines().all(|l| l != "planted-by-a.txt"),
+        "B's workspace was replaced by A's archive: {listing}"
+    );
+    release(&host, KEY_B, b["local_sandbox_id"].as_str().expect("id"));
+}
