@@ -12,6 +12,7 @@ mod gateway;
 mod hardening;
 mod hvsock;
 mod lazy;
+mod lease_bound;
 mod lifecycle;
 mod mail;
 mod narrow;
