@@ -183,6 +183,25 @@ mod tests {
     }
 
     #[test]
+    fn a_lease_goes_on_every_call_and_a_bad_one_fails_the_call() {
+        use tonic::service::Interceptor;
+        let mut i = BearerInterceptor::new(Some(&token())).with_lease("lease-1");
+        let r = i.call(tonic::Request::new(())).expect("call");
+        assert_eq!(
+            r.metadata().get(crate::lease::HEADER).map(|v| v.as_bytes()),
+            Some(&b"lease-1"[..])
+        );
+        assert!(r.metadata().get("authorization").is_some());
+        // Never sent unbound: a lease that cannot be sent fails the call.
+        let mut bad = BearerInterceptor::new(None).with_lease("bad\nlease");
+        let e = bad.call(tonic::Request::new(())).unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument);
+        let mut none = BearerInterceptor::new(None);
+        let r = none.call(tonic::Request::new(())).expect("call");
+        assert!(r.metadata().get(crate::lease::HEADER).is_none());
+    }
+
+    #[test]
     fn token_validation() {
         assert!(matches!(
             Token::new("  ", "x"),

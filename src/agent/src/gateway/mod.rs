@@ -256,7 +256,7 @@ impl Gateway {
         // The lease the host admitted the request under; else the current
         // one. Either way the request stays bound to it (`lease_ended`).
         let lease = match bound_lease(req.headers()) {
-            Err(r) => return r,
+            Err(r) => return *r,
             Ok(Some(l)) if current != Some(l.as_str()) => return ended(&l),
             Ok(Some(l)) => l,
             Ok(None) => current.unwrap_or_default().to_owned(),
@@ -456,14 +456,14 @@ impl Gateway {
 
 /// The lease a request names (`sandbox-lease`, set by the host that
 /// admitted it), if any.
-fn bound_lease(h: &HeaderMap) -> Result<Option<String>, Response<Body>> {
+fn bound_lease(h: &HeaderMap) -> Result<Option<String>, Box<Response<Body>>> {
     match h.get(sandbox_client::lease::HEADER) {
         None => Ok(None),
         Some(v) => v.to_str().map(|s| Some(s.to_owned())).map_err(|_| {
-            http_error(
+            Box::new(http_error(
                 StatusCode::BAD_REQUEST,
                 "the sandbox-lease header is not printable ASCII",
-            )
+            ))
         }),
     }
 }

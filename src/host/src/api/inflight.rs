@@ -105,3 +105,32 @@ pub fn response(
 pub fn ended(id: &str) -> HostError {
     HostError::LeaseEnded(id.to_owned())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::BodyExt;
+
+    #[tokio::test]
+    async fn a_cut_body_ends_with_an_error_never_as_if_whole() {
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<axum::body::Bytes, std::io::Error>>(4);
+        let upstream = Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx));
+        let token = CancellationToken::new();
+        let mut b = body(upstream, token.clone(), "s1");
+        tx.send(Ok("first".into())).await.expect("send");
+        let first = b.frame().await.expect("a frame").expect("data");
+        assert_eq!(first.into_data().expect("data"), "first");
+        token.cancel();
+        let cut = b.frame().await.expect("a frame");
+        assert!(cut.unwrap_err().to_string().contains("released or reset"));
+        assert!(b.frame().await.is_none());
+    }
+
+    #[tokio::test]
+    async fn an_uncut_body_passes_whole() {
+        let token = CancellationToken::new();
+        let b = body(Body::from("all of it"), token, "s1");
+        let bytes = b.collect().await.expect("whole").to_bytes();
+        assert_eq!(bytes, "all of it");
+    }
+}
