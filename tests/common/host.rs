@@ -401,3 +401,28 @@ pub fn wait_metric(host: &Host, sample: &str, want: f64, within: std::time::Dura
 pub fn sandbox_read_only() -> Vec<String> {
     super::slots::sandbox_read_only(super::bench_data::prefix())
 }
+
+/// `root` and every process below it (by parent pid, from /proc), alive
+/// now.
+pub fn process_tree(root: i32) -> Vec<i32> {
+    let parents: Vec<(i32, i32)> = std::fs::read_dir("/proc")
+        .map(|d| {
+            d.flatten()
+                .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+                .filter_map(|pid| {
+                    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+                    let ppid = stat.rsplit_once(") ")?.1.split(' ').nth(1)?.parse().ok()?;
+                    Some((pid, ppid))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut tree = vec![root];
+    let mut i = 0;
+    while i < tree.len() {
+        let p = tree[i];
+        tree.extend(parents.iter().filter(|(_, pp)| *pp == p).map(|(c, _)| *c));
+        i += 1;
+    }
+    tree
+}

@@ -456,3 +456,94 @@ fn host_link_local() -> Option<String> {
         (*iface != "lo").then(|| format!("{addr}%{iface}"))
     })
 }
+
+/// Agents start with an allow-listed environment, never the host's: an
+/// operator's secret in the host's environment is in no process of a
+/// sandbox (read from the host, so what a tenant could make the agent
+/// quote is covered too), nor in what a tenant reads of `/proc/1/environ`,
+/// `/proc/self/environ`, `env` or (isolated) any `/proc/*/environ` it can
+/// open; isolated or not.
+#[test]
+fn agents_never_get_the_hosts_environment() {
+    let canary = format!("canary-{:016x}", rand_u64());
+    for extra in [&[][..], &["--isolation", "none"][..]] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let host = Host::start_env(
+            dir.path(),
+            extra,
+            &[("SANDBOX_TEST_OPERATOR_SECRET", &canary)],
+        );
+        let script = r#"
+import glob, os, subprocess, time
+def show(name, f):
+    try:
+        print(f"{name}: {f()!r}")
+    except Exception as e:
+        print(f"{name}: unreadable ({type(e).__name__})")
+show("pid1 environ", lambda: open("/proc/1/environ", "rb").read())
+show("self environ", lambda: open("/proc/self/environ", "rb").read())
+show("env", lambda: subprocess.run(["env"], capture_output=True, text=True).stdout)
+for p in glob.glob("/proc/[0-9]*/environ"):
+    show(p, lambda: open(p, "rb").read())
+print("ok: done")
+time.sleep(5)
+"#;
+        let (id, _, _) = run_with(
+            &host,
+            KEY_A,
+            None,
+            script,
+            &["--servers", "terminal", "--no-wait"],
+        );
+        // While the script and the terminal server run: every process of
+        // every slot, read from the host.
+        let agents = host.agents();
+        assert!(!agents.is_empty(), "no agent");
+        let mut seen = 0;
+        for a in agents {
+            for pid in process_tree(a) {
+                if let Ok(env) = std::fs::read(format!("/proc/{pid}/environ")) {
+                    seen += 1;
+                    assert!(
+                        !String::from_utf8_lossy(&env).contains(&canary),
+                        "{extra:?}: process {pid} of a sandbox ({}) has the host's secret",
+                        std::fs::read_to_string(format!("/proc/{pid}/cmdline"))
+                            .unwrap_or_default()
+                            .replace('\0', " ")
+                    );
+                }
+            }
+        }
+        assert!(
+            seen > 1,
+            "{extra:?}: only {seen} processes of sandboxes read"
+        );
+        let (_, status, log) = run_with(&host, KEY_A, Some(&id), script, &["--name", "again"]);
+        assert_eq!(status, "completed", "{log}");
+        assert!(log.contains("ok: done"), "{log}");
+        assert!(log.contains("self environ: b'"), "{log}");
+        // Without isolation a tenant is the host's user and reads the
+        // host's own /proc/<pid>/environ (documented): only its own
+        // environment and PID 1's count there.
+        let isolated = extra.is_empty();
+        let leaked: Vec<&str> = log
+            .lines()
+            .filter(|l| isolated || !l.starts_with("/proc/"))
+            .filter(|l| l.contains(&canary))
+            .collect();
+        assert!(
+            leaked.is_empty(),
+            "{extra:?}: a tenant read the host's secret:\n{leaked:?}"
+        );
+        release(&host, KEY_A, &id);
+    }
+}
+
+/// 64 random bits from the OS.
+fn rand_u64() -> u64 {
+    let mut b = [0u8; 8];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut b))
+        .expect("/dev/urandom");
+    u64::from_le_bytes(b)
+}

@@ -39,6 +39,7 @@ pub struct Checked {
     uploads: PathBuf,
     store: store::Store,
     signing_key: Vec<u8>,
+    agent_env: pool::AgentEnv,
 }
 
 impl Host {
@@ -64,6 +65,7 @@ impl Host {
             .and_then(|p| p.parse::<u16>().ok())
             .unwrap_or(0);
         let isolation = config::isolation(args, &backend, api_port)?;
+        let agent_env = config::agent_env(args, &backend)?;
         let warm = config::warm_profiles(args)?;
         let store = store::Store::open(&args.data_dir.join("host.db"))?;
         let signing_key = signing_key(&args.data_dir)?;
@@ -76,6 +78,7 @@ impl Host {
             uploads,
             store,
             signing_key,
+            agent_env,
         })
     }
 
@@ -90,6 +93,7 @@ impl Host {
             on_release: args.on_release,
             isolation: c.isolation,
             start_timeout: args.slot_start_timeout.map(Duration::from_secs),
+            agent_env: c.agent_env,
         })?;
         // Sandboxes from before a restart keep their agents; those whose
         // agent is gone are marked error.

@@ -24,6 +24,7 @@
 //! - `slot`: one running sandbox and how it is stopped.
 //! - `warm`: warm profiles and the task that keeps idle slots warm.
 
+mod agent_env;
 mod backend;
 mod error;
 pub mod isolate;
@@ -40,6 +41,7 @@ use sandbox_client::proto;
 use tokio::sync::Notify;
 use tracing::info;
 
+pub use agent_env::{AgentEnv, manifest_pass_env};
 pub use backend::{Backend, Kind, probe_accel, slots_dir};
 use backend::{VM_AGENT_PORT, VM_MCP_PORT};
 use backend::{agent_args, spawn_in_session, spawn_isolated};
@@ -122,6 +124,8 @@ pub struct PoolConfig {
     /// How long a new slot may take to serve (`--slot-start-timeout`;
     /// `None`: the backend's default, see [`Backend::start_deadline`]).
     pub start_timeout: Option<Duration>,
+    /// The only environment the slots' main processes get.
+    pub agent_env: AgentEnv,
 }
 
 /// What happens to a sandbox once its tenant released it.
@@ -473,8 +477,9 @@ impl Pool {
                 Some(iso) => {
                     let (iso, d, i) = (iso.clone(), dir.clone(), id.clone());
                     let (agent_bin, manifest) = (agent_bin.clone(), manifest.clone());
+                    let env = self.cfg.agent_env.clone();
                     tokio::task::spawn_blocking(move || {
-                        spawn_isolated(&iso, &d, &i, &agent_bin, manifest.as_deref(), log)
+                        spawn_isolated(&iso, &d, &i, &agent_bin, manifest.as_deref(), &env, log)
                     })
                     .await
                     .map_err(|e| PoolError::io("the task starting a sandbox")(e.into()))?
@@ -486,6 +491,7 @@ impl Pool {
                 None => {
                     let a = agent_args(&dir, &id, agent_bin, manifest.as_deref(), false)?;
                     let mut cmd = std::process::Command::new(&a[0]);
+                    self.cfg.agent_env.apply(&mut cmd);
                     cmd.args(&a[1..]).env("SANDBOX_AGENT_CONFIG", "/dev/null");
                     spawn_in_session(cmd, log)?
                 }
@@ -497,6 +503,7 @@ impl Pool {
                 accel,
             } => {
                 let mut c = std::process::Command::new(run_script);
+                self.cfg.agent_env.apply(&mut c);
                 c.arg("--initramfs")
                     .arg(image)
                     .arg("--vsock-uds")

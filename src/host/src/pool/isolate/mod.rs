@@ -291,8 +291,8 @@ impl Isolation {
             .args(["--info-fd", "3", "--hostname", "sandbox"]);
         c.args(self.view(dir, agent_bin, manifest));
         c.arg("--").args(agent);
-        // Only what the agent and its servers need of the host's
-        // environment: never the host's own secrets.
+        // The environment is the caller's (`AgentEnv::apply`): cleared,
+        // then an allow-list; never the host's own.
         c.env_remove(crate::config::API_KEY_ENV);
         let procs = cgroups.procs_fds();
         let raw: Vec<i32> = procs.iter().map(|f| f.as_raw_fd()).collect();
