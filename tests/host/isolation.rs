@@ -547,3 +547,46 @@ fn rand_u64() -> u64 {
         .expect("/dev/urandom");
     u64::from_le_bytes(b)
 }
+
+/// With the data dir on a filesystem of its own (docs/security.md: the
+/// root field of a bind mount in /proc/self/mountinfo is the path inside
+/// its filesystem, which no bubblewrap option changes), a tenant reading
+/// its mountinfo finds no trace of the data dir's path.
+#[test]
+fn a_tenant_never_reads_the_data_dir_path_in_mountinfo() {
+    if !crate::common::root_or_skip("mounting a tmpfs data dir") {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let _data = Tmpfs::mount(&dir.path().join("data"));
+    let host = Host::start(dir.path(), &[]);
+    let data = host.data.display().to_string();
+    let script = "print(open('/proc/self/mountinfo').read())\n";
+    let (id, status, log) = run(&host, KEY_A, None, script);
+    assert_eq!(status, "completed", "{log}");
+    assert!(log.contains(" /workspace "), "{log}");
+    assert!(!log.contains(&data), "the data dir {data} in:\n{log}");
+    release(&host, KEY_A, &id);
+}
+
+/// A tmpfs mounted at a directory for the test's lifetime.
+struct Tmpfs(std::path::PathBuf);
+
+impl Tmpfs {
+    fn mount(at: &Path) -> Tmpfs {
+        std::fs::create_dir_all(at).expect("mkdir");
+        let st = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "mode=0755", "sandbox-data"])
+            .arg(at)
+            .status()
+            .expect("mount");
+        assert!(st.success(), "mount -t tmpfs {}", at.display());
+        Tmpfs(at.to_owned())
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
