@@ -590,3 +590,89 @@ impl Drop for Tmpfs {
         let _ = Command::new("umount").arg("-l").arg(&self.0).status();
     }
 }
+
+/// An id block claimed by a host that died (its slot directory left
+/// behind, no process of the block's ids running) is taken by the next
+/// host, and `/metrics` counts the blocks claimed machine-wide.
+#[test]
+fn an_id_block_of_a_host_that_died_is_taken_again() {
+    if !crate::common::root_or_skip("claiming an id block in /run/sandbox-host") {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let left = dir.path().join("slot-of-a-dead-host");
+    std::fs::create_dir(&left).expect("mkdir");
+    let claim = DeadClaim::make(&left);
+    // Two slots: the two lowest free blocks, the dead claim's among them
+    // unless two lower blocks were freed by other hosts meanwhile.
+    let host = Host::start(dir.path(), &["--pool-size", "2"]);
+    let slots = host.data.join("slots");
+    crate::common::eventually(
+        Duration::from_secs(60),
+        "the dead host's block is taken",
+        || {
+            let target = std::fs::read_link(&claim.link).unwrap_or_default();
+            crate::common::when(target.starts_with(&slots), || {
+                format!("block {} -> {}", claim.block, target.display())
+            })
+        },
+    );
+    let owner = std::fs::read_to_string(claim.link.with_extension("owner")).expect("owner");
+    assert_eq!(
+        owner.split_whitespace().next(),
+        Some(host.pid().expect("pid").to_string().as_str()),
+        "{owner}"
+    );
+    assert!(metric(&host, "sandbox_host_uid_blocks_claimed") >= 2.0);
+    assert!(metric(&host, "sandbox_host_uid_blocks") >= 2.0);
+    let (_, m) = http("GET", &format!("{}/metrics", host.base), Some(KEY_A), None);
+    assert!(
+        m.as_str()
+            .unwrap_or_default()
+            .contains("sandbox_host_uid_blocks_exhausted_total 0"),
+        "{m}"
+    );
+}
+
+/// A claim of the lowest free id block, in the machine's registry, by a
+/// host that is gone, for a slot directory that still exists; removed
+/// at the end if it is still there.
+struct DeadClaim {
+    block: u32,
+    link: std::path::PathBuf,
+    target: std::path::PathBuf,
+}
+
+impl DeadClaim {
+    fn make(target: &Path) -> DeadClaim {
+        let reg = Path::new("/run/sandbox-host/uid-blocks");
+        std::fs::create_dir_all(reg).expect("registry");
+        let lock = std::fs::File::create(reg.join(".lock")).expect("lock");
+        let _lock = nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusive)
+            .map_err(|(_, e)| e)
+            .expect("flock");
+        let block = (0..64u32)
+            .find(|b| reg.join(b.to_string()).symlink_metadata().is_err())
+            .expect("a free block");
+        let link = reg.join(block.to_string());
+        std::os::unix::fs::symlink(target, &link).expect("claim");
+        let mut gone = Command::new("true").spawn().expect("true");
+        let pid = gone.id();
+        gone.wait().expect("wait");
+        std::fs::write(link.with_extension("owner"), format!("{pid} 1\n")).expect("owner");
+        DeadClaim {
+            block,
+            link,
+            target: target.to_owned(),
+        }
+    }
+}
+
+impl Drop for DeadClaim {
+    fn drop(&mut self) {
+        if std::fs::read_link(&self.link).is_ok_and(|t| t == self.target) {
+            let _ = std::fs::remove_file(&self.link);
+            let _ = std::fs::remove_file(self.link.with_extension("owner"));
+        }
+    }
+}

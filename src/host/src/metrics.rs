@@ -9,6 +9,9 @@
 //! | `sandbox_host_warm_misses_total` | `reason` = `uncovered` (no profile warms it), `empty` (none ready), `refused` (the agent would not narrow) |
 //! | `sandbox_host_acquire_seconds` (histogram) | `path` = `warm`, `cold` |
 //! | `sandbox_host_acquire_failures_total` | — |
+//! | `sandbox_host_uid_blocks` (gauge) | — (subordinate id blocks this host may use; isolated process backend only) |
+//! | `sandbox_host_uid_blocks_claimed` (gauge) | — (blocks claimed machine-wide, by any host) |
+//! | `sandbox_host_uid_blocks_exhausted_total` | — (sandbox starts refused: no free block) |
 //!
 //! Aggregates only (no ids, owners or keys), so the endpoint needs no key.
 
@@ -60,6 +63,9 @@ pub struct Metrics {
     misses: Family<ReasonLabel, Counter>,
     acquire: HistogramFamily,
     failures: Counter,
+    blocks: Gauge,
+    blocks_claimed: Gauge,
+    blocks_exhausted: Counter,
     /// Profile labels, in the pool's order.
     profiles: Vec<String>,
 }
@@ -97,6 +103,25 @@ impl Metrics {
             "Acquires answered with an error",
             failures.clone(),
         );
+        let (blocks, blocks_claimed, blocks_exhausted) =
+            (Gauge::default(), Gauge::default(), Counter::default());
+        if pool.isolation().is_some() {
+            registry.register(
+                "sandbox_host_uid_blocks",
+                "Subordinate id blocks this host may give its sandboxes (one each)",
+                blocks.clone(),
+            );
+            registry.register(
+                "sandbox_host_uid_blocks_claimed",
+                "Subordinate id blocks claimed on this machine, by any host",
+                blocks_claimed.clone(),
+            );
+            registry.register(
+                "sandbox_host_uid_blocks_exhausted",
+                "Sandbox starts refused because every id block was claimed",
+                blocks_exhausted.clone(),
+            );
+        }
         let profiles: Vec<String> = pool.profiles().iter().map(|p| p.label()).collect();
         // Every label a scrape should see, at 0 until it moves.
         for p in &profiles {
@@ -112,6 +137,9 @@ impl Metrics {
             misses,
             acquire,
             failures,
+            blocks,
+            blocks_claimed,
+            blocks_exhausted,
             profiles,
         }
     }
@@ -162,6 +190,14 @@ impl Metrics {
         set("bare", "", c.bare);
         set("starting", "", c.starting);
         set("leased", "", c.leased);
+        if let Some(iso) = pool.isolation() {
+            let (claimed, total) = iso.block_counts();
+            self.blocks.set(total.into());
+            self.blocks_claimed.set(claimed.into());
+            let seen = self.blocks_exhausted.get();
+            self.blocks_exhausted
+                .inc_by(iso.blocks_exhausted().saturating_sub(seen));
+        }
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &self.registry)?;
         Ok(out)

@@ -307,6 +307,12 @@ impl Pool {
                 pid,
                 kind,
             });
+            // A slot taken back holds its id block for this host now.
+            if let (Some(iso), Some(s)) = (&self.cfg.isolation, &slot)
+                && s.alive()
+            {
+                iso.adopt_block(&dir);
+            }
             match slot {
                 Some(s) if s.alive() && in_use.contains(&id) => {
                     self.leased().insert(id, s);
@@ -442,6 +448,11 @@ impl Pool {
             discard(&slot);
         }
         self.refill.notify_one();
+    }
+
+    /// The process backend's isolation, if its slots are isolated.
+    pub fn isolation(&self) -> Option<&Arc<isolate::Isolation>> {
+        self.cfg.isolation.as_ref()
     }
 
     /// Leased slots whose agent is gone.

@@ -169,6 +169,10 @@ pub struct Isolation {
     /// Blocks of IDS_PER_SLOT ids available.
     blocks: u32,
     cgroups: CgroupLayout,
+    /// Slot starts refused for want of a free id block.
+    exhausted: std::sync::atomic::AtomicU64,
+    /// Where id blocks are claimed machine-wide (`ids::BLOCK_REGISTRY`).
+    registry: PathBuf,
 }
 
 impl Isolation {
@@ -247,6 +251,8 @@ impl Isolation {
             gid_start,
             blocks,
             cgroups,
+            exhausted: Default::default(),
+            registry: ids::BLOCK_REGISTRY.into(),
         })
     }
 
