@@ -373,7 +373,8 @@ pub fn assert_mcp_client_works(host: &Host) {
 
 /// The value of one sample on the host's `/metrics` (0 when absent).
 pub fn metric(host: &Host, sample: &str) -> f64 {
-    let (code, v) = http("GET", &format!("{}/metrics", host.base), None, None);
+    // On the API's address /metrics needs a key.
+    let (code, v) = http("GET", &format!("{}/metrics", host.base), Some(KEY_A), None);
     assert_eq!(code, 200, "{v}");
     let text = v.as_str().unwrap_or_default();
     text.lines()

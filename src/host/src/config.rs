@@ -178,6 +178,12 @@ pub struct Args {
     /// environment.
     #[arg(long = "agent-env", value_name = "NAME")]
     pub agent_env: Vec<String>,
+    /// Serve `GET /metrics` on this address of its own, without a key
+    /// (for a Prometheus that reaches only it); the API's address then
+    /// answers it 404. Without it, `/metrics` is on the API's address and
+    /// needs an API key, as every other route.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub metrics_listen: Option<String>,
 }
 
 /// `--server-start`.

@@ -26,6 +26,9 @@ pub struct Started {
     pub public_url: String,
     /// The API key made at start when none was given (printed once).
     pub generated_key: Option<String>,
+    /// `--metrics-listen`'s listener, serving `/metrics` alone, without a
+    /// key.
+    pub metrics_listener: Option<Listener>,
 }
 
 /// What [`Host::start`] checks before anything runs: the flags, the keys,
@@ -106,12 +109,16 @@ impl Host {
         }
         raise_open_files(args.max_connections);
         let (listener, public_url) = listen(args).await?;
+        let metrics_listener = match &args.metrics_listen {
+            Some(addr) => Some(listen_metrics(addr).await?),
+            None => None,
+        };
         let owners: Vec<(String, String)> = live
             .iter()
             .map(|s| (s.id.clone(), s.owner.clone()))
             .collect();
         let host = Arc::new(Host {
-            metrics: metrics::Metrics::new(&pool),
+            metrics: metrics::Metrics::new(&pool, args.metrics_listen.is_none()),
             store: c.store,
             pool: pool.clone(),
             signer: signed::Signer::new(c.signing_key),
@@ -131,6 +138,7 @@ impl Host {
             listener,
             public_url,
             generated_key: c.generated_key,
+            metrics_listener,
         })
     }
 }
@@ -235,6 +243,21 @@ async fn listen(args: &Args) -> anyhow::Result<(Listener, String)> {
         .trim_end_matches('/')
         .to_owned();
     Ok((listener, public_url))
+}
+
+/// Binds `--metrics-listen` (never the API's address: the bind fails).
+async fn listen_metrics(addr: &str) -> anyhow::Result<Listener> {
+    let endpoint: Endpoint = format!("tcp://{addr}")
+        .parse()
+        .with_context(|| format!("--metrics-listen {addr}"))?;
+    let listener = Listener::bind(&endpoint)
+        .await
+        .with_context(|| format!("listening on {addr} (--metrics-listen)"))?;
+    tracing::info!(
+        address = %listener.local_endpoint(),
+        "serving /metrics on its own address, without a key"
+    );
+    Ok(listener)
 }
 
 /// Raises the soft open-file limit to the hard one when the connection
