@@ -94,24 +94,42 @@ fn a_tenant_reaches_nothing_of_the_host_or_other_tenants() {
     let link_local = host_link_local();
     let probe = format!(
         r#"
-import os, socket
+import errno, os, socket, time
 def probe(name, f):
     try:
         f()
         print(f"{{name}}: REACHED")
     except Exception as e:
         print(f"{{name}}: denied ({{type(e).__name__}})")
+# A connection must be refused at once (the policy's prohibit route:
+# EACCES; nothing listening: ECONNREFUSED; no route: ENETUNREACH,
+# EHOSTUNREACH; EPERM), never merely time out: a timeout could be a slow
+# network as well as a closed one.
+REFUSED = {{errno.EACCES, errno.EPERM, errno.ECONNREFUSED, errno.ENETUNREACH, errno.EHOSTUNREACH}}
+def connect(name, addr):
+    start = time.monotonic()
+    try:
+        socket.create_connection(addr, timeout=5).close()
+        print(f"{{name}}: REACHED")
+    except socket.timeout:
+        print(f"{{name}}: TIMED OUT after {{time.monotonic() - start:.1f}} s")
+    except OSError as e:
+        took = time.monotonic() - start
+        if e.errno in REFUSED and took < 2:
+            print(f"{{name}}: denied ({{errno.errorcode[e.errno]}} in {{took:.3f}} s)")
+        else:
+            print(f"{{name}}: UNCLEAR ({{e!r}} after {{took:.1f}} s)")
 print(f"uid: {{os.getuid()}}")
 probe("signing key", lambda: open("{data}/signing.key", "rb").read())
 probe("database", lambda: open("{data}/host.db", "rb").read(16))
 probe("host cmdline", lambda: open("/proc/{host_pid}/cmdline").read())
 probe("other tenant's file", lambda: open("{b_file}").read())
-probe("host api", lambda: socket.create_connection(("127.0.0.1", {port}), timeout=3).close())
-probe("metadata", lambda: socket.create_connection(("169.254.169.254", 80), timeout=3).close())
+connect("host api", ("127.0.0.1", {port}))
+connect("metadata", ("169.254.169.254", 80))
 probe("agent socket", lambda: socket.socket(socket.AF_UNIX).connect("/run/sandbox-agent/agent.sock"))
-probe("host's second address", lambda: socket.create_connection(("{extra}", {any4}), timeout=3).close())
+connect("host's second address", ("{extra}", {any4}))
 if "{link_local}" and {any6}:
-    probe("host's link-local address", lambda: socket.create_connection(("{link_local}", {any6}), timeout=3).close())
+    connect("host's link-local address", ("{link_local}", {any6}))
 probe("cgroup root", lambda: open("/sys/fs/cgroup/cgroup.procs", "w").write(str(os.getpid())))
 probe("system dirs", lambda: open("/usr/pwned", "w"))
 def nested_userns():
@@ -168,13 +186,27 @@ probe("nested user namespace", nested_userns)
 
 /// A process that leaves its session and tries to leave its cgroup, then
 /// keeps writing into the workspace, is gone once the lease is released:
-/// the next tenant of the same slot never sees it.
+/// it dies (seen from the host), and the next tenant of the same slot
+/// (checked: the host may run one sandbox, so a released one goes back to
+/// the pool instead of giving way to a fresh one) never sees it.
 #[test]
 fn nothing_a_tenant_started_outlives_its_release() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let host = Host::start(dir.path(), &[]);
-    let ghost = r#"
-import os, time
+    let host = Host::start(dir.path(), &["--pool-size", "1", "--max-slots", "1"]);
+    let marker = format!("ghost-{}-{:x}", std::process::id(), rand_u64());
+    let ghost = format!(
+        r#"
+import os, sys, time
+LOOP = """
+import time
+while True:
+    for d in ("/workspace", "/tmp"):
+        try:
+            open(d + "/ghost", "w").write(str(time.time()))
+        except OSError:
+            pass
+    time.sleep(0.05)
+"""
 if os.fork() == 0:
     os.setsid()
     for f in ("/sys/fs/cgroup/cgroup.procs", "/sys/fs/cgroup/unified/cgroup.procs"):
@@ -183,38 +215,62 @@ if os.fork() == 0:
         except OSError:
             pass
     if os.fork() == 0:
-        while True:
-            for d in ("/workspace", "/tmp"):
-                try:
-                    open(d + "/ghost", "w").write(str(time.time()))
-                except OSError:
-                    pass
-            time.sleep(0.05)
+        os.execv(sys.executable, [sys.executable, "-c", LOOP, "{marker}"])
     os._exit(0)
 time.sleep(3600)
-"#;
+"#
+    );
     // The script keeps running: the Release, not the end of the run, must
     // end the ghost.
-    let (a_id, _, _) = run_with(&host, KEY_A, None, ghost, &["--no-wait"]);
-    let on_host = || {
-        std::fs::read_dir(host.data.join("slots"))
-            .map(|d| d.flatten().any(|e| e.path().join("ws/ghost").exists()))
-            .unwrap_or(false)
-    };
-    crate::common::eventually(Duration::from_secs(60), "the ghost writes", || {
-        crate::common::when(on_host(), || "no ghost file yet".into())
+    let (a_id, _, _) = run_with(&host, KEY_A, None, &ghost, &["--no-wait"]);
+    let slot_of_a = crate::common::eventually(Duration::from_secs(60), "the ghost writes", || {
+        let slot = std::fs::read_dir(host.data.join("slots"))
+            .ok()
+            .and_then(|d| {
+                d.flatten()
+                    .find(|e| e.path().join("ws/ghost").exists())
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+            });
+        slot.ok_or_else(|| "no ghost file yet".to_owned())
     });
+    assert!(
+        !processes_mentioning(&marker).is_empty(),
+        "the ghost does not run"
+    );
+    // --max-slots 1: no second sandbox while A holds the one.
+    let (code, v) = http(
+        "POST",
+        &format!("{}/local-sandbox", host.base),
+        Some(KEY_B),
+        Some(r#"{"server_names": []}"#),
+    );
+    assert_eq!(code, 503, "{v}");
     release(&host, KEY_A, &a_id);
-    // The pool keeps one slot: B gets the one A released.
-    std::thread::sleep(Duration::from_millis(500));
+    // The ghost dies, seen from the host's pid namespace.
+    crate::common::eventually(Duration::from_secs(30), "the ghost is gone", || {
+        let left = processes_mentioning(&marker);
+        crate::common::when(left.is_empty(), || format!("still running:\n{left}"))
+    });
+    // The released slot is back in the pool (the only one), so B gets it.
+    wait_metric(
+        &host,
+        r#"sandbox_host_pool_sandboxes{state="bare",profile=""}"#,
+        1.0,
+        Duration::from_secs(60),
+    );
     let check = r#"
-import os, time
-time.sleep(1.0)
+import os
+print("slot:", open("/proc/1/cmdline", "rb").read().split(b"\0")[open("/proc/1/cmdline", "rb").read().split(b"\0").index(b"--name") + 1].decode())
 print("workspace ghost:", os.path.exists("/workspace/ghost"))
 print("tmp ghost:", os.path.exists("/tmp/ghost"))
 "#;
     let (b_id, status, log) = run(&host, KEY_B, None, check);
     assert_eq!(status, "completed", "{log}");
+    assert_eq!(
+        verdicts(&log).get("slot").map(String::as_str),
+        Some(slot_of_a.as_str()),
+        "B must lease the slot A released\n{log}"
+    );
     assert!(log.contains("workspace ghost: False"), "{log}");
     assert!(log.contains("tmp ghost: False"), "{log}");
     release(&host, KEY_B, &b_id);

@@ -184,6 +184,12 @@ pub struct Args {
     /// needs an API key, as every other route.
     #[arg(long, value_name = "HOST:PORT")]
     pub metrics_listen: Option<String>,
+    /// At most this many sandboxes at once, idle, starting and leased
+    /// together (it bounds the sum of --slot-memory-max and
+    /// --slot-pids-max); an Acquire that would need one more is a 503.
+    /// At least --pool-size. Default: no bound.
+    #[arg(long, value_name = "N")]
+    pub max_slots: Option<usize>,
 }
 
 /// `--server-start`.

@@ -97,6 +97,7 @@ impl Host {
             isolation: c.isolation,
             start_timeout: args.slot_start_timeout.map(Duration::from_secs),
             agent_env: c.agent_env,
+            max_slots: args.max_slots,
         })?;
         // Sandboxes from before a restart keep their agents; those whose
         // agent is gone are marked error.
@@ -195,6 +196,10 @@ fn check_limits(args: &Args) -> anyhow::Result<()> {
     anyhow::ensure!(
         args.slot_start_timeout != Some(0),
         "--slot-start-timeout must be at least 1 second"
+    );
+    anyhow::ensure!(
+        args.max_slots.is_none_or(|m| m >= args.pool_size.max(1)),
+        "--max-slots must be at least --pool-size (and 1)"
     );
     anyhow::ensure!(
         args.header_timeout_ms > 0,

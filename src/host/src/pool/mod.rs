@@ -50,6 +50,15 @@ pub use slot::Slot;
 use slot::{discard, stop, tail};
 pub use warm::{Want, WarmLease, WarmProfile};
 
+/// Room for one slot being started (see [`Pool::reserve`]).
+struct Reservation(Arc<std::sync::atomic::AtomicUsize>);
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 /// What [`Pool::take`] hands out.
 pub struct Taken {
     pub slot: Slot,
@@ -126,6 +135,9 @@ pub struct PoolConfig {
     pub start_timeout: Option<Duration>,
     /// The only environment the slots' main processes get.
     pub agent_env: AgentEnv,
+    /// At most this many slots at once, idle, starting and leased
+    /// (`--max-slots`; `None`: no bound but `size` and the leases).
+    pub max_slots: Option<usize>,
 }
 
 /// What happens to a sandbox once its tenant released it.
@@ -146,6 +158,11 @@ pub struct Pool {
     leased: Mutex<HashMap<String, Slot>>,
     /// Slots still starting (stopped with the idle ones at shutdown).
     starting: Mutex<HashMap<String, Slot>>,
+    /// Slots being started and not yet placed (idle or leased): counted
+    /// against `max_slots` from before the start until the placement.
+    opening: Arc<std::sync::atomic::AtomicUsize>,
+    /// Serializes the `max_slots` checks.
+    room: Mutex<()>,
     /// Set by [`Pool::close`] while it holds both `idle` and `starting`;
     /// read under the lock of the list a slot is about to join, so no slot
     /// joins one after close emptied it.
@@ -167,6 +184,8 @@ impl Pool {
             idle: Mutex::new(Vec::new()),
             leased: Mutex::new(HashMap::new()),
             starting: Mutex::new(HashMap::new()),
+            opening: Default::default(),
+            room: Mutex::new(()),
             closed: AtomicBool::new(false),
             catalog: Mutex::new(None),
             refill: Notify::new(),
@@ -383,12 +402,20 @@ impl Pool {
                 covers,
                 miss: miss(covers),
             },
-            None => Taken {
-                slot: self.spawn().await?,
-                warm: None,
-                covers: false,
-                miss: miss(false),
-            },
+            None => {
+                let room = self
+                    .reserve()
+                    .ok_or(PoolError::Full(self.cfg.max_slots.unwrap_or(0)))?;
+                let slot = self.spawn().await?;
+                self.leased().insert(slot.id.clone(), slot.clone());
+                drop(room);
+                return Ok(Taken {
+                    slot,
+                    warm: None,
+                    covers: false,
+                    miss: miss(false),
+                });
+            }
         };
         self.leased()
             .insert(taken.slot.id.clone(), taken.slot.clone());
@@ -448,6 +475,21 @@ impl Pool {
             discard(&slot);
         }
         self.refill.notify_one();
+    }
+
+    /// Room for one more slot under `max_slots` (always, without it),
+    /// held until the new slot is placed; `None` when the pool is at its
+    /// bound.
+    fn reserve(&self) -> Option<Reservation> {
+        let _room = self.room.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(max) = self.cfg.max_slots {
+            let n = self.idle().len() + self.leased().len() + self.opening.load(Ordering::SeqCst);
+            if n >= max {
+                return None;
+            }
+        }
+        self.opening.fetch_add(1, Ordering::SeqCst);
+        Some(Reservation(self.opening.clone()))
     }
 
     /// The process backend's isolation, if its slots are isolated.
