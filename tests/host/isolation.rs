@@ -260,11 +260,11 @@ time.sleep(3600)
     );
     let check = r#"
 import os
-print("slot:", open("/proc/1/cmdline", "rb").read().split(b"\0")[open("/proc/1/cmdline", "rb").read().split(b"\0").index(b"--name") + 1].decode())
 print("workspace ghost:", os.path.exists("/workspace/ghost"))
 print("tmp ghost:", os.path.exists("/tmp/ghost"))
 "#;
-    let (b_id, status, log) = run(&host, KEY_B, None, check);
+    let check = format!("{SLOT_NAME}{check}");
+    let (b_id, status, log) = run(&host, KEY_B, None, &check);
     assert_eq!(status, "completed", "{log}");
     assert_eq!(
         verdicts(&log).get("slot").map(String::as_str),
@@ -313,21 +313,30 @@ time.sleep(3600)
 }
 
 /// One lease's global git config (HOME) never reaches the next lease's
-/// git: the home is the lease's own, emptied at Release.
+/// git: the home is the lease's own, emptied at Release. The next lease
+/// is on the same slot (checked: the host may run one sandbox).
 #[test]
 fn a_global_git_config_does_not_reach_the_next_lease() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let host = Host::start(dir.path(), &[]);
+    let host = Host::start(dir.path(), &["--pool-size", "1", "--max-slots", "1"]);
     let plant = r#"
 import subprocess
 subprocess.run(["git", "config", "--global", "core.fsmonitor", "touch /workspace/pwned-by-a"], check=True)
 print("planted:", subprocess.run(["git", "config", "--global", "core.fsmonitor"], capture_output=True, text=True).stdout.strip())
 "#;
-    let (a_id, status, log) = run(&host, KEY_A, None, plant);
+    let plant = format!("{SLOT_NAME}{plant}");
+    let (a_id, status, log) = run(&host, KEY_A, None, &plant);
     assert_eq!(status, "completed", "{log}");
     assert!(log.contains("planted: touch"), "{log}");
+    let slot_of_a = verdicts(&log).get("slot").cloned().expect("slot");
     release(&host, KEY_A, &a_id);
-    std::thread::sleep(Duration::from_millis(500));
+    // Back in the pool (the only one), so B gets it.
+    wait_metric(
+        &host,
+        r#"sandbox_host_pool_sandboxes{state="bare",profile=""}"#,
+        1.0,
+        Duration::from_secs(60),
+    );
     let victim = r#"
 import os, subprocess
 os.makedirs("/workspace/repo", exist_ok=True)
@@ -337,12 +346,25 @@ got = subprocess.run(["git", "config", "--global", "core.fsmonitor"], capture_ou
 print("inherited config:", repr(got))
 print("pwned:", os.path.exists("/workspace/pwned-by-a"))
 "#;
-    let (b_id, status, log) = run(&host, KEY_B, None, victim);
+    let victim = format!("{SLOT_NAME}{victim}");
+    let (b_id, status, log) = run(&host, KEY_B, None, &victim);
     assert_eq!(status, "completed", "{log}");
+    assert_eq!(
+        verdicts(&log).get("slot"),
+        Some(&slot_of_a),
+        "B must lease the slot A released\n{log}"
+    );
     assert!(log.contains("inherited config: ''"), "{log}");
     assert!(log.contains("pwned: False"), "{log}");
     release(&host, KEY_B, &b_id);
 }
+
+/// Python printing `slot: <id>`: the slot's name, from its agent's
+/// (PID 1's) `--name`.
+const SLOT_NAME: &str = r#"
+_argv = open("/proc/1/cmdline", "rb").read().split(b"\0")
+print("slot:", _argv[_argv.index(b"--name") + 1].decode())
+"#;
 
 /// The host refuses an API key on its command line (every process listing
 /// shows it) and says where to put it instead.
