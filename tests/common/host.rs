@@ -237,6 +237,53 @@ pub fn script_archive(main_py: &str) -> Vec<u8> {
     )
 }
 
+/// Runs execution archive `archive` (tar.gz) as execution `name` of
+/// sandbox `id`, as [`run_script`] does, but a refusal (of the PUT or the
+/// execute) is `Err` with the answer, not a failed test.
+pub fn try_run_archive(
+    host: &Host,
+    key: &str,
+    id: &str,
+    name: &str,
+    archive: &[u8],
+) -> Result<(String, String), String> {
+    let b = format!("{}/local-sandbox/{id}", host.base);
+    let body = format!(r#"{{"execution_name": "{name}"}}"#);
+    let (code, u) = http(
+        "POST",
+        &format!("{b}/execution-upload-url"),
+        Some(key),
+        Some(&body),
+    );
+    assert_eq!(code, 200, "{u}");
+    let (code, v) = put(u["upload_url"].as_str().expect("upload_url"), archive);
+    if code != 200 {
+        return Err(format!("PUT: {code} {v}"));
+    }
+    let (code, v) = http("POST", &format!("{b}/execute"), Some(key), Some(&body));
+    if code != 200 {
+        return Err(format!("execute: {code} {v}"));
+    }
+    Ok(super::eventually(
+        std::time::Duration::from_secs(120),
+        "the execution ends",
+        || {
+            let (code, v) = http(
+                "GET",
+                &format!("{b}/execution-logs?execution_name={name}"),
+                Some(key),
+                None,
+            );
+            let status = v["status"].as_str().unwrap_or_default().to_owned();
+            super::when(
+                code == 200 && (status == "completed" || status == "failed"),
+                || format!("{code} {v}"),
+            )
+            .map(|()| (status, v["logs"].as_str().unwrap_or_default().to_owned()))
+        },
+    ))
+}
+
 /// Runs `main_py` as execution `name` of sandbox `id` through the host's
 /// execution endpoints (upload URL, PUT, execute) and waits for its end:
 /// (its Klavis status, its log).

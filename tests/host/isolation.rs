@@ -549,7 +549,12 @@ fn agents_never_get_the_hosts_environment() {
         let host = Host::start_env(
             dir.path(),
             extra,
-            &[("SANDBOX_TEST_OPERATOR_SECRET", &canary)],
+            &[
+                ("SANDBOX_TEST_OPERATOR_SECRET", &canary),
+                // First in the environment's order: in the head of
+                // anything that quotes it (a truncated error message).
+                ("AAAA_SANDBOX_TEST_OPERATOR_SECRET", &canary),
+            ],
         );
         let script = r#"
 import glob, os, subprocess, time
@@ -612,6 +617,21 @@ time.sleep(5)
         assert!(
             leaked.is_empty(),
             "{extra:?}: a tenant read the host's secret:\n{leaked:?}"
+        );
+        // The attack of issue 35: packages.txt a symlink to the agent's
+        // environment, which the agent reads as root and quotes in the log.
+        // Refused or run, no answer carries the secret.
+        let archive = crate::common::ws::gzip(
+            &crate::common::ws::Tar::new()
+                .file("main.py", b"print('ran')\n")
+                .symlink("packages.txt", "/proc/1/environ")
+                .end(),
+        );
+        let got = try_run_archive(&host, KEY_A, &id, "environ", &archive);
+        let text = format!("{got:?}");
+        assert!(
+            !text.contains(&canary),
+            "{extra:?}: the host's secret through packages.txt:\n{text}"
         );
         release(&host, KEY_A, &id);
     }
