@@ -166,13 +166,24 @@ fn write_owner(registry: &Path, block: u32) -> Result<(), IsolationError> {
     std::fs::write(&p, format!("{pid} {start}\n")).map_err(io(format!("writing {}", p.display())))
 }
 
-/// Whether the host that claimed `block` still runs (the same process:
-/// its start time matches). No owner recorded (a claim of an older host):
-/// gone.
+/// Whether the host that claimed `block` may still run: the same process
+/// (its start time matches), or no owner recorded (a claim of an older
+/// host, which may be starting the slot's agent right now: such a block
+/// is freed only when its slot directory is gone, as before).
 fn owner_alive(registry: &Path, block: u32) -> bool {
     let Ok(text) = std::fs::read_to_string(owner_path(registry, block)) else {
-        return false;
+        return true;
     };
+    // An owner file older than the claim is not the claimer's (an older
+    // host re-claimed the block without writing one): unknown, as above.
+    let mtime = |p: &Path| std::fs::symlink_metadata(p).and_then(|m| m.modified()).ok();
+    if let (Some(owner), Some(link)) = (
+        mtime(&owner_path(registry, block)),
+        mtime(&registry.join(block.to_string())),
+    ) && owner < link
+    {
+        return true;
+    }
     let mut f = text.split_whitespace();
     let (Some(pid), Some(start)) = (
         f.next().and_then(|p| p.parse::<u32>().ok()),
@@ -272,34 +283,35 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let reg = d.path().join("registry");
         std::fs::create_dir(&reg).unwrap();
-        let iso = isolation(&reg, 3);
+        let iso = isolation(&reg, 4);
         let slot = |n: &str| {
             let p = d.path().join(n);
             std::fs::create_dir(&p).unwrap();
             p
         };
         // Block 0: a live host's (this process), its slot still there.
-        let live = slot("live");
-        std::os::unix::fs::symlink(&live, reg.join("0")).unwrap();
+        std::os::unix::fs::symlink(slot("live"), reg.join("0")).unwrap();
         write_owner(&reg, 0).unwrap();
-        // Block 1: a host that died, its slot directory left behind.
-        let left = slot("left");
-        std::os::unix::fs::symlink(&left, reg.join("1")).unwrap();
-        std::fs::write(reg.join("1.owner"), format!("{} 1\n", dead_pid())).unwrap();
+        // Block 1: an older host's claim (no owner), its slot still there:
+        // it may be starting its agent, so the block stays claimed.
+        std::os::unix::fs::symlink(slot("older"), reg.join("1")).unwrap();
+        // Block 2: a host that died, its slot directory left behind.
+        std::os::unix::fs::symlink(slot("left"), reg.join("2")).unwrap();
+        std::fs::write(reg.join("2.owner"), format!("{} 1\n", dead_pid())).unwrap();
         let new = slot("new");
-        assert_eq!(iso.take_block(&new).unwrap(), 1);
-        assert_eq!(std::fs::read_link(reg.join("1")).unwrap(), new);
-        assert!(owner_alive(&reg, 1));
-        assert_eq!(iso.block_counts(), (2, 3));
-        // Block 2 next; then none: counted.
-        assert_eq!(iso.take_block(&slot("third")).unwrap(), 2);
+        assert_eq!(iso.take_block(&new).unwrap(), 2);
+        assert_eq!(std::fs::read_link(reg.join("2")).unwrap(), new);
+        assert!(owner_alive(&reg, 2));
+        assert_eq!(iso.block_counts(), (3, 4));
+        // Block 3 next; then none: counted.
+        assert_eq!(iso.take_block(&slot("third")).unwrap(), 3);
         assert_eq!(iso.blocks_exhausted(), 0);
         assert!(matches!(
             iso.take_block(&slot("fourth")),
-            Err(IsolationError::Exhausted(3))
+            Err(IsolationError::Exhausted(4))
         ));
         assert_eq!(iso.blocks_exhausted(), 1);
-        assert_eq!(iso.block_counts(), (3, 3));
+        assert_eq!(iso.block_counts(), (4, 4));
     }
 
     #[test]
