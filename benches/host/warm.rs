@@ -30,7 +30,8 @@ async fn metric(h: &Host, sample: &str) -> f64 {
     let (_, body) = call(
         "GET",
         &format!("{}/metrics", h.base),
-        false,
+        // /metrics needs a key on the API's address.
+        true,
         bytes::Bytes::new(),
         true,
     )

@@ -832,12 +832,24 @@ libc.shmdt(ctypes.c_void_p(addr))
 print("shm", shm, "msg", libc.msgget(0x1338, 0o1666), "sem", libc.semget(0x1339, 1, 0o1666))
 rt = ctypes.CDLL("librt.so.1", use_errno=True)
 print("mq", rt.mq_open(b"/lease1", os.O_CREAT | os.O_RDWR, 0o666, None))
+# add_key(2) into the uid's user keyring (KEY_SPEC_USER_KEYRING, -4).
 key = libc.syscall(248, b"user", b"lease1", b"LEFT-BY-LEASE-1", 15, -4)
-print("key", key)
+print("key", key, "errno", ctypes.get_errno())
 "#;
     let (status, log) = run_to_end(&c, "plant", plant).await;
     assert_eq!(status, "completed", "{log}");
     assert!(!log.contains(" -1"), "planting failed: {log}");
+    // The probe works: another process of lease 1 finds the key
+    // (keyctl(2) KEYCTL_SEARCH, 10, in the user keyring).
+    let (status, log) = run_to_end(&c, "still", SEARCH_KEY).await;
+    assert_eq!(status, "completed", "{log}");
+    assert!(
+        log.lines()
+            .find_map(|l| l.strip_prefix("key: "))
+            .and_then(|r| r.split_whitespace().next()?.parse::<i64>().ok())
+            .is_some_and(|id| id > 0),
+        "lease 1 cannot find its own key, so the check below could not fail:\n{log}"
+    );
     release(&c, "lease-1").await;
     acquire_bare(&c, "lease-2").await;
     let look = r#"
@@ -848,9 +860,9 @@ print("msg:", libc.msgget(0x1338, 0))
 print("sem:", libc.semget(0x1339, 0, 0))
 rt = ctypes.CDLL("librt.so.1", use_errno=True)
 print("mq:", rt.mq_open(b"/lease1", os.O_RDONLY))
-print("key:", libc.syscall(250, b"user", b"lease1", None, 0))
 "#;
-    let (status, log) = run_to_end(&c, "look", look).await;
+    let look = format!("{look}{SEARCH_KEY}");
+    let (status, log) = run_to_end(&c, "look", &look).await;
     assert_eq!(status, "completed", "{log}");
     for what in ["shm", "msg", "sem", "mq", "key"] {
         assert!(
@@ -858,7 +870,18 @@ print("key:", libc.syscall(250, b"user", b"lease1", None, 0))
             "{what} of lease 1 is still there:\n{log}"
         );
     }
+    // Not found (ENOKEY, 126), rather than a search that cannot run.
+    assert!(log.contains("key: -1 errno 126"), "{log}");
 }
+
+/// A script printing `key: <id> errno <errno>`: lease 1's key, searched
+/// for in the uid's user keyring (keyctl KEYCTL_SEARCH).
+const SEARCH_KEY: &str = r#"
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+found = libc.syscall(250, 10, -4, b"user", b"lease1", 0)
+print("key:", found, "errno", ctypes.get_errno() if found < 0 else 0)
+"#;
 
 /// Acquires `id` with no server (the execution API only).
 async fn acquire_bare(c: &sandbox_client::Client, id: &str) {

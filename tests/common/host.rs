@@ -237,6 +237,53 @@ pub fn script_archive(main_py: &str) -> Vec<u8> {
     )
 }
 
+/// Runs execution archive `archive` (tar.gz) as execution `name` of
+/// sandbox `id`, as [`run_script`] does, but a refusal (of the PUT or the
+/// execute) is `Err` with the answer, not a failed test.
+pub fn try_run_archive(
+    host: &Host,
+    key: &str,
+    id: &str,
+    name: &str,
+    archive: &[u8],
+) -> Result<(String, String), String> {
+    let b = format!("{}/local-sandbox/{id}", host.base);
+    let body = format!(r#"{{"execution_name": "{name}"}}"#);
+    let (code, u) = http(
+        "POST",
+        &format!("{b}/execution-upload-url"),
+        Some(key),
+        Some(&body),
+    );
+    assert_eq!(code, 200, "{u}");
+    let (code, v) = put(u["upload_url"].as_str().expect("upload_url"), archive);
+    if code != 200 {
+        return Err(format!("PUT: {code} {v}"));
+    }
+    let (code, v) = http("POST", &format!("{b}/execute"), Some(key), Some(&body));
+    if code != 200 {
+        return Err(format!("execute: {code} {v}"));
+    }
+    Ok(super::eventually(
+        std::time::Duration::from_secs(120),
+        "the execution ends",
+        || {
+            let (code, v) = http(
+                "GET",
+                &format!("{b}/execution-logs?execution_name={name}"),
+                Some(key),
+                None,
+            );
+            let status = v["status"].as_str().unwrap_or_default().to_owned();
+            super::when(
+                code == 200 && (status == "completed" || status == "failed"),
+                || format!("{code} {v}"),
+            )
+            .map(|()| (status, v["logs"].as_str().unwrap_or_default().to_owned()))
+        },
+    ))
+}
+
 /// Runs `main_py` as execution `name` of sandbox `id` through the host's
 /// execution endpoints (upload URL, PUT, execute) and waits for its end:
 /// (its Klavis status, its log).
@@ -373,7 +420,8 @@ pub fn assert_mcp_client_works(host: &Host) {
 
 /// The value of one sample on the host's `/metrics` (0 when absent).
 pub fn metric(host: &Host, sample: &str) -> f64 {
-    let (code, v) = http("GET", &format!("{}/metrics", host.base), None, None);
+    // On the API's address /metrics needs a key.
+    let (code, v) = http("GET", &format!("{}/metrics", host.base), Some(KEY_A), None);
     assert_eq!(code, 200, "{v}");
     let text = v.as_str().unwrap_or_default();
     text.lines()
@@ -400,4 +448,29 @@ pub fn wait_metric(host: &Host, sample: &str, want: f64, within: std::time::Dura
 /// the CI machines).
 pub fn sandbox_read_only() -> Vec<String> {
     super::slots::sandbox_read_only(super::bench_data::prefix())
+}
+
+/// `root` and every process below it (by parent pid, from /proc), alive
+/// now.
+pub fn process_tree(root: i32) -> Vec<i32> {
+    let parents: Vec<(i32, i32)> = std::fs::read_dir("/proc")
+        .map(|d| {
+            d.flatten()
+                .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+                .filter_map(|pid| {
+                    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+                    let ppid = stat.rsplit_once(") ")?.1.split(' ').nth(1)?.parse().ok()?;
+                    Some((pid, ppid))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut tree = vec![root];
+    let mut i = 0;
+    while i < tree.len() {
+        let p = tree[i];
+        tree.extend(parents.iter().filter(|(_, pp)| *pp == p).map(|(c, _)| *c));
+        i += 1;
+    }
+    tree
 }

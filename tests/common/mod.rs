@@ -257,10 +257,24 @@ impl Drop for Agent {
 }
 
 /// Whether the test runs as root; if not, says on stderr that `what` is
-/// skipped and why (the test command runs as root, so CI runs it).
+/// skipped and why. Under `CI=true` a test that needs root fails instead:
+/// CI runs as root (`.ci/test-all.sh` checks), so a skip there would be a
+/// claim of docs/security.md left untested without a word.
 pub fn root_or_skip(what: &str) -> bool {
-    let root = nix::unistd::geteuid().is_root();
+    root_or_skip_in(what, nix::unistd::geteuid().is_root(), ci())
+}
+
+/// Whether this runs in CI (`CI=true`, as CI services set it).
+pub fn ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v.eq_ignore_ascii_case("true") || v == "1")
+}
+
+fn root_or_skip_in(what: &str, root: bool, ci: bool) -> bool {
     if !root {
+        assert!(
+            !ci,
+            "{what} needs root, and CI=true: the test command must run as root in CI"
+        );
         eprintln!("skipped: {what} needs root (run the test command as root to cover it)");
     }
     root
@@ -379,4 +393,13 @@ pub fn as_tenant(workspace: &Path, path: &Path) {
         .status()
         .expect("chown");
     assert!(st.success(), "chown -R {}", path.display());
+}
+
+/// Under CI a test that needs root fails when not root; elsewhere it
+/// skips, saying so.
+#[test]
+fn a_root_test_fails_in_ci_when_not_root() {
+    assert!(std::panic::catch_unwind(|| root_or_skip_in("a test", false, true)).is_err());
+    assert!(!root_or_skip_in("a test", false, false));
+    assert!(root_or_skip_in("a test", true, true));
 }

@@ -94,24 +94,42 @@ fn a_tenant_reaches_nothing_of_the_host_or_other_tenants() {
     let link_local = host_link_local();
     let probe = format!(
         r#"
-import os, socket
+import errno, os, socket, time
 def probe(name, f):
     try:
         f()
         print(f"{{name}}: REACHED")
     except Exception as e:
         print(f"{{name}}: denied ({{type(e).__name__}})")
+# A connection must be refused at once (the policy's prohibit route:
+# EACCES; nothing listening: ECONNREFUSED; no route: ENETUNREACH,
+# EHOSTUNREACH; EPERM), never merely time out: a timeout could be a slow
+# network as well as a closed one.
+REFUSED = {{errno.EACCES, errno.EPERM, errno.ECONNREFUSED, errno.ENETUNREACH, errno.EHOSTUNREACH}}
+def connect(name, addr):
+    start = time.monotonic()
+    try:
+        socket.create_connection(addr, timeout=5).close()
+        print(f"{{name}}: REACHED")
+    except socket.timeout:
+        print(f"{{name}}: TIMED OUT after {{time.monotonic() - start:.1f}} s")
+    except OSError as e:
+        took = time.monotonic() - start
+        if e.errno in REFUSED and took < 2:
+            print(f"{{name}}: denied ({{errno.errorcode[e.errno]}} in {{took:.3f}} s)")
+        else:
+            print(f"{{name}}: UNCLEAR ({{e!r}} after {{took:.1f}} s)")
 print(f"uid: {{os.getuid()}}")
 probe("signing key", lambda: open("{data}/signing.key", "rb").read())
 probe("database", lambda: open("{data}/host.db", "rb").read(16))
 probe("host cmdline", lambda: open("/proc/{host_pid}/cmdline").read())
 probe("other tenant's file", lambda: open("{b_file}").read())
-probe("host api", lambda: socket.create_connection(("127.0.0.1", {port}), timeout=3).close())
-probe("metadata", lambda: socket.create_connection(("169.254.169.254", 80), timeout=3).close())
+connect("host api", ("127.0.0.1", {port}))
+connect("metadata", ("169.254.169.254", 80))
 probe("agent socket", lambda: socket.socket(socket.AF_UNIX).connect("/run/sandbox-agent/agent.sock"))
-probe("host's second address", lambda: socket.create_connection(("{extra}", {any4}), timeout=3).close())
+connect("host's second address", ("{extra}", {any4}))
 if "{link_local}" and {any6}:
-    probe("host's link-local address", lambda: socket.create_connection(("{link_local}", {any6}), timeout=3).close())
+    connect("host's link-local address", ("{link_local}", {any6}))
 probe("cgroup root", lambda: open("/sys/fs/cgroup/cgroup.procs", "w").write(str(os.getpid())))
 probe("system dirs", lambda: open("/usr/pwned", "w"))
 def nested_userns():
@@ -168,13 +186,27 @@ probe("nested user namespace", nested_userns)
 
 /// A process that leaves its session and tries to leave its cgroup, then
 /// keeps writing into the workspace, is gone once the lease is released:
-/// the next tenant of the same slot never sees it.
+/// it dies (seen from the host), and the next tenant of the same slot
+/// (checked: the host may run one sandbox, so a released one goes back to
+/// the pool instead of giving way to a fresh one) never sees it.
 #[test]
 fn nothing_a_tenant_started_outlives_its_release() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let host = Host::start(dir.path(), &[]);
-    let ghost = r#"
-import os, time
+    let host = Host::start(dir.path(), &["--pool-size", "1", "--max-slots", "1"]);
+    let marker = format!("ghost-{}-{:x}", std::process::id(), rand_u64());
+    let ghost = format!(
+        r#"
+import os, sys, time
+LOOP = """
+import time
+while True:
+    for d in ("/workspace", "/tmp"):
+        try:
+            open(d + "/ghost", "w").write(str(time.time()))
+        except OSError:
+            pass
+    time.sleep(0.05)
+"""
 if os.fork() == 0:
     os.setsid()
     for f in ("/sys/fs/cgroup/cgroup.procs", "/sys/fs/cgroup/unified/cgroup.procs"):
@@ -183,38 +215,62 @@ if os.fork() == 0:
         except OSError:
             pass
     if os.fork() == 0:
-        while True:
-            for d in ("/workspace", "/tmp"):
-                try:
-                    open(d + "/ghost", "w").write(str(time.time()))
-                except OSError:
-                    pass
-            time.sleep(0.05)
+        os.execv(sys.executable, [sys.executable, "-c", LOOP, "{marker}"])
     os._exit(0)
 time.sleep(3600)
-"#;
+"#
+    );
     // The script keeps running: the Release, not the end of the run, must
     // end the ghost.
-    let (a_id, _, _) = run_with(&host, KEY_A, None, ghost, &["--no-wait"]);
-    let on_host = || {
-        std::fs::read_dir(host.data.join("slots"))
-            .map(|d| d.flatten().any(|e| e.path().join("ws/ghost").exists()))
-            .unwrap_or(false)
-    };
-    crate::common::eventually(Duration::from_secs(60), "the ghost writes", || {
-        crate::common::when(on_host(), || "no ghost file yet".into())
+    let (a_id, _, _) = run_with(&host, KEY_A, None, &ghost, &["--no-wait"]);
+    let slot_of_a = crate::common::eventually(Duration::from_secs(60), "the ghost writes", || {
+        let slot = std::fs::read_dir(host.data.join("slots"))
+            .ok()
+            .and_then(|d| {
+                d.flatten()
+                    .find(|e| e.path().join("ws/ghost").exists())
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+            });
+        slot.ok_or_else(|| "no ghost file yet".to_owned())
     });
+    assert!(
+        !processes_mentioning(&marker).is_empty(),
+        "the ghost does not run"
+    );
+    // --max-slots 1: no second sandbox while A holds the one.
+    let (code, v) = http(
+        "POST",
+        &format!("{}/local-sandbox", host.base),
+        Some(KEY_B),
+        Some(r#"{"server_names": []}"#),
+    );
+    assert_eq!(code, 503, "{v}");
     release(&host, KEY_A, &a_id);
-    // The pool keeps one slot: B gets the one A released.
-    std::thread::sleep(Duration::from_millis(500));
+    // The ghost dies, seen from the host's pid namespace.
+    crate::common::eventually(Duration::from_secs(30), "the ghost is gone", || {
+        let left = processes_mentioning(&marker);
+        crate::common::when(left.is_empty(), || format!("still running:\n{left}"))
+    });
+    // The released slot is back in the pool (the only one), so B gets it.
+    wait_metric(
+        &host,
+        r#"sandbox_host_pool_sandboxes{state="bare",profile=""}"#,
+        1.0,
+        Duration::from_secs(60),
+    );
     let check = r#"
-import os, time
-time.sleep(1.0)
+import os
 print("workspace ghost:", os.path.exists("/workspace/ghost"))
 print("tmp ghost:", os.path.exists("/tmp/ghost"))
 "#;
-    let (b_id, status, log) = run(&host, KEY_B, None, check);
+    let check = format!("{SLOT_NAME}{check}");
+    let (b_id, status, log) = run(&host, KEY_B, None, &check);
     assert_eq!(status, "completed", "{log}");
+    assert_eq!(
+        verdicts(&log).get("slot").map(String::as_str),
+        Some(slot_of_a.as_str()),
+        "B must lease the slot A released\n{log}"
+    );
     assert!(log.contains("workspace ghost: False"), "{log}");
     assert!(log.contains("tmp ghost: False"), "{log}");
     release(&host, KEY_B, &b_id);
@@ -257,21 +313,30 @@ time.sleep(3600)
 }
 
 /// One lease's global git config (HOME) never reaches the next lease's
-/// git: the home is the lease's own, emptied at Release.
+/// git: the home is the lease's own, emptied at Release. The next lease
+/// is on the same slot (checked: the host may run one sandbox).
 #[test]
 fn a_global_git_config_does_not_reach_the_next_lease() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let host = Host::start(dir.path(), &[]);
+    let host = Host::start(dir.path(), &["--pool-size", "1", "--max-slots", "1"]);
     let plant = r#"
 import subprocess
 subprocess.run(["git", "config", "--global", "core.fsmonitor", "touch /workspace/pwned-by-a"], check=True)
 print("planted:", subprocess.run(["git", "config", "--global", "core.fsmonitor"], capture_output=True, text=True).stdout.strip())
 "#;
-    let (a_id, status, log) = run(&host, KEY_A, None, plant);
+    let plant = format!("{SLOT_NAME}{plant}");
+    let (a_id, status, log) = run(&host, KEY_A, None, &plant);
     assert_eq!(status, "completed", "{log}");
     assert!(log.contains("planted: touch"), "{log}");
+    let slot_of_a = verdicts(&log).get("slot").cloned().expect("slot");
     release(&host, KEY_A, &a_id);
-    std::thread::sleep(Duration::from_millis(500));
+    // Back in the pool (the only one), so B gets it.
+    wait_metric(
+        &host,
+        r#"sandbox_host_pool_sandboxes{state="bare",profile=""}"#,
+        1.0,
+        Duration::from_secs(60),
+    );
     let victim = r#"
 import os, subprocess
 os.makedirs("/workspace/repo", exist_ok=True)
@@ -281,12 +346,25 @@ got = subprocess.run(["git", "config", "--global", "core.fsmonitor"], capture_ou
 print("inherited config:", repr(got))
 print("pwned:", os.path.exists("/workspace/pwned-by-a"))
 "#;
-    let (b_id, status, log) = run(&host, KEY_B, None, victim);
+    let victim = format!("{SLOT_NAME}{victim}");
+    let (b_id, status, log) = run(&host, KEY_B, None, &victim);
     assert_eq!(status, "completed", "{log}");
+    assert_eq!(
+        verdicts(&log).get("slot"),
+        Some(&slot_of_a),
+        "B must lease the slot A released\n{log}"
+    );
     assert!(log.contains("inherited config: ''"), "{log}");
     assert!(log.contains("pwned: False"), "{log}");
     release(&host, KEY_B, &b_id);
 }
+
+/// Python printing `slot: <id>`: the slot's name, from its agent's
+/// (PID 1's) `--name`.
+const SLOT_NAME: &str = r#"
+_argv = open("/proc/1/cmdline", "rb").read().split(b"\0")
+print("slot:", _argv[_argv.index(b"--name") + 1].decode())
+"#;
 
 /// The host refuses an API key on its command line (every process listing
 /// shows it) and says where to put it instead.
@@ -455,4 +533,304 @@ fn host_link_local() -> Option<String> {
         let addr = addr.split('/').next()?;
         (*iface != "lo").then(|| format!("{addr}%{iface}"))
     })
+}
+
+/// Agents start with an allow-listed environment, never the host's: an
+/// operator's secret in the host's environment is in no process of a
+/// sandbox (read from the host, so what a tenant could make the agent
+/// quote is covered too), nor in what a tenant reads of `/proc/1/environ`,
+/// `/proc/self/environ`, `env` or (isolated) any `/proc/*/environ` it can
+/// open; isolated or not.
+#[test]
+fn agents_never_get_the_hosts_environment() {
+    let canary = format!("canary-{:016x}", rand_u64());
+    for extra in [&[][..], &["--isolation", "none"][..]] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let host = Host::start_env(
+            dir.path(),
+            extra,
+            &[
+                ("SANDBOX_TEST_OPERATOR_SECRET", &canary),
+                // First in the environment's order: in the head of
+                // anything that quotes it (a truncated error message).
+                ("AAAA_SANDBOX_TEST_OPERATOR_SECRET", &canary),
+            ],
+        );
+        let script = r#"
+import glob, os, subprocess, time
+def show(name, f):
+    try:
+        print(f"{name}: {f()!r}")
+    except Exception as e:
+        print(f"{name}: unreadable ({type(e).__name__})")
+show("pid1 environ", lambda: open("/proc/1/environ", "rb").read())
+show("self environ", lambda: open("/proc/self/environ", "rb").read())
+show("env", lambda: subprocess.run(["env"], capture_output=True, text=True).stdout)
+for p in glob.glob("/proc/[0-9]*/environ"):
+    show(p, lambda: open(p, "rb").read())
+print("ok: done")
+time.sleep(5)
+"#;
+        let (id, _, _) = run_with(
+            &host,
+            KEY_A,
+            None,
+            script,
+            &["--servers", "terminal", "--no-wait"],
+        );
+        // While the script and the terminal server run: every process of
+        // every slot, read from the host.
+        let agents = host.agents();
+        assert!(!agents.is_empty(), "no agent");
+        let mut seen = 0;
+        for a in agents {
+            for pid in process_tree(a) {
+                if let Ok(env) = std::fs::read(format!("/proc/{pid}/environ")) {
+                    seen += 1;
+                    assert!(
+                        !String::from_utf8_lossy(&env).contains(&canary),
+                        "{extra:?}: process {pid} of a sandbox ({}) has the host's secret",
+                        std::fs::read_to_string(format!("/proc/{pid}/cmdline"))
+                            .unwrap_or_default()
+                            .replace('\0', " ")
+                    );
+                }
+            }
+        }
+        assert!(
+            seen > 1,
+            "{extra:?}: only {seen} processes of sandboxes read"
+        );
+        let (_, status, log) = run_with(&host, KEY_A, Some(&id), script, &["--name", "again"]);
+        assert_eq!(status, "completed", "{log}");
+        assert!(log.contains("ok: done"), "{log}");
+        assert!(log.contains("self environ: b'"), "{log}");
+        // Without isolation a tenant is the host's user and reads the
+        // host's own /proc/<pid>/environ (documented): only its own
+        // environment and PID 1's count there.
+        let isolated = extra.is_empty();
+        let leaked: Vec<&str> = log
+            .lines()
+            .filter(|l| isolated || !l.starts_with("/proc/"))
+            .filter(|l| l.contains(&canary))
+            .collect();
+        assert!(
+            leaked.is_empty(),
+            "{extra:?}: a tenant read the host's secret:\n{leaked:?}"
+        );
+        // The attack of issue 35: packages.txt a symlink to the agent's
+        // environment, which the agent reads as root and quotes in the log.
+        // Refused or run, no answer carries the secret.
+        let archive = crate::common::ws::gzip(
+            &crate::common::ws::Tar::new()
+                .file("main.py", b"print('ran')\n")
+                .symlink("packages.txt", "/proc/1/environ")
+                .end(),
+        );
+        let got = try_run_archive(&host, KEY_A, &id, "environ", &archive);
+        let text = format!("{got:?}");
+        assert!(
+            !text.contains(&canary),
+            "{extra:?}: the host's secret through packages.txt:\n{text}"
+        );
+        release(&host, KEY_A, &id);
+    }
+}
+
+/// 64 random bits from the OS.
+fn rand_u64() -> u64 {
+    let mut b = [0u8; 8];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut b))
+        .expect("/dev/urandom");
+    u64::from_le_bytes(b)
+}
+
+/// With the data dir on a filesystem of its own (docs/security.md: the
+/// root field of a bind mount in /proc/self/mountinfo is the path inside
+/// its filesystem, which no bubblewrap option changes), a tenant reading
+/// its mountinfo finds no trace of the data dir's path.
+#[test]
+fn a_tenant_never_reads_the_data_dir_path_in_mountinfo() {
+    if !crate::common::root_or_skip("mounting a tmpfs data dir") {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let _data = Tmpfs::mount(&dir.path().join("data"));
+    let host = Host::start(dir.path(), &[]);
+    let data = host.data.display().to_string();
+    let script = "print(open('/proc/self/mountinfo').read())\n";
+    let (id, status, log) = run(&host, KEY_A, None, script);
+    assert_eq!(status, "completed", "{log}");
+    assert!(log.contains(" /workspace "), "{log}");
+    assert!(!log.contains(&data), "the data dir {data} in:\n{log}");
+    release(&host, KEY_A, &id);
+}
+
+/// A tmpfs mounted at a directory for the test's lifetime.
+struct Tmpfs(std::path::PathBuf);
+
+impl Tmpfs {
+    fn mount(at: &Path) -> Tmpfs {
+        std::fs::create_dir_all(at).expect("mkdir");
+        let st = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "mode=0755", "sandbox-data"])
+            .arg(at)
+            .status()
+            .expect("mount");
+        assert!(st.success(), "mount -t tmpfs {}", at.display());
+        Tmpfs(at.to_owned())
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+/// An id block claimed by a host that died (its slot directory left
+/// behind, no process of the block's ids running) is taken by the next
+/// host, and `/metrics` counts the blocks claimed machine-wide.
+#[test]
+fn an_id_block_of_a_host_that_died_is_taken_again() {
+    if !crate::common::root_or_skip("claiming an id block in /run/sandbox-host") {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let left = dir.path().join("slot-of-a-dead-host");
+    std::fs::create_dir(&left).expect("mkdir");
+    let claim = DeadClaim::make(&left);
+    // Two slots: the two lowest free blocks, the dead claim's among them
+    // unless two lower blocks were freed by other hosts meanwhile. Hosts
+    // of tests running beside this one may take it first: any live host
+    // taking it for a slot of its own is what counts.
+    let host = Host::start(dir.path(), &["--pool-size", "2"]);
+    crate::common::eventually(
+        Duration::from_secs(60),
+        "the dead host's block is taken",
+        || {
+            let target = std::fs::read_link(&claim.link).unwrap_or_default();
+            let owner =
+                std::fs::read_to_string(claim.link.with_extension("owner")).unwrap_or_default();
+            let owner_alive = owner
+                .split_whitespace()
+                .next()
+                .and_then(|p| p.parse::<i32>().ok())
+                .is_some_and(alive);
+            crate::common::when(
+                target != claim.target
+                    && target.to_string_lossy().contains("/slots/")
+                    && owner_alive,
+                || {
+                    format!(
+                        "block {} -> {} (owner {owner:?})",
+                        claim.block,
+                        target.display()
+                    )
+                },
+            )
+        },
+    );
+    assert!(metric(&host, "sandbox_host_uid_blocks_claimed") >= 2.0);
+    assert!(metric(&host, "sandbox_host_uid_blocks") >= 2.0);
+    let (_, m) = http("GET", &format!("{}/metrics", host.base), Some(KEY_A), None);
+    assert!(
+        m.as_str()
+            .unwrap_or_default()
+            .contains("sandbox_host_uid_blocks_exhausted_total 0"),
+        "{m}"
+    );
+}
+
+/// A claim of the lowest free id block, in the machine's registry, by a
+/// host that is gone, for a slot directory that still exists; removed
+/// at the end if it is still there.
+struct DeadClaim {
+    block: u32,
+    link: std::path::PathBuf,
+    target: std::path::PathBuf,
+}
+
+impl DeadClaim {
+    fn make(target: &Path) -> DeadClaim {
+        let reg = Path::new("/run/sandbox-host/uid-blocks");
+        std::fs::create_dir_all(reg).expect("registry");
+        let lock = std::fs::File::create(reg.join(".lock")).expect("lock");
+        let _lock = nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusive)
+            .map_err(|(_, e)| e)
+            .expect("flock");
+        let block = (0..64u32)
+            .find(|b| reg.join(b.to_string()).symlink_metadata().is_err())
+            .expect("a free block");
+        let link = reg.join(block.to_string());
+        std::os::unix::fs::symlink(target, &link).expect("claim");
+        let mut gone = Command::new("true").spawn().expect("true");
+        let pid = gone.id();
+        gone.wait().expect("wait");
+        std::fs::write(link.with_extension("owner"), format!("{pid} 1\n")).expect("owner");
+        DeadClaim {
+            block,
+            link,
+            target: target.to_owned(),
+        }
+    }
+}
+
+impl Drop for DeadClaim {
+    fn drop(&mut self) {
+        if std::fs::read_link(&self.link).is_ok_and(|t| t == self.target) {
+            let _ = std::fs::remove_file(&self.link);
+            let _ = std::fs::remove_file(self.link.with_extension("owner"));
+        }
+    }
+}
+
+/// `/metrics` (pool and lease counts) needs an API key on the API's
+/// address; with `--metrics-listen` it is served without one on that
+/// address alone, and the API's address answers 404.
+#[test]
+fn metrics_need_a_key_or_an_address_of_their_own() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let host = Host::start(dir.path(), &["--pool-size", "0"]);
+    let url = format!("{}/metrics", host.base);
+    let (code, v) = http("GET", &url, None, None);
+    assert_eq!(code, 401, "{v}");
+    let (code, v) = http("GET", &url, Some("not-a-key-0123456789"), None);
+    assert_eq!(code, 401, "{v}");
+    let (code, v) = http("GET", &url, Some(KEY_B), None);
+    assert_eq!(code, 200, "{v}");
+    assert!(
+        v.as_str()
+            .unwrap_or_default()
+            .contains("sandbox_host_pool_sandboxes"),
+        "{v}"
+    );
+    drop(host);
+    // An address of its own (a port that was free a moment ago).
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let addr = format!("127.0.0.1:{port}");
+    let host = Host::start(dir.path(), &["--pool-size", "0", "--metrics-listen", &addr]);
+    let (code, v) = http("GET", &format!("http://{addr}/metrics"), None, None);
+    assert_eq!(code, 200, "{v}");
+    assert!(
+        v.as_str()
+            .unwrap_or_default()
+            .contains("sandbox_host_pool_sandboxes"),
+        "{v}"
+    );
+    let (code, v) = http("GET", &format!("{}/metrics", host.base), Some(KEY_A), None);
+    assert_eq!(code, 404, "{v}");
+    // Nothing else of the API there.
+    let (code, _) = http(
+        "GET",
+        &format!("http://{addr}/local-sandbox"),
+        Some(KEY_A),
+        None,
+    );
+    assert_eq!(code, 404);
 }

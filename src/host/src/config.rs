@@ -169,6 +169,27 @@ pub struct Args {
     /// --api-key-file) may hold at once; one more Acquire is a 429.
     #[arg(long, default_value_t = 64, value_name = "N")]
     pub max_sandboxes_per_key: usize,
+    /// A variable of this host's environment its agents get too
+    /// (repeatable; by name, its value read from this host's environment).
+    /// Agents start with a cleared environment: PATH, HOME, USER, LANG,
+    /// LC_ALL, TZ, TMPDIR, RUST_LOG, RUST_BACKTRACE, the package index and
+    /// proxy variables, SANDBOX_AGENT_*, the names the manifest's
+    /// `pass_env` lists, and these; nothing else of this host's
+    /// environment.
+    #[arg(long = "agent-env", value_name = "NAME")]
+    pub agent_env: Vec<String>,
+    /// Serve `GET /metrics` on this address of its own, without a key
+    /// (for a Prometheus that reaches only it); the API's address then
+    /// answers it 404. Without it, `/metrics` is on the API's address and
+    /// needs an API key, as every other route.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub metrics_listen: Option<String>,
+    /// At most this many sandboxes at once, idle, starting and leased
+    /// together (it bounds the sum of --slot-memory-max and
+    /// --slot-pids-max); an Acquire that would need one more is a 503.
+    /// At least --pool-size. Default: no bound.
+    #[arg(long, value_name = "N")]
+    pub max_slots: Option<usize>,
 }
 
 /// `--server-start`.
@@ -282,6 +303,33 @@ pub fn backend(args: &Args) -> anyhow::Result<pool::Backend> {
             })
         }
     }
+}
+
+/// The environment the slots' main processes get (see
+/// [`pool::AgentEnv`]), from this host's own, checked.
+pub fn agent_env(args: &Args, backend: &pool::Backend) -> anyhow::Result<pool::AgentEnv> {
+    for n in &args.agent_env {
+        anyhow::ensure!(
+            !n.is_empty() && !n.contains('=') && !n.contains('\0'),
+            "--agent-env takes a variable's name (its value is read from this host's \
+             environment), not {n:?}"
+        );
+        anyhow::ensure!(
+            n != API_KEY_ENV,
+            "--agent-env {API_KEY_ENV}: the API keys never reach a sandbox"
+        );
+    }
+    let manifest_names = match backend {
+        pool::Backend::Process { manifest, .. } => pool::manifest_pass_env(
+            manifest
+                .as_deref()
+                .unwrap_or(std::path::Path::new(INSTALLED_MANIFEST)),
+        ),
+        pool::Backend::Qemu { .. } => Default::default(),
+    };
+    let env = pool::AgentEnv::new(std::env::vars_os(), &manifest_names, &args.agent_env);
+    tracing::info!(names = ?env.names(), "agents get only these variables of this host's environment");
+    Ok(env)
 }
 
 /// The warm profiles of `--warm` and `--warm-servers`, checked.

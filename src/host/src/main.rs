@@ -52,7 +52,21 @@ fn main() -> anyhow::Result<()> {
             // As axum::serve did: requests in flight finish (downloads too).
             drain: Duration::MAX,
         };
-        let Started { host, listener, .. } = started;
+        let Started {
+            host,
+            listener,
+            metrics_listener,
+            ..
+        } = started;
+        if let Some(l) = metrics_listener {
+            let app = hyper_util::service::TowerToHyperService::new(metrics::router(host.clone()));
+            tokio::spawn(sandbox_serve::http::serve_http(
+                l,
+                limits,
+                terminated(),
+                app,
+            ));
+        }
         let app = hyper_util::service::TowerToHyperService::new(api::router(host.clone()));
         sandbox_serve::http::serve_http(listener, limits, terminated(), app).await;
         Started::stop(host).await;

@@ -9,8 +9,14 @@
 //! | `sandbox_host_warm_misses_total` | `reason` = `uncovered` (no profile warms it), `empty` (none ready), `refused` (the agent would not narrow) |
 //! | `sandbox_host_acquire_seconds` (histogram) | `path` = `warm`, `cold` |
 //! | `sandbox_host_acquire_failures_total` | — |
+//! | `sandbox_host_uid_blocks` (gauge) | — (subordinate id blocks this host may use; isolated process backend only) |
+//! | `sandbox_host_uid_blocks_claimed` (gauge) | — (blocks claimed machine-wide, by any host) |
+//! | `sandbox_host_uid_blocks_exhausted_total` | — (sandbox starts refused: no free block) |
 //!
-//! Aggregates only (no ids, owners or keys), so the endpoint needs no key.
+//! Aggregates only (no ids, owners or keys), yet pool and lease counts are
+//! the operator's: on the API's address `/metrics` needs an API key
+//! ([`guard`]); with `--metrics-listen` it is served without one on that
+//! address alone ([`router`]) and the API's address answers 404.
 
 use std::time::Duration;
 
@@ -60,12 +66,18 @@ pub struct Metrics {
     misses: Family<ReasonLabel, Counter>,
     acquire: HistogramFamily,
     failures: Counter,
+    blocks: Gauge,
+    blocks_claimed: Gauge,
+    blocks_exhausted: Counter,
     /// Profile labels, in the pool's order.
     profiles: Vec<String>,
+    /// Whether `/metrics` is on the API's address, behind its keys (else
+    /// on `--metrics-listen`'s).
+    keyed: bool,
 }
 
 impl Metrics {
-    pub fn new(pool: &Pool) -> Metrics {
+    pub fn new(pool: &Pool, keyed: bool) -> Metrics {
         let mut registry = Registry::default();
         let pool_sizes = Family::<PoolLabels, Gauge>::default();
         let hits = Family::<ProfileLabel, Counter>::default();
@@ -97,6 +109,25 @@ impl Metrics {
             "Acquires answered with an error",
             failures.clone(),
         );
+        let (blocks, blocks_claimed, blocks_exhausted) =
+            (Gauge::default(), Gauge::default(), Counter::default());
+        if pool.isolation().is_some() {
+            registry.register(
+                "sandbox_host_uid_blocks",
+                "Subordinate id blocks this host may give its sandboxes (one each)",
+                blocks.clone(),
+            );
+            registry.register(
+                "sandbox_host_uid_blocks_claimed",
+                "Subordinate id blocks claimed on this machine, by any host",
+                blocks_claimed.clone(),
+            );
+            registry.register(
+                "sandbox_host_uid_blocks_exhausted",
+                "Sandbox starts refused because every id block was claimed",
+                blocks_exhausted.clone(),
+            );
+        }
         let profiles: Vec<String> = pool.profiles().iter().map(|p| p.label()).collect();
         // Every label a scrape should see, at 0 until it moves.
         for p in &profiles {
@@ -112,7 +143,11 @@ impl Metrics {
             misses,
             acquire,
             failures,
+            blocks,
+            blocks_claimed,
+            blocks_exhausted,
             profiles,
+            keyed,
         }
     }
 
@@ -162,8 +197,74 @@ impl Metrics {
         set("bare", "", c.bare);
         set("starting", "", c.starting);
         set("leased", "", c.leased);
+        if let Some(iso) = pool.isolation() {
+            let (claimed, total) = iso.block_counts();
+            self.blocks.set(total.into());
+            self.blocks_claimed.set(claimed.into());
+            let seen = self.blocks_exhausted.get();
+            self.blocks_exhausted
+                .inc_by(iso.blocks_exhausted().saturating_sub(seen));
+        }
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &self.registry)?;
         Ok(out)
+    }
+}
+
+/// In front of `/metrics` on the API's address: an API key, as every
+/// route; 404 when `--metrics-listen` serves it elsewhere.
+pub async fn guard(
+    axum::extract::State(h): axum::extract::State<crate::api::Shared>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    if !h.metrics.keyed {
+        return (
+            http::StatusCode::NOT_FOUND,
+            axum::Json(serde_json::json!({"detail": "Not Found"})),
+        )
+            .into_response();
+    }
+    // The scheme is case-insensitive (RFC 9110 11.1), as on every route.
+    let key = req
+        .headers()
+        .get(http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim_start().split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, k)| k.trim());
+    match key {
+        None => crate::error::HostError::NoKey.into_response(),
+        Some(k) if !h.keys.contains_key(k) => crate::error::HostError::BadKey.into_response(),
+        Some(_) => next.run(req).await,
+    }
+}
+
+/// `--metrics-listen`'s server: `GET /metrics` alone, without a key.
+pub fn router(h: crate::api::Shared) -> axum::Router {
+    axum::Router::new()
+        .route("/metrics", axum::routing::get(unkeyed))
+        .with_state(h)
+}
+
+async fn unkeyed(
+    axum::extract::State(h): axum::extract::State<crate::api::Shared>,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    match h.metrics.render(&h.pool) {
+        Ok(text) => (
+            [(
+                http::header::CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )],
+            text,
+        )
+            .into_response(),
+        Err(_) => (
+            http::StatusCode::INTERNAL_SERVER_ERROR,
+            "encoding the metrics failed",
+        )
+            .into_response(),
     }
 }

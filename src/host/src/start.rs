@@ -26,6 +26,9 @@ pub struct Started {
     pub public_url: String,
     /// The API key made at start when none was given (printed once).
     pub generated_key: Option<String>,
+    /// `--metrics-listen`'s listener, serving `/metrics` alone, without a
+    /// key.
+    pub metrics_listener: Option<Listener>,
 }
 
 /// What [`Host::start`] checks before anything runs: the flags, the keys,
@@ -39,6 +42,7 @@ pub struct Checked {
     uploads: PathBuf,
     store: store::Store,
     signing_key: Vec<u8>,
+    agent_env: pool::AgentEnv,
 }
 
 impl Host {
@@ -64,6 +68,7 @@ impl Host {
             .and_then(|p| p.parse::<u16>().ok())
             .unwrap_or(0);
         let isolation = config::isolation(args, &backend, api_port)?;
+        let agent_env = config::agent_env(args, &backend)?;
         let warm = config::warm_profiles(args)?;
         let store = store::Store::open(&args.data_dir.join("host.db"))?;
         let signing_key = signing_key(&args.data_dir)?;
@@ -76,6 +81,7 @@ impl Host {
             uploads,
             store,
             signing_key,
+            agent_env,
         })
     }
 
@@ -90,6 +96,8 @@ impl Host {
             on_release: args.on_release,
             isolation: c.isolation,
             start_timeout: args.slot_start_timeout.map(Duration::from_secs),
+            agent_env: c.agent_env,
+            max_slots: args.max_slots,
         })?;
         // Sandboxes from before a restart keep their agents; those whose
         // agent is gone are marked error.
@@ -102,12 +110,16 @@ impl Host {
         }
         raise_open_files(args.max_connections);
         let (listener, public_url) = listen(args).await?;
+        let metrics_listener = match &args.metrics_listen {
+            Some(addr) => Some(listen_metrics(addr).await?),
+            None => None,
+        };
         let owners: Vec<(String, String)> = live
             .iter()
             .map(|s| (s.id.clone(), s.owner.clone()))
             .collect();
         let host = Arc::new(Host {
-            metrics: metrics::Metrics::new(&pool),
+            metrics: metrics::Metrics::new(&pool, args.metrics_listen.is_none()),
             store: c.store,
             pool: pool.clone(),
             signer: signed::Signer::new(c.signing_key),
@@ -128,6 +140,7 @@ impl Host {
             listener,
             public_url,
             generated_key: c.generated_key,
+            metrics_listener,
         })
     }
 }
@@ -186,6 +199,10 @@ fn check_limits(args: &Args) -> anyhow::Result<()> {
         "--slot-start-timeout must be at least 1 second"
     );
     anyhow::ensure!(
+        args.max_slots.is_none_or(|m| m >= args.pool_size.max(1)),
+        "--max-slots must be at least --pool-size (and 1)"
+    );
+    anyhow::ensure!(
         args.header_timeout_ms > 0,
         "--header-timeout-ms must be at least 1"
     );
@@ -232,6 +249,21 @@ async fn listen(args: &Args) -> anyhow::Result<(Listener, String)> {
         .trim_end_matches('/')
         .to_owned();
     Ok((listener, public_url))
+}
+
+/// Binds `--metrics-listen` (never the API's address: the bind fails).
+async fn listen_metrics(addr: &str) -> anyhow::Result<Listener> {
+    let endpoint: Endpoint = format!("tcp://{addr}")
+        .parse()
+        .with_context(|| format!("--metrics-listen {addr}"))?;
+    let listener = Listener::bind(&endpoint)
+        .await
+        .with_context(|| format!("listening on {addr} (--metrics-listen)"))?;
+    tracing::info!(
+        address = %listener.local_endpoint(),
+        "serving /metrics on its own address, without a key"
+    );
+    Ok(listener)
 }
 
 /// Raises the soft open-file limit to the hard one when the connection

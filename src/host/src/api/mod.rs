@@ -135,7 +135,13 @@ pub fn router(host: Shared) -> Router {
         )
         .route("/transfer/dump/{id}", get(transfer::download))
         .route("/openapi.json", get(openapi))
-        .route("/metrics", get(metrics))
+        .route(
+            "/metrics",
+            get(metrics).layer(axum::middleware::from_fn_with_state(
+                host.clone(),
+                crate::metrics::guard,
+            )),
+        )
         .fallback(crate::mcp_proxy::proxy)
         .with_state(host)
 }

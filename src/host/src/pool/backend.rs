@@ -203,13 +203,14 @@ pub(super) fn spawn_isolated(
     id: &str,
     agent_bin: &std::path::Path,
     manifest: Option<&std::path::Path>,
+    env: &super::AgentEnv,
     log: std::fs::File,
 ) -> Result<u32, PoolError> {
     let mut tries = 0;
     loop {
         tries += 1;
         let log = log.try_clone().map_err(PoolError::io("the slot's log"))?;
-        match spawn_isolated_once(iso, dir, id, agent_bin, manifest, log) {
+        match spawn_isolated_once(iso, dir, id, agent_bin, manifest, env, log) {
             Ok(pid) => return Ok(pid),
             Err(e) if tries < ISOLATED_START_TRIES => {
                 tracing::warn!(slot = %id, error = %e, "setting up a sandbox failed; trying again");
@@ -228,6 +229,7 @@ fn spawn_isolated_once(
     id: &str,
     agent_bin: &std::path::Path,
     manifest: Option<&std::path::Path>,
+    env: &super::AgentEnv,
     log: std::fs::File,
 ) -> Result<u32, PoolError> {
     let block = iso.take_block(dir)?;
@@ -236,6 +238,8 @@ fn spawn_isolated_once(
     let args = agent_args(dir, id, agent_bin, manifest, true)?;
     let (info_r, info_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
     let mut cmd = iso.command(dir, block, &args, agent_bin, manifest, &cgroups, info_w);
+    // unshare and bwrap pass their environment on to the agent.
+    env.apply(&mut cmd);
     cmd.env("SANDBOX_AGENT_CONFIG", "/dev/null")
         .stdin(std::process::Stdio::null())
         .stdout(log.try_clone().map_err(PoolError::io("the slot's log"))?)

@@ -9,6 +9,8 @@ pub enum PoolError {
     /// A shutdown began: nothing starts any more.
     #[error("the host is stopping")]
     Stopping,
+    #[error("every one of the {0} sandboxes this host may run (--max-slots) is in use")]
+    Full(usize),
     /// A file or process of the slot could not be made.
     #[error("{context}: {source}")]
     Io {

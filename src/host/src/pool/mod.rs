@@ -24,6 +24,7 @@
 //! - `slot`: one running sandbox and how it is stopped.
 //! - `warm`: warm profiles and the task that keeps idle slots warm.
 
+mod agent_env;
 mod backend;
 mod error;
 pub mod isolate;
@@ -40,6 +41,7 @@ use sandbox_client::proto;
 use tokio::sync::Notify;
 use tracing::info;
 
+pub use agent_env::{AgentEnv, manifest_pass_env};
 pub use backend::{Backend, Kind, probe_accel, slots_dir};
 use backend::{VM_AGENT_PORT, VM_MCP_PORT};
 use backend::{agent_args, spawn_in_session, spawn_isolated};
@@ -47,6 +49,15 @@ pub use error::PoolError;
 pub use slot::Slot;
 use slot::{discard, stop, tail};
 pub use warm::{Want, WarmLease, WarmProfile};
+
+/// Room for one slot being started (see [`Pool::reserve`]).
+struct Reservation(Arc<std::sync::atomic::AtomicUsize>);
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
 
 /// What [`Pool::take`] hands out.
 pub struct Taken {
@@ -122,6 +133,11 @@ pub struct PoolConfig {
     /// How long a new slot may take to serve (`--slot-start-timeout`;
     /// `None`: the backend's default, see [`Backend::start_deadline`]).
     pub start_timeout: Option<Duration>,
+    /// The only environment the slots' main processes get.
+    pub agent_env: AgentEnv,
+    /// At most this many slots at once, idle, starting and leased
+    /// (`--max-slots`; `None`: no bound but `size` and the leases).
+    pub max_slots: Option<usize>,
 }
 
 /// What happens to a sandbox once its tenant released it.
@@ -142,6 +158,11 @@ pub struct Pool {
     leased: Mutex<HashMap<String, Slot>>,
     /// Slots still starting (stopped with the idle ones at shutdown).
     starting: Mutex<HashMap<String, Slot>>,
+    /// Slots being started and not yet placed (idle or leased): counted
+    /// against `max_slots` from before the start until the placement.
+    opening: Arc<std::sync::atomic::AtomicUsize>,
+    /// Serializes the `max_slots` checks.
+    room: Mutex<()>,
     /// Set by [`Pool::close`] while it holds both `idle` and `starting`;
     /// read under the lock of the list a slot is about to join, so no slot
     /// joins one after close emptied it.
@@ -163,6 +184,8 @@ impl Pool {
             idle: Mutex::new(Vec::new()),
             leased: Mutex::new(HashMap::new()),
             starting: Mutex::new(HashMap::new()),
+            opening: Default::default(),
+            room: Mutex::new(()),
             closed: AtomicBool::new(false),
             catalog: Mutex::new(None),
             refill: Notify::new(),
@@ -303,6 +326,12 @@ impl Pool {
                 pid,
                 kind,
             });
+            // A slot taken back holds its id block for this host now.
+            if let (Some(iso), Some(s)) = (&self.cfg.isolation, &slot)
+                && s.alive()
+            {
+                iso.adopt_block(&dir);
+            }
             match slot {
                 Some(s) if s.alive() && in_use.contains(&id) => {
                     self.leased().insert(id, s);
@@ -373,12 +402,20 @@ impl Pool {
                 covers,
                 miss: miss(covers),
             },
-            None => Taken {
-                slot: self.spawn().await?,
-                warm: None,
-                covers: false,
-                miss: miss(false),
-            },
+            None => {
+                let room = self
+                    .reserve()
+                    .ok_or(PoolError::Full(self.cfg.max_slots.unwrap_or(0)))?;
+                let slot = self.spawn().await?;
+                self.leased().insert(slot.id.clone(), slot.clone());
+                drop(room);
+                return Ok(Taken {
+                    slot,
+                    warm: None,
+                    covers: false,
+                    miss: miss(false),
+                });
+            }
         };
         self.leased()
             .insert(taken.slot.id.clone(), taken.slot.clone());
@@ -440,6 +477,26 @@ impl Pool {
         self.refill.notify_one();
     }
 
+    /// Room for one more slot under `max_slots` (always, without it),
+    /// held until the new slot is placed; `None` when the pool is at its
+    /// bound.
+    fn reserve(&self) -> Option<Reservation> {
+        let _room = self.room.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(max) = self.cfg.max_slots {
+            let n = self.idle().len() + self.leased().len() + self.opening.load(Ordering::SeqCst);
+            if n >= max {
+                return None;
+            }
+        }
+        self.opening.fetch_add(1, Ordering::SeqCst);
+        Some(Reservation(self.opening.clone()))
+    }
+
+    /// The process backend's isolation, if its slots are isolated.
+    pub fn isolation(&self) -> Option<&Arc<isolate::Isolation>> {
+        self.cfg.isolation.as_ref()
+    }
+
     /// Leased slots whose agent is gone.
     pub fn dead_leased(&self) -> Vec<String> {
         self.leased()
@@ -473,8 +530,9 @@ impl Pool {
                 Some(iso) => {
                     let (iso, d, i) = (iso.clone(), dir.clone(), id.clone());
                     let (agent_bin, manifest) = (agent_bin.clone(), manifest.clone());
+                    let env = self.cfg.agent_env.clone();
                     tokio::task::spawn_blocking(move || {
-                        spawn_isolated(&iso, &d, &i, &agent_bin, manifest.as_deref(), log)
+                        spawn_isolated(&iso, &d, &i, &agent_bin, manifest.as_deref(), &env, log)
                     })
                     .await
                     .map_err(|e| PoolError::io("the task starting a sandbox")(e.into()))?
@@ -486,6 +544,7 @@ impl Pool {
                 None => {
                     let a = agent_args(&dir, &id, agent_bin, manifest.as_deref(), false)?;
                     let mut cmd = std::process::Command::new(&a[0]);
+                    self.cfg.agent_env.apply(&mut cmd);
                     cmd.args(&a[1..]).env("SANDBOX_AGENT_CONFIG", "/dev/null");
                     spawn_in_session(cmd, log)?
                 }
@@ -497,6 +556,7 @@ impl Pool {
                 accel,
             } => {
                 let mut c = std::process::Command::new(run_script);
+                self.cfg.agent_env.apply(&mut c);
                 c.arg("--initramfs")
                     .arg(image)
                     .arg("--vsock-uds")

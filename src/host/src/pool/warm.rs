@@ -237,12 +237,16 @@ impl Pool {
     pub async fn keep_warm(self: Arc<Self>) {
         while !self.is_closed() {
             let short = self.idle().len() < self.cfg.size;
-            if short {
+            // At --max-slots, wait for a slot to be given back or dropped.
+            let room = if short { self.reserve() } else { None };
+            if let Some(room) = room {
                 match self.spawn().await {
                     Ok(slot) => {
                         // A slot given back while this one started may have
                         // filled the pool already, or the pool closed.
-                        if let Err(surplus) = self.put_idle(Idle::bare(slot)) {
+                        let placed = self.put_idle(Idle::bare(slot));
+                        drop(room);
+                        if let Err(surplus) = placed {
                             let _ = tokio::task::spawn_blocking(move || discard(&surplus)).await;
                         }
                     }

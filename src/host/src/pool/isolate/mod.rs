@@ -169,6 +169,10 @@ pub struct Isolation {
     /// Blocks of IDS_PER_SLOT ids available.
     blocks: u32,
     cgroups: CgroupLayout,
+    /// Slot starts refused for want of a free id block.
+    exhausted: std::sync::atomic::AtomicU64,
+    /// Where id blocks are claimed machine-wide (`ids::BLOCK_REGISTRY`).
+    registry: PathBuf,
 }
 
 impl Isolation {
@@ -224,6 +228,14 @@ impl Isolation {
                 user: user.clone(),
                 file: "/etc/subgid",
             })?;
+        if !is_filesystem_root(&data) {
+            tracing::warn!(
+                data_dir = %data.display(),
+                "sandboxes can read the data dir's path in /proc/self/mountinfo (the root field \
+                 of their bind mounts is the path inside its filesystem, whatever bubblewrap \
+                 does); put the data dir on a filesystem of its own (mounted at it) to hide it"
+            );
+        }
         let blocks = ucount.min(gcount) / IDS_PER_SLOT;
         let cgroups = CgroupLayout::detect();
         tracing::info!(
@@ -239,6 +251,8 @@ impl Isolation {
             gid_start,
             blocks,
             cgroups,
+            exhausted: Default::default(),
+            registry: ids::BLOCK_REGISTRY.into(),
         })
     }
 
@@ -291,8 +305,8 @@ impl Isolation {
             .args(["--info-fd", "3", "--hostname", "sandbox"]);
         c.args(self.view(dir, agent_bin, manifest));
         c.arg("--").args(agent);
-        // Only what the agent and its servers need of the host's
-        // environment: never the host's own secrets.
+        // The environment is the caller's (`AgentEnv::apply`): cleared,
+        // then an allow-list; never the host's own.
         c.env_remove(crate::config::API_KEY_ENV);
         let procs = cgroups.procs_fds();
         let raw: Vec<i32> = procs.iter().map(|f| f.as_raw_fd()).collect();
@@ -422,6 +436,53 @@ impl Isolation {
             )),
         }
     }
+}
+
+/// Whether `dir` is the root of a filesystem mounted at it: then the
+/// sandboxes' bind mounts from below it show paths relative to it in their
+/// /proc/self/mountinfo (`/slots/<id>/ws`), not the data dir's path. A
+/// mount point that is itself a bind of a subdirectory does not hide it.
+fn is_filesystem_root(dir: &Path) -> bool {
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return false;
+    };
+    let want = dir.to_string_lossy();
+    // The last mount at `dir` is the one seen there.
+    info.lines()
+        .rev()
+        .filter_map(|l| {
+            let mut f = l.split(' ');
+            let root = f.nth(3)?;
+            let point = f.next()?;
+            Some((root, point))
+        })
+        .find(|(_, point)| unescape_mountinfo(point) == want)
+        .is_some_and(|(root, _)| root == "/")
+}
+
+/// mountinfo's octal escapes (`\040` for a space) undone.
+fn unescape_mountinfo(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let octal = b
+            .get(i + 1..i + 4)
+            .filter(|d| d.iter().all(|c| (b'0'..=b'7').contains(c)));
+        if b[i] == b'\\'
+            && let Some(d) = octal
+        {
+            out.push(
+                d.iter()
+                    .fold(0u8, |v, c| v.wrapping_mul(8).wrapping_add(c - b'0')),
+            );
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// The first directory above `dir` that others cannot pass through (no
