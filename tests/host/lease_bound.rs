@@ -1,21 +1,17 @@
 //! Issue 35: a request is bound to the lease that admitted it. Tenant A
 //! starts a request and holds back the rest of its body, releases its
-//! sandbox, and tenant B leases the same slot, recycled (the test makes
-//! sure of it: the pool's refill starts slowly, so A's slot is the one
-//! idle; and it checks B's slot is A's by its uid block). When A's body
-//! finally arrives, nothing of it may reach B's servers or workspace.
+//! sandbox, and tenant B leases the same slot, recycled (a host of one
+//! sandbox; the test checks B's slot is A's by its uid block). When A's
+//! body finally arrives, nothing of it may reach B's servers or workspace.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::common::AGENT;
 use crate::common::host::{Host, KEY_A, KEY_B, acquire, release, run_script, wait_metric};
-use crate::common::mcp::shipped_manifest;
 
 /// An HTTP/1.1 request sent in two parts: the head and `first` bytes of
 /// the body now, the rest when [`Stalled::finish`] is called.
@@ -143,33 +139,11 @@ fn slot_identity(host: &Host, key: &str, acquired: &Value) -> String {
 /// The pool's idle sandboxes without servers.
 const IDLE: &str = r#"sandbox_host_pool_sandboxes{state="bare",profile=""}"#;
 
-/// A host (in `dir`) of one sandbox, started, whose later sandboxes start
-/// slowly (the agent's wrapper in `shown`, which the sandboxes see, sleeps
-/// first): a released sandbox is then the one idle, recycled.
-fn recycling_host(dir: &Path, shown: &Path) -> Host {
-    let wrapper = shown.join("agent");
-    let slow = shown.join("slow");
-    std::fs::write(
-        &wrapper,
-        format!(
-            "#!/bin/sh\n[ -e {} ] && sleep 30\nexec {} \"$@\"\n",
-            slow.display(),
-            *AGENT
-        ),
-    )
-    .expect("wrapper");
-    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).expect("chmod");
-    let manifest = dir.join("servers.toml");
-    std::fs::write(&manifest, shipped_manifest(Path::new("${state_root}"))).expect("manifest");
-    let args: Vec<String> = vec![
-        "--agent-bin".into(),
-        wrapper.display().to_string(),
-        "--manifest".into(),
-        manifest.display().to_string(),
-    ];
-    let host = Host::start_with(dir, &args);
+/// A host of one sandbox at most (`--max-slots 1`): a released sandbox is
+/// recycled for the next Acquire.
+fn recycling_host(dir: &Path) -> Host {
+    let host = Host::start(dir, &["--max-slots", "1"]);
     wait_metric(&host, IDLE, 1.0, Duration::from_secs(60));
-    std::fs::write(&slow, "").expect("slow");
     host
 }
 
@@ -230,8 +204,7 @@ fn lease_b_after(host: &Host, a: &Value, a_slot: &str) -> Value {
 #[test]
 fn a_stalled_mcp_request_never_runs_in_the_next_lease() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let shown = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir");
-    let host = recycling_host(dir.path(), shown.path());
+    let host = recycling_host(dir.path());
     let a = acquire(&host, KEY_A, r#"{"server_names": ["terminal"]}"#);
     let a_slot = slot_identity(&host, KEY_A, &a);
     let target = target_of(&mcp_url(&a, "terminal"));
@@ -263,8 +236,7 @@ fn a_stalled_mcp_request_never_runs_in_the_next_lease() {
 #[test]
 fn a_stalled_initialize_never_replaces_the_next_leases_workspace() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let shown = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir");
-    let host = recycling_host(dir.path(), shown.path());
+    let host = recycling_host(dir.path());
     let a = acquire(&host, KEY_A, r#"{"server_names": ["terminal"]}"#);
     let a_slot = slot_identity(&host, KEY_A, &a);
     let a_id = a["local_sandbox_id"].as_str().expect("id");
