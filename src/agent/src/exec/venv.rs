@@ -207,6 +207,30 @@ pub(super) fn clone_base(
     finish(dst.as_fd(), &st, owner)
 }
 
+/// Makes `name` in the directory `parent` (the agent's) an empty directory
+/// owned by `owner`, 0755, removing whatever was there (by handles).
+pub(super) fn empty_dir(parent: &Path, name: &OsStr, owner: Option<(u32, u32)>) -> io::Result<()> {
+    let dir_flags = OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOFOLLOW;
+    let parent_fd = rustix::fs::open(parent, dir_flags, Mode::empty())?;
+    match rustix::fs::statat(&parent_fd, name, AtFlags::SYMLINK_NOFOLLOW) {
+        Ok(_) => sandbox_archive::confine::remove_at(parent_fd.as_fd(), name, &parent.join(name))
+            .map_err(|e| io::Error::other(e.to_string()))?,
+        Err(rustix::io::Errno::NOENT) => {}
+        Err(e) => return Err(e.into()),
+    }
+    rustix::fs::mkdirat(&parent_fd, name, Mode::from_raw_mode(0o700))?;
+    let fd = rustix::fs::openat(&parent_fd, name, dir_flags, Mode::empty())?;
+    if let Some((u, g)) = owner {
+        rustix::fs::fchown(
+            &fd,
+            Some(rustix::fs::Uid::from_raw(u)),
+            Some(rustix::fs::Gid::from_raw(g)),
+        )?;
+    }
+    rustix::fs::fchmod(&fd, Mode::from_raw_mode(0o755))?;
+    Ok(())
+}
+
 /// A copied entry takes the owner and its original's mode.
 fn finish(fd: BorrowedFd<'_>, st: &rustix::fs::Stat, owner: Option<(u32, u32)>) -> io::Result<()> {
     if let Some((u, g)) = owner {

@@ -1,0 +1,407 @@
+//! The agent (root) never performs a privileged file operation through a
+//! path a tenant can write (issue 35): the execution log, packages.txt,
+//! export, the clean-ups at Release and Reset. Each test plays the tenant
+//! from a script (uid 1000) against the real agent binary; canaries are
+//! root-only files the tenant cannot reach, which must never be read,
+//! written or packed.
+
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::common::mcp::*;
+use crate::common::servers::{client, release};
+use crate::common::*;
+use crate::exec::{acquire, read_all, run_to_end, start, status, targz, upload};
+use sandbox_client::proto;
+use tonic::Code;
+
+/// Root-only canaries: a 0700 directory holding a 0600 file with a secret;
+/// `missing` names files that must never be created.
+struct Canaries {
+    dir: tempfile::TempDir,
+    secret: String,
+}
+
+impl Canaries {
+    fn new() -> Canaries {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700))
+            .expect("chmod");
+        let secret = format!("CANARY-SECRET-{}", std::process::id());
+        let f = dir.path().join("canary");
+        std::fs::write(&f, &secret).expect("canary");
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+        std::fs::create_dir(dir.path().join("sub")).expect("sub");
+        std::fs::write(dir.path().join("sub/inner"), &secret).expect("inner");
+        Canaries { dir, secret }
+    }
+
+    fn file(&self) -> PathBuf {
+        self.dir.path().join("canary")
+    }
+
+    /// A path in the root-only directory that must never come to exist.
+    fn missing(&self, what: &str) -> PathBuf {
+        self.dir.path().join(format!("created-{what}"))
+    }
+
+    /// What is in the canary directory: names, sizes, mtimes, contents.
+    fn snapshot(&self) -> Vec<(String, u64, i64, i64, String)> {
+        let mut out = Vec::new();
+        let mut stack = vec![self.dir.path().to_owned()];
+        while let Some(d) = stack.pop() {
+            for e in std::fs::read_dir(&d).expect("read_dir").flatten() {
+                let m = e.path().symlink_metadata().expect("stat");
+                if m.is_dir() {
+                    stack.push(e.path());
+                }
+                let body = if m.is_file() {
+                    std::fs::read_to_string(e.path()).unwrap_or_default()
+                } else {
+                    String::new()
+                };
+                out.push((
+                    e.path().display().to_string(),
+                    m.len(),
+                    m.mtime(),
+                    m.mtime_nsec(),
+                    body,
+                ));
+            }
+        }
+        out.sort();
+        out
+    }
+}
+
+/// A root agent running tenants as uid 1000, its executions' root and
+/// its client.
+async fn tenant_agent(env: &[(&str, &str)]) -> (Agent, sandbox_client::Client, PathBuf) {
+    let agent = agent_with_env("", "", env);
+    let c = client(&agent).await;
+    let root = agent.dir.path().join("exec");
+    (agent, c, root)
+}
+
+/// The execution log race of issue 35 (finding 4): a script keeps putting
+/// symlinks to root-only canaries where the agent creates an execution's
+/// `output.log` (and every other entry of the execution directory) while
+/// the name is executed again and again. No canary is created or written,
+/// and every run's log holds its output.
+#[tokio::test]
+async fn the_output_log_race_never_writes_through_a_link() {
+    if !root_or_skip("tenants run as uid 1000") {
+        return;
+    }
+    let canaries = Canaries::new();
+    let before = canaries.snapshot();
+    let (agent, c, root) = tenant_agent(&[]).await;
+    acquire(&c, "lease-race").await;
+    let victim = root.join("victim");
+    let attacker = format!(
+        r#"
+import os, time
+victim = "{victim}"
+targets = ["{file}", "{missing}"]
+done = 0
+planted = 0
+for i in range(3000):
+    for name in ("output.log", "venv", "work", "output.log.tmp"):
+        for t in targets:
+            tmp = os.path.join(victim, ".plant-%d" % i)
+            try:
+                os.symlink(t, tmp)
+                os.rename(tmp, os.path.join(victim, name))
+                planted += 1
+            except OSError:
+                pass
+            try:
+                os.link(t, os.path.join(victim, name))
+                planted += 1
+            except OSError:
+                pass
+    try:
+        os.symlink("{file}", os.path.join(os.path.dirname(victim), "victim"))
+        planted += 1
+    except OSError:
+        pass
+    done += 1
+    open("count.tmp", "w").write("%d %d" % (done, planted))
+    os.rename("count.tmp", "count")
+    time.sleep(0.003)
+"#,
+        victim = victim.display(),
+        file = canaries.file().display(),
+        missing = canaries.missing("log").display(),
+    );
+    upload(&c, "attacker", targz(&[("main.py", &attacker)]))
+        .await
+        .expect("Upload attacker");
+    start(&c, "attacker").await;
+    let count_file = root.join("attacker/work/count");
+    let count = || -> Result<(u64, u64), String> {
+        let s = std::fs::read_to_string(&count_file).map_err(|e| e.to_string())?;
+        let mut w = s.split_whitespace().map(|n| n.parse::<u64>().unwrap_or(0));
+        Ok((w.next().unwrap_or(0), w.next().unwrap_or(0)))
+    };
+    eventually(Duration::from_secs(60), "the attacker runs", count);
+    for round in 0..15 {
+        let script = format!("print('victim round {round}')\n");
+        upload(&c, "victim", targz(&[("main.py", &script)]))
+            .await
+            .expect("Upload victim");
+        // The attacker has had its go at the fresh directory.
+        let seen = count().expect("count").0;
+        eventually(Duration::from_secs(30), "the attacker tries again", || {
+            let now = count()?.0;
+            when(now >= seen + 2, || format!("{now} rounds"))
+        });
+        start(&c, "victim").await;
+        let (log, _, st) = read_all(&c, "victim", 1 << 20).await;
+        assert_eq!(st, "completed", "round {round}: {log}");
+        assert!(
+            log.contains(&format!("victim round {round}")),
+            "round {round}: {log}"
+        );
+    }
+    let (_, planted) = count().expect("count");
+    assert_eq!(
+        planted, 0,
+        "the tenant put {planted} links into the agent's execution directory"
+    );
+    assert_eq!(canaries.snapshot(), before, "a canary was written");
+    assert!(!canaries.missing("log").exists());
+    assert!(status(&c, "attacker").await.klavis_status == "running");
+    release(&c, "lease-race").await;
+    drop(agent);
+}
+
+/// packages.txt is read by the agent as root: it must be a regular file
+/// in `work/`, read by handle, never through a symlink (to a root-only
+/// secret, to `/proc/1/environ`, to the agent's own environment, to
+/// `/dev/zero`), never a FIFO (a blocking read would hold the Release
+/// forever) nor a directory; and what it holds is never quoted back (issue
+/// 35, findings 5 and 8).
+#[tokio::test]
+async fn packages_txt_is_only_ever_a_regular_file_and_never_quoted() {
+    if !root_or_skip("tenants run as uid 1000") {
+        return;
+    }
+    let canaries = Canaries::new();
+    let env_secret = format!("ENV-SECRET-{}", std::process::id());
+    let (agent, c, _root) = tenant_agent(&[("S35_OPERATOR_SECRET", &env_secret)]).await;
+    acquire(&c, "lease-pk").await;
+    let agent_pid = agent.child.id();
+    let cases: Vec<(&str, String, &str)> = vec![
+        (
+            "secretlink",
+            format!(
+                "os.symlink('{}', 'packages.txt')",
+                canaries.file().display()
+            ),
+            "symbolic link",
+        ),
+        (
+            "environ1",
+            "os.symlink('/proc/1/environ', 'packages.txt')".into(),
+            "symbolic link",
+        ),
+        (
+            "environagent",
+            format!("os.symlink('/proc/{agent_pid}/environ', 'packages.txt')"),
+            "symbolic link",
+        ),
+        (
+            "zero",
+            "os.symlink('/dev/zero', 'packages.txt')".into(),
+            "symbolic link",
+        ),
+        ("fifo", "os.mkfifo('packages.txt')".into(), "FIFO"),
+        ("dir", "os.mkdir('packages.txt')".into(), "a directory"),
+        (
+            "badword",
+            format!("open('packages.txt', 'w').write('curl\\n{env_secret}=1\\n')"),
+            "line 2, word 1",
+        ),
+    ];
+    for (name, plant, expect) in &cases {
+        let script = format!(
+            "import os\nif not os.path.lexists('packages.txt'):\n    {plant}\n    print('planted')\nelse:\n    print('second run')\n"
+        );
+        let (st, log) = run_to_end(&c, name, &script).await;
+        assert_eq!(st, "completed", "{name}: {log}");
+        // Its second run reads the planted packages.txt.
+        start(&c, name).await;
+        let (log, _, st) = read_all(&c, name, 1 << 20).await;
+        let s = status(&c, name).await;
+        assert_eq!(st, "failed", "{name}: {log}");
+        assert!(s.message.contains("packages.txt"), "{name}: {}", s.message);
+        assert!(s.message.contains(expect), "{name}: {}", s.message);
+        for secret in [&canaries.secret, &env_secret] {
+            assert!(
+                !log.contains(secret.as_str()) && !s.message.contains(secret.as_str()),
+                "{name}: a secret reached the tenant: {} / {log}",
+                s.message
+            );
+        }
+        assert!(
+            !log.contains("PATH=") && !s.message.contains("PATH="),
+            "{name}: an environment reached the tenant: {log}"
+        );
+    }
+    // The FIFO held nothing: the sandbox still releases.
+    tokio::time::timeout(Duration::from_secs(120), release(&c, "lease-pk"))
+        .await
+        .expect("Release completes although packages.txt was a FIFO");
+}
+
+/// export-artifacts packs `work/` by handle: a script cannot replace its
+/// `work/` (the execution directory is the agent's), and a `work` that is
+/// a symlink (put there as root, as a breach would) is refused, never
+/// followed (issue 35, finding 6).
+#[tokio::test]
+async fn export_never_follows_a_replaced_work_directory() {
+    if !root_or_skip("tenants run as uid 1000") {
+        return;
+    }
+    let canaries = Canaries::new();
+    let (_agent, c, root) = tenant_agent(&[]).await;
+    acquire(&c, "lease-ex").await;
+    let script = format!(
+        r#"
+import os
+here = os.getcwd()
+try:
+    os.rename(here, here + ".moved")
+    os.symlink("{dir}", here)
+    print("replaced work")
+except OSError as e:
+    print("refused:", e.strerror)
+open(os.path.join(here, "result.txt"), "w").write("mine")
+"#,
+        dir = canaries.dir.path().display()
+    );
+    let (st, log) = run_to_end(&c, "ex", &script).await;
+    assert_eq!(st, "completed", "{log}");
+    assert!(log.contains("refused:"), "{log}");
+    let tar = export(&c, "ex").await.expect("Export");
+    let listing = tar_names(&tar);
+    assert!(listing.contains(&"result.txt".to_owned()), "{listing:?}");
+    assert!(!contains(&tar, canaries.secret.as_bytes()), "{listing:?}");
+    // As a breach would: work/ replaced by a link to the canaries.
+    let work = root.join("ex/work");
+    std::fs::rename(&work, root.join("ex/work.moved")).expect("move work");
+    std::os::unix::fs::symlink(canaries.dir.path(), &work).expect("symlink");
+    let e = export(&c, "ex")
+        .await
+        .expect_err("a linked work/ is refused");
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    assert!(e.message().contains("work directory"), "{e:?}");
+    assert!(e.message().contains("symbolic link"), "{e:?}");
+    assert!(!e.message().contains(&canaries.secret), "{e:?}");
+}
+
+/// Starting an execution that runs is refused as busy (ABORTED: the
+/// host's 409), and two uploads of one name at once never fail with an
+/// internal error (issue 35, finding 7: "Directory not empty").
+#[tokio::test]
+async fn a_second_execute_of_a_running_name_is_a_conflict() {
+    if !root_or_skip("tenants run as uid 1000") {
+        return;
+    }
+    let (_agent, c, _root) = tenant_agent(&[]).await;
+    acquire(&c, "lease-409").await;
+    upload(
+        &c,
+        "busy",
+        targz(&[("main.py", "import time\ntime.sleep(600)\n")]),
+    )
+    .await
+    .expect("Upload");
+    start(&c, "busy").await;
+    let e = c
+        .exec()
+        .start(proto::ExecStartRequest {
+            execution_name: "busy".into(),
+            ..Default::default()
+        })
+        .await
+        .expect_err("a running execution is not started twice");
+    assert_eq!(e.code(), Code::Aborted, "{e:?}");
+    assert!(e.message().contains("busy"), "{e:?}");
+    let body = "x".repeat(1 << 20);
+    for round in 0..10 {
+        let a = targz(&[("main.py", "print('a')\n"), ("pad", &body)]);
+        let b = targz(&[("main.py", "print('b')\n"), ("pad", &body)]);
+        let (ra, rb) = tokio::join!(upload(&c, "twice", a), upload(&c, "twice", b));
+        for r in [ra, rb] {
+            if let Err(e) = r {
+                assert_eq!(e.code(), Code::Aborted, "round {round}: {e:?}");
+            }
+        }
+    }
+    release(&c, "lease-409").await;
+}
+
+/// The execution's `work/` packed by Export, as one byte string.
+pub(crate) async fn export(
+    c: &sandbox_client::Client,
+    name: &str,
+) -> Result<Vec<u8>, tonic::Status> {
+    use tokio_stream::StreamExt;
+    let mut s = c
+        .exec()
+        .export(proto::ExecExportRequest {
+            execution_name: name.into(),
+            ..Default::default()
+        })
+        .await?
+        .into_inner();
+    let mut out = Vec::new();
+    while let Some(m) = s.next().await {
+        if let Some(proto::dump_response::Msg::Chunk(b)) = m?.msg {
+            out.extend_from_slice(&b);
+        }
+    }
+    Ok(out)
+}
+
+/// The entry names of a (possibly compressed) tar.
+fn tar_names(tar: &[u8]) -> Vec<String> {
+    let plain = plain_tar(tar);
+    let mut a = tar::Archive::new(&plain[..]);
+    a.entries()
+        .expect("entries")
+        .flatten()
+        .map(|e| {
+            e.path()
+                .expect("path")
+                .display()
+                .to_string()
+                .trim_start_matches("./")
+                .to_owned()
+        })
+        .collect()
+}
+
+/// A tar, decompressed when gzip or zstd.
+fn plain_tar(b: &[u8]) -> Vec<u8> {
+    use std::io::Read;
+    let mut out = Vec::new();
+    if b.starts_with(&[0x1f, 0x8b]) {
+        flate2::read::GzDecoder::new(b)
+            .read_to_end(&mut out)
+            .expect("gunzip");
+    } else if b.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]) {
+        out = zstd::decode_all(b).expect("unzstd");
+    } else {
+        out = b.to_vec();
+    }
+    out
+}
+
+/// Whether `needle` is in the (decompressed) archive.
+fn contains(tar: &[u8], needle: &[u8]) -> bool {
+    plain_tar(tar).windows(needle.len()).any(|w| w == needle)
+}
