@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::common::mcp::*;
-use crate::common::servers::{client, release};
+use crate::common::servers::{client, release, reset};
 use crate::common::*;
 use crate::exec::{acquire, read_all, run_to_end, start, status, targz, upload};
 use sandbox_client::proto;
@@ -404,4 +404,52 @@ fn plain_tar(b: &[u8]) -> Vec<u8> {
 /// Whether `needle` is in the (decompressed) archive.
 fn contains(tar: &[u8], needle: &[u8]) -> bool {
     plain_tar(tar).windows(needle.len()).any(|w| w == needle)
+}
+
+/// The executions' base venv persists across leases of an agent: it is
+/// the agent's alone and checked at every Release against the fingerprint
+/// taken when it was made. A change (here made as root by the test, as a
+/// breach would) is logged by name, the base removed and made again: the
+/// next lease's scripts never run the planted code (issue 35, finding 3).
+#[tokio::test]
+async fn a_tampered_base_venv_is_found_at_release_and_made_again() {
+    if !root_or_skip("tenants run as uid 1000") {
+        return;
+    }
+    let (agent, c, _root) = tenant_agent(&[]).await;
+    acquire(&c, "lease-v1").await;
+    let check = "import os\nprint('planted:', repr(os.environ.get('PLANTED', '')))\n";
+    let (st, log) = run_to_end(&c, "first", check).await;
+    assert_eq!(st, "completed", "{log}");
+    assert!(log.contains("planted: ''"), "{log}");
+    let base = state_dir(&agent).join("exec-base-venv");
+    let site = std::fs::read_dir(base.join("lib"))
+        .expect("base venv lib")
+        .flatten()
+        .map(|e| e.path().join("site-packages"))
+        .find(|p| p.is_dir())
+        .expect("site-packages");
+    // Sealed: the agent's, not writable by anyone else.
+    for p in [&base, &site] {
+        let m = std::fs::metadata(p).expect("stat");
+        assert_eq!((m.uid(), m.mode() & 0o022), (0, 0), "{}", p.display());
+    }
+    std::fs::write(
+        site.join("zz_planted.pth"),
+        "import os; os.environ['PLANTED'] = 'breach'\n",
+    )
+    .expect("plant");
+    release(&c, "lease-v1").await;
+    agent
+        .stderr
+        .wait_for(Duration::from_secs(30), |l| {
+            l.contains("base venv changed") && l.contains("zz_planted.pth added")
+        })
+        .unwrap_or_else(|| panic!("no warning naming the change:\n{}", agent.stderr.all()));
+    acquire(&c, "lease-v2").await;
+    let (st, log) = run_to_end(&c, "second", check).await;
+    assert_eq!(st, "completed", "{log}");
+    assert!(log.contains("planted: ''"), "the planted code ran: {log}");
+    assert!(!site.join("zz_planted.pth").exists());
+    release(&c, "lease-v2").await;
 }

@@ -55,6 +55,7 @@ use tokio_util::sync::CancellationToken;
 use crate::supervisor::{Supervisor, now_ms};
 use crate::workspace::pack;
 use log::ExecLog;
+use upload::remove_tree;
 
 /// The script every archive must hold at its top level.
 pub const MAIN_SCRIPT: &str = "main.py";
@@ -272,18 +273,73 @@ pub struct Executions {
 }
 
 /// The interpreter, uv and base venv, found and made once per agent (at
-/// its first upload, in the background) for every run.
+/// its first upload, in the background) for every run; made again after a
+/// Release found the base venv changed ([`Prep::verify`]).
 pub(crate) struct Prep {
-    cell: tokio::sync::OnceCell<venv::Prepared>,
+    cell: tokio::sync::Mutex<Option<venv::Prepared>>,
     /// Where the base venv is made: the agent's, never the tenant's.
     base: PathBuf,
 }
 
 impl Prep {
-    async fn get(&self, cfg: &ExecConfig, sup: &Supervisor) -> &venv::Prepared {
-        self.cell
-            .get_or_init(|| venv::prepare(cfg, sup, &self.base))
+    async fn get(&self, cfg: &ExecConfig, sup: &Supervisor) -> venv::Prepared {
+        let mut cell = self.cell.lock().await;
+        if let Some(p) = cell.as_ref() {
+            return p.clone();
+        }
+        let p = venv::prepare(cfg, sup, &self.base).await;
+        *cell = Some(p.clone());
+        p
+    }
+
+    fn initialized(&self) -> bool {
+        self.cell.try_lock().map(|c| c.is_some()).unwrap_or(true)
+    }
+
+    /// Checks the base venv against its fingerprint taken when it was
+    /// made (every entry's path, type, mode, owner, size, link target and
+    /// content). On any difference it is removed and made again at its
+    /// next use; the warning names what changed. `Err`: it changed and
+    /// could not be removed.
+    async fn verify(&self) -> Result<(), String> {
+        let mut cell = self.cell.lock().await;
+        let Some(p) = cell.as_ref() else {
+            return Ok(());
+        };
+        let (Some(base), Some(made)) = (p.base.clone(), p.fingerprint.clone()) else {
+            return Ok(());
+        };
+        let b = base.clone();
+        let now = tokio::task::spawn_blocking(move || venv::fingerprint(&b))
             .await
+            .map_err(std::io::Error::other)
+            .and_then(|r| r);
+        let diff = match &now {
+            Ok(now) => venv::differences(&made, now),
+            Err(e) => vec![format!("cannot be read: {e}")],
+        };
+        if diff.is_empty() {
+            return Ok(());
+        }
+        let shown = diff.iter().take(20).cloned().collect::<Vec<_>>().join("; ");
+        tracing::warn!(
+            base = %base.display(),
+            changes = diff.len(),
+            changed = %shown,
+            "the executions' base venv changed since it was made; removing it (made again at its next use)"
+        );
+        *cell = None;
+        let b = base.clone();
+        tokio::task::spawn_blocking(move || remove_tree(b.parent().unwrap_or(Path::new("/")), &b))
+            .await
+            .map_err(std::io::Error::other)
+            .and_then(|r| r)
+            .map_err(|e| {
+                format!(
+                    "the executions' base venv {} changed ({shown}) and cannot be removed: {e}",
+                    base.display()
+                )
+            })
     }
 }
 
@@ -306,7 +362,7 @@ impl Executions {
             inner: Mutex::new(Inner::default()),
             slots,
             prep: Arc::new(Prep {
-                cell: tokio::sync::OnceCell::new(),
+                cell: tokio::sync::Mutex::new(None),
                 base: base_venv,
             }),
         })
@@ -316,7 +372,7 @@ impl Executions {
     /// run waits for it): at the agent's first upload, so neither an idle
     /// agent nor a lease that runs no script pays for it.
     pub(crate) fn prepare_soon(&self) {
-        if self.prep.cell.initialized() {
+        if self.prep.initialized() {
             return;
         }
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
@@ -401,6 +457,10 @@ impl Executions {
                     "the task removing execution directories failed: {e}"
                 ));
             }
+        }
+        if let Err(e) = self.prep.verify().await {
+            tracing::error!(error = %e, "the executions' base venv");
+            failed.push(e);
         }
         if killed > 0 {
             tracing::info!(killed, "running executions killed");
