@@ -819,9 +819,7 @@ async fn no_ipc_object_or_key_reaches_the_next_lease() {
     if !root_or_skip("the agent as PID 1 of its own namespaces") {
         return;
     }
-    // Not below /tmp or /run, which the agent (as PID 1) mounts a tmpfs
-    // over (nor below the build's directory, which may be below /tmp).
-    let dir = tempfile::tempdir_in("/var/tmp").expect("tempdir");
+    let dir = pid1_dir();
     let agent = Agent::start_pid1(dir, &[]);
     let c = client(&agent).await;
     acquire_bare(&c, "lease-1").await;

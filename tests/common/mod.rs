@@ -256,6 +256,44 @@ impl Drop for Agent {
     }
 }
 
+/// A directory for an agent run by [`Agent::start_pid1`]: not below
+/// `/tmp`, `/var/tmp` or `/dev/shm` (the agent, as PID 1, mounts a tmpfs of
+/// its own over each) nor `/run`, nor below the build's directory (which
+/// may be below /tmp).
+pub fn pid1_dir() -> tempfile::TempDir {
+    let base = Path::new("/var/lib/sandbox-suite");
+    std::fs::create_dir_all(base).expect("/var/lib/sandbox-suite");
+    std::fs::set_permissions(base, std::fs::Permissions::from_mode(0o711)).expect("chmod");
+    tempfile::tempdir_in(base).expect("tempdir")
+}
+
+/// The pid (as this test sees it) of the agent [`Agent::start_pid1`]
+/// started: the child of its `unshare`.
+pub fn pid1_agent_pid(agent: &Agent) -> u32 {
+    let parent = agent.child.id();
+    eventually(Duration::from_secs(10), "the agent under unshare", || {
+        for e in std::fs::read_dir("/proc")
+            .map_err(|e| e.to_string())?
+            .flatten()
+        {
+            let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+                continue;
+            };
+            let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+                continue;
+            };
+            let ppid = stat
+                .rsplit_once(')')
+                .and_then(|(_, r)| r.split_whitespace().nth(1))
+                .and_then(|p| p.parse::<u32>().ok());
+            if ppid == Some(parent) {
+                return Ok(pid);
+            }
+        }
+        Err("no child yet".into())
+    })
+}
+
 /// Whether the test runs as root; if not, says on stderr that `what` is
 /// skipped and why (the test command runs as root, so CI runs it).
 pub fn root_or_skip(what: &str) -> bool {

@@ -1,8 +1,9 @@
 //! The agent's duties when it is PID 1, the VM's init.
 //!
 //! At boot ([`boot`]): give itself a console, mount the kernel filesystems
-//! that are missing (`/proc`, `/sys`, `/dev`, `/dev/pts`, `/run`, `/tmp`, and
-//! the cgroup v2 hierarchy), set the hostname and load the configured kernel
+//! that are missing (`/proc`, `/sys`, `/dev`, `/dev/pts`, `/run`, and
+//! the cgroup v2 hierarchy), a tmpfs of its own on `/tmp`, `/var/tmp` and
+//! `/dev/shm` ([`private_tmp`]), set the hostname and load the configured kernel
 //! modules, so a generic distro kernel with a bare initramfs works.
 //! Zombies are reaped by the supervisor's reaper, which owns `waitpid(-1)`
 //! whether or not the agent is PID 1.
@@ -40,6 +41,25 @@ impl Default for InitConfig {
             modules: Vec::new(),
         }
     }
+}
+
+/// The shared temporary directories, emptied at every Release and Reset
+/// (where they are the sandbox's own: [`private_tmp`]).
+pub const SHARED_TMP: [&str; 3] = ["/tmp", "/var/tmp", "/dev/shm"];
+
+static PRIVATE_TMP: std::sync::Mutex<Vec<&'static str>> = std::sync::Mutex::new(Vec::new());
+
+/// Those of [`SHARED_TMP`] on which this agent, as PID 1, mounted a tmpfs
+/// of its own at boot: nothing outside the sandbox is in them. None for an
+/// agent that is not PID 1 (`--dev` on a developer's machine).
+pub fn private_tmp() -> Vec<&'static str> {
+    if !is_pid1() {
+        return Vec::new();
+    }
+    PRIVATE_TMP
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone()
 }
 
 /// Whether this process is the machine's init.
@@ -93,7 +113,7 @@ fn step(what: impl Into<String>, result: Result<(), InitError>) -> Step {
 pub fn boot(cfg: &InitConfig) -> Vec<Step> {
     use nix::mount::MsFlags;
     let nosuid = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
-    let mounts: [(&str, &str, &str, MsFlags, Option<&str>); 7] = [
+    let mounts: [(&str, &str, &str, MsFlags, Option<&str>); 6] = [
         ("proc", "/proc", "proc", nosuid, None),
         ("sysfs", "/sys", "sysfs", nosuid, None),
         (
@@ -116,13 +136,6 @@ pub fn boot(cfg: &InitConfig) -> Vec<Step> {
             "tmpfs",
             MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
             Some("mode=0755"),
-        ),
-        (
-            "tmpfs",
-            "/tmp",
-            "tmpfs",
-            MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
-            Some("mode=1777"),
         ),
         ("cgroup2", "/sys/fs/cgroup", "cgroup2", nosuid, None),
     ];
@@ -150,6 +163,34 @@ pub fn boot(cfg: &InitConfig) -> Vec<Step> {
         if target == Path::new("/dev") {
             steps.push(step("console on fds 0-2", console()));
         }
+    }
+    // The temporary directories: a tmpfs of the agent's own on each, over
+    // whatever is there (a VM's root, the process backend's tmpfs, or, in
+    // a test's namespaces, the machine's /dev/shm), so that Release and
+    // Reset may empty them entirely without touching anything outside.
+    for dir in SHARED_TMP {
+        let target = Path::new(dir);
+        let r = std::fs::create_dir_all(target)
+            .map_err(|source| InitError::CreateDir {
+                path: target.to_owned(),
+                source,
+            })
+            .and_then(|()| {
+                Ok(nix::mount::mount(
+                    Some("tmpfs"),
+                    target,
+                    Some("tmpfs"),
+                    MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+                    Some("mode=1777"),
+                )?)
+            });
+        if r.is_ok() {
+            PRIVATE_TMP
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(dir);
+        }
+        steps.push(step(format!("mount tmpfs on {dir}"), r));
     }
     if !cfg.hostname.is_empty() {
         steps.push(step(

@@ -115,6 +115,7 @@ pub(super) fn lc_status(e: LcError) -> Status {
         LcError::Workspace(w) => ws_status(w),
         LcError::Seed { .. }
         | LcError::Wipe { .. }
+        | LcError::Cleanup { .. }
         | LcError::NoRandomness(_)
         | LcError::Task { .. } => Status::internal(message),
     }
