@@ -25,7 +25,11 @@ struct Canaries {
 
 impl Canaries {
     fn new() -> Canaries {
-        let dir = tempfile::tempdir().expect("tempdir");
+        Canaries::within(tempfile::tempdir().expect("tempdir"))
+    }
+
+    /// Canaries in `dir` (made root-only here).
+    fn within(dir: tempfile::TempDir) -> Canaries {
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700))
             .expect("chmod");
         let secret = format!("CANARY-SECRET-{}", std::process::id());
@@ -596,4 +600,152 @@ async fn a_failed_cleanup_puts_the_sandbox_in_error() {
         .expect("info")
         .into_inner();
     assert_eq!(info.status, proto::SandboxStatus::Idle as i32, "{info:?}");
+}
+
+/// One systematic attack (issue 35, "Tests"): a tenant replaces every path
+/// it can reach in each tree the agent touches (its execution's `work/`
+/// and execution directory, the venv, its home, `/tmp`, `/var/tmp`,
+/// `/dev/shm`, the workspace) with symlinks (and hard links, where the
+/// kernel allows them) to root-only canaries, and tries to plant code in
+/// every site-packages; then every operation that touches those trees
+/// runs: Execute (packages.txt, requirements.txt, the log, the venv),
+/// Export, Dump, Clear, Reset and Release (the clean-up of execution
+/// directories, home and temporary files). No canary is read (its secret
+/// is in no answer, log or archive), written (content and mtime
+/// unchanged) or packed; and the next lease's innocent script runs
+/// without any planted code.
+#[tokio::test]
+async fn no_operation_reads_writes_or_packs_through_a_tenants_links() {
+    if !root_or_skip("the agent as PID 1 of its own namespaces") {
+        return;
+    }
+    let dir = pid1_dir();
+    let canaries = Canaries::within(pid1_dir());
+    let before = canaries.snapshot();
+    let agent = Agent::start_pid1(dir, &[]);
+    let c = client(&agent).await;
+    crate::exec::acquire_bare(&c, "lease-s1").await;
+    let plant = format!(
+        r#"
+import glob, os, site, sys
+canary, cdir = "{file}", "{dir}"
+targets = [canary, cdir, os.path.join(cdir, "sub"), os.path.join(cdir, "created-by-agent")]
+links = hard = 0
+def swap(path):
+    global links, hard
+    for i, t in enumerate(targets):
+        tmp = "%s.plant%d" % (path, i)
+        try:
+            os.symlink(t, tmp)
+            os.replace(tmp, path) if i == 0 else os.replace(tmp, path + ".%d" % i)
+            links += 1
+        except OSError:
+            try: os.unlink(tmp)
+            except OSError: pass
+    try:
+        os.link(canary, path + ".hard")
+        hard += 1
+    except OSError:
+        pass
+work = os.getcwd()
+execdir = os.path.dirname(work)
+for p in ("packages.txt", "requirements.txt", "data", "out.txt"):
+    swap(os.path.join(work, p))
+for p in ("output.log", "venv", "work", "x"):
+    swap(os.path.join(execdir, p))
+home = os.environ["HOME"]
+for p in (".config", ".cache", "tmp", ".gitconfig", ".local/share"):
+    swap(os.path.join(home, p))
+for d in ("/tmp", "/var/tmp", "/dev/shm", os.environ["AGENT_WORKSPACE"]):
+    for p in ("a", "b.txt", ".hidden"):
+        swap(os.path.join(d, p))
+planted = 0
+for d in set(glob.glob("/var/lib/**/site-packages", recursive=True) + glob.glob(os.path.join(execdir, "..", "*", "venv", "lib", "*", "site-packages")) + [site.getusersitepackages(), sys.prefix]):
+    try:
+        os.makedirs(d, exist_ok=True)
+        open(os.path.join(d, "zz_planted.pth"), "w").write("import os; os.environ['PLANTED'] = 'yes'\n")
+        open(os.path.join(d, "planted_mod.py"), "w").write("X = 1\n")
+        planted += 1
+    except OSError:
+        pass
+print("links", links, "hard", hard, "planted", planted)
+"#,
+        file = canaries.file().display(),
+        dir = canaries.dir.path().display(),
+    );
+    let secret = canaries.secret.clone();
+    let clean = |what: &str, text: &str| {
+        assert!(!text.contains(&secret), "{what}: a canary was read: {text}");
+    };
+    // Execute: the plants, then each execution run again over them.
+    let (st, log) = run_to_end(&c, "plant", &plant).await;
+    assert_eq!(st, "completed", "{log}");
+    let links: u32 = log
+        .split_whitespace()
+        .skip_while(|w| *w != "links")
+        .nth(1)
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    assert!(links >= 20, "the attack planted too little to test: {log}");
+    for name in ["plant"] {
+        start(&c, name).await;
+        let (log, _, _) = read_all(&c, name, 1 << 20).await;
+        let s = status(&c, name).await;
+        clean("a second Execute's log", &log);
+        clean("a second Execute's status", &s.message);
+    }
+    assert_eq!(canaries.snapshot(), before, "after a second Execute");
+    let (st, log) = run_to_end(
+        &c,
+        "req",
+        "import os\nos.symlink('/etc/shadow', 'requirements.txt')\n",
+    )
+    .await;
+    assert_eq!(st, "completed", "{log}");
+    start(&c, "req").await;
+    let (log, _, st) = read_all(&c, "req", 1 << 20).await;
+    assert_eq!(st, "failed", "{log}");
+    let s = status(&c, "req").await;
+    assert!(s.message.contains("requirements.txt"), "{}", s.message);
+    assert!(s.message.contains("symbolic link"), "{}", s.message);
+    // Export and Dump pack links as links, never what they point to.
+    let tar = export(&c, "plant").await.expect("Export");
+    assert!(!contains(&tar, secret.as_bytes()), "Export packed a canary");
+    let (dump, _) = crate::common::ws::dump(&c, proto::DumpRequest::default())
+        .await
+        .expect("Dump");
+    assert!(!contains(&dump, secret.as_bytes()), "Dump packed a canary");
+    c.workspace()
+        .clear(proto::ClearRequest {})
+        .await
+        .expect("Clear");
+    assert_eq!(canaries.snapshot(), before, "after Clear");
+    // Reset, then the plants again, then Release.
+    reset(&c, "lease-s1").await;
+    assert_eq!(canaries.snapshot(), before, "after Reset");
+    let check = "import os, sys\nprint('planted:', repr(os.environ.get('PLANTED', '')))\ntry:\n    import planted_mod\n    print('imported', planted_mod.__file__)\nexcept ImportError:\n    print('no planted_mod')\n";
+    let (st, log) = run_to_end(&c, "check", check).await;
+    assert_eq!(st, "completed", "{log}");
+    assert!(
+        log.contains("planted: ''") && log.contains("no planted_mod"),
+        "after Reset: {log}"
+    );
+    let (st, log) = run_to_end(&c, "plant", &plant).await;
+    assert_eq!(st, "completed", "{log}");
+    release(&c, "lease-s1").await;
+    assert_eq!(canaries.snapshot(), before, "after Release");
+    crate::exec::acquire_bare(&c, "lease-s2").await;
+    let (st, log) = run_to_end(&c, "check", check).await;
+    assert_eq!(st, "completed", "{log}");
+    assert!(
+        log.contains("planted: ''") && log.contains("no planted_mod"),
+        "the next lease: {log}"
+    );
+    release(&c, "lease-s2").await;
+    assert_eq!(canaries.snapshot(), before, "a canary changed");
+    for what in ["log", "agent"] {
+        assert!(!canaries.missing(what).exists());
+    }
+    assert!(!canaries.dir.path().join("created-by-agent").exists());
+    clean("the agent's log", &agent.stderr.all());
 }
