@@ -123,6 +123,15 @@ impl Agent {
             "--mount",
         ])
         .args(["--mount-proc", "--propagation", "private", "--"])
+        // The agent, as PID 1, takes a temporary directory that is a mount
+        // point for the sandbox's own and empties it at Release: this
+        // machine's /dev/shm (a mount point) must not be that one. `sh`
+        // execs the agent, which stays PID 1.
+        .args([
+            "/bin/sh",
+            "-c",
+            "mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs /dev/shm && exec \"$0\" \"$@\"",
+        ])
         .arg(&*AGENT);
         let mut all = vec!["--config", &config];
         all.extend_from_slice(extra);

@@ -2,8 +2,8 @@
 //!
 //! At boot ([`boot`]): give itself a console, mount the kernel filesystems
 //! that are missing (`/proc`, `/sys`, `/dev`, `/dev/pts`, `/run`, and
-//! the cgroup v2 hierarchy), a tmpfs of its own on `/tmp`, `/var/tmp` and
-//! `/dev/shm` ([`private_tmp`]), set the hostname and load the configured kernel
+//! the cgroup v2 hierarchy), a tmpfs on `/tmp`, `/var/tmp` and
+//! `/dev/shm` where they are not mount points ([`private_tmp`]), set the hostname and load the configured kernel
 //! modules, so a generic distro kernel with a bare initramfs works.
 //! Zombies are reaped by the supervisor's reaper, which owns `waitpid(-1)`
 //! whether or not the agent is PID 1.
@@ -49,9 +49,12 @@ pub const SHARED_TMP: [&str; 3] = ["/tmp", "/var/tmp", "/dev/shm"];
 
 static PRIVATE_TMP: std::sync::Mutex<Vec<&'static str>> = std::sync::Mutex::new(Vec::new());
 
-/// Those of [`SHARED_TMP`] on which this agent, as PID 1, mounted a tmpfs
-/// of its own at boot: nothing outside the sandbox is in them. None for an
-/// agent that is not PID 1 (`--dev` on a developer's machine).
+/// Those of [`SHARED_TMP`] that are, at boot, a file system of the
+/// sandbox's own: a mount point already (the process backend mounts a
+/// fresh tmpfs on each; whoever starts the agent as PID 1 otherwise must
+/// do the same for one that is the machine's), or a tmpfs the agent mounted
+/// there. None for an agent that is not PID 1 (`--dev` on a developer's
+/// machine): it never empties the machine's.
 pub fn private_tmp() -> Vec<&'static str> {
     if !is_pid1() {
         return Vec::new();
@@ -164,33 +167,39 @@ pub fn boot(cfg: &InitConfig) -> Vec<Step> {
             steps.push(step("console on fds 0-2", console()));
         }
     }
-    // The temporary directories: a tmpfs of the agent's own on each, over
-    // whatever is there (a VM's root, the process backend's tmpfs, or, in
-    // a test's namespaces, the machine's /dev/shm), so that Release and
-    // Reset may empty them entirely without touching anything outside.
+    // The temporary directories: each must be a file system of the
+    // sandbox's own, so that Release and Reset may empty it entirely. One
+    // that is a mount point already is taken as such (the process
+    // backend's tmpfs; a VM's); else a tmpfs is mounted on it.
     for dir in SHARED_TMP {
         let target = Path::new(dir);
-        let r = std::fs::create_dir_all(target)
-            .map_err(|source| InitError::CreateDir {
-                path: target.to_owned(),
-                source,
-            })
-            .and_then(|()| {
-                Ok(nix::mount::mount(
-                    Some("tmpfs"),
-                    target,
-                    Some("tmpfs"),
-                    MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
-                    Some("mode=1777"),
-                )?)
-            });
+        let r = if is_mountpoint(target) {
+            Ok(())
+        } else {
+            let r = std::fs::create_dir_all(target)
+                .map_err(|source| InitError::CreateDir {
+                    path: target.to_owned(),
+                    source,
+                })
+                .and_then(|()| {
+                    Ok(nix::mount::mount(
+                        Some("tmpfs"),
+                        target,
+                        Some("tmpfs"),
+                        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+                        Some("mode=1777"),
+                    )?)
+                });
+            let failed = r.is_err();
+            steps.push(step(format!("mount tmpfs on {dir}"), r));
+            if failed { Err(()) } else { Ok(()) }
+        };
         if r.is_ok() {
             PRIVATE_TMP
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .push(dir);
         }
-        steps.push(step(format!("mount tmpfs on {dir}"), r));
     }
     if !cfg.hostname.is_empty() {
         steps.push(step(
