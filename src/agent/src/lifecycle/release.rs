@@ -67,19 +67,22 @@ impl Lifecycle {
             if let Some(op) = self.ws.cancel_transfers() {
                 info!(op, "stopping a workspace transfer for the release");
             }
+            // A clean-up that fails does not stop the others; it fails
+            // the Release at the end (the sandbox is not clean).
             let mut failed = self.exec.close().await.failed;
             self.sup.stop_all().await;
             self.stop_mail().await;
             failed.extend(self.end_tenant(true).await);
-            if !failed.is_empty() {
-                return Err(LcError::Cleanup { failed });
-            }
             // Before the state goes, with the servers stopped: what the
             // lease loaded into the operator's shared accounts. A failure
             // is logged and named; it does not keep the lease.
             let undeleted = self.clean_outside(&outside).await;
             self.wipe(&[], true).await?;
-            Ok::<_, LcError>((self.wipe_state(&touched).await, undeleted))
+            let unwiped = self.wipe_state(&touched).await;
+            if !failed.is_empty() {
+                return Err(LcError::Cleanup { failed });
+            }
+            Ok::<_, LcError>((unwiped, undeleted))
         }
         .instrument(span.clone())
         .await
