@@ -534,7 +534,25 @@ async fn every_temporary_file_is_gone_after_release_and_reset() {
     crate::exec::acquire_bare(&c, "lease-t1").await;
     plant_temp_files(&c, pid, &canaries, "plant1").await;
     assert!(temp_contents(pid).iter().all(|(_, _, n)| n.len() >= 6));
+    // What the backend mounts below /tmp (the host binds a manifest or a
+    // --sandbox-ro path there) is not a temporary file: it stays.
+    std::fs::create_dir_all(format!("/proc/{pid}/root/tmp/bound/mnt")).expect("mkdir");
+    let out = std::process::Command::new("nsenter")
+        .args(["-t", &pid.to_string(), "-m", "--"])
+        .args(["mount", "-t", "tmpfs", "none", "/tmp/bound/mnt"])
+        .output()
+        .expect("nsenter");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    std::fs::write(format!("/proc/{pid}/root/tmp/bound/mnt/keep"), "k").expect("keep");
     release(&c, "lease-t1").await;
+    assert!(PathBuf::from(format!("/proc/{pid}/root/tmp/bound/mnt/keep")).exists());
+    let out = std::process::Command::new("nsenter")
+        .args(["-t", &pid.to_string(), "-m", "--"])
+        .args(["umount", "/tmp/bound/mnt"])
+        .output()
+        .expect("nsenter");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    std::fs::remove_dir_all(format!("/proc/{pid}/root/tmp/bound")).expect("rm bound");
     for (d, mode, names) in temp_contents(pid) {
         assert_eq!(mode, 0o1777, "{d}");
         assert!(names.is_empty(), "left in {d} after Release: {names:?}");
@@ -550,10 +568,10 @@ async fn every_temporary_file_is_gone_after_release_and_reset() {
     assert_eq!(canaries.snapshot(), before, "a canary changed");
 }
 
-/// A clean-up that fails (here a mount point in `/tmp` that cannot be
-/// removed) fails the Release: the sandbox reports `error` and keeps the
-/// lease (the host replaces it) instead of going back as if clean; once
-/// the cause is gone, Release completes (issue 35, finding 8).
+/// A clean-up that fails (here a file in `/tmp` made immutable, which
+/// cannot be removed) fails the Release: the sandbox reports `error` and
+/// keeps the lease (the host replaces it) instead of going back as if
+/// clean; once the cause is gone, Release completes (issue 35, finding 8).
 #[tokio::test]
 async fn a_failed_cleanup_puts_the_sandbox_in_error() {
     if !root_or_skip("the agent as PID 1 of its own namespaces") {
@@ -564,17 +582,16 @@ async fn a_failed_cleanup_puts_the_sandbox_in_error() {
     let pid = pid1_agent_pid(&agent);
     let c = client(&agent).await;
     crate::exec::acquire_bare(&c, "lease-e").await;
-    let busy = format!("/proc/{pid}/root/tmp/busy");
-    std::fs::create_dir(&busy).expect("mkdir");
-    let ns = |args: &[&str]| {
-        let out = std::process::Command::new("nsenter")
-            .args(["-t", &pid.to_string(), "-m", "--"])
-            .args(args)
+    let stuck = format!("/proc/{pid}/root/tmp/stuck");
+    std::fs::write(&stuck, "x").expect("write");
+    let chattr = |flag: &str| {
+        let out = std::process::Command::new("chattr")
+            .args([flag, &stuck])
             .output()
-            .expect("nsenter");
-        assert!(out.status.success(), "{args:?}: {}", text(&out.stderr));
+            .expect("chattr");
+        assert!(out.status.success(), "chattr {flag}: {}", text(&out.stderr));
     };
-    ns(&["mount", "-t", "tmpfs", "none", "/tmp/busy"]);
+    chattr("+i");
     let e = c
         .agent()
         .release(proto::ReleaseRequest {
@@ -591,7 +608,7 @@ async fn a_failed_cleanup_puts_the_sandbox_in_error() {
         .expect("info")
         .into_inner();
     assert_eq!(info.status, proto::SandboxStatus::Error as i32, "{info:?}");
-    ns(&["umount", "/tmp/busy"]);
+    chattr("-i");
     release(&c, "lease-e").await;
     let info = c
         .agent()
