@@ -5,10 +5,10 @@
 
 use std::io::Read;
 use std::os::fd::{AsFd, OwnedFd};
-
-use rustix::fs::Mode;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
+
+use rustix::fs::Mode;
 
 use super::error::io_err;
 use super::{ExecError, ExecState, Execution, Executions, MAIN_SCRIPT, Progress, check_name};
@@ -89,7 +89,7 @@ impl Executions {
             Ok(())
         })();
         if let Err(e) = made {
-            let _ = std::fs::remove_dir_all(&stage);
+            let _ = remove_tree(&self.cfg.root, &stage);
             return Err(ExecError::Io {
                 context: format!("creating {}", stage.display()),
                 source: e.into(),
@@ -133,9 +133,9 @@ impl Executions {
     }
 
     /// Puts an extracted upload in place of any execution of its name,
-    /// killing that one first if it runs.
-    /// A second upload of a name whose upload is being committed is
-    /// refused (`Active`): two concurrent Executes of one name would race.
+    /// killing that one first if it runs. A second upload of a name whose
+    /// upload is being committed is refused (`Active`): two concurrent
+    /// Executes of one name would race.
     pub async fn commit_upload(&self, mut up: Upload) -> Result<Replaced, ExecError> {
         let old = {
             let mut i = self.inner();
