@@ -766,3 +766,68 @@ print("links", links, "hard", hard, "planted", planted)
     assert!(!canaries.dir.path().join("created-by-agent").exists());
     clean("the agent's log", &agent.stderr.all());
 }
+
+/// Reset admits executions again only once root has prepared the home and
+/// the seeds: while its preparing waits (here for an Initialize that
+/// trickles), an upload is refused; afterwards one is admitted (issue 35,
+/// finding 8: a script could change the paths root was preparing).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reset_admits_executions_only_once_the_slot_is_prepared() {
+    if !root_or_skip("tenants run as uid 1000") {
+        return;
+    }
+    use proto::initialize_request::Msg;
+    let agent = agent_with("", "[lifecycle]\nworkspace_wait_ms = 60000\n");
+    let c = client(&agent).await;
+    crate::exec::acquire_bare(&c, "lease-r").await;
+    let archive = crate::common::ws::gzip(
+        &crate::common::ws::Tar::new()
+            .file("t.txt", b"trickled")
+            .end(),
+    );
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    tx.send(proto::InitializeRequest {
+        msg: Some(Msg::Header(proto::InitializeHeader::default())),
+    })
+    .await
+    .expect("header");
+    tx.send(proto::InitializeRequest {
+        msg: Some(Msg::Chunk(archive[..archive.len() / 2].to_vec().into())),
+    })
+    .await
+    .expect("half the archive");
+    let c2 = c.clone();
+    let init = tokio::spawn(async move {
+        c2.workspace()
+            .initialize(tokio_stream::wrappers::ReceiverStream::new(rx))
+            .await
+    });
+    crate::common::ws::wait_staging(&agent.dir.path().join(".ws.sandbox-agent")).await;
+    let c3 = c.clone();
+    let reset = tokio::spawn(async move {
+        c3.agent()
+            .reset(proto::ResetRequest {
+                lease_id: "lease-r".into(),
+            })
+            .await
+    });
+    let script = targz(&[("main.py", "print('hi')\n")]);
+    let refused = eventually_async(
+        Duration::from_secs(20),
+        "an upload refused while Reset prepares",
+        async || match upload(&c, "during", script.clone()).await {
+            Err(e) if e.code() == Code::FailedPrecondition => Ok(e),
+            other => Err(format!("{other:?}")),
+        },
+    )
+    .await;
+    assert!(refused.message().contains("not leased"), "{refused:?}");
+    assert!(!reset.is_finished(), "Reset was not waiting");
+    drop(tx);
+    let _ = init.await.expect("join");
+    reset.await.expect("join").expect("Reset");
+    upload(&c, "after", script)
+        .await
+        .expect("admitted after Reset");
+    release(&c, "lease-r").await;
+}
