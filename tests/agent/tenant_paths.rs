@@ -831,3 +831,25 @@ async fn reset_admits_executions_only_once_the_slot_is_prepared() {
         .expect("admitted after Reset");
     release(&c, "lease-r").await;
 }
+
+/// Without uv each run makes its venv with `python -m venv` as the tenant,
+/// in a directory the agent makes for it (the execution directory is the
+/// agent's): a run and a run again both work, as the tenant.
+#[tokio::test]
+async fn without_uv_the_tenant_makes_its_venv_in_the_agents_directory() {
+    if !root_or_skip("tenants run as uid 1000") {
+        return;
+    }
+    let agent = agent_with("", "[exec]\nuv = \"off\"\n");
+    let c = client(&agent).await;
+    acquire(&c, "lease-nouv").await;
+    let script = "import os, sys\nprint('uid', os.getuid(), 'venv', sys.prefix != sys.base_prefix, os.path.basename(sys.prefix))\n";
+    let (st, log) = run_to_end(&c, "nouv", script).await;
+    assert_eq!(st, "completed", "{log}");
+    assert!(log.contains("uid 1000 venv True venv"), "{log}");
+    start(&c, "nouv").await;
+    let (log, _, st) = read_all(&c, "nouv", 1 << 20).await;
+    assert_eq!(st, "completed", "{log}");
+    assert!(log.contains("uid 1000 venv True venv"), "{log}");
+    release(&c, "lease-nouv").await;
+}
