@@ -14,7 +14,7 @@ use crate::common::*;
 use sandbox_client::proto;
 use tonic::Code;
 
-async fn acquire(c: &sandbox_client::Client, id: &str) {
+pub(crate) async fn acquire(c: &sandbox_client::Client, id: &str) {
     c.agent()
         .acquire(proto::AcquireRequest {
             lease_id: id.into(),
@@ -26,7 +26,7 @@ async fn acquire(c: &sandbox_client::Client, id: &str) {
 }
 
 /// A tar.gz of `files`.
-fn targz(files: &[(&str, &str)]) -> Vec<u8> {
+pub(crate) fn targz(files: &[(&str, &str)]) -> Vec<u8> {
     let enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
     let mut b = tar::Builder::new(enc);
     for (name, body) in files {
@@ -40,7 +40,7 @@ fn targz(files: &[(&str, &str)]) -> Vec<u8> {
     b.into_inner().expect("tar").finish().expect("gzip")
 }
 
-async fn upload(
+pub(crate) async fn upload(
     c: &sandbox_client::Client,
     name: &str,
     archive: Vec<u8>,
@@ -63,7 +63,7 @@ async fn upload(
         .map(|r| r.into_inner())
 }
 
-async fn start(c: &sandbox_client::Client, name: &str) -> proto::ExecStatus {
+pub(crate) async fn start(c: &sandbox_client::Client, name: &str) -> proto::ExecStatus {
     c.exec()
         .start(proto::ExecStartRequest {
             execution_name: name.into(),
@@ -74,7 +74,7 @@ async fn start(c: &sandbox_client::Client, name: &str) -> proto::ExecStatus {
         .into_inner()
 }
 
-async fn status(c: &sandbox_client::Client, name: &str) -> proto::ExecStatus {
+pub(crate) async fn status(c: &sandbox_client::Client, name: &str) -> proto::ExecStatus {
     c.exec()
         .status(proto::ExecStatusRequest {
             execution_name: name.into(),
@@ -87,7 +87,7 @@ async fn status(c: &sandbox_client::Client, name: &str) -> proto::ExecStatus {
 
 /// Polls Logs with `max_bytes` from cursor 0 until the answer says the log
 /// is complete; returns the text and the number of polls.
-async fn read_all(
+pub(crate) async fn read_all(
     c: &sandbox_client::Client,
     name: &str,
     max_bytes: u32,
@@ -472,7 +472,11 @@ async fn packages_the_sandbox_may_not_install_fail_clearly() {
 }
 
 /// Runs `script` as execution `name` to its end; returns (status, log).
-async fn run_to_end(c: &sandbox_client::Client, name: &str, script: &str) -> (String, String) {
+pub(crate) async fn run_to_end(
+    c: &sandbox_client::Client,
+    name: &str,
+    script: &str,
+) -> (String, String) {
     upload(c, name, targz(&[("main.py", script)]))
         .await
         .expect("Upload");
@@ -815,9 +819,7 @@ async fn no_ipc_object_or_key_reaches_the_next_lease() {
     if !root_or_skip("the agent as PID 1 of its own namespaces") {
         return;
     }
-    // Not below /tmp or /run, which the agent (as PID 1) mounts a tmpfs
-    // over (nor below the build's directory, which may be below /tmp).
-    let dir = tempfile::tempdir_in("/var/tmp").expect("tempdir");
+    let dir = pid1_dir();
     let agent = Agent::start_pid1(dir, &[]);
     let c = client(&agent).await;
     acquire_bare(&c, "lease-1").await;
@@ -884,7 +886,7 @@ print("key:", found, "errno", ctypes.get_errno() if found < 0 else 0)
 "#;
 
 /// Acquires `id` with no server (the execution API only).
-async fn acquire_bare(c: &sandbox_client::Client, id: &str) {
+pub(crate) async fn acquire_bare(c: &sandbox_client::Client, id: &str) {
     c.agent()
         .acquire(proto::AcquireRequest {
             lease_id: id.into(),

@@ -23,5 +23,6 @@ mod readme;
 mod recovery;
 mod rpc;
 mod shipped_servers;
+mod tenant_paths;
 mod workspace;
 mod workspace_turns;

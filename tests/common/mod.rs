@@ -123,6 +123,15 @@ impl Agent {
             "--mount",
         ])
         .args(["--mount-proc", "--propagation", "private", "--"])
+        // The agent, as PID 1, takes a temporary directory that is a mount
+        // point for the sandbox's own and empties it at Release: this
+        // machine's /dev/shm (a mount point) must not be that one. `sh`
+        // execs the agent, which stays PID 1.
+        .args([
+            "/bin/sh",
+            "-c",
+            "mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs /dev/shm && exec \"$0\" \"$@\"",
+        ])
         .arg(&*AGENT);
         let mut all = vec!["--config", &config];
         all.extend_from_slice(extra);
@@ -254,6 +263,44 @@ impl Drop for Agent {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// A directory for an agent run by [`Agent::start_pid1`]: not below
+/// `/tmp`, `/var/tmp` or `/dev/shm` (the agent, as PID 1, mounts a tmpfs of
+/// its own over each) nor `/run`, nor below the build's directory (which
+/// may be below /tmp).
+pub fn pid1_dir() -> tempfile::TempDir {
+    let base = Path::new("/var/lib/sandbox-suite");
+    std::fs::create_dir_all(base).expect("/var/lib/sandbox-suite");
+    std::fs::set_permissions(base, std::fs::Permissions::from_mode(0o711)).expect("chmod");
+    tempfile::tempdir_in(base).expect("tempdir")
+}
+
+/// The pid (as this test sees it) of the agent [`Agent::start_pid1`]
+/// started: the child of its `unshare`.
+pub fn pid1_agent_pid(agent: &Agent) -> u32 {
+    let parent = agent.child.id();
+    eventually(Duration::from_secs(10), "the agent under unshare", || {
+        for e in std::fs::read_dir("/proc")
+            .map_err(|e| e.to_string())?
+            .flatten()
+        {
+            let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+                continue;
+            };
+            let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+                continue;
+            };
+            let ppid = stat
+                .rsplit_once(')')
+                .and_then(|(_, r)| r.split_whitespace().nth(1))
+                .and_then(|p| p.parse::<u32>().ok());
+            if ppid == Some(parent) {
+                return Ok(pid);
+            }
+        }
+        Err("no child yet".into())
+    })
 }
 
 /// Whether the test runs as root; if not, says on stderr that `what` is

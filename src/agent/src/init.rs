@@ -1,8 +1,9 @@
 //! The agent's duties when it is PID 1, the VM's init.
 //!
 //! At boot ([`boot`]): give itself a console, mount the kernel filesystems
-//! that are missing (`/proc`, `/sys`, `/dev`, `/dev/pts`, `/run`, `/tmp`, and
-//! the cgroup v2 hierarchy), set the hostname and load the configured kernel
+//! that are missing (`/proc`, `/sys`, `/dev`, `/dev/pts`, `/run`, and
+//! the cgroup v2 hierarchy), a tmpfs on `/tmp`, `/var/tmp` and
+//! `/dev/shm` where they are not mount points ([`private_tmp`]), set the hostname and load the configured kernel
 //! modules, so a generic distro kernel with a bare initramfs works.
 //! Zombies are reaped by the supervisor's reaper, which owns `waitpid(-1)`
 //! whether or not the agent is PID 1.
@@ -40,6 +41,28 @@ impl Default for InitConfig {
             modules: Vec::new(),
         }
     }
+}
+
+/// The shared temporary directories, emptied at every Release and Reset
+/// (where they are the sandbox's own: [`private_tmp`]).
+pub const SHARED_TMP: [&str; 3] = ["/tmp", "/var/tmp", "/dev/shm"];
+
+static PRIVATE_TMP: std::sync::Mutex<Vec<&'static str>> = std::sync::Mutex::new(Vec::new());
+
+/// Those of [`SHARED_TMP`] that are, at boot, a file system of the
+/// sandbox's own: a mount point already (the process backend mounts a
+/// fresh tmpfs on each; whoever starts the agent as PID 1 otherwise must
+/// do the same for one that is the machine's), or a tmpfs the agent mounted
+/// there. None for an agent that is not PID 1 (`--dev` on a developer's
+/// machine): it never empties the machine's.
+pub fn private_tmp() -> Vec<&'static str> {
+    if !is_pid1() {
+        return Vec::new();
+    }
+    PRIVATE_TMP
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone()
 }
 
 /// Whether this process is the machine's init.
@@ -93,7 +116,7 @@ fn step(what: impl Into<String>, result: Result<(), InitError>) -> Step {
 pub fn boot(cfg: &InitConfig) -> Vec<Step> {
     use nix::mount::MsFlags;
     let nosuid = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
-    let mounts: [(&str, &str, &str, MsFlags, Option<&str>); 7] = [
+    let mounts: [(&str, &str, &str, MsFlags, Option<&str>); 6] = [
         ("proc", "/proc", "proc", nosuid, None),
         ("sysfs", "/sys", "sysfs", nosuid, None),
         (
@@ -116,13 +139,6 @@ pub fn boot(cfg: &InitConfig) -> Vec<Step> {
             "tmpfs",
             MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
             Some("mode=0755"),
-        ),
-        (
-            "tmpfs",
-            "/tmp",
-            "tmpfs",
-            MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
-            Some("mode=1777"),
         ),
         ("cgroup2", "/sys/fs/cgroup", "cgroup2", nosuid, None),
     ];
@@ -149,6 +165,40 @@ pub fn boot(cfg: &InitConfig) -> Vec<Step> {
         steps.push(step(format!("mount {fstype} on {}", target.display()), r));
         if target == Path::new("/dev") {
             steps.push(step("console on fds 0-2", console()));
+        }
+    }
+    // The temporary directories: each must be a file system of the
+    // sandbox's own, so that Release and Reset may empty it entirely. One
+    // that is a mount point already is taken as such (the process
+    // backend's tmpfs; a VM's); else a tmpfs is mounted on it.
+    for dir in SHARED_TMP {
+        let target = Path::new(dir);
+        let r = if is_mountpoint(target) {
+            Ok(())
+        } else {
+            let r = std::fs::create_dir_all(target)
+                .map_err(|source| InitError::CreateDir {
+                    path: target.to_owned(),
+                    source,
+                })
+                .and_then(|()| {
+                    Ok(nix::mount::mount(
+                        Some("tmpfs"),
+                        target,
+                        Some("tmpfs"),
+                        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+                        Some("mode=1777"),
+                    )?)
+                });
+            let failed = r.is_err();
+            steps.push(step(format!("mount tmpfs on {dir}"), r));
+            if failed { Err(()) } else { Ok(()) }
+        };
+        if r.is_ok() {
+            PRIVATE_TMP
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(dir);
         }
     }
     if !cfg.hostname.is_empty() {

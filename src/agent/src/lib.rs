@@ -28,6 +28,7 @@ pub mod server;
 pub mod server_data;
 pub mod supervisor;
 pub mod tenant;
+pub mod tenant_file;
 pub mod workspace;
 
 pub use sandbox_client::VERSION;

@@ -192,17 +192,18 @@ impl Tenant {
     /// tenant process there is), round after round until none is left.
     /// Leaving a session, a process group or a cgroup does not take a
     /// process out of this: orphans re-parent to the agent, a subreaper.
-    /// Returns how many were killed.
-    pub fn kill_all(&self) -> usize {
+    /// Returns how many were killed; `Err` (with that count) when some
+    /// were still appearing after the last round.
+    pub fn kill_all(&self) -> Result<usize, usize> {
         let Some((uid, _)) = self.ids else {
-            return 0;
+            return Ok(0);
         };
         let me = std::process::id() as i32;
         let mut killed = 0;
         for round in 0..MAX_KILL_ROUNDS {
             let victims = tenant_descendants(me, uid);
             if victims.is_empty() {
-                return killed;
+                return Ok(killed);
             }
             for pid in &victims {
                 let _ = nix::sys::signal::kill(
@@ -219,45 +220,102 @@ impl Tenant {
             uid,
             "tenant processes were still appearing after {MAX_KILL_ROUNDS} kill rounds"
         );
-        killed
+        Err(killed)
     }
 
-    /// Removes what the tenant left in the machine's shared temporary
-    /// directories (`/tmp`, `/var/tmp`, `/dev/shm`): top-level entries it
-    /// owns. Only as PID 1 (a VM, or the process backend's namespaces),
-    /// where those directories are the sandbox's own: an agent run on a
-    /// machine of its own does not touch files another user with the same
-    /// uid may have there.
-    pub fn clear_shared_tmp(&self) {
-        let Some((uid, _)) = self.ids else {
-            return;
-        };
+    /// Empties the shared temporary directories (`/tmp`, `/var/tmp`,
+    /// `/dev/shm`) at Release and Reset. Those that are the sandbox's own
+    /// (a tmpfs the agent mounted as PID 1, [`crate::init::private_tmp`])
+    /// lose every entry, whoever owns it; elsewhere, as PID 1, only the
+    /// top-level entries the tenant owns go. An agent that is not PID 1
+    /// (`--dev` on a developer's machine) touches none: another user with
+    /// the same uid may have files there. By handles: no symlink is
+    /// followed, the directories keep their modes (1777). Returns what
+    /// could not be removed.
+    pub fn clear_shared_tmp(&self) -> Vec<String> {
         if !crate::init::is_pid1() {
-            return;
+            return Vec::new();
         }
-        for dir in ["/tmp", "/var/tmp", "/dev/shm"] {
-            let Ok(entries) = std::fs::read_dir(dir) else {
-                continue;
+        let private = crate::init::private_tmp();
+        let mut failed = Vec::new();
+        for dir in crate::init::SHARED_TMP {
+            let whole = private.contains(&dir);
+            let owner = match (whole, self.ids) {
+                (true, _) => None,
+                (false, Some((uid, _))) => Some(uid),
+                (false, None) => continue,
             };
-            for e in entries.flatten() {
-                let Ok(m) = e.path().symlink_metadata() else {
-                    continue;
-                };
-                use std::os::unix::fs::MetadataExt;
-                if m.uid() != uid {
-                    continue;
-                }
-                let r = if m.is_dir() {
-                    std::fs::remove_dir_all(e.path())
-                } else {
-                    std::fs::remove_file(e.path())
-                };
-                if let Err(err) = r {
-                    tracing::warn!(path = %e.path().display(), error = %err, "cannot remove a tenant's temporary file");
-                }
+            if let Err(e) = empty_dir(Path::new(dir), owner) {
+                tracing::warn!(dir, error = %e, "cannot empty a temporary directory");
+                failed.push(format!("emptying {dir}: {e}"));
             }
         }
+        failed
     }
+}
+
+/// Removes the entries of `dir` (those owned by `owner` if given) by
+/// handles, never following a symlink; `dir` itself stays as it is.
+pub fn empty_dir(dir: &Path, owner: Option<u32>) -> io::Result<()> {
+    let flags = OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOFOLLOW;
+    let fd = match rustix::fs::open(dir, flags, Mode::empty()) {
+        Ok(fd) => fd,
+        Err(rustix::io::Errno::NOENT) => return Ok(()),
+        Err(e) => return Err(e.into()),
+    };
+    // What is mounted below `dir` (a file the process backend binds there
+    // read-only) is not a temporary file: it and the directories leading
+    // to it stay.
+    let mounted = mounts_below(dir);
+    let mut first = None;
+    for name in sandbox_archive::confine::list(fd.as_fd())? {
+        let path = dir.join(&name);
+        if mounted.iter().any(|m| m.starts_with(&path)) {
+            continue;
+        }
+        if let Some(uid) = owner {
+            match rustix::fs::statat(&fd, &name, AtFlags::SYMLINK_NOFOLLOW) {
+                Ok(st) if st.st_uid == uid => {}
+                _ => continue,
+            }
+        }
+        if let Err(e) = sandbox_archive::confine::remove_at(fd.as_fd(), &name, &path) {
+            first.get_or_insert_with(|| io::Error::other(e.to_string()));
+        }
+    }
+    first.map_or(Ok(()), Err)
+}
+
+/// The mount points strictly below `dir`, from `/proc/self/mountinfo`.
+fn mounts_below(dir: &Path) -> Vec<PathBuf> {
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return Vec::new();
+    };
+    info.lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(|m| PathBuf::from(unescape_mount(m)))
+        .filter(|m| m.starts_with(dir) && m != dir)
+        .collect()
+}
+
+/// mountinfo's octal escapes (`\040` for a space) undone.
+fn unescape_mount(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\'
+            && i + 3 < b.len()
+            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
+            out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// The hidden argument that makes the agent binary clear its user's
@@ -271,6 +329,7 @@ pub const CLEAR_KEYRINGS_ARG: &str = "__clear-keyrings";
 pub fn clear_own_keyrings() -> i32 {
     const KEYCTL_CLEAR: i64 = 7;
     const KEYCTL_GET_PERSISTENT: i64 = 22;
+    const KEY_SPEC_THREAD_KEYRING: i64 = -1;
     const KEY_SPEC_USER_KEYRING: i64 = -4;
     const KEY_SPEC_USER_SESSION_KEYRING: i64 = -5;
     // SAFETY: keyctl takes integers only here; no memory is passed.
@@ -284,7 +343,9 @@ pub fn clear_own_keyrings() -> i32 {
         }
     }
     // The persistent keyring exists only once asked for; -1: our uid.
-    let persistent = keyctl(KEYCTL_GET_PERSISTENT, -1, KEY_SPEC_USER_KEYRING);
+    // Linked into the thread keyring, so this process possesses it (its
+    // owner alone may not clear it: it may hold no write permission).
+    let persistent = keyctl(KEYCTL_GET_PERSISTENT, -1, KEY_SPEC_THREAD_KEYRING);
     if persistent >= 0 && keyctl(KEYCTL_CLEAR, persistent, 0) < 0 {
         failed += 1;
     }
@@ -507,6 +568,33 @@ mod tests {
         assert_eq!(env["XDG_CONFIG_HOME"], "/st/home/.config");
         assert_eq!(env["TMPDIR"], "/st/home/tmp");
         assert!(!env.contains_key("XDG_RUNTIME_DIR"));
+    }
+
+    #[test]
+    fn mountinfo_escapes_are_undone() {
+        assert_eq!(unescape_mount("/tmp/a\\040b"), "/tmp/a b");
+        assert_eq!(unescape_mount("/tmp/x\\134y"), "/tmp/x\\y");
+        assert_eq!(unescape_mount("/tmp/plain"), "/tmp/plain");
+    }
+
+    #[test]
+    fn empty_dir_removes_everything_or_only_the_owners() {
+        use std::os::unix::fs::MetadataExt;
+        let t = tempfile::tempdir().unwrap();
+        let d = t.path().join("tmp");
+        std::fs::create_dir_all(d.join("dir/sub")).unwrap();
+        std::fs::write(d.join("file"), "x").unwrap();
+        std::os::unix::fs::symlink(t.path(), d.join("link")).unwrap();
+        std::fs::write(t.path().join("outside"), "keep").unwrap();
+        let me = std::fs::metadata(&d).unwrap().uid();
+        empty_dir(&d, Some(me + 1)).unwrap();
+        assert_eq!(std::fs::read_dir(&d).unwrap().count(), 3);
+        empty_dir(&d, None).unwrap();
+        assert_eq!(std::fs::read_dir(&d).unwrap().count(), 0);
+        assert_eq!(
+            std::fs::read_to_string(t.path().join("outside")).unwrap(),
+            "keep"
+        );
     }
 
     #[test]

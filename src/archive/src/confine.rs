@@ -233,3 +233,32 @@ pub fn list(dir: BorrowedFd<'_>) -> io::Result<Vec<std::ffi::OsString>> {
     out.sort_by(|a, b| a.as_bytes().cmp(b.as_bytes()));
     Ok(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Clear and Release remove a tenant's tree: FIFOs, sockets and links
+    /// in it are unlinked, never opened (a FIFO would block), never
+    /// followed.
+    #[test]
+    fn remove_at_never_opens_a_fifo_nor_follows_a_link() {
+        let t = tempfile::tempdir().unwrap();
+        let tree = t.path().join("tree");
+        std::fs::create_dir_all(tree.join("a/b")).unwrap();
+        nix::unistd::mkfifo(&tree.join("a/fifo"), nix::sys::stat::Mode::S_IRWXU).unwrap();
+        nix::unistd::mkfifo(&tree.join("a/b/fifo"), nix::sys::stat::Mode::S_IRWXU).unwrap();
+        let _sock = std::os::unix::net::UnixListener::bind(tree.join("a/sock")).unwrap();
+        let outside = t.path().join("outside");
+        std::fs::create_dir(&outside).unwrap();
+        std::fs::write(outside.join("keep"), "keep").unwrap();
+        std::os::unix::fs::symlink(&outside, tree.join("a/b/link")).unwrap();
+        let dir = std::fs::File::open(t.path()).unwrap();
+        remove_at(dir.as_fd(), OsStr::new("tree"), &tree).unwrap();
+        assert!(!tree.exists());
+        assert_eq!(
+            std::fs::read_to_string(outside.join("keep")).unwrap(),
+            "keep"
+        );
+    }
+}

@@ -329,6 +329,8 @@ fn pack_file<W: Write>(
 
 /// Opens a regular file without following a symlink, with its stat; `None`
 /// if it is gone or no longer a regular file (then reported as changed).
+/// `O_NONBLOCK`: a file swapped for a FIFO after the walk's stat (a tenant
+/// writes the tree) never blocks the open; `fstat` then refuses it.
 fn open_file(
     dir: BorrowedFd<'_>,
     name: &OsStr,
@@ -338,7 +340,7 @@ fn open_file(
     let fd = match rustix::fs::openat(
         dir,
         name,
-        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NONBLOCK | OFlags::NOCTTY,
         Mode::empty(),
     ) {
         Ok(fd) => fd,

@@ -39,6 +39,9 @@ pub struct ExecConfig {
     pub log_max_bytes: u64,
     /// Largest part of a log one Logs answer carries.
     pub log_read_bytes: u32,
+    /// Largest `packages.txt` the agent reads (it is read as root, from a
+    /// tree the tenant writes: a regular file only, and this much at most).
+    pub max_packages_bytes: u64,
     /// Executions a lease may hold (uploaded, running or finished).
     pub max_executions: usize,
     /// Executions that run at once; more wait as QUEUED.
@@ -67,6 +70,7 @@ impl Default for ExecConfig {
             stop_grace_ms: 2_000,
             log_max_bytes: 16 << 20,
             log_read_bytes: 1 << 20,
+            max_packages_bytes: 64 << 10,
             max_executions: 32,
             max_running: 4,
             mcp_listen: "tcp://127.0.0.1:0".into(),
@@ -132,6 +136,7 @@ impl ExecConfig {
         for (k, v) in [
             ("timeout_ms", self.timeout_ms),
             ("log_read_bytes", self.log_read_bytes.into()),
+            ("max_packages_bytes", self.max_packages_bytes),
             ("max_executions", self.max_executions as u64),
             ("max_running", self.max_running as u64),
         ] {

@@ -35,6 +35,10 @@ pub enum ExecError {
         "execution {name:?} is {state}; cancel it or wait for it to end before starting it again"
     )]
     Active { name: String, state: &'static str },
+    #[error(
+        "execution {name:?}: its work directory was replaced by {what}; only a directory is exported or run"
+    )]
+    WorkReplaced { name: String, what: &'static str },
     #[error(transparent)]
     Log(#[from] ReadError),
     #[error("{context}: {source}")]

@@ -15,8 +15,10 @@
 
 use std::fs::File;
 use std::io::{self, Write};
+use std::os::fd::BorrowedFd;
 use std::os::unix::fs::FileExt;
-use std::path::Path;
+
+use rustix::fs::{AtFlags, Mode, OFlags};
 use std::sync::Mutex;
 
 use tokio::sync::watch;
@@ -59,14 +61,24 @@ pub struct PastEnd {
 }
 
 impl ExecLog {
-    /// Creates (truncates) the log file at `path`.
-    pub fn create(path: &Path, max_bytes: u64) -> io::Result<ExecLog> {
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(true)
-            .read(true)
-            .write(true)
-            .open(path)?;
+    /// Creates the log file `name` in the directory `dir` (a handle: the
+    /// execution directory, the agent's own), removing an old one first.
+    /// Never through a symlink, never an existing file: whatever is at
+    /// `name` is unlinked (not followed), then the log is made with
+    /// `O_CREAT | O_EXCL | O_NOFOLLOW`, so a link planted in between fails
+    /// the create instead of being written through.
+    pub fn create(dir: BorrowedFd<'_>, name: &str, max_bytes: u64) -> io::Result<ExecLog> {
+        match rustix::fs::unlinkat(dir, name, AtFlags::empty()) {
+            Ok(()) | Err(rustix::io::Errno::NOENT) => {}
+            Err(e) => return Err(e.into()),
+        }
+        let fd = rustix::fs::openat(
+            dir,
+            name,
+            OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::RDWR | OFlags::CLOEXEC,
+            Mode::from_raw_mode(0o644),
+        )?;
+        let file = File::from(fd);
         Ok(ExecLog {
             file: Mutex::new(file),
             max_bytes: max_bytes.max(MARKER_ROOM * 2),
@@ -221,8 +233,34 @@ mod tests {
 
     fn log(max: u64) -> (tempfile::TempDir, ExecLog) {
         let d = tempfile::tempdir().unwrap();
-        let l = ExecLog::create(&d.path().join("log"), max).unwrap();
+        let dir = File::open(d.path()).unwrap();
+        let l = ExecLog::create(std::os::fd::AsFd::as_fd(&dir), "log", max).unwrap();
         (d, l)
+    }
+
+    #[test]
+    fn create_never_writes_through_a_planted_link() {
+        use std::os::fd::AsFd;
+        let d = tempfile::tempdir().unwrap();
+        let outside = d.path().join("outside");
+        std::fs::write(&outside, "keep").unwrap();
+        std::os::unix::fs::symlink(&outside, d.path().join("output.log")).unwrap();
+        let dir = File::open(d.path()).unwrap();
+        let l = ExecLog::create(dir.as_fd(), "output.log", 4096).unwrap();
+        l.note("hello");
+        assert_eq!(std::fs::read_to_string(&outside).unwrap(), "keep");
+        let m = std::fs::symlink_metadata(d.path().join("output.log")).unwrap();
+        assert!(m.is_file());
+        assert_eq!(
+            std::fs::read_to_string(d.path().join("output.log")).unwrap(),
+            "hello\n"
+        );
+        // A hard link to an outside file is unlinked, never truncated.
+        drop(l);
+        std::fs::remove_file(d.path().join("output.log")).unwrap();
+        std::fs::hard_link(&outside, d.path().join("output.log")).unwrap();
+        let _l = ExecLog::create(dir.as_fd(), "output.log", 4096).unwrap();
+        assert_eq!(std::fs::read_to_string(&outside).unwrap(), "keep");
     }
 
     #[test]

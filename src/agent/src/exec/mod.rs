@@ -3,11 +3,19 @@
 //! An execution is a named directory under `exec.root`:
 //!
 //! ```text
-//! <root>/<name>/work/        the uploaded archive; the script's cwd; exported
-//! <root>/<name>/venv/        its Python virtual environment (a copy of
-//!                            the agent's base venv, see [`venv`])
-//! <root>/<name>/output.log   stdout+stderr, capped ([`log::ExecLog`])
+//! <root>/                    the agent's (root), 0755, never the tenant's
+//! <root>/<name>/             the agent's, 0755
+//! <root>/<name>/work/        the tenant's: the uploaded archive; the
+//!                            script's cwd; exported
+//! <root>/<name>/venv/        the tenant's: its Python virtual environment
+//!                            (a copy of the agent's base venv, see [`venv`])
+//! <root>/<name>/output.log   the agent's: stdout+stderr, capped
+//!                            ([`log::ExecLog`])
 //! ```
+//!
+//! Only `work/` and `venv/` are the tenant's: the agent (root) never opens
+//! a path below them but by handles, without following a symlink
+//! ([`crate::tenant_file`], [`Executions::export`], [`venv::clone_base`]).
 //!
 //! - [`upload`]: [`Executions::begin_upload`], `extract`, `commit_upload`
 //!   put an archive in a fresh directory and swap it in for the name
@@ -35,8 +43,10 @@ pub use error::{ExecError, check_name};
 pub use upload::{Extracted, Replaced, Upload};
 
 use std::collections::BTreeMap;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
+
+use rustix::fs::{AtFlags, Mode, OFlags};
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::Semaphore;
@@ -45,6 +55,7 @@ use tokio_util::sync::CancellationToken;
 use crate::supervisor::{Supervisor, now_ms};
 use crate::workspace::pack;
 use log::ExecLog;
+use upload::remove_tree;
 
 /// The script every archive must hold at its top level.
 pub const MAIN_SCRIPT: &str = "main.py";
@@ -52,6 +63,8 @@ pub const MAIN_SCRIPT: &str = "main.py";
 pub const REQUIREMENTS: &str = "requirements.txt";
 /// Debian packages, one per line, installed with apt-get.
 pub const PACKAGES: &str = "packages.txt";
+/// The log in the execution directory.
+const LOG: &str = "output.log";
 pub use sandbox_client::limits::MAX_EXECUTION_NAME_LEN as MAX_NAME_LEN;
 
 /// Where an execution is.
@@ -130,9 +143,53 @@ pub(crate) struct Execution {
     running: tokio::sync::Mutex<Option<Running>>,
 }
 
+/// Flags opening a directory by handle, never through a symlink.
+const DIR_FLAGS: OFlags = OFlags::DIRECTORY
+    .union(OFlags::RDONLY)
+    .union(OFlags::CLOEXEC)
+    .union(OFlags::NOFOLLOW);
+
+/// The script's directory in an execution directory (the tenant's).
+const WORK: &str = "work";
+
 impl Execution {
     fn work(&self) -> PathBuf {
-        self.dir.join("work")
+        self.dir.join(WORK)
+    }
+
+    /// The execution directory (the agent's), by handle.
+    fn open_dir(&self) -> Result<OwnedFd, ExecError> {
+        rustix::fs::open(&self.dir, DIR_FLAGS, Mode::empty()).map_err(|e| ExecError::Io {
+            context: format!("opening {}", self.dir.display()),
+            source: e.into(),
+        })
+    }
+
+    /// `work/` (the tenant's), by handle relative to the execution
+    /// directory's: a `work` the script replaced with a symlink or
+    /// anything but a directory is refused.
+    fn open_work(&self) -> Result<OwnedFd, ExecError> {
+        let dir = self.open_dir()?;
+        match rustix::fs::openat(&dir, WORK, DIR_FLAGS, Mode::empty()) {
+            Ok(fd) => Ok(fd),
+            Err(rustix::io::Errno::LOOP | rustix::io::Errno::NOTDIR | rustix::io::Errno::NOENT) => {
+                let what = rustix::fs::statat(&dir, WORK, AtFlags::SYMLINK_NOFOLLOW)
+                    .map(|st| {
+                        crate::tenant_file::describe(rustix::fs::FileType::from_raw_mode(
+                            st.st_mode,
+                        ))
+                    })
+                    .unwrap_or("missing");
+                Err(ExecError::WorkReplaced {
+                    name: self.name.clone(),
+                    what,
+                })
+            }
+            Err(e) => Err(ExecError::Io {
+                context: format!("opening {}", self.work().display()),
+                source: e.into(),
+            }),
+        }
     }
 
     fn set(&self, f: impl FnOnce(&mut Progress)) {
@@ -188,6 +245,18 @@ struct Inner {
     /// generation is discarded.
     generation: u64,
     execs: BTreeMap<String, Arc<Execution>>,
+    /// Names whose upload is being put in place.
+    committing: std::collections::HashSet<String>,
+}
+
+/// What [`Executions::close`] did.
+#[derive(Debug, Default)]
+pub struct Closed {
+    /// Executions that were running and were killed.
+    pub killed: usize,
+    /// Clean-ups that failed, each with its cause: the sandbox must not go
+    /// back to the pool as if clean.
+    pub failed: Vec<String>,
 }
 
 /// The executions of the current lease.
@@ -204,18 +273,77 @@ pub struct Executions {
 }
 
 /// The interpreter, uv and base venv, found and made once per agent (at
-/// its first upload, in the background) for every run.
+/// its first upload, in the background) for every run; made again after a
+/// Release found the base venv changed ([`Prep::verify`]).
 pub(crate) struct Prep {
-    cell: tokio::sync::OnceCell<venv::Prepared>,
+    cell: tokio::sync::Mutex<Option<venv::Prepared>>,
     /// Where the base venv is made: the agent's, never the tenant's.
     base: PathBuf,
 }
 
 impl Prep {
-    async fn get(&self, cfg: &ExecConfig, sup: &Supervisor) -> &venv::Prepared {
-        self.cell
-            .get_or_init(|| venv::prepare(cfg, sup, &self.base))
+    async fn get(&self, cfg: &ExecConfig, sup: &Supervisor) -> venv::Prepared {
+        let mut cell = self.cell.lock().await;
+        if let Some(p) = cell.as_ref() {
+            return p.clone();
+        }
+        let p = venv::prepare(cfg, sup, &self.base).await;
+        *cell = Some(p.clone());
+        p
+    }
+
+    fn initialized(&self) -> bool {
+        self.cell.try_lock().map(|c| c.is_some()).unwrap_or(true)
+    }
+
+    /// Checks the base venv against its fingerprint taken when it was
+    /// made (every entry's path, type, mode, owner, size, link target and
+    /// content). On any difference it is removed and made again at its
+    /// next use; the warning names what changed. `Err`: it changed and
+    /// could not be removed.
+    /// One being made right now (no run has copied it yet) is left to
+    /// the next Release: a Release never waits for uv.
+    async fn verify(&self) -> Result<(), String> {
+        let Ok(mut cell) = self.cell.try_lock() else {
+            return Ok(());
+        };
+        let Some(p) = cell.as_ref() else {
+            return Ok(());
+        };
+        let (Some(base), Some(made)) = (p.base.clone(), p.fingerprint.clone()) else {
+            return Ok(());
+        };
+        let b = base.clone();
+        let now = tokio::task::spawn_blocking(move || venv::fingerprint(&b))
             .await
+            .map_err(std::io::Error::other)
+            .and_then(|r| r);
+        let diff = match &now {
+            Ok(now) => venv::differences(&made, now),
+            Err(e) => vec![format!("cannot be read: {e}")],
+        };
+        if diff.is_empty() {
+            return Ok(());
+        }
+        let shown = diff.iter().take(20).cloned().collect::<Vec<_>>().join("; ");
+        tracing::warn!(
+            base = %base.display(),
+            changes = diff.len(),
+            changed = %shown,
+            "the executions' base venv changed since it was made; removing it (made again at its next use)"
+        );
+        *cell = None;
+        let b = base.clone();
+        tokio::task::spawn_blocking(move || remove_tree(b.parent().unwrap_or(Path::new("/")), &b))
+            .await
+            .map_err(std::io::Error::other)
+            .and_then(|r| r)
+            .map_err(|e| {
+                format!(
+                    "the executions' base venv {} changed ({shown}) and cannot be removed: {e}",
+                    base.display()
+                )
+            })
     }
 }
 
@@ -238,7 +366,7 @@ impl Executions {
             inner: Mutex::new(Inner::default()),
             slots,
             prep: Arc::new(Prep {
-                cell: tokio::sync::OnceCell::new(),
+                cell: tokio::sync::Mutex::new(None),
                 base: base_venv,
             }),
         })
@@ -248,7 +376,7 @@ impl Executions {
     /// run waits for it): at the agent's first upload, so neither an idle
     /// agent nor a lease that runs no script pays for it.
     pub(crate) fn prepare_soon(&self) {
-        if self.prep.cell.initialized() {
+        if self.prep.initialized() {
             return;
         }
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
@@ -302,9 +430,10 @@ impl Executions {
     }
 
     /// Kills every execution (whole process trees, in parallel) and removes
-    /// every execution directory; no execution is admitted until the next
-    /// [`Executions::open`]. Returns how many were running.
-    pub async fn close(&self) -> usize {
+    /// every execution directory (by handles, never following a symlink);
+    /// no execution is admitted until the next [`Executions::open`].
+    /// Returns how many were running and what could not be cleaned.
+    pub async fn close(&self) -> Closed {
         let execs: Vec<Arc<Execution>> = {
             self.token.revoke();
             let mut i = self.inner();
@@ -314,19 +443,49 @@ impl Executions {
         };
         let stopped = futures_util::future::join_all(execs.iter().map(|e| e.stop())).await;
         let killed = stopped.into_iter().filter(|k| *k).count();
+        let mut failed = Vec::new();
         let root = self.cfg.root.clone();
         let removed = tokio::task::spawn_blocking(move || clear_dir(&root)).await;
         match removed {
             Ok(Ok(())) => {}
             Ok(Err(e)) => {
-                tracing::warn!(root = %self.cfg.root.display(), error = %e, "removing execution directories")
+                tracing::warn!(root = %self.cfg.root.display(), error = %e, "removing execution directories");
+                failed.push(format!(
+                    "removing the execution directories in {}: {e}",
+                    self.cfg.root.display()
+                ));
             }
-            Err(e) => tracing::warn!(error = %e, "the task removing execution directories failed"),
+            Err(e) => {
+                tracing::warn!(error = %e, "the task removing execution directories failed");
+                failed.push(format!(
+                    "the task removing execution directories failed: {e}"
+                ));
+            }
+        }
+        if let Err(e) = self.prep.verify().await {
+            tracing::error!(error = %e, "the executions' base venv");
+            failed.push(e);
         }
         if killed > 0 {
             tracing::info!(killed, "running executions killed");
         }
-        killed
+        Closed { killed, failed }
+    }
+
+    /// `exec.root`, made if missing, by handle: it must be the agent's
+    /// (owned by its uid) and is made writable by it alone (0755): the
+    /// tenant never creates or renames anything in it.
+    fn open_root(&self) -> Result<OwnedFd, ExecError> {
+        let root = &self.cfg.root;
+        let err = |what: &str, e: std::io::Error| ExecError::Io {
+            context: format!("{what} exec.root {}", root.display()),
+            source: e,
+        };
+        std::fs::create_dir_all(root).map_err(|e| err("creating", e))?;
+        let fd = rustix::fs::open(root, DIR_FLAGS, Mode::empty())
+            .map_err(|e| err("opening", e.into()))?;
+        check_agent_dir(&fd).map_err(|e| err("checking", e))?;
+        Ok(fd)
     }
 
     /// Checks `lease_id` (empty: the current lease) and returns the
@@ -384,9 +543,10 @@ impl Executions {
                 state: state.klavis(),
             });
         }
-        let log_path = exec.dir.join("output.log");
+        let log_path = exec.dir.join(LOG);
+        let dir = exec.open_dir()?;
         let log = Arc::new(
-            ExecLog::create(&log_path, self.cfg.log_max_bytes)
+            ExecLog::create(dir.as_fd(), LOG, self.cfg.log_max_bytes)
                 .map_err(io_err(format!("creating {}", log_path.display())))?,
         );
         *exec.log.lock().unwrap_or_else(|p| p.into_inner()) = Some(log.clone());
@@ -467,9 +627,7 @@ impl Executions {
         cancelled: Option<&std::sync::atomic::AtomicBool>,
     ) -> Result<(W, pack::PackStats), ExecError> {
         let e = self.get(lease_id, name)?;
-        let work = e.work();
-        let dir =
-            std::fs::File::open(&work).map_err(io_err(format!("opening {}", work.display())))?;
+        let dir = e.open_work()?;
         let opts = pack::PackOptions {
             cancelled,
             ..Default::default()
@@ -478,27 +636,39 @@ impl Executions {
     }
 }
 
-/// Removes everything inside `dir` (which may not exist).
-fn clear_dir(dir: &Path) -> std::io::Result<()> {
-    let entries = match std::fs::read_dir(dir) {
-        Ok(e) => e,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(e),
-    };
-    for e in entries {
-        let p = e?.path();
-        let r = if p.is_dir() && !p.is_symlink() {
-            std::fs::remove_dir_all(&p)
-        } else {
-            std::fs::remove_file(&p)
-        };
-        if let Err(e) = r
-            && e.kind() != std::io::ErrorKind::NotFound
-        {
-            return Err(e);
-        }
+/// Checks that the directory `fd` is the agent's (its owner is the agent's
+/// uid) and makes it writable by its owner only.
+fn check_agent_dir(fd: &OwnedFd) -> std::io::Result<()> {
+    let st = rustix::fs::fstat(fd)?;
+    let me = rustix::process::geteuid().as_raw();
+    if st.st_uid != me {
+        return Err(std::io::Error::other(format!(
+            "it belongs to uid {}, not the agent's ({me}); the tenant must never own it",
+            st.st_uid
+        )));
+    }
+    if st.st_mode & 0o7777 != 0o755 {
+        rustix::fs::fchmod(fd, Mode::from_raw_mode(0o755))?;
     }
     Ok(())
+}
+
+/// Removes everything inside `dir` (which may not exist) by handles, never
+/// following a symlink.
+fn clear_dir(dir: &Path) -> std::io::Result<()> {
+    let fd = match rustix::fs::open(dir, DIR_FLAGS, Mode::empty()) {
+        Ok(fd) => fd,
+        Err(rustix::io::Errno::NOENT) => return Ok(()),
+        Err(e) => return Err(e.into()),
+    };
+    check_agent_dir(&fd)?;
+    let mut first = None;
+    for name in sandbox_archive::confine::list(fd.as_fd())? {
+        if let Err(e) = sandbox_archive::confine::remove_at(fd.as_fd(), &name, &dir.join(&name)) {
+            first.get_or_insert(std::io::Error::other(e.to_string()));
+        }
+    }
+    first.map_or(Ok(()), Err)
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@
 //! whole tree.
 
 use std::collections::BTreeMap;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -145,8 +145,11 @@ async fn steps(
         p.message = String::new();
     });
 
-    // packages.txt
-    let packages = packages::read_list(&s.work.join(PACKAGES)).map_err(Halt::Failed)?;
+    // packages.txt: read as the agent, by handle, a regular file only.
+    let work = exec.open_work().map_err(|e| Halt::Failed(e.to_string()))?;
+    let packages =
+        packages::read_list(work.as_fd(), ctx.cfg.max_packages_bytes).map_err(Halt::Failed)?;
+    drop(work);
     if !packages.is_empty() {
         exec.set(|p| p.message = format!("installing {PACKAGES}"));
         packages::install(&s, &packages).await?;
@@ -176,7 +179,17 @@ impl Steps<'_> {
         let prep = self.ctx.prep.get(cfg, &self.ctx.sup).await;
         let uv = prep.uv.as_deref();
         let requirements = self.work.join(REQUIREMENTS);
-        let has_requirements = std::fs::metadata(&requirements).is_ok_and(|m| m.len() > 0);
+        // Installed by the tenant (it may read any file it can); the agent
+        // only asks whether there is one, by handle, a regular file only.
+        let work = self
+            .exec
+            .open_work()
+            .map_err(|e| Halt::Failed(e.to_string()))?;
+        let has_requirements =
+            crate::tenant_file::regular_size(work.as_fd(), Path::new(REQUIREMENTS))
+                .map_err(|e| Halt::Failed(e.to_string()))?
+                .is_some_and(|n| n > 0);
+        drop(work);
         match &prep.base {
             Some(base) => {
                 let (base, dir) = (base.clone(), self.exec.dir.clone());
@@ -191,6 +204,18 @@ impl Steps<'_> {
                     })?;
             }
             None => {
+                // The execution directory is the agent's: the venv's own
+                // directory is made here, empty, and given to the tenant.
+                let dir = self.exec.dir.clone();
+                let owner = self.ctx.sup.tenant().uid().zip(self.ctx.sup.tenant().gid());
+                let name = venv.file_name().unwrap_or_default().to_owned();
+                tokio::task::spawn_blocking(move || venv::empty_dir(&dir, &name, owner))
+                    .await
+                    .map_err(std::io::Error::other)
+                    .and_then(|r| r)
+                    .map_err(|e| {
+                        Halt::Failed(format!("creating the Python environment failed: {e}"))
+                    })?;
                 let (cmd, args) = venv_command(&prep.python, uv, venv, has_requirements);
                 self.must("venv", cmd, args, "creating the Python environment")
                     .await?;
@@ -217,8 +242,8 @@ impl Steps<'_> {
     }
 }
 
-/// The command making the venv: `uv venv`, else `python -m venv` (without
-/// pip when nothing is to be installed).
+/// The command making the venv in its (empty) directory: `uv venv`, else
+/// `python -m venv` (without pip when nothing is to be installed).
 fn venv_command(
     python: &str,
     uv: Option<&str>,
@@ -229,7 +254,7 @@ fn venv_command(
     match uv {
         Some(uv) => (
             uv.to_owned(),
-            strings(&["venv", "--quiet", "--clear", "--python", python, &venv_s]),
+            strings(&["venv", "--quiet", "--python", python, &venv_s]),
         ),
         None => {
             let mut a = strings(&["-m", "venv", "--clear"]);

@@ -4,9 +4,11 @@
 //! A failed or abandoned upload removes its staging directory.
 
 use std::io::Read;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
+
+use rustix::fs::Mode;
 
 use super::error::io_err;
 use super::{ExecError, ExecState, Execution, Executions, MAIN_SCRIPT, Progress, check_name};
@@ -15,6 +17,7 @@ use crate::workspace::{Compression, extract};
 
 /// An upload in progress: its staging directory, removed unless committed.
 pub struct Upload {
+    root: PathBuf,
     name: String,
     generation: u64,
     stage: PathBuf,
@@ -24,7 +27,7 @@ pub struct Upload {
 impl Drop for Upload {
     fn drop(&mut self) {
         if !self.committed {
-            let _ = std::fs::remove_dir_all(&self.stage);
+            let _ = remove_tree(&self.root, &self.stage);
         }
     }
 }
@@ -59,22 +62,41 @@ impl Executions {
             i.generation
         };
         self.prepare_soon();
-        std::fs::create_dir_all(&self.cfg.root).map_err(io_err(format!(
-            "creating exec.root {}",
-            self.cfg.root.display()
-        )))?;
+        let root = self.open_root()?;
         let rnd = sandbox_client::random::hex_token(8)
             .map_err(io_err("naming the upload's staging directory"))?;
-        let stage = self.cfg.root.join(format!(".upload-{name}-{rnd}"));
-        std::fs::create_dir_all(stage.join("work"))
-            .map_err(io_err(format!("creating {}", stage.display())))?;
-        // The run makes its venv here and works in work/: the tenant's.
-        let tenant = self.sup.tenant();
-        tenant
-            .own(&stage)
-            .and_then(|()| tenant.own(&stage.join("work")))
-            .map_err(io_err(format!("giving {} to the tenant", stage.display())))?;
+        let stage_name = format!(".upload-{name}-{rnd}");
+        let stage = self.cfg.root.join(&stage_name);
+        // The execution directory stays the agent's (0755): only work/
+        // (and the run's venv/) are the tenant's, so nothing a script does
+        // puts a link where the agent creates its log.
+        let made = (|| -> rustix::io::Result<()> {
+            rustix::fs::mkdirat(&root, stage_name.as_str(), Mode::from_raw_mode(0o755))?;
+            let sfd =
+                rustix::fs::openat(&root, stage_name.as_str(), super::DIR_FLAGS, Mode::empty())?;
+            rustix::fs::fchmod(&sfd, Mode::from_raw_mode(0o755))?;
+            rustix::fs::mkdirat(&sfd, super::WORK, Mode::from_raw_mode(0o755))?;
+            let wfd = rustix::fs::openat(&sfd, super::WORK, super::DIR_FLAGS, Mode::empty())?;
+            rustix::fs::fchmod(&wfd, Mode::from_raw_mode(0o755))?;
+            let tenant = self.sup.tenant();
+            if let (Some(u), Some(g)) = (tenant.uid(), tenant.gid()) {
+                rustix::fs::fchown(
+                    &wfd,
+                    Some(rustix::fs::Uid::from_raw(u)),
+                    Some(rustix::fs::Gid::from_raw(g)),
+                )?;
+            }
+            Ok(())
+        })();
+        if let Err(e) = made {
+            let _ = remove_tree(&self.cfg.root, &stage);
+            return Err(ExecError::Io {
+                context: format!("creating {}", stage.display()),
+                source: e.into(),
+            });
+        }
         Ok(Upload {
+            root: self.cfg.root.clone(),
             name: name.to_owned(),
             generation,
             stage,
@@ -111,14 +133,26 @@ impl Executions {
     }
 
     /// Puts an extracted upload in place of any execution of its name,
-    /// killing that one first if it runs.
+    /// killing that one first if it runs. A second upload of a name whose
+    /// upload is being committed is refused (`Active`): two concurrent
+    /// Executes of one name would race.
     pub async fn commit_upload(&self, mut up: Upload) -> Result<Replaced, ExecError> {
         let old = {
-            let i = self.inner();
+            let mut i = self.inner();
             if i.generation != up.generation || i.lease.is_none() {
                 return Err(ExecError::Released);
             }
+            if !i.committing.insert(up.name.clone()) {
+                return Err(ExecError::Active {
+                    name: up.name.clone(),
+                    state: "being replaced by another upload",
+                });
+            }
             i.execs.get(&up.name).cloned()
+        };
+        let _committing = Committing {
+            execs: self,
+            name: up.name.clone(),
         };
         let mut out = Replaced::default();
         if let Some(old) = &old {
@@ -126,15 +160,24 @@ impl Executions {
             out.killed_running = old.stop().await;
         }
         let dir = self.cfg.root.join(&up.name);
-        let stage = up.stage.clone();
-        let target = dir.clone();
+        let (stage, root) = (up.stage.clone(), self.cfg.root.clone());
+        let name = up.name.clone();
+        // The old directory moves aside first (one rename), so nothing
+        // still writing into its work/ makes the swap fail; then it goes.
         tokio::task::spawn_blocking(move || -> std::io::Result<()> {
-            match std::fs::remove_dir_all(&target) {
+            let rnd = sandbox_client::random::hex_token(8)?;
+            let old = root.join(format!(".old-{name}-{rnd}"));
+            let target = root.join(&name);
+            match std::fs::rename(&target, &old) {
                 Ok(()) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
                 Err(e) => return Err(e),
             }
-            std::fs::rename(&stage, &target)
+            std::fs::rename(&stage, &target)?;
+            if let Err(e) = remove_tree(&root, &old) {
+                tracing::warn!(path = %old.display(), error = %e, "removing a replaced execution directory");
+            }
+            Ok(())
         })
         .await
         .map_err(|e| ExecError::Io {
@@ -161,10 +204,38 @@ impl Executions {
         let mut i = self.inner();
         if i.generation != up.generation {
             // Released meanwhile: close() may have missed the directory.
-            let _ = std::fs::remove_dir_all(&exec.dir);
+            let _ = remove_tree(&self.cfg.root, &exec.dir);
             return Err(ExecError::Released);
         }
         i.execs.insert(up.name.clone(), exec);
         Ok(out)
     }
+}
+
+/// Marks a name's commit as in progress while it lives.
+struct Committing<'a> {
+    execs: &'a Executions,
+    name: String,
+}
+
+impl Drop for Committing<'_> {
+    fn drop(&mut self) {
+        self.execs.inner().committing.remove(&self.name);
+    }
+}
+
+/// Removes `path` (an entry of exec.root, `root`) by handles, never
+/// following a symlink.
+pub(super) fn remove_tree(root: &std::path::Path, path: &std::path::Path) -> std::io::Result<()> {
+    let Some(name) = path.file_name() else {
+        return Ok(());
+    };
+    let fd: OwnedFd = rustix::fs::open(root, super::DIR_FLAGS, Mode::empty())?;
+    match rustix::fs::statat(&fd, name, rustix::fs::AtFlags::SYMLINK_NOFOLLOW) {
+        Err(rustix::io::Errno::NOENT) => return Ok(()),
+        Err(e) => return Err(e.into()),
+        Ok(_) => {}
+    }
+    sandbox_archive::confine::remove_at(fd.as_fd(), name, path)
+        .map_err(|e| std::io::Error::other(e.to_string()))
 }

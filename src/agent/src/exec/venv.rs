@@ -35,7 +35,7 @@ const MAX_DEPTH: usize = 8;
 
 /// What runs share, found once.
 #[derive(Debug, Clone)]
-pub(super) struct Prepared {
+pub(crate) struct Prepared {
     /// The interpreter itself (`sys.executable`), or `exec.python` when it
     /// could not be asked (each run's venv step then says why).
     pub python: String,
@@ -44,7 +44,13 @@ pub(super) struct Prepared {
     /// The base venv each run copies; `None` without uv (each run makes
     /// its venv with `python -m venv`) or when making it failed.
     pub base: Option<PathBuf>,
+    /// The base venv as made ([`fingerprint`]), checked at every Release.
+    pub fingerprint: Option<Fingerprint>,
 }
+
+/// Every entry of a tree by relative path: its type, mode, owner, size,
+/// symlink target and (files) the sha256 of its content.
+pub(crate) type Fingerprint = BTreeMap<PathBuf, String>;
 
 /// Finds the interpreter and uv and makes the base venv at `base`, as the
 /// agent. Never fails: what could not be prepared is left to each run.
@@ -71,6 +77,7 @@ pub(super) async fn prepare(cfg: &ExecConfig, sup: &Supervisor, base: &Path) -> 
         }
     };
     let mut made = None;
+    let mut fingerprint_made = None;
     if let Some(uv) = &uv {
         let b = base.display().to_string();
         if let Some(parent) = base.parent()
@@ -91,7 +98,25 @@ pub(super) async fn prepare(cfg: &ExecConfig, sup: &Supervisor, base: &Path) -> 
             &b,
         ];
         match run_job(sup, uv, &args, &env).await {
-            Ok(_) => made = Some(base.to_owned()),
+            Ok(_) => {
+                let b = base.to_owned();
+                let sealed = tokio::task::spawn_blocking(move || {
+                    seal(&b)?;
+                    fingerprint(&b)
+                })
+                .await
+                .map_err(io::Error::other)
+                .and_then(|r| r);
+                match sealed {
+                    Ok(f) => {
+                        made = Some(base.to_owned());
+                        fingerprint_made = Some(f);
+                    }
+                    Err(e) => {
+                        tracing::warn!(base = %base.display(), error = %e, "cannot seal the base venv; each run makes its own")
+                    }
+                }
+            }
             Err(e) => {
                 tracing::warn!(%uv, error = %e, "cannot make the base venv; each run makes its own")
             }
@@ -108,7 +133,127 @@ pub(super) async fn prepare(cfg: &ExecConfig, sup: &Supervisor, base: &Path) -> 
         python,
         uv,
         base: made,
+        fingerprint: fingerprint_made,
     }
+}
+
+const DIR_FLAGS: OFlags = OFlags::DIRECTORY
+    .union(OFlags::RDONLY)
+    .union(OFlags::CLOEXEC)
+    .union(OFlags::NOFOLLOW);
+
+/// Visits every entry below the directory `root` (by handles, never
+/// following a symlink, at most [`MAX_DEPTH`] deep): `f(parent, name,
+/// relative path, stat)`.
+fn visit(
+    root: &Path,
+    f: &mut dyn FnMut(BorrowedFd<'_>, &OsStr, &Path, &rustix::fs::Stat) -> io::Result<()>,
+) -> io::Result<()> {
+    let fd = rustix::fs::open(root, DIR_FLAGS, Mode::empty())?;
+    let mut stack = vec![(fd, PathBuf::new(), 0usize)];
+    while let Some((dir, rel, depth)) = stack.pop() {
+        if depth > MAX_DEPTH {
+            return Err(io::Error::other("the base venv is nested too deep"));
+        }
+        for name in sandbox_archive::confine::list(dir.as_fd())? {
+            let st = rustix::fs::statat(&dir, &name, AtFlags::SYMLINK_NOFOLLOW)?;
+            let path = rel.join(&name);
+            f(dir.as_fd(), &name, &path, &st)?;
+            if rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Directory {
+                let sub = rustix::fs::openat(&dir, &name, DIR_FLAGS, Mode::empty())?;
+                stack.push((sub, path, depth + 1));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Makes the base venv the agent's alone: every entry owned by the agent
+/// (root), directories 0755, files 0644 (0755 if executable). No tenant
+/// can change what every run copies.
+pub(super) fn seal(root: &Path) -> io::Result<()> {
+    let me = (rustix::process::geteuid(), rustix::process::getegid());
+    let top = rustix::fs::open(root, DIR_FLAGS, Mode::empty())?;
+    rustix::fs::fchown(&top, Some(me.0), Some(me.1))?;
+    rustix::fs::fchmod(&top, Mode::from_raw_mode(0o755))?;
+    visit(root, &mut |dir, name, _path, st| {
+        use rustix::fs::FileType;
+        rustix::fs::chownat(dir, name, Some(me.0), Some(me.1), AtFlags::SYMLINK_NOFOLLOW)?;
+        let mode = match FileType::from_raw_mode(st.st_mode) {
+            FileType::Directory => 0o755,
+            FileType::RegularFile if st.st_mode & 0o111 != 0 => 0o755,
+            FileType::RegularFile => 0o644,
+            // A symlink's mode means nothing; nothing else belongs here.
+            _ => return Ok(()),
+        };
+        rustix::fs::chmodat(dir, name, Mode::from_raw_mode(mode), AtFlags::empty())?;
+        Ok(())
+    })
+}
+
+/// The base venv's [`Fingerprint`] (the top directory's own entry is "").
+pub(crate) fn fingerprint(root: &Path) -> io::Result<Fingerprint> {
+    use sha2::Digest;
+    let mut out = Fingerprint::new();
+    let top = rustix::fs::open(root, DIR_FLAGS, Mode::empty())?;
+    let st = rustix::fs::fstat(&top)?;
+    out.insert(PathBuf::new(), describe(&st, ""));
+    visit(root, &mut |dir, name, path, st| {
+        use rustix::fs::FileType;
+        let extra = match FileType::from_raw_mode(st.st_mode) {
+            FileType::Symlink => {
+                let t = rustix::fs::readlinkat(dir, name, Vec::new())?;
+                format!("-> {}", String::from_utf8_lossy(t.as_bytes()))
+            }
+            FileType::RegularFile => {
+                let fd = rustix::fs::openat(
+                    dir,
+                    name,
+                    OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOFOLLOW | OFlags::NONBLOCK,
+                    Mode::empty(),
+                )?;
+                let mut f = std::fs::File::from(fd);
+                let mut h = sha2::Sha256::new();
+                let mut buf = vec![0u8; 64 << 10];
+                loop {
+                    let n = io::Read::read(&mut f, &mut buf)?;
+                    if n == 0 {
+                        break;
+                    }
+                    h.update(&buf[..n]);
+                }
+                let sum: String = h.finalize().iter().map(|b| format!("{b:02x}")).collect();
+                format!("sha256 {sum}")
+            }
+            _ => String::new(),
+        };
+        out.insert(path.to_owned(), describe(st, &extra));
+        Ok(())
+    })?;
+    Ok(out)
+}
+
+fn describe(st: &rustix::fs::Stat, extra: &str) -> String {
+    format!(
+        "mode {:o} owner {}:{} size {} {extra}",
+        st.st_mode, st.st_uid, st.st_gid, st.st_size
+    )
+}
+
+/// What differs between two fingerprints, by path (at most a few named).
+pub(crate) fn differences(made: &Fingerprint, now: &Fingerprint) -> Vec<String> {
+    let mut out = Vec::new();
+    for (p, d) in made {
+        match now.get(p) {
+            None => out.push(format!("{} removed", p.display())),
+            Some(n) if n != d => out.push(format!("{} changed ({d} → {n})", p.display())),
+            Some(_) => {}
+        }
+    }
+    for p in now.keys().filter(|p| !made.contains_key(*p)) {
+        out.push(format!("{} added", p.display()));
+    }
+    out
 }
 
 /// The preparing steps' environment: the agent's own PATH and what the
@@ -207,6 +352,30 @@ pub(super) fn clone_base(
     finish(dst.as_fd(), &st, owner)
 }
 
+/// Makes `name` in the directory `parent` (the agent's) an empty directory
+/// owned by `owner`, 0755, removing whatever was there (by handles).
+pub(super) fn empty_dir(parent: &Path, name: &OsStr, owner: Option<(u32, u32)>) -> io::Result<()> {
+    let dir_flags = OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NOFOLLOW;
+    let parent_fd = rustix::fs::open(parent, dir_flags, Mode::empty())?;
+    match rustix::fs::statat(&parent_fd, name, AtFlags::SYMLINK_NOFOLLOW) {
+        Ok(_) => sandbox_archive::confine::remove_at(parent_fd.as_fd(), name, &parent.join(name))
+            .map_err(|e| io::Error::other(e.to_string()))?,
+        Err(rustix::io::Errno::NOENT) => {}
+        Err(e) => return Err(e.into()),
+    }
+    rustix::fs::mkdirat(&parent_fd, name, Mode::from_raw_mode(0o700))?;
+    let fd = rustix::fs::openat(&parent_fd, name, dir_flags, Mode::empty())?;
+    if let Some((u, g)) = owner {
+        rustix::fs::fchown(
+            &fd,
+            Some(rustix::fs::Uid::from_raw(u)),
+            Some(rustix::fs::Gid::from_raw(g)),
+        )?;
+    }
+    rustix::fs::fchmod(&fd, Mode::from_raw_mode(0o755))?;
+    Ok(())
+}
+
 /// A copied entry takes the owner and its original's mode.
 fn finish(fd: BorrowedFd<'_>, st: &rustix::fs::Stat, owner: Option<(u32, u32)>) -> io::Result<()> {
     if let Some((u, g)) = owner {
@@ -281,6 +450,43 @@ fn copy_dir(
 mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn a_sealed_base_is_roots_and_any_change_shows_in_its_fingerprint() {
+        let t = tempfile::tempdir().unwrap();
+        let base = t.path().join("base");
+        std::fs::create_dir_all(base.join("lib/site-packages")).unwrap();
+        std::fs::create_dir_all(base.join("bin")).unwrap();
+        std::fs::write(base.join("pyvenv.cfg"), "home = /usr/bin\n").unwrap();
+        std::fs::write(base.join("bin/tool"), "#!/bin/sh\n").unwrap();
+        std::fs::set_permissions(
+            base.join("bin/tool"),
+            std::fs::Permissions::from_mode(0o777),
+        )
+        .unwrap();
+        std::fs::set_permissions(
+            base.join("lib/site-packages"),
+            std::fs::Permissions::from_mode(0o777),
+        )
+        .unwrap();
+        std::os::unix::fs::symlink("/usr/bin/python3", base.join("bin/python")).unwrap();
+        seal(&base).unwrap();
+        let mode = |p: &Path| std::fs::symlink_metadata(p).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(mode(&base.join("lib/site-packages")), 0o755);
+        assert_eq!(mode(&base.join("bin/tool")), 0o755);
+        assert_eq!(mode(&base.join("pyvenv.cfg")), 0o644);
+        let made = fingerprint(&base).unwrap();
+        assert!(differences(&made, &fingerprint(&base).unwrap()).is_empty());
+        // Planted, changed in place (same size), re-pointed: each named.
+        std::fs::write(base.join("lib/site-packages/zz.pth"), "import os\n").unwrap();
+        std::fs::write(base.join("pyvenv.cfg"), "home = /usr/biN\n").unwrap();
+        std::fs::remove_file(base.join("bin/python")).unwrap();
+        std::os::unix::fs::symlink("/tmp/evil", base.join("bin/python")).unwrap();
+        let d = differences(&made, &fingerprint(&base).unwrap()).join("; ");
+        assert!(d.contains("lib/site-packages/zz.pth added"), "{d}");
+        assert!(d.contains("pyvenv.cfg changed"), "{d}");
+        assert!(d.contains("bin/python changed"), "{d}");
+    }
 
     #[test]
     fn a_clone_has_the_files_links_and_modes_of_the_base() {

@@ -98,6 +98,10 @@ pub enum LcError {
     LeaseEnded(String),
     #[error(transparent)]
     Supervisor(#[from] SupError),
+    /// A clean-up of Release or Reset failed: the sandbox is not clean and
+    /// must not be leased again as it is (its status is `error`).
+    #[error("the sandbox could not be cleaned up; it is in error: {}", .failed.join("; "))]
+    Cleanup { failed: Vec<String> },
     #[error(
         "server {server:?} is not in the lease ({})",
         if lease.is_empty() { "the sandbox is idle".to_owned() } else { lease.join(", ") }

@@ -67,19 +67,35 @@ impl Lifecycle {
             if let Some(op) = self.ws.cancel_transfers() {
                 info!(op, "stopping a workspace transfer for the release");
             }
-            self.exec.close().await;
+            // A clean-up that fails does not stop the others; it fails
+            // the Release at the end (the sandbox is not clean).
+            let mut failed = self.exec.close().await.failed;
             self.sup.stop_all().await;
             self.stop_mail().await;
-            self.end_tenant(true).await;
+            failed.extend(self.end_tenant(true).await);
             // Before the state goes, with the servers stopped: what the
             // lease loaded into the operator's shared accounts. A failure
             // is logged and named; it does not keep the lease.
             let undeleted = self.clean_outside(&outside).await;
             self.wipe(&[], true).await?;
-            Ok::<_, LcError>((self.wipe_state(&touched).await, undeleted))
+            let unwiped = self.wipe_state(&touched).await;
+            if !failed.is_empty() {
+                return Err(LcError::Cleanup { failed });
+            }
+            Ok::<_, LcError>((unwiped, undeleted))
         }
         .instrument(span.clone())
-        .await?;
+        .await
+        .inspect_err(|e| {
+            // The lease stays, in error: the host replaces the sandbox
+            // instead of leasing it again.
+            if let LcError::Cleanup { .. } = e
+                && let Some(c) = self.current().as_mut()
+            {
+                c.broken = Some(e.to_string());
+            }
+            span.in_scope(|| warn!(error = %e, "release failed"));
+        })?;
         // The record first: whoever sees the sandbox idle also sees how
         // its last lease ended.
         *self.last_release.lock().unwrap_or_else(|p| p.into_inner()) = Some(ReleaseRecord {
@@ -145,19 +161,23 @@ impl Lifecycle {
         };
         let span = tracing::info_span!("reset", lease = %lease.id);
         let r = async {
-            // Executions end with the state they ran against; the lease
-            // keeps admitting new ones.
-            self.exec.close().await;
-            self.exec.open(&lease.id, &lease.servers);
+            // Executions end with the state they ran against; none is
+            // admitted again before root has prepared the home and the
+            // seeds (a running script could change their paths meanwhile).
+            let mut failed = self.exec.close().await.failed;
             self.sup.stop_all().await;
-            self.end_tenant(false).await;
+            failed.extend(self.end_tenant(false).await);
             for n in &lease.servers {
                 self.sup.forget(n);
+            }
+            if !failed.is_empty() {
+                return Err(LcError::Cleanup { failed });
             }
             // As after Acquire: nothing of the lease's in the shared
             // accounts (a failure is logged).
             self.clean_outside(&outside).await;
             self.prepare(&lease.servers, lease.benchmark).await?;
+            self.exec.open(&lease.id, &lease.servers);
             // The mailboxes go back to empty, with the same account.
             if let (Some(a), Some(m)) = (&account, &self.mail) {
                 m.start(a).await?;
@@ -323,45 +343,51 @@ impl Lifecycle {
     }
 
     /// Ends every process the tenant still has (whatever it did to leave
-    /// its session or cgroup) and what it left in the shared temporary
-    /// directories; at a Release (`release`) its home goes too (Acquire and
-    /// Reset make a fresh one in `prepare`).
-    pub(super) async fn end_tenant(&self, release: bool) {
+    /// its session or cgroup), empties the shared temporary directories
+    /// and the tenant's keyrings; at a Release (`release`) its home goes
+    /// too (Acquire and Reset make a fresh one in `prepare`). Returns what
+    /// failed, each with its cause (logged too).
+    pub(super) async fn end_tenant(&self, release: bool) -> Vec<String> {
         let tenant = self.sup.tenant().clone();
         let r = tokio::task::spawn_blocking(move || {
-            let killed = tenant.kill_all();
-            tenant.clear_shared_tmp();
+            let mut failed = Vec::new();
+            match tenant.kill_all() {
+                Ok(0) => {}
+                Ok(killed) => info!(killed, "tenant processes left over were killed"),
+                Err(killed) => failed.push(format!(
+                    "tenant processes were still appearing after every kill round ({killed} killed)"
+                )),
+            }
+            failed.extend(tenant.clear_shared_tmp());
             let ipc = crate::tenant::clear_ipc();
             if ipc > 0 {
                 info!(objects = ipc, "IPC objects the tenant left were removed");
             }
-            let home = if release { tenant.clear_home() } else { Ok(()) };
-            (killed, home)
+            if release && let Err(e) = tenant.clear_home() {
+                failed.push(format!("emptying the tenant's home: {e}"));
+            }
+            failed
         })
         .await;
-        self.clear_keyrings().await;
-        match r {
-            Ok((killed, home)) => {
-                if killed > 0 {
-                    info!(killed, "tenant processes left over were killed");
-                }
-                if let Err(e) = home {
-                    warn!(error = %e, "emptying the tenant's home");
-                }
-            }
-            Err(e) => warn!(error = %e, "the task ending tenant processes failed"),
+        let mut failed =
+            r.unwrap_or_else(|e| vec![format!("the task ending tenant processes failed: {e}")]);
+        if let Err(e) = self.clear_keyrings().await {
+            failed.push(e);
         }
+        for f in &failed {
+            warn!(error = %f, "ending the tenant's lease");
+        }
+        failed
     }
 
     /// Empties the tenant's keyrings (the kernel keeps them per uid, past
     /// its processes) by running the agent's own binary as the tenant.
-    async fn clear_keyrings(&self) {
+    async fn clear_keyrings(&self) -> Result<(), String> {
         if self.sup.tenant().uid().is_none() || !crate::init::is_pid1() {
-            return;
+            return Ok(());
         }
-        let Ok(me) = std::env::current_exe() else {
-            return;
-        };
+        let me = std::env::current_exe()
+            .map_err(|e| format!("cannot clear the tenant's keyrings: {e}"))?;
         let spec = crate::supervisor::job::JobSpec {
             group: crate::supervisor::job::JobGroup::Service("keyrings"),
             command: me.display().to_string(),
@@ -371,13 +397,18 @@ impl Lifecycle {
             limits: Default::default(),
             run_as: crate::supervisor::job::RunAs::Tenant,
         };
-        match self.sup.spawn_job(&spec).await {
-            Ok(mut job) => {
-                let stop = tokio_util::sync::CancellationToken::new();
-                let end = job.wait(&stop, Duration::from_secs(1)).await;
-                info!(?end, "the tenant's keyrings were cleared");
+        let mut job = self
+            .sup
+            .spawn_job(&spec)
+            .await
+            .map_err(|e| format!("cannot clear the tenant's keyrings: {e}"))?;
+        let stop = tokio_util::sync::CancellationToken::new();
+        match job.wait(&stop, Duration::from_secs(1)).await {
+            crate::supervisor::job::JobEnd::Exited(crate::supervisor::spawn::Exit::Code(0)) => {
+                info!("the tenant's keyrings were cleared");
+                Ok(())
             }
-            Err(e) => warn!(error = %e, "cannot clear the tenant's keyrings"),
+            end => Err(format!("clearing the tenant's keyrings failed ({end:?})")),
         }
     }
 

@@ -50,9 +50,11 @@ pub(super) fn transfer_status(e: TransferError) -> Status {
 pub(super) fn exec_status(e: ExecError) -> Status {
     let msg = e.to_string();
     match e {
-        ExecError::NotLeased | ExecError::Active { .. } | ExecError::Released => {
+        ExecError::NotLeased | ExecError::Released | ExecError::WorkReplaced { .. } => {
             Status::failed_precondition(msg)
         }
+        // Busy: a retry later may pass (the host's 409).
+        ExecError::Active { .. } => Status::aborted(msg),
         ExecError::OtherLease { .. } | ExecError::Unknown { .. } => Status::not_found(msg),
         ExecError::BadName(_) | ExecError::NoMain => Status::invalid_argument(msg),
         ExecError::TooMany { .. } => Status::resource_exhausted(msg),
@@ -116,6 +118,7 @@ pub(super) fn lc_status(e: LcError) -> Status {
         LcError::Workspace(w) => ws_status(w),
         LcError::Seed { .. }
         | LcError::Wipe { .. }
+        | LcError::Cleanup { .. }
         | LcError::NoRandomness(_)
         | LcError::Task { .. } => Status::internal(message),
     }

@@ -171,3 +171,29 @@ fn a_file_that_shrank_is_padded_to_its_size() {
     assert_eq!(out, b"abc\0\0\0");
     assert!(r.short);
 }
+
+/// A file swapped for a FIFO between the walk's stat and its open (a
+/// tenant writes the workspace): the open never blocks (no writer ever
+/// comes) and the entry is left out as changed; a FIFO the walk sees is
+/// skipped as special.
+#[test]
+fn a_fifo_never_blocks_the_pack() {
+    let src = tempfile::tempdir().expect("tempdir");
+    let s = src.path();
+    nix::unistd::mkfifo(&s.join("fifo"), nix::sys::stat::Mode::S_IRWXU).expect("mkfifo");
+    fs::write(s.join("file"), "x").expect("write");
+    let dir = fs::File::open(s).expect("open");
+    let mut stats = PackStats::default();
+    let got = open_file(
+        dir.as_fd(),
+        std::ffi::OsStr::new("fifo"),
+        Path::new("fifo"),
+        &mut stats,
+    )
+    .expect("open_file");
+    assert!(got.is_none());
+    assert_eq!(stats.changed, ["fifo"]);
+    let (tar, stats) = pack_dir_at(s, &PackOptions::default()).expect("pack");
+    assert_eq!(stats.skipped_special, 1);
+    assert_eq!(names(&tar), ["./", "./file"]);
+}

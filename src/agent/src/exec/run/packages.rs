@@ -3,29 +3,45 @@
 //! the tenant's), unless dpkg says they are installed already.
 
 use std::collections::BTreeMap;
+use std::os::fd::BorrowedFd;
 use std::path::Path;
 
 use super::super::{ExecConfig, PACKAGES};
 use super::{Halt, Steps, strings};
 use crate::supervisor::spawn::Exit;
 
-/// The non-empty, non-comment lines of a list file (absent: none).
-pub(super) fn read_list(path: &Path) -> Result<Vec<String>, String> {
-    let text = match std::fs::read_to_string(path) {
-        Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(format!("reading {}: {e}", path.display())),
+/// The packages `packages.txt` in the execution's `work/` (its handle)
+/// lists: the words of its non-empty, non-comment lines (absent: none).
+/// Read through [`crate::tenant_file`]: a regular file of at most `cap`
+/// bytes (exec.max_packages_bytes), never through a symlink, never a FIFO
+/// or device. Nothing of its content is ever quoted back: a bad line is
+/// named by its number and why.
+pub(super) fn read_list(work: BorrowedFd<'_>, cap: u64) -> Result<Vec<String>, String> {
+    let bytes = match crate::tenant_file::read_capped(
+        work,
+        Path::new(PACKAGES),
+        cap,
+        "exec.max_packages_bytes",
+    ) {
+        Ok(Some(b)) => b,
+        Ok(None) => return Ok(Vec::new()),
+        Err(e) => return Err(e.to_string()),
+    };
+    let Ok(text) = String::from_utf8(bytes) else {
+        return Err(format!("{PACKAGES} is not UTF-8 text"));
     };
     let mut out = Vec::new();
-    for line in text.lines() {
+    for (n, line) in text.lines().enumerate() {
         let l = line.split('#').next().unwrap_or("").trim();
         if l.is_empty() {
             continue;
         }
-        for word in l.split_whitespace() {
+        for (w, word) in l.split_whitespace().enumerate() {
             if !valid_package(word) {
                 return Err(format!(
-                    "{PACKAGES}: {word:?} is not a Debian package name (lowercase letters, digits, + - . ; starting with a letter or digit)"
+                    "{PACKAGES} line {}, word {}: not a Debian package name (lowercase letters, digits, + - . ; starting with a letter or digit)",
+                    n + 1,
+                    w + 1
                 ));
             }
             out.push(word.to_owned());
@@ -157,6 +173,7 @@ fn installed_packages(status: &str) -> std::collections::HashSet<&str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::fd::AsFd;
 
     #[test]
     fn package_names_follow_debian_policy() {
@@ -173,6 +190,26 @@ mod tests {
         ] {
             assert!(!valid_package(bad), "{bad}");
         }
+    }
+
+    #[test]
+    fn a_bad_word_is_named_by_its_place_never_quoted() {
+        let t = tempfile::tempdir().unwrap();
+        let d = std::fs::File::open(t.path()).unwrap();
+        std::fs::write(
+            t.path().join(PACKAGES),
+            "# tools\ncurl jq\n\nSECRET=hunter2\n",
+        )
+        .unwrap();
+        let e = read_list(d.as_fd(), 1024).unwrap_err();
+        assert!(e.contains("line 4, word 1"), "{e}");
+        assert!(!e.contains("SECRET") && !e.contains("hunter2"), "{e}");
+        std::fs::write(t.path().join(PACKAGES), "curl jq # c\ngit\n").unwrap();
+        assert_eq!(read_list(d.as_fd(), 1024).unwrap(), ["curl", "jq", "git"]);
+        let e = read_list(d.as_fd(), 8).unwrap_err();
+        assert!(e.contains("exec.max_packages_bytes"), "{e}");
+        std::fs::remove_file(t.path().join(PACKAGES)).unwrap();
+        assert!(read_list(d.as_fd(), 8).unwrap().is_empty());
     }
 
     #[test]
