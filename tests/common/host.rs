@@ -237,16 +237,16 @@ pub fn script_archive(main_py: &str) -> Vec<u8> {
     )
 }
 
-/// Runs execution archive `archive` (tar.gz) as execution `name` of
-/// sandbox `id`, as [`run_script`] does, but a refusal (of the PUT or the
-/// execute) is `Err` with the answer, not a failed test.
-pub fn try_run_archive(
+/// Uploads archive `archive` (tar.gz) as execution `name` of sandbox `id`
+/// and starts it (upload URL, PUT, execute), without waiting for it; a
+/// refusal (of the PUT or the execute) is `Err` with the answer.
+pub fn try_start_archive(
     host: &Host,
     key: &str,
     id: &str,
     name: &str,
     archive: &[u8],
-) -> Result<(String, String), String> {
+) -> Result<(), String> {
     let b = format!("{}/local-sandbox/{id}", host.base);
     let body = format!(r#"{{"execution_name": "{name}"}}"#);
     let (code, u) = http(
@@ -264,46 +264,13 @@ pub fn try_run_archive(
     if code != 200 {
         return Err(format!("execute: {code} {v}"));
     }
-    Ok(super::eventually(
-        std::time::Duration::from_secs(120),
-        "the execution ends",
-        || {
-            let (code, v) = http(
-                "GET",
-                &format!("{b}/execution-logs?execution_name={name}"),
-                Some(key),
-                None,
-            );
-            let status = v["status"].as_str().unwrap_or_default().to_owned();
-            super::when(
-                code == 200 && (status == "completed" || status == "failed"),
-                || format!("{code} {v}"),
-            )
-            .map(|()| (status, v["logs"].as_str().unwrap_or_default().to_owned()))
-        },
-    ))
+    Ok(())
 }
 
-/// Runs `main_py` as execution `name` of sandbox `id` through the host's
-/// execution endpoints (upload URL, PUT, execute) and waits for its end:
-/// (its Klavis status, its log).
-pub fn run_script(host: &Host, key: &str, id: &str, name: &str, main_py: &str) -> (String, String) {
+/// Waits for execution `name` of sandbox `id` to end: (its Klavis status,
+/// its log).
+pub fn wait_execution(host: &Host, key: &str, id: &str, name: &str) -> (String, String) {
     let b = format!("{}/local-sandbox/{id}", host.base);
-    let body = format!(r#"{{"execution_name": "{name}"}}"#);
-    let (code, u) = http(
-        "POST",
-        &format!("{b}/execution-upload-url"),
-        Some(key),
-        Some(&body),
-    );
-    assert_eq!(code, 200, "{u}");
-    let (code, v) = put(
-        u["upload_url"].as_str().expect("upload_url"),
-        &script_archive(main_py),
-    );
-    assert_eq!(code, 200, "{v}");
-    let (code, v) = http("POST", &format!("{b}/execute"), Some(key), Some(&body));
-    assert_eq!(code, 200, "{v}");
     super::eventually(
         std::time::Duration::from_secs(120),
         "the execution ends",
@@ -322,6 +289,36 @@ pub fn run_script(host: &Host, key: &str, id: &str, name: &str, main_py: &str) -
             .map(|()| (status, v["logs"].as_str().unwrap_or_default().to_owned()))
         },
     )
+}
+
+/// Runs execution archive `archive` (tar.gz) as execution `name` of
+/// sandbox `id`, as [`run_script`] does, but a refusal (of the PUT or the
+/// execute) is `Err` with the answer, not a failed test.
+pub fn try_run_archive(
+    host: &Host,
+    key: &str,
+    id: &str,
+    name: &str,
+    archive: &[u8],
+) -> Result<(String, String), String> {
+    try_start_archive(host, key, id, name, archive)?;
+    Ok(wait_execution(host, key, id, name))
+}
+
+/// Starts `main_py` as execution `name` of sandbox `id` through the host's
+/// execution endpoints, without waiting for it.
+pub fn start_script(host: &Host, key: &str, id: &str, name: &str, main_py: &str) {
+    if let Err(e) = try_start_archive(host, key, id, name, &script_archive(main_py)) {
+        panic!("starting execution {name}: {e}");
+    }
+}
+
+/// Runs `main_py` as execution `name` of sandbox `id` through the host's
+/// execution endpoints (upload URL, PUT, execute) and waits for its end:
+/// (its Klavis status, its log).
+pub fn run_script(host: &Host, key: &str, id: &str, name: &str, main_py: &str) -> (String, String) {
+    start_script(host, key, id, name, main_py);
+    wait_execution(host, key, id, name)
 }
 
 /// Acquires with `body` as `key`'s owner; asserts 201 and returns the

@@ -16,4 +16,5 @@ mod lease_bound;
 mod mail;
 mod profiles;
 mod sandbox_api;
+mod tenant_paths;
 mod warm;

@@ -171,7 +171,8 @@ pub struct Pool {
     /// first slot that serves (every slot runs the same manifest or image).
     catalog: Mutex<Option<Vec<String>>>,
     refill: Notify,
-    /// Woken when a slot stops warming (ready, failed or gone).
+    /// Woken when a slot stops warming (ready, failed or gone) or comes
+    /// idle.
     warmed: Notify,
 }
 
@@ -211,6 +212,9 @@ impl Pool {
             return Err(i.slot);
         }
         idle.push(i);
+        drop(idle);
+        // A taker may be waiting for a slot at the --max-slots bound.
+        self.warmed.notify_waiters();
         Ok(())
     }
 
@@ -377,7 +381,10 @@ impl Pool {
             tokio::pin!(warmed);
             warmed.as_mut().enable();
             let (picked, warming) = self.pick(want);
-            if picked.is_some() || !warming || self.is_closed() {
+            // At the --max-slots bound, a slot still starting will be idle
+            // soon: wait for it rather than refuse.
+            let coming = warming || (self.at_bound() && self.starting_any());
+            if picked.is_some() || !coming || self.is_closed() {
                 break picked;
             }
             let wait = self.start_deadline();
@@ -475,6 +482,18 @@ impl Pool {
             discard(&slot);
         }
         self.refill.notify_one();
+    }
+
+    /// Whether the pool runs `max_slots` slots (never, without it).
+    fn at_bound(&self) -> bool {
+        self.cfg.max_slots.is_some_and(|max| {
+            self.idle().len() + self.leased().len() + self.opening.load(Ordering::SeqCst) >= max
+        })
+    }
+
+    /// Whether a slot is starting (it goes idle, or away, when done).
+    fn starting_any(&self) -> bool {
+        self.opening.load(Ordering::SeqCst) > 0 || !self.starting().is_empty()
     }
 
     /// Room for one more slot under `max_slots` (always, without it),
