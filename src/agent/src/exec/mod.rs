@@ -31,8 +31,12 @@
 //!   (Acquire) admits new ones for a lease.
 
 mod config;
+mod dirs;
 mod error;
 pub mod log;
+mod prep;
+use dirs::{check_agent_dir, clear_dir};
+pub(crate) use prep::Prep;
 mod run;
 mod upload;
 mod venv;
@@ -44,7 +48,7 @@ pub use upload::{Extracted, Replaced, Upload};
 
 use std::collections::BTreeMap;
 use std::os::fd::{AsFd, OwnedFd};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use rustix::fs::{AtFlags, Mode, OFlags};
 use std::sync::{Arc, Mutex};
@@ -55,7 +59,6 @@ use tokio_util::sync::CancellationToken;
 use crate::supervisor::{Supervisor, now_ms};
 use crate::workspace::pack;
 use log::ExecLog;
-use upload::remove_tree;
 
 /// The script every archive must hold at its top level.
 pub const MAIN_SCRIPT: &str = "main.py";
@@ -272,81 +275,6 @@ pub struct Executions {
     prep: Arc<Prep>,
 }
 
-/// The interpreter, uv and base venv, found and made once per agent (at
-/// its first upload, in the background) for every run; made again after a
-/// Release found the base venv changed ([`Prep::verify`]).
-pub(crate) struct Prep {
-    cell: tokio::sync::Mutex<Option<venv::Prepared>>,
-    /// Where the base venv is made: the agent's, never the tenant's.
-    base: PathBuf,
-}
-
-impl Prep {
-    async fn get(&self, cfg: &ExecConfig, sup: &Supervisor) -> venv::Prepared {
-        let mut cell = self.cell.lock().await;
-        if let Some(p) = cell.as_ref() {
-            return p.clone();
-        }
-        let p = venv::prepare(cfg, sup, &self.base).await;
-        *cell = Some(p.clone());
-        p
-    }
-
-    fn initialized(&self) -> bool {
-        self.cell.try_lock().map(|c| c.is_some()).unwrap_or(true)
-    }
-
-    /// Checks the base venv against its fingerprint taken when it was
-    /// made (every entry's path, type, mode, owner, size, link target and
-    /// content). On any difference it is removed and made again at its
-    /// next use; the warning names what changed. `Err`: it changed and
-    /// could not be removed.
-    /// One being made right now (no run has copied it yet) is left to
-    /// the next Release: a Release never waits for uv.
-    async fn verify(&self) -> Result<(), String> {
-        let Ok(mut cell) = self.cell.try_lock() else {
-            return Ok(());
-        };
-        let Some(p) = cell.as_ref() else {
-            return Ok(());
-        };
-        let (Some(base), Some(made)) = (p.base.clone(), p.fingerprint.clone()) else {
-            return Ok(());
-        };
-        let b = base.clone();
-        let now = tokio::task::spawn_blocking(move || venv::fingerprint(&b))
-            .await
-            .map_err(std::io::Error::other)
-            .and_then(|r| r);
-        let diff = match &now {
-            Ok(now) => venv::differences(&made, now),
-            Err(e) => vec![format!("cannot be read: {e}")],
-        };
-        if diff.is_empty() {
-            return Ok(());
-        }
-        let shown = diff.iter().take(20).cloned().collect::<Vec<_>>().join("; ");
-        tracing::warn!(
-            base = %base.display(),
-            changes = diff.len(),
-            changed = %shown,
-            "the executions' base venv changed since it was made; removing it (made again at its next use)"
-        );
-        *cell = None;
-        let b = base.clone();
-        tokio::task::spawn_blocking(move || remove_tree(b.parent().unwrap_or(Path::new("/")), &b))
-            .await
-            .map_err(std::io::Error::other)
-            .and_then(|r| r)
-            .map_err(|e| {
-                format!(
-                    "the executions' base venv {} changed ({shown}) and cannot be removed: {e}",
-                    base.display()
-                )
-            })
-    }
-}
-
 impl Executions {
     /// `base_venv`: where the agent makes the venv every run copies (in
     /// its state root, outside `exec.root`, which Release empties).
@@ -365,10 +293,7 @@ impl Executions {
             token: Default::default(),
             inner: Mutex::new(Inner::default()),
             slots,
-            prep: Arc::new(Prep {
-                cell: tokio::sync::Mutex::new(None),
-                base: base_venv,
-            }),
+            prep: Arc::new(Prep::new(base_venv)),
         })
     }
 
@@ -634,41 +559,6 @@ impl Executions {
         };
         pack::pack(dir.as_fd(), &opts, out).map_err(ExecError::Archive)
     }
-}
-
-/// Checks that the directory `fd` is the agent's (its owner is the agent's
-/// uid) and makes it writable by its owner only.
-fn check_agent_dir(fd: &OwnedFd) -> std::io::Result<()> {
-    let st = rustix::fs::fstat(fd)?;
-    let me = rustix::process::geteuid().as_raw();
-    if st.st_uid != me {
-        return Err(std::io::Error::other(format!(
-            "it belongs to uid {}, not the agent's ({me}); the tenant must never own it",
-            st.st_uid
-        )));
-    }
-    if st.st_mode & 0o7777 != 0o755 {
-        rustix::fs::fchmod(fd, Mode::from_raw_mode(0o755))?;
-    }
-    Ok(())
-}
-
-/// Removes everything inside `dir` (which may not exist) by handles, never
-/// following a symlink.
-fn clear_dir(dir: &Path) -> std::io::Result<()> {
-    let fd = match rustix::fs::open(dir, DIR_FLAGS, Mode::empty()) {
-        Ok(fd) => fd,
-        Err(rustix::io::Errno::NOENT) => return Ok(()),
-        Err(e) => return Err(e.into()),
-    };
-    check_agent_dir(&fd)?;
-    let mut first = None;
-    for name in sandbox_archive::confine::list(fd.as_fd())? {
-        if let Err(e) = sandbox_archive::confine::remove_at(fd.as_fd(), &name, &dir.join(&name)) {
-            first.get_or_insert(std::io::Error::other(e.to_string()));
-        }
-    }
-    first.map_or(Ok(()), Err)
 }
 
 #[cfg(test)]

@@ -4,12 +4,13 @@
 //! A failed or abandoned upload removes its staging directory.
 
 use std::io::Read;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::AsFd;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use rustix::fs::Mode;
 
+use super::dirs::remove_tree;
 use super::error::io_err;
 use super::{ExecError, ExecState, Execution, Executions, MAIN_SCRIPT, Progress, check_name};
 use crate::supervisor::now_ms;
@@ -222,20 +223,4 @@ impl Drop for Committing<'_> {
     fn drop(&mut self) {
         self.execs.inner().committing.remove(&self.name);
     }
-}
-
-/// Removes `path` (an entry of exec.root, `root`) by handles, never
-/// following a symlink.
-pub(super) fn remove_tree(root: &std::path::Path, path: &std::path::Path) -> std::io::Result<()> {
-    let Some(name) = path.file_name() else {
-        return Ok(());
-    };
-    let fd: OwnedFd = rustix::fs::open(root, super::DIR_FLAGS, Mode::empty())?;
-    match rustix::fs::statat(&fd, name, rustix::fs::AtFlags::SYMLINK_NOFOLLOW) {
-        Err(rustix::io::Errno::NOENT) => return Ok(()),
-        Err(e) => return Err(e.into()),
-        Ok(_) => {}
-    }
-    sandbox_archive::confine::remove_at(fd.as_fd(), name, path)
-        .map_err(|e| std::io::Error::other(e.to_string()))
 }

@@ -26,6 +26,7 @@
 pub use sandbox_archive::{codec, confine, extract, limits, pack, stream};
 pub mod data_path;
 pub mod error;
+mod fence;
 mod moves;
 mod ops;
 mod transfer;
@@ -33,6 +34,7 @@ pub mod txn;
 
 pub use codec::Compression;
 pub use error::{ArchiveError, WorkspaceError};
+pub use fence::Fence;
 pub use limits::{ArchiveLimits, MAX_CHUNK_BYTES};
-pub use ops::{DumpRequest, Fence, InitRequest, InitStats, OpGuard, Workspace};
+pub use ops::{DumpRequest, InitRequest, InitStats, OpGuard, Workspace};
 pub use transfer::{DumpItem, DumpMsg, DumpSummary, TransferError};

@@ -26,8 +26,10 @@
 
 mod agent_env;
 mod backend;
+mod bound;
 mod error;
 pub mod isolate;
+mod recover;
 mod slot;
 mod warm;
 
@@ -47,17 +49,8 @@ use backend::{VM_AGENT_PORT, VM_MCP_PORT};
 use backend::{agent_args, spawn_in_session, spawn_isolated};
 pub use error::PoolError;
 pub use slot::Slot;
-use slot::{discard, stop, tail};
+use slot::{discard, tail};
 pub use warm::{Want, WarmLease, WarmProfile};
-
-/// Room for one slot being started (see [`Pool::reserve`]).
-struct Reservation(Arc<std::sync::atomic::AtomicUsize>);
-
-impl Drop for Reservation {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::SeqCst);
-    }
-}
 
 /// What [`Pool::take`] hands out.
 pub struct Taken {
@@ -305,69 +298,6 @@ impl Pool {
         }
     }
 
-    /// After a host restart: slots still running are taken back (leased
-    /// when a live sandbox names them, idle otherwise, after releasing any
-    /// lease they hold); the rest are removed. Returns the slots that are
-    /// gone.
-    pub async fn recover(&self, in_use: &[String]) -> Vec<String> {
-        let mut gone = Vec::new();
-        let Ok(entries) = std::fs::read_dir(&self.cfg.dir) else {
-            return gone;
-        };
-        for e in entries.flatten() {
-            let id = e.file_name().to_string_lossy().into_owned();
-            let dir = e.path();
-            let kind = match std::fs::read_to_string(dir.join("backend")).as_deref() {
-                Ok("qemu") => Kind::Qemu,
-                _ => Kind::Process,
-            };
-            let pid = std::fs::read_to_string(dir.join("agent.pid"))
-                .ok()
-                .and_then(|p| p.trim().parse().ok());
-            let slot = pid.map(|pid| Slot {
-                id: id.clone(),
-                dir: dir.clone(),
-                pid,
-                kind,
-            });
-            // A slot taken back holds its id block for this host now.
-            if let (Some(iso), Some(s)) = (&self.cfg.isolation, &slot)
-                && s.alive()
-            {
-                iso.adopt_block(&dir);
-            }
-            match slot {
-                Some(s) if s.alive() && in_use.contains(&id) => {
-                    self.leased().insert(id, s);
-                }
-                Some(s)
-                    if s.alive()
-                        && s.kind == self.cfg.backend.kind()
-                        && self.idle().len() < self.cfg.size =>
-                {
-                    // An agent nobody leases may still hold a warm lease, or
-                    // the lease of a sandbox released while the host was
-                    // down.
-                    if let Ok(c) = s.client().await {
-                        let _ = c.agent().release(proto::ReleaseRequest::default()).await;
-                    }
-                    if let Err(s) = self.put_idle(Idle::bare(s)) {
-                        let _ = tokio::task::spawn_blocking(move || discard(&s)).await;
-                        gone.push(id);
-                    }
-                }
-                other => {
-                    if let Some(s) = other {
-                        let _ = tokio::task::spawn_blocking(move || stop(&s)).await;
-                    }
-                    let _ = std::fs::remove_dir_all(&dir);
-                    gone.push(id);
-                }
-            }
-        }
-        gone
-    }
-
     /// A slot for an Acquire of `want`: the idle one whose warm lease
     /// covers it with the fewest servers to spare (`covers`), else a bare
     /// idle one, else one with a warm lease that does not cover it (for
@@ -482,33 +412,6 @@ impl Pool {
             discard(&slot);
         }
         self.refill.notify_one();
-    }
-
-    /// Whether the pool runs `max_slots` slots (never, without it).
-    fn at_bound(&self) -> bool {
-        self.cfg.max_slots.is_some_and(|max| {
-            self.idle().len() + self.leased().len() + self.opening.load(Ordering::SeqCst) >= max
-        })
-    }
-
-    /// Whether a slot is starting (it goes idle, or away, when done).
-    fn starting_any(&self) -> bool {
-        self.opening.load(Ordering::SeqCst) > 0 || !self.starting().is_empty()
-    }
-
-    /// Room for one more slot under `max_slots` (always, without it),
-    /// held until the new slot is placed; `None` when the pool is at its
-    /// bound.
-    fn reserve(&self) -> Option<Reservation> {
-        let _room = self.room.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(max) = self.cfg.max_slots {
-            let n = self.idle().len() + self.leased().len() + self.opening.load(Ordering::SeqCst);
-            if n >= max {
-                return None;
-            }
-        }
-        self.opening.fetch_add(1, Ordering::SeqCst);
-        Some(Reservation(self.opening.clone()))
     }
 
     /// The process backend's isolation, if its slots are isolated.
