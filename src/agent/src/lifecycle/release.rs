@@ -386,11 +386,12 @@ impl Lifecycle {
         if self.sup.tenant().uid().is_none() || !crate::init::is_pid1() {
             return Ok(());
         }
-        let me = std::env::current_exe()
-            .map_err(|e| format!("cannot clear the tenant's keyrings: {e}"))?;
+        // The child runs the agent's own binary through its own
+        // /proc/self/exe: the path the agent was started from may be hidden
+        // (a tmpfs the agent mounted on /tmp as PID 1) or replaced since.
         let spec = crate::supervisor::job::JobSpec {
             group: crate::supervisor::job::JobGroup::Service("keyrings"),
-            command: me.display().to_string(),
+            command: "/proc/self/exe".into(),
             args: vec![crate::tenant::CLEAR_KEYRINGS_ARG.into()],
             env: Default::default(),
             cwd: std::path::PathBuf::from("/"),
