@@ -36,8 +36,8 @@ pub(super) fn clear_dir(dir: &Path) -> std::io::Result<()> {
     check_agent_dir(&fd)?;
     let mut first = None;
     for name in sandbox_archive::confine::list(fd.as_fd())? {
-        if let Err(e) = sandbox_archive::confine::remove_at(fd.as_fd(), &name, &dir.join(&name)) {
-            first.get_or_insert(std::io::Error::other(e.to_string()));
+        if let Err(e) = remove_entry(&fd, &name, &dir.join(&name)) {
+            first.get_or_insert(e);
         }
     }
     first.map_or(Ok(()), Err)
@@ -55,6 +55,29 @@ pub(super) fn remove_tree(root: &std::path::Path, path: &std::path::Path) -> std
         Err(e) => return Err(e.into()),
         Ok(_) => {}
     }
-    sandbox_archive::confine::remove_at(fd.as_fd(), name, path)
-        .map_err(|e| std::io::Error::other(e.to_string()))
+    remove_entry(&fd, name, path)
+}
+
+/// Removes entry `name` of `dir` (at `path`). An upload that lost the race
+/// to a Release removes its own staging directory at the same time: an
+/// entry that is gone is what was wanted, and one still there is tried
+/// again (the other remover took what this one was about to).
+fn remove_entry(dir: &OwnedFd, name: &std::ffi::OsStr, path: &Path) -> std::io::Result<()> {
+    let mut last = None;
+    for _ in 0..3 {
+        match sandbox_archive::confine::remove_at(dir.as_fd(), name, path) {
+            Ok(()) => return Ok(()),
+            Err(_) if gone(dir, name) => return Ok(()),
+            Err(e) => last = Some(std::io::Error::other(e.to_string())),
+        }
+    }
+    Err(last.unwrap_or_else(|| std::io::Error::other("not removed")))
+}
+
+/// Whether `name` in `dir` no longer exists.
+fn gone(dir: &OwnedFd, name: &std::ffi::OsStr) -> bool {
+    matches!(
+        rustix::fs::statat(dir, name, rustix::fs::AtFlags::SYMLINK_NOFOLLOW),
+        Err(rustix::io::Errno::NOENT)
+    )
 }

@@ -38,6 +38,8 @@ mod prep;
 use dirs::{check_agent_dir, clear_dir};
 pub(crate) use prep::Prep;
 mod run;
+mod state;
+pub use state::ExecState;
 mod upload;
 mod venv;
 
@@ -69,36 +71,6 @@ pub const PACKAGES: &str = "packages.txt";
 /// The log in the execution directory.
 const LOG: &str = "output.log";
 pub use sandbox_client::limits::MAX_EXECUTION_NAME_LEN as MAX_NAME_LEN;
-
-/// Where an execution is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ExecState {
-    Uploaded,
-    Queued,
-    Installing,
-    Running,
-    Completed,
-    Failed,
-}
-
-impl ExecState {
-    /// Klavis's status word.
-    pub fn klavis(self) -> &'static str {
-        match self {
-            ExecState::Uploaded | ExecState::Queued => "pending",
-            ExecState::Installing | ExecState::Running => "running",
-            ExecState::Completed => "completed",
-            ExecState::Failed => "failed",
-        }
-    }
-
-    pub fn active(self) -> bool {
-        matches!(
-            self,
-            ExecState::Queued | ExecState::Installing | ExecState::Running
-        )
-    }
-}
 
 /// An execution as the outside sees it.
 #[derive(Debug, Clone)]
@@ -469,11 +441,14 @@ impl Executions {
             });
         }
         let log_path = exec.dir.join(LOG);
-        let dir = exec.open_dir()?;
-        let log = Arc::new(
-            ExecLog::create(dir.as_fd(), LOG, self.cfg.log_max_bytes)
-                .map_err(io_err(format!("creating {}", log_path.display())))?,
-        );
+        let log = exec
+            .open_dir()
+            .and_then(|dir| {
+                ExecLog::create(dir.as_fd(), LOG, self.cfg.log_max_bytes)
+                    .map_err(io_err(format!("creating {}", log_path.display())))
+            })
+            .map_err(|e| self.why_gone(name, &exec).unwrap_or(e))?;
+        let log = Arc::new(log);
         *exec.log.lock().unwrap_or_else(|p| p.into_inner()) = Some(log.clone());
         exec.set(|p| {
             *p = Progress {
@@ -514,6 +489,22 @@ impl Executions {
         *running = Some(Running { stop, task });
         drop(running);
         Ok(exec.view())
+    }
+
+    /// Why execution `exec` of `name` is no longer there to start, if it
+    /// is not: the lease ended (Release, Reset), or another upload of the
+    /// name is replacing it (its directory moved aside meanwhile).
+    fn why_gone(&self, name: &str, exec: &Arc<Execution>) -> Option<ExecError> {
+        let i = self.inner();
+        if i.lease.is_none() {
+            return Some(ExecError::Released);
+        }
+        let replaced =
+            i.committing.contains(name) || !i.execs.get(name).is_some_and(|e| Arc::ptr_eq(e, exec));
+        replaced.then(|| ExecError::Active {
+            name: name.to_owned(),
+            state: "being replaced by another upload",
+        })
     }
 
     pub fn status(&self, lease_id: &str, name: &str) -> Result<ExecView, ExecError> {
@@ -558,29 +549,5 @@ impl Executions {
             ..Default::default()
         };
         pack::pack(dir.as_fd(), &opts, out).map_err(ExecError::Archive)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn klavis_sees_four_statuses() {
-        use ExecState::*;
-        let k: Vec<_> = [Uploaded, Queued, Installing, Running, Completed, Failed]
-            .map(ExecState::klavis)
-            .to_vec();
-        assert_eq!(
-            k,
-            [
-                "pending",
-                "pending",
-                "running",
-                "running",
-                "completed",
-                "failed"
-            ]
-        );
     }
 }

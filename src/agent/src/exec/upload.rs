@@ -113,6 +113,23 @@ impl Executions {
         src: impl Read + Send + 'static,
         compression: Compression,
     ) -> Result<Extracted, ExecError> {
+        // A Release or Reset meanwhile removed the staging directory under
+        // the extraction: that is the cause to report.
+        self.extract_staged(up, src, compression).map_err(|e| {
+            if self.inner().generation != up.generation {
+                ExecError::Released
+            } else {
+                e
+            }
+        })
+    }
+
+    fn extract_staged(
+        &self,
+        up: &Upload,
+        src: impl Read + Send + 'static,
+        compression: Compression,
+    ) -> Result<Extracted, ExecError> {
         let work = up.stage.join("work");
         let dir =
             std::fs::File::open(&work).map_err(io_err(format!("opening {}", work.display())))?;
@@ -165,7 +182,7 @@ impl Executions {
         let name = up.name.clone();
         // The old directory moves aside first (one rename), so nothing
         // still writing into its work/ makes the swap fail; then it goes.
-        tokio::task::spawn_blocking(move || -> std::io::Result<()> {
+        let moved = tokio::task::spawn_blocking(move || -> std::io::Result<()> {
             let rnd = sandbox_client::random::hex_token(8)?;
             let old = root.join(format!(".old-{name}-{rnd}"));
             let target = root.join(&name);
@@ -184,8 +201,13 @@ impl Executions {
         .map_err(|e| ExecError::Io {
             context: "replacing the execution directory".into(),
             source: std::io::Error::other(e),
-        })?
-        .map_err(io_err(format!("putting the upload at {}", dir.display())))?;
+        })?;
+        // A Release or Reset that ran meanwhile removed what was moving:
+        // that, not the rename, is what the client must hear.
+        if self.inner().generation != up.generation {
+            return Err(ExecError::Released);
+        }
+        moved.map_err(io_err(format!("putting the upload at {}", dir.display())))?;
         up.committed = true;
         let exec = Arc::new(Execution {
             name: up.name.clone(),

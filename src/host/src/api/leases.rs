@@ -73,17 +73,30 @@ pub async fn lease(h: &Shared, who: String, req: &AcquireBody) -> HostResult<New
 
 /// The agent's Reset of sandbox `s`; returns it as it is after.
 pub async fn reset(h: &Shared, s: SandboxRow) -> HostResult<SandboxRow> {
-    // What the lease had in flight stops: nothing started before the
-    // Reset lands after it.
+    // What the lease had in flight stops, and so does what arrives while
+    // the Reset runs (ended again after it): nothing admitted before the
+    // Reset is done lands after it.
     h.inflight.end(&s.id);
-    agent_of(h, &s)
+    let r = agent_of(h, &s)
         .await?
         .agent()
         .reset(proto::ResetRequest {
             lease_id: s.id.clone(),
         })
-        .await
-        .map_err(HostError::agent("reset"))?;
+        .await;
+    h.inflight.end(&s.id);
+    if let Err(e) = r {
+        // Past its checks, a Reset that failed leaves the sandbox in error
+        // (a clean-up or a server that failed): say so until a Reset or a
+        // Release ends it.
+        if !matches!(
+            e.code(),
+            tonic::Code::NotFound | tonic::Code::InvalidArgument
+        ) {
+            h.store.set_status(&s.id, Status::Error, &timestamp())?;
+        }
+        return Err(HostError::agent("reset")(e));
+    }
     h.store.set_status(&s.id, Status::Occupied, &timestamp())?;
     Ok(h.store.get(&s.id, &s.owner)?.unwrap_or(s))
 }
