@@ -374,3 +374,59 @@ fn stored_bytes_are_capped_per_sandbox_and_per_key_and_freed_at_release() {
         release(&host, key, id);
     }
 }
+
+/// Executes of one name racing Resets of their sandbox (issue 35): each
+/// answer says what happened (200, or 4xx: replaced, released or reset
+/// meanwhile), never a 500, and every Reset succeeds and leaves the
+/// sandbox usable: occupied, its executions admitted again.
+#[test]
+fn executes_racing_resets_never_fail_the_sandbox() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let host = Host::start(dir.path(), &[]);
+    let a = acquire(&host, KEY_A, r#"{"server_names": []}"#);
+    let id = a["local_sandbox_id"].as_str().expect("id").to_owned();
+    let b = format!("{}/local-sandbox/{id}", host.base);
+    let body = r#"{"execution_name": "j"}"#;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let racers: Vec<_> = (0..3)
+        .map(|_| {
+            let (b, stop) = (b.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut seen = Vec::new();
+                while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    let (code, u) = http(
+                        "POST",
+                        &format!("{b}/execution-upload-url"),
+                        Some(KEY_A),
+                        Some(body),
+                    );
+                    if code == 200 {
+                        put(
+                            u["upload_url"].as_str().unwrap_or_default(),
+                            &script_archive("print(1)\n"),
+                        );
+                    }
+                    let (code, v) = http("POST", &format!("{b}/execute"), Some(KEY_A), Some(body));
+                    seen.push((code, v.to_string()));
+                }
+                seen
+            })
+        })
+        .collect();
+    for round in 0..30 {
+        let (code, v) = http("POST", &format!("{b}/reset"), Some(KEY_A), None);
+        assert_eq!(code, 200, "reset {round}: {v}");
+    }
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    for r in racers {
+        for (code, v) in r.join().expect("racer") {
+            assert!(code < 500, "an execute answered {code}: {v}");
+        }
+    }
+    let (code, v) = http("GET", &b, Some(KEY_A), None);
+    assert_eq!((code, v["status"].as_str()), (200, Some("occupied")), "{v}");
+    let (status, log) =
+        crate::common::host::run_script(&host, KEY_A, &id, "after", "print('ok')\n");
+    assert_eq!(status, "completed", "{log}");
+    release(&host, KEY_A, &id);
+}

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::common::host::{Host, KEY_A, KEY_B, acquire, release, run_script, wait_metric};
+use crate::common::host::{Host, KEY_A, KEY_B, acquire, http, release, run_script, wait_metric};
 
 /// An HTTP/1.1 request sent in two parts: the head and `first` bytes of
 /// the body now, the rest when [`Stalled::finish`] is called.
@@ -259,4 +259,84 @@ fn a_stalled_initialize_never_replaces_the_next_leases_workspace() {
         "B's workspace was replaced by A's archive: {listing}"
     );
     release(&host, KEY_B, b["local_sandbox_id"].as_str().expect("id"));
+}
+
+/// The shipped manifest in `dir`, its filesystem server taking `secs`
+/// seconds to start (so a Reset that restarts it takes as long).
+fn manifest_with_slow_filesystem(dir: &Path, secs: u32) {
+    let shipped = crate::common::mcp::shipped_manifest(Path::new("${state_root}"));
+    let fs =
+        "${install_dir}/node/node_modules/@modelcontextprotocol/server-filesystem/dist/index.js";
+    let fast = format!("command = \"node\"\nargs = [\"{fs}\", \"${{workspace}}\"]");
+    let slow = format!(
+        "command = \"sh\"\nargs = [\"-c\", \"sleep {secs}; exec node {fs} \\\"$0\\\"\", \"${{workspace}}\"]"
+    );
+    assert!(
+        shipped.contains(&fast),
+        "the shipped filesystem server changed"
+    );
+    std::fs::write(dir.join("servers.toml"), shipped.replace(&fast, &slow)).expect("manifest");
+}
+
+/// A request whose head arrives while its sandbox's Reset runs (here, a
+/// server that takes 3 s to start again) is stopped when the Reset
+/// returns: nothing admitted before the Reset is done lands after it.
+#[test]
+fn a_request_admitted_during_a_reset_never_lands_after_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    manifest_with_slow_filesystem(dir.path(), 3);
+    let host = Host::start(dir.path(), &[]);
+    let a = acquire(&host, KEY_A, r#"{"server_names": ["filesystem"]}"#);
+    let id = a["local_sandbox_id"].as_str().expect("id").to_owned();
+    let target = target_of(&mcp_url(&a, "filesystem"));
+    let reset = {
+        let url = format!("{}/local-sandbox/{id}/reset", host.base);
+        std::thread::spawn(move || http("POST", &url, Some(KEY_A), None))
+    };
+    // The Reset runs: its server is starting again (sleeping).
+    crate::common::eventually(
+        Duration::from_secs(30),
+        "the Reset restarts the filesystem server",
+        || {
+            let ps = crate::common::host::processes_mentioning("sleep 3; exec node");
+            crate::common::when(!ps.trim().is_empty(), || "not yet".into())
+        },
+    );
+    let write = json!({"jsonrpc": "2.0", "id": 9, "method": "tools/call",
+        "params": {"name": "write_file",
+                   "arguments": {"path": "planted-before-reset.txt", "content": "x"}}})
+    .to_string()
+    .into_bytes();
+    let stalled = Stalled::start(
+        &host.base,
+        "POST",
+        &target,
+        &[
+            "content-type: application/json".into(),
+            "accept: application/json, text/event-stream".into(),
+        ],
+        &write,
+        5,
+    );
+    let (code, v) = reset.join().expect("reset thread");
+    assert_eq!(code, 200, "{v}");
+    let (code, answer) = stalled.finish();
+    assert!(
+        code == 409 || code == 0,
+        "a request admitted during the Reset must be stopped, got {code}: {answer}"
+    );
+    let listed = json!({"jsonrpc": "2.0", "id": 10, "method": "tools/call",
+        "params": {"name": "list_directory", "arguments": {"path": "."}}})
+    .to_string();
+    let out = std::process::Command::new("curl")
+        .args(["-s", "-X", "POST", &mcp_url(&a, "filesystem")])
+        .args(["-H", "content-type: application/json"])
+        .args(["-H", "accept: application/json, text/event-stream"])
+        .args(["--data-binary", &listed])
+        .output()
+        .expect("curl");
+    let listing = String::from_utf8_lossy(&out.stdout);
+    assert!(listing.contains("result"), "{listing}");
+    assert!(!listing.contains("planted-before-reset"), "{listing}");
+    release(&host, KEY_A, &id);
 }
