@@ -14,6 +14,29 @@ pub const MIN_TTL_SECONDS: u32 = 60;
 pub const MAX_TTL_SECONDS: u32 = 86_400;
 pub const DEFAULT_TTL_SECONDS: u32 = 7_200;
 
+/// The variables of package indexes and proxies that executions get from
+/// the agent's environment by default (`exec.pass_env`), and so that a
+/// host passes to its agents (its own environment is never passed whole).
+pub const PACKAGE_ACCESS_ENV: &[&str] = &[
+    "PIP_INDEX_URL",
+    "PIP_EXTRA_INDEX_URL",
+    "PIP_FIND_LINKS",
+    "PIP_NO_INDEX",
+    "UV_INDEX_URL",
+    "UV_DEFAULT_INDEX",
+    "UV_EXTRA_INDEX_URL",
+    "UV_FIND_LINKS",
+    "UV_NO_INDEX",
+    "UV_OFFLINE",
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "NO_PROXY",
+    "http_proxy",
+    "https_proxy",
+    "no_proxy",
+    "SSL_CERT_FILE",
+];
+
 /// Longest execution name (the Exec service; Klavis `execution_name`).
 pub const MAX_EXECUTION_NAME_LEN: usize = 128;
 

@@ -75,27 +75,10 @@ impl Default for ExecConfig {
             max_running: 4,
             mcp_listen: "tcp://127.0.0.1:0".into(),
             env: BTreeMap::new(),
-            pass_env: [
-                "PIP_INDEX_URL",
-                "PIP_EXTRA_INDEX_URL",
-                "PIP_FIND_LINKS",
-                "PIP_NO_INDEX",
-                "UV_INDEX_URL",
-                "UV_DEFAULT_INDEX",
-                "UV_EXTRA_INDEX_URL",
-                "UV_FIND_LINKS",
-                "UV_NO_INDEX",
-                "UV_OFFLINE",
-                "HTTP_PROXY",
-                "HTTPS_PROXY",
-                "NO_PROXY",
-                "http_proxy",
-                "https_proxy",
-                "no_proxy",
-                "SSL_CERT_FILE",
-            ]
-            .map(String::from)
-            .to_vec(),
+            pass_env: sandbox_client::limits::PACKAGE_ACCESS_ENV
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
             archive: ArchiveLimits {
                 max_archive_bytes: 1 << 30,
                 max_expanded_bytes: 4 << 30,

@@ -190,36 +190,23 @@ impl Steps<'_> {
                 .map_err(|e| Halt::Failed(e.to_string()))?
                 .is_some_and(|n| n > 0);
         drop(work);
-        match &prep.base {
-            Some(base) => {
-                let (base, dir) = (base.clone(), self.exec.dir.clone());
-                let owner = self.ctx.sup.tenant().uid().zip(self.ctx.sup.tenant().gid());
-                let name = venv.file_name().unwrap_or_default().to_owned();
-                tokio::task::spawn_blocking(move || venv::clone_base(&base, &dir, &name, owner))
-                    .await
-                    .map_err(std::io::Error::other)
-                    .and_then(|r| r)
-                    .map_err(|e| {
-                        Halt::Failed(format!("creating the Python environment failed: {e}"))
-                    })?;
-            }
-            None => {
-                // The execution directory is the agent's: the venv's own
-                // directory is made here, empty, and given to the tenant.
-                let dir = self.exec.dir.clone();
-                let owner = self.ctx.sup.tenant().uid().zip(self.ctx.sup.tenant().gid());
-                let name = venv.file_name().unwrap_or_default().to_owned();
-                tokio::task::spawn_blocking(move || venv::empty_dir(&dir, &name, owner))
-                    .await
-                    .map_err(std::io::Error::other)
-                    .and_then(|r| r)
-                    .map_err(|e| {
-                        Halt::Failed(format!("creating the Python environment failed: {e}"))
-                    })?;
-                let (cmd, args) = venv_command(&prep.python, uv, venv, has_requirements);
-                self.must("venv", cmd, args, "creating the Python environment")
-                    .await?;
-            }
+        // The execution directory is the agent's: the venv's own directory
+        // is made here (a copy of the base venv, else empty) for the tenant.
+        let (dir, base) = (self.exec.dir.clone(), prep.base.clone());
+        let owner = self.ctx.sup.tenant().uid().zip(self.ctx.sup.tenant().gid());
+        let name = venv.file_name().unwrap_or_default().to_owned();
+        tokio::task::spawn_blocking(move || match &base {
+            Some(base) => venv::clone_base(base, &dir, &name, owner),
+            None => venv::empty_dir(&dir, &name, owner),
+        })
+        .await
+        .map_err(std::io::Error::other)
+        .and_then(|r| r)
+        .map_err(|e| Halt::Failed(format!("creating the Python environment failed: {e}")))?;
+        if prep.base.is_none() {
+            let (cmd, args) = venv_command(&prep.python, uv, venv, has_requirements);
+            self.must("venv", cmd, args, "creating the Python environment")
+                .await?;
         }
         let python = venv.join("bin/python").display().to_string();
         if has_requirements {

@@ -35,25 +35,7 @@ pub const BASE: &[&str] = &[
 
 /// The agent's default `exec.pass_env`: package indexes and proxies that
 /// executions (tenants) get anyway.
-pub const PACKAGE_ACCESS: &[&str] = &[
-    "PIP_INDEX_URL",
-    "PIP_EXTRA_INDEX_URL",
-    "PIP_FIND_LINKS",
-    "PIP_NO_INDEX",
-    "UV_INDEX_URL",
-    "UV_DEFAULT_INDEX",
-    "UV_EXTRA_INDEX_URL",
-    "UV_FIND_LINKS",
-    "UV_NO_INDEX",
-    "UV_OFFLINE",
-    "HTTP_PROXY",
-    "HTTPS_PROXY",
-    "NO_PROXY",
-    "http_proxy",
-    "https_proxy",
-    "no_proxy",
-    "SSL_CERT_FILE",
-];
+pub use sandbox_client::limits::PACKAGE_ACCESS_ENV as PACKAGE_ACCESS;
 
 /// The agents' own settings.
 pub const AGENT_PREFIX: &str = "SANDBOX_AGENT_";
