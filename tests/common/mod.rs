@@ -111,7 +111,12 @@ impl Agent {
         // (no cgroup namespace here) but not its pids, and would take the
         // other test agents' groups for stale ones.
         let config = dir.path().join("pid1.toml");
-        std::fs::write(&config, "[supervisor]\ncgroup = \"off\"\n").expect("config");
+        // Nor the machine's kernel settings: this agent is not its init.
+        std::fs::write(
+            &config,
+            "[supervisor]\ncgroup = \"off\"\n\n[init]\nprotect_links = false\n",
+        )
+        .expect("config");
         let config = config.display().to_string();
         let mut cmd = Command::new("unshare");
         cmd.args([

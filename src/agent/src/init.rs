@@ -32,6 +32,12 @@ pub struct InitConfig {
     /// names looked up under `/lib/modules/<release>/`. A module that is
     /// already loaded or built in is fine.
     pub modules: Vec<String>,
+    /// Turn the kernel's link protections on at boot where they are off
+    /// (`fs.protected_hardlinks`, `fs.protected_symlinks`): a VM's kernel
+    /// starts without them. Off only where the agent is PID 1 of a pid
+    /// namespace but not the machine's init (the kernel's settings are
+    /// then the machine's, not the agent's to change).
+    pub protect_links: bool,
 }
 
 impl Default for InitConfig {
@@ -39,6 +45,7 @@ impl Default for InitConfig {
         InitConfig {
             hostname: "sandbox".into(),
             modules: Vec::new(),
+            protect_links: true,
         }
     }
 }
@@ -99,6 +106,14 @@ pub enum InitError {
     },
     #[error("uname: {0}")]
     Uname(nix::Error),
+    #[error(
+        "{} is 0 and cannot be set ({source}): a tenant may link files it does not own where root reads",
+        path.display()
+    )]
+    LinkProtection {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("no {want} under {}", root.display())]
     NoModule { want: String, root: PathBuf },
     #[error("bringing up the loopback interface: {0}")]
@@ -201,6 +216,11 @@ pub fn boot(cfg: &InitConfig) -> Vec<Step> {
                 .push(dir);
         }
     }
+    if cfg.protect_links {
+        for p in LINK_PROTECTIONS {
+            steps.push(step(format!("{p} on"), protect_links(Path::new(p))));
+        }
+    }
     if !cfg.hostname.is_empty() {
         steps.push(step(
             format!("hostname {}", cfg.hostname),
@@ -213,6 +233,29 @@ pub fn boot(cfg: &InitConfig) -> Vec<Step> {
     // Scripts reach the MCP data plane on 127.0.0.1 (exec.mcp_listen).
     steps.push(step("loopback interface up", loopback_up()));
     steps
+}
+
+/// The kernel's link protections: no hard link to a file one does not own,
+/// no following another user's symlink in a sticky directory. A VM's
+/// kernel starts with them off (systemd turns them on; the agent is the
+/// init here); a process backend's slot shares the host's, which the host
+/// checks.
+const LINK_PROTECTIONS: [&str; 2] = [
+    "/proc/sys/fs/protected_hardlinks",
+    "/proc/sys/fs/protected_symlinks",
+];
+
+/// Turns the protection at `path` on when it is off (`0`).
+fn protect_links(path: &Path) -> Result<(), InitError> {
+    let err = |source| InitError::LinkProtection {
+        path: path.to_owned(),
+        source,
+    };
+    let now = std::fs::read_to_string(path).map_err(err)?;
+    if now.trim() != "0" {
+        return Ok(());
+    }
+    std::fs::write(path, "1").map_err(err)
 }
 
 /// Brings `lo` up (the kernel leaves it down; up, it carries 127.0.0.1).
@@ -346,6 +389,19 @@ pub fn power_off() -> ! {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_link_protection_that_is_off_is_turned_on() {
+        let t = tempfile::tempdir().unwrap();
+        let p = t.path().join("protected_hardlinks");
+        std::fs::write(&p, "0\n").unwrap();
+        protect_links(&p).unwrap();
+        assert_eq!(std::fs::read_to_string(&p).unwrap(), "1");
+        std::fs::write(&p, "2\n").unwrap();
+        protect_links(&p).unwrap();
+        assert_eq!(std::fs::read_to_string(&p).unwrap(), "2\n");
+        assert!(protect_links(&t.path().join("absent")).is_err());
+    }
 
     #[test]
     fn mount_points_are_told_from_plain_directories() {

@@ -127,6 +127,10 @@ pub enum IsolationError {
         user: String,
         file: &'static str,
     },
+    #[error(
+        "fs.protected_hardlinks is 0 on this machine: a tenant could hard-link a file it does not own into a tree its agent reads or packs as root; set it to 1 (sysctl -w fs.protected_hardlinks=1, and a file in /etc/sysctl.d to keep it)"
+    )]
+    HardlinksUnprotected,
     #[error("--slot-memory-max and --slot-pids-max must be at least 1")]
     ZeroLimit,
     #[error("--sandbox-ro {0}: not an absolute path to something that exists")]
@@ -175,6 +179,15 @@ pub struct Isolation {
     registry: PathBuf,
 }
 
+/// The kernel's refusal to hard-link a file one does not own (1 or 2).
+const PROTECTED_HARDLINKS: &str = "/proc/sys/fs/protected_hardlinks";
+
+/// Whether a `fs.protected_*` value is on (unreadable: taken as on, the
+/// kernel's own default is checked where it matters, at a slot's boot).
+fn links_protected(value: &str) -> bool {
+    value.trim() != "0"
+}
+
 impl Isolation {
     /// Checks the tools, the subordinate ids and the cgroup hierarchy.
     pub fn new(cfg: IsolationConfig) -> Result<Isolation, IsolationError> {
@@ -190,6 +203,10 @@ impl Isolation {
         }
         if cfg.memory_max == 0 || cfg.pids_max == 0 {
             return Err(IsolationError::ZeroLimit);
+        }
+        // The sandboxes share this kernel: its link protection is theirs.
+        if !links_protected(&std::fs::read_to_string(PROTECTED_HARDLINKS).unwrap_or_default()) {
+            return Err(IsolationError::HardlinksUnprotected);
         }
         let data = std::fs::canonicalize(&cfg.data_dir).unwrap_or_else(|_| cfg.data_dir.clone());
         for p in &cfg.read_only {
@@ -500,4 +517,16 @@ fn which(tool: &str) -> Option<PathBuf> {
         .split(':')
         .map(|d| Path::new(d).join(tool))
         .find(|p| p.is_file())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_zero_leaves_links_unprotected() {
+        assert!(!links_protected("0\n"));
+        assert!(links_protected("1\n"));
+        assert!(links_protected("2"));
+    }
 }
