@@ -50,6 +50,16 @@ impl Stalled {
         }
     }
 
+    /// An MCP POST of `body` to `target` (an MCP URL's path and query),
+    /// held back after `first` bytes.
+    fn mcp(base: &str, target: &str, body: &[u8], first: usize) -> Stalled {
+        let headers = [
+            "content-type: application/json".to_owned(),
+            "accept: application/json, text/event-stream".to_owned(),
+        ];
+        Stalled::start(base, "POST", target, &headers, body, first)
+    }
+
     /// Sends the rest of the body; (status, body text), status 0 when the
     /// host closed the connection without an answer.
     fn finish(mut self) -> (u16, String) {
@@ -83,23 +93,29 @@ fn mcp_url(acquired: &Value, server: &str) -> String {
         .to_owned()
 }
 
-/// A `tools/call` of the terminal's `run_command`, as JSON-RPC.
-fn run_command(command: &str) -> Vec<u8> {
+/// A `tools/call` of `tool` with `args`, as JSON-RPC.
+fn tool_call(tool: &str, args: Value) -> Vec<u8> {
     json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call",
-           "params": {"name": "run_command", "arguments": {"command": command}}})
+           "params": {"name": tool, "arguments": args}})
     .to_string()
     .into_bytes()
 }
 
-/// Calls the terminal of an acquired sandbox with `command`; its text.
-fn terminal(acquired: &Value, command: &str) -> String {
-    let url = mcp_url(acquired, "terminal");
+/// A `tools/call` of the terminal's `run_command`, as JSON-RPC.
+fn run_command(command: &str) -> Vec<u8> {
+    tool_call("run_command", json!({"command": command}))
+}
+
+/// Calls `tool` of `server` of an acquired sandbox; the text it answers
+/// (`no text in …` when it answers none).
+fn call(acquired: &Value, server: &str, tool: &str, args: Value) -> String {
+    let url = mcp_url(acquired, server);
     let out = std::process::Command::new("curl")
         .args(["-s", "-X", "POST", &url])
         .args(["-H", "content-type: application/json"])
         .args(["-H", "accept: application/json, text/event-stream"])
         .arg("--data-binary")
-        .arg(String::from_utf8(run_command(command)).expect("utf-8"))
+        .arg(String::from_utf8(tool_call(tool, args)).expect("utf-8"))
         .output()
         .expect("curl");
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -113,6 +129,16 @@ fn terminal(acquired: &Value, command: &str) -> String {
         .as_str()
         .map(str::to_owned)
         .unwrap_or_else(|| format!("no text in {v}"))
+}
+
+/// Calls the terminal of an acquired sandbox with `command`; its text.
+fn terminal(acquired: &Value, command: &str) -> String {
+    call(
+        acquired,
+        "terminal",
+        "run_command",
+        json!({"command": command}),
+    )
 }
 
 /// The slot serving a sandbox: the host uid its tenant maps to (one uid
@@ -209,17 +235,7 @@ fn a_stalled_mcp_request_never_runs_in_the_next_lease() {
     let a_slot = slot_identity(&host, KEY_A, &a);
     let target = target_of(&mcp_url(&a, "terminal"));
     let body = run_command("cat b-secret.txt");
-    let stalled = Stalled::start(
-        &host.base,
-        "POST",
-        &target,
-        &[
-            "content-type: application/json".into(),
-            "accept: application/json, text/event-stream".into(),
-        ],
-        &body,
-        10,
-    );
+    let stalled = Stalled::mcp(&host.base, &target, &body, 10);
     let b = lease_b_after(&host, &a, &a_slot);
     let (code, answer) = stalled.finish();
     assert!(
@@ -302,22 +318,11 @@ fn a_request_admitted_during_a_reset_never_lands_after_it() {
             crate::common::when(!ps.trim().is_empty(), || "not yet".into())
         },
     );
-    let write = json!({"jsonrpc": "2.0", "id": 9, "method": "tools/call",
-        "params": {"name": "write_file",
-                   "arguments": {"path": "planted-before-reset.txt", "content": "x"}}})
-    .to_string()
-    .into_bytes();
-    let stalled = Stalled::start(
-        &host.base,
-        "POST",
-        &target,
-        &[
-            "content-type: application/json".into(),
-            "accept: application/json, text/event-stream".into(),
-        ],
-        &write,
-        5,
+    let write = tool_call(
+        "write_file",
+        json!({"path": "planted-before-reset.txt", "content": "x"}),
     );
+    let stalled = Stalled::mcp(&host.base, &target, &write, 5);
     let (code, v) = reset.join().expect("reset thread");
     assert_eq!(code, 200, "{v}");
     let (code, answer) = stalled.finish();
@@ -325,18 +330,8 @@ fn a_request_admitted_during_a_reset_never_lands_after_it() {
         code == 409 || code == 0,
         "a request admitted during the Reset must be stopped, got {code}: {answer}"
     );
-    let listed = json!({"jsonrpc": "2.0", "id": 10, "method": "tools/call",
-        "params": {"name": "list_directory", "arguments": {"path": "."}}})
-    .to_string();
-    let out = std::process::Command::new("curl")
-        .args(["-s", "-X", "POST", &mcp_url(&a, "filesystem")])
-        .args(["-H", "content-type: application/json"])
-        .args(["-H", "accept: application/json, text/event-stream"])
-        .args(["--data-binary", &listed])
-        .output()
-        .expect("curl");
-    let listing = String::from_utf8_lossy(&out.stdout);
-    assert!(listing.contains("result"), "{listing}");
+    let listing = call(&a, "filesystem", "list_directory", json!({"path": "."}));
+    assert!(!listing.starts_with("no text in"), "{listing}");
     assert!(!listing.contains("planted-before-reset"), "{listing}");
     release(&host, KEY_A, &id);
 }

@@ -163,20 +163,7 @@ pub fn boot(cfg: &InitConfig) -> Vec<Step> {
         if is_mountpoint(target) {
             continue;
         }
-        let r = std::fs::create_dir_all(target)
-            .map_err(|source| InitError::CreateDir {
-                path: target.to_owned(),
-                source,
-            })
-            .and_then(|()| {
-                Ok(nix::mount::mount(
-                    Some(source),
-                    target,
-                    Some(fstype),
-                    flags,
-                    data,
-                )?)
-            });
+        let r = mount_at(source, target, fstype, flags, data);
         steps.push(step(format!("mount {fstype} on {}", target.display()), r));
         if target == Path::new("/dev") {
             steps.push(step("console on fds 0-2", console()));
@@ -191,20 +178,13 @@ pub fn boot(cfg: &InitConfig) -> Vec<Step> {
         let r = if is_mountpoint(target) {
             Ok(())
         } else {
-            let r = std::fs::create_dir_all(target)
-                .map_err(|source| InitError::CreateDir {
-                    path: target.to_owned(),
-                    source,
-                })
-                .and_then(|()| {
-                    Ok(nix::mount::mount(
-                        Some("tmpfs"),
-                        target,
-                        Some("tmpfs"),
-                        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
-                        Some("mode=1777"),
-                    )?)
-                });
+            let r = mount_at(
+                "tmpfs",
+                target,
+                "tmpfs",
+                MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+                Some("mode=1777"),
+            );
             let failed = r.is_err();
             steps.push(step(format!("mount tmpfs on {dir}"), r));
             if failed { Err(()) } else { Ok(()) }
@@ -233,6 +213,27 @@ pub fn boot(cfg: &InitConfig) -> Vec<Step> {
     // Scripts reach the MCP data plane on 127.0.0.1 (exec.mcp_listen).
     steps.push(step("loopback interface up", loopback_up()));
     steps
+}
+
+/// Mounts `fstype` from `source` on `target`, made first if missing.
+fn mount_at(
+    source: &str,
+    target: &Path,
+    fstype: &str,
+    flags: nix::mount::MsFlags,
+    data: Option<&str>,
+) -> Result<(), InitError> {
+    std::fs::create_dir_all(target).map_err(|source| InitError::CreateDir {
+        path: target.to_owned(),
+        source,
+    })?;
+    Ok(nix::mount::mount(
+        Some(source),
+        target,
+        Some(fstype),
+        flags,
+        data,
+    )?)
 }
 
 /// The kernel's link protections: no hard link to a file one does not own,
