@@ -42,8 +42,10 @@ impl Stalled {
             head.push_str("\r\n");
         }
         head.push_str("\r\n");
-        sock.write_all(head.as_bytes()).expect("the head");
-        sock.write_all(&body[..first]).expect("the first bytes");
+        // One write: the host may answer and close once it has the head.
+        let mut start = head.into_bytes();
+        start.extend_from_slice(&body[..first]);
+        sock.write_all(&start).expect("the head and first bytes");
         Stalled {
             sock,
             rest: body[first..].to_vec(),
