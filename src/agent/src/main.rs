@@ -88,6 +88,11 @@ struct Args {
     #[arg(long, value_name = "DIR", env = "SANDBOX_AGENT_DATA_PATH")]
     data_path: Option<PathBuf>,
 
+    /// How data_path shows the workspace: `symlink`, or `bind` (a bind
+    /// mount, as root: servers that resolve paths see data_path itself).
+    #[arg(long, value_name = "HOW", env = "SANDBOX_AGENT_DATA_LINK")]
+    data_link: Option<sandbox_agent::config::DataLink>,
+
     /// The mail service's ports: `manifest` ([mail] in servers.toml) or
     /// `auto` (free loopback ports at every start, e.g. for several agents
     /// on one machine).
@@ -237,6 +242,7 @@ fn overrides(args: &Args, env_token: Option<String>) -> Overrides {
         workspace: args.workspace.clone(),
         state_root: args.state_root.clone(),
         data_path: args.data_path.clone(),
+        data_link: args.data_link,
         token_file: args.token_file.clone(),
         token: env_token,
         log_format: args.log_format,

@@ -2,6 +2,7 @@
 //! each with that listener's auth policy, reports health, and drains on
 //! shutdown within the configured grace period.
 
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -118,6 +119,17 @@ pub async fn bind(settings: &Settings) -> Result<Bound, ServeError> {
         path: settings.workspace.display().to_string(),
         source,
     })?;
+    // A mounted workspace: the agent's state must not show in its tree.
+    let ws = settings.workspace.clone();
+    let real = tokio::task::spawn_blocking(move || {
+        crate::workspace::volume::separate(&ws, Path::new(crate::workspace::volume::VOLUME_DIR))
+    })
+    .await
+    .map_err(|e| ServeError::Open(e.to_string()))?
+    .map_err(|e| ServeError::Open(e.to_string()))?;
+    if real != settings.workspace {
+        info!(volume = %real.display(), "the workspace's bookkeeping is kept outside its tree");
+    }
     // Tenants work in the workspace: its root is theirs, and so is every
     // entry extracted into it (archive.owner defaults to the root's owner).
     let tenant = crate::tenant::parse(&settings.supervisor.tenant_user)
@@ -148,7 +160,7 @@ pub async fn bind(settings: &Settings) -> Result<Bound, ServeError> {
         crate::workspace::data_path::show_at(&settings.workspace, data, *link)?;
         info!(data_path = %data.display(), ?link, "the workspace is also at data_path");
     }
-    let (path, limits) = (settings.workspace.clone(), settings.archive.clone());
+    let (path, limits) = (real, settings.archive.clone());
     let workspace = tokio::task::spawn_blocking(move || Workspace::open(&path, limits))
         .await
         .map_err(|e| ServeError::Open(e.to_string()))?

@@ -274,6 +274,7 @@ pub struct Overrides {
     pub workspace: Option<PathBuf>,
     pub state_root: Option<PathBuf>,
     pub data_path: Option<PathBuf>,
+    pub data_link: Option<DataLink>,
     pub token_file: Option<PathBuf>,
     /// The token itself, from `SANDBOX_AGENT_TOKEN`. A token file given by
     /// flag or env wins over it; it wins over the config file's token_file.
@@ -361,6 +362,9 @@ impl Config {
         }
         if let Some(d) = &o.data_path {
             self.data_path = Some(d.clone());
+        }
+        if let Some(l) = o.data_link {
+            self.data_link = l;
         }
         if let Some(t) = &o.tenant_user {
             self.supervisor.tenant_user = t.clone();

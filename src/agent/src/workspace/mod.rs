@@ -16,6 +16,7 @@
 //! - [`error`]: [`WorkspaceError`], the archive's [`ArchiveError`] and the
 //!   workspace's own causes.
 //! - [`data_path`]: the second path (e.g. `/data`) showing the workspace.
+//! - [`volume`]: a mounted workspace's bookkeeping kept out of its tree.
 //! - `transfer`: Initialize and Dump as streams (the blocking operation on
 //!   its own thread, bounded channels, cancellation by a Release).
 //!
@@ -31,6 +32,7 @@ mod moves;
 mod ops;
 mod transfer;
 pub mod txn;
+pub mod volume;
 
 pub use codec::Compression;
 pub use error::{ArchiveError, WorkspaceError};

@@ -116,6 +116,10 @@ pub(super) fn agent_args(
         state,
         "--data-path".into(),
         data,
+        // Isolated, the agent owns its mount namespace: /data is a bind
+        // mount, so servers that resolve paths see /data itself.
+        "--data-link".into(),
+        if isolated { "bind" } else { "symlink" }.into(),
         // Several agents may share this machine's loopback.
         "--mail-ports".into(),
         "auto".into(),

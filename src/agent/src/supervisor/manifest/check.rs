@@ -472,6 +472,11 @@ impl Entry<'_> {
                         .collect::<Result<Vec<_>, _>>()
                 })
                 .transpose()?,
+            cwd: o
+                .cwd
+                .as_deref()
+                .map(|d| abs_path(&self.x(d, &f("cwd"))?, &f("cwd")))
+                .transpose()?,
             env,
             seed,
             metadata: o.metadata.clone(),

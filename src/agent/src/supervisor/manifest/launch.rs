@@ -152,7 +152,9 @@ impl ServerDef {
                 .and_then(|o| o.args.clone())
                 .unwrap_or_else(|| self.args.clone()),
             env,
-            cwd: self.cwd.clone(),
+            cwd: o
+                .and_then(|o| o.cwd.clone())
+                .unwrap_or_else(|| self.cwd.clone()),
             uid: self.uid,
             gid: self.gid,
             transport: self.transport.clone(),

@@ -104,6 +104,7 @@ pub struct Seed {
 pub struct Override {
     pub command: Option<String>,
     pub args: Option<Vec<String>>,
+    pub cwd: Option<PathBuf>,
     pub env: BTreeMap<String, String>,
     pub seed: Vec<Seed>,
     /// Directories the profile keeps in the workspace (normalized relative

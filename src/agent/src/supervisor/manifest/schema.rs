@@ -115,6 +115,8 @@ pub struct SeedFile {
 pub struct OverrideFile {
     pub command: Option<String>,
     pub args: Option<Vec<String>>,
+    /// The working directory instead of the server's (an absolute path).
+    pub cwd: Option<String>,
     /// Merged over the server's env.
     #[serde(default)]
     pub env: BTreeMap<String, String>,
