@@ -5,6 +5,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod benchmark_tasks;
 mod canvas;
 mod exec;
 mod first_day;

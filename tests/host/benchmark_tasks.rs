@@ -1,0 +1,321 @@
+//! Issue 36: the benchmarks' tasks behave here as on Klavis's sandbox.
+//! Each benchmark's Klavis integration is replayed call for call
+//! (tests/clients/benchmark_tasks.py: httpx and the official MCP SDK, as
+//! the integrations use them), one real task of it solved by a scripted
+//! model through the sandbox's MCP URLs, and the task's own verification
+//! re-expressed here.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::{Value, json};
+
+use crate::common::bench_data::atlas;
+use crate::common::host::*;
+
+const TASKS: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/tests/clients/benchmark_tasks.py"
+);
+
+fn tasks(host: &Host, args: &[&str]) -> Value {
+    let out = Command::new("python3")
+        .arg(TASKS)
+        .arg(&host.base)
+        .arg(KEY_A)
+        .args(args)
+        .output()
+        .expect("python3");
+    assert!(
+        out.status.success(),
+        "benchmark_tasks.py {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("client JSON")
+}
+
+/// The shared benchmark data (never in this repository), where this machine
+/// has it.
+fn shared(rel: &str) -> Option<PathBuf> {
+    [
+        std::env::var_os("SANDBOX_AGENT_BENCHMARK_DATA").map(PathBuf::from),
+        Some(Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/benchmark-data")),
+        Some(PathBuf::from("/work/shared/benchmark-data")),
+    ]
+    .into_iter()
+    .flatten()
+    .map(|r| r.join(rel))
+    .find(|p| p.exists())
+}
+
+/// The calls of one profile: every file-touching server on `/data`, on a
+/// relative path (the workspace, as the prompts' `.`) and, where the server
+/// takes two roots, on the workspace's own path.
+fn file_calls(bench: &str) -> Vec<Value> {
+    let read = if bench == "Toolathlon" {
+        "read_file"
+    } else {
+        "read_text_file"
+    };
+    let xlsx = if bench == "Toolathlon" {
+        json!({"filepath": "/data/a.xlsx"})
+    } else {
+        json!({"path": "/data/a.xlsx"})
+    };
+    let py = "import os; print(os.getcwd(), open('/data/probe.txt').read(), open('probe.txt').read())";
+    let mut calls = vec![
+        json!(["filesystem", read, {"path": "/data/probe.txt"}]),
+        json!(["filesystem", read, {"path": "probe.txt"}]),
+        json!(["filesystem", read, {"path": "/workspace/probe.txt"}]),
+        json!(["filesystem", "directory_tree", {"path": "/data"}]),
+        json!(["terminal", "run_command", {"command": "cat /data/probe.txt"}]),
+        json!(["terminal", "run_command", {"command": "cat probe.txt"}]),
+        json!(["excel", "create_workbook", xlsx]),
+        json!(["word", "create_document", {"filename": "/data/a.docx"}]),
+        json!(["word", "create_document", {"filename": "b.docx"}]),
+        json!(["powerpoint", "create_presentation", {"id": "p"}]),
+        json!(["powerpoint", "save_presentation", {"file_path": "/data/a.pptx", "presentation_id": "p"}]),
+        json!(["pdf-tools", "get_pdf_info", {"pdf_file_path": "/data/probe.pdf"}]),
+        json!(["pdf-tools", "get_pdf_info", {"pdf_file_path": "probe.pdf"}]),
+        json!(["code-executor", "read_file", {"file_path": "/data/probe.txt"}]),
+        json!(["code-executor", "read_file", {"file_path": "probe.txt"}]),
+        json!(["code-executor", "run_python_code", {"code": py}]),
+        json!(["code-runner", "run-code", {"code": py, "languageId": "python"}]),
+        json!(["desktop-commander", "read_file", {"path": "/data/probe.txt"}]),
+    ];
+    if bench != "MCP_Atlas" {
+        // MCP_Atlas confines desktop-commander to /data by name.
+        calls.push(json!(["desktop-commander", "read_file", {"path": "probe.txt"}]));
+    }
+    calls.push(json!(["filesystem", "list_directory", {"path": "/data"}]));
+    calls
+}
+
+#[test]
+fn every_file_touching_server_of_every_profile_works_on_data_and_the_workspace() {
+    atlas();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let host = Host::start(dir.path(), &[]);
+    for bench in ["Toolathlon", "MCP_Atlas", "MCP_Mark"] {
+        let calls = Value::from(file_calls(bench)).to_string();
+        let out = tasks(&host, &["paths", bench, &calls]);
+        let results = out["results"].as_array().expect("results");
+        for r in results {
+            let text = r["text"].as_str().unwrap_or_default();
+            let refused = ["denied", "not allowed", "outside", "must be within"]
+                .iter()
+                .any(|w| text.to_lowercase().contains(w));
+            assert!(
+                r["is_error"] == false && !refused,
+                "{bench}: {}: {text}",
+                r["call"]
+            );
+            let (server, tool) = (r["call"][0].as_str(), r["call"][1].as_str());
+            if matches!(tool, Some("read_file" | "read_text_file" | "run_command" | "run-code"))
+                || server == Some("code-executor")
+            {
+                assert!(text.contains("probe content"), "{bench}: {}: {text}", r["call"]);
+            }
+            if tool == Some("get_pdf_info") {
+                assert!(!text.starts_with("Error"), "{bench}: {}: {text}", r["call"]);
+            }
+        }
+        // Nothing of the agent's own in the tree the servers show.
+        let listing = results.last().expect("the listing")["text"]
+            .as_str()
+            .unwrap_or_default();
+        assert!(listing.contains("[FILE] probe.txt"), "{bench}: {listing}");
+        assert!(!listing.contains("sandbox-agent"), "{bench}: {listing}");
+        let dump: Vec<&str> = out["dump"]
+            .as_array()
+            .expect("dump")
+            .iter()
+            .filter_map(Value::as_str)
+            .collect();
+        assert!(dump.contains(&"./probe.txt"), "{bench}: {dump:?}");
+        assert!(
+            dump.iter().all(|n| !n.contains("sandbox-agent")),
+            "{bench}: {dump:?}"
+        );
+        for made in ["a.docx", "b.docx", "a.pptx", "a.xlsx"] {
+            assert!(
+                dump.contains(&format!("./{made}").as_str()),
+                "{bench}: {made} in the workspace: {dump:?}"
+            );
+        }
+    }
+}
+
+/// Toolathlon's privacy-desensitization (filesystem + terminal): passes iff
+/// `desensitized_documents/` holds exactly one `<stem>_desensitized.<ext>`
+/// per document and each equals the ground truth once all whitespace is
+/// deleted.
+#[test]
+fn toolathlon_privacy_desensitization_passes_its_check() {
+    let Some(task) = shared("Toolathlon/examples/privacy-desensitization") else {
+        eprintln!("SKIPPED: Toolathlon's example task is not on this machine");
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let host = Host::start(dir.path(), &[]);
+    let out_dir = dir.path().join("result");
+    let out = tasks(
+        &host,
+        &["toolathlon", &task.display().to_string(), &out_dir.display().to_string()],
+    );
+    for c in out["calls"].as_array().expect("calls") {
+        assert_eq!(c["is_error"], false, "{c}");
+    }
+    assert_eq!(out["released"], 200, "{out}");
+    let truth = task.join("groundtruth_extracted/desensitized_documents");
+    let strip = |p: &Path| -> String {
+        std::fs::read_to_string(p)
+            .unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+            .split_whitespace()
+            .collect()
+    };
+    let names = |d: &Path| -> Vec<String> {
+        let mut n: Vec<String> = std::fs::read_dir(d)
+            .unwrap_or_else(|e| panic!("{}: {e}", d.display()))
+            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+            .collect();
+        n.sort();
+        n
+    };
+    let got = out_dir.join("desensitized_documents");
+    let inputs = names(&task.join("initial_workspace_extracted"));
+    let expected: Vec<String> = inputs
+        .iter()
+        .map(|n| {
+            let p = Path::new(n);
+            let stem = p.file_stem().expect("stem").to_string_lossy();
+            let ext = p.extension().map(|e| e.to_string_lossy()).unwrap_or_default();
+            format!("{stem}_desensitized.{ext}")
+        })
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    assert_eq!(names(&got), expected, "exactly the documents' copies");
+    for n in &expected {
+        assert_eq!(strip(&got.join(n)), strip(&truth.join(n)), "{n}");
+    }
+    // The originals are still there, nothing of the agent's beside them.
+    for n in &inputs {
+        assert!(out_dir.join(n).is_file(), "{n}");
+    }
+    assert!(
+        names(&out_dir).iter().all(|n| !n.contains("sandbox-agent")),
+        "{:?}",
+        names(&out_dir)
+    );
+}
+
+/// MCP_Atlas over /data: the integration's parallel acquires of local_dev
+/// and localmemory, a new MCP session per call; desktop-commander reads a
+/// task CSV at /data (and nothing outside it), the memory graph is the
+/// benchmark's.
+#[test]
+fn mcp_atlas_task_over_data_with_desktop_commander_and_memory() {
+    let data = atlas();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let host = Host::start(dir.path(), &[]);
+    let out = tasks(&host, &["atlas"]);
+    let urls: Vec<&str> = out["server_urls"]
+        .as_array()
+        .expect("urls")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    for s in ["desktop-commander", "filesystem", "localmemory"] {
+        assert!(urls.contains(&s), "{urls:?}");
+    }
+    let text = |k: &str| out[k][1].as_str().unwrap_or_default().to_owned();
+    let csv_name = if data.real {
+        "Barber Shop.csv"
+    } else {
+        crate::common::bench_data::ATLAS_CSV
+    };
+    assert_eq!(out["listing"][0], false, "{}", out["listing"]);
+    assert!(text("listing").contains(csv_name), "{}", text("listing"));
+    assert!(!text("listing").contains("sandbox-agent"), "{}", text("listing"));
+    assert!(text("config").contains("/data"), "{}", text("config"));
+    let outside = text("outside");
+    assert!(
+        outside.contains("not allowed") || out["outside"][0] == true,
+        "desktop-commander stays in /data: {outside}"
+    );
+    if data.real {
+        // The task: the shop's rows, read by desktop-commander at /data,
+        // as the published file has them.
+        let src = crate::common::bench_data::atlas_source().expect("real data");
+        let csv = std::fs::read_to_string(src.join(csv_name)).expect("csv");
+        let first_row = csv.lines().nth(1).expect("a data row");
+        assert!(text("csv").contains(first_row), "{}", text("csv"));
+        assert_eq!(text("fs_csv"), csv, "the filesystem server's read");
+        let graph: Value = serde_json::from_str(&text("graph")).expect("read_graph JSON");
+        assert_eq!(graph["entities"].as_array().map(Vec::len), Some(41), "{graph}");
+    } else {
+        assert!(text("graph").contains(crate::common::bench_data::ATLAS_ENTITY));
+    }
+}
+
+/// MCP_Mark's file_property/largest_rename: passes iff `sg.jpg` is gone and
+/// `largest.jpg` exists in the dumped directory (its verify.py reads the
+/// dump's root). The tree is a stand-in with the category's names (the
+/// category's zip is not reachable from here).
+#[test]
+fn mcp_mark_largest_rename_passes_its_check() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let tree = dir.path().join("file_property");
+    std::fs::create_dir(&tree).expect("tree");
+    for (name, size) in [
+        ("bear.jpg", 3000),
+        ("bridge.jpg", 5000),
+        ("sg.jpg", 9000),
+        ("bus.MOV", 20000),
+        ("road.MOV", 15000),
+        ("random_file_1.txt", 10),
+        ("random_file_2.txt", 20),
+        ("random_file_3.txt", 30),
+    ] {
+        std::fs::write(tree.join(name), vec![b'x'; size]).expect("file");
+    }
+    let host = Host::start(dir.path(), &[]);
+    let out_dir = dir.path().join("result");
+    let out = tasks(
+        &host,
+        &["mark", &tree.display().to_string(), &out_dir.display().to_string()],
+    );
+    for c in out["calls"].as_array().expect("calls") {
+        assert_eq!(c["is_error"], false, "{c}");
+        assert!(
+            !c["text"].as_str().unwrap_or_default().contains("sandbox-agent"),
+            "{c}"
+        );
+    }
+    assert!(!out_dir.join("sg.jpg").exists(), "{out}");
+    assert_eq!(
+        std::fs::metadata(out_dir.join("largest.jpg")).map(|m| m.len()).ok(),
+        Some(9000),
+        "{out}"
+    );
+    let mut names: Vec<String> = std::fs::read_dir(&out_dir)
+        .expect("result")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(
+        names,
+        [
+            "bear.jpg",
+            "bridge.jpg",
+            "bus.MOV",
+            "largest.jpg",
+            "random_file_1.txt",
+            "random_file_2.txt",
+            "random_file_3.txt",
+            "road.MOV"
+        ],
+        "exactly the task's files"
+    );
+}
