@@ -9,7 +9,7 @@ usage: klavis_sdk.py BASE_URL API_KEY SCENARIO
               delete_sandbox, get_sandbox again (404)
   localmemory create_sandbox(localmemory), initialize_sandbox(LocalMemoryData),
               read_graph through server_urls in a new MCP session each time,
-              dump_sandbox, delete_sandbox
+              dump_sandbox, initialize_sandbox(init_default_data=True), delete_sandbox
 Prints one JSON object.
 """
 import asyncio
@@ -94,6 +94,11 @@ def localmemory(c):
                            for e in dump.data.get("entities") or []),
         "relations": [(r["from"], r["to"], r["relationType"]) for r in dump.data.get("relations") or []],
     }
+    # Klavis's default test data, in place of what was there.
+    c.sandbox.initialize_sandbox(sid, init_default_data=True)
+    graph = json.loads(asyncio.run(call(url, "read_graph", {})))
+    out["default"] = {"entities": sorted(e["name"] for e in graph["entities"]),
+                      "relations": len(graph["relations"])}
     c.sandbox.delete_sandbox(server_name="localmemory", sandbox_id=sid)
     return out
 

@@ -95,6 +95,12 @@ fn the_klavis_sdk_loads_and_dumps_localmemory() {
         v["dump"]["relations"],
         json!([["Ada", "Engine", "programmed"]])
     );
+    // init_default_data=True replaces the graph with the default data.
+    assert_eq!(
+        v["default"],
+        json!({"entities": ["Ada Lovelace", "Analytical Engine", "Charles Babbage"], "relations": 2}),
+        "{v}"
+    );
 }
 
 /// Toolathlon's sequence (`KlavisSandbox` with local_dev): acquire with its
