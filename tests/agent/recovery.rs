@@ -444,3 +444,76 @@ async fn release_frees_a_full_disk() {
         .expect("Clear on a full disk");
     assert!(!ws.join("filler.bin").exists());
 }
+
+/// As PID 1 (a VM's init, an isolated slot) with the workspace a mount
+/// point, the agent keeps its journal, staging and old trees beside the
+/// tree the servers see, never in it: the workspace shows exactly the
+/// archive's entries, before and after a second Initialize, and so does
+/// its dump; the volume's own root is out of a tenant's reach.
+#[tokio::test]
+async fn a_mounted_workspace_shows_only_the_tasks_files() {
+    if !root_or_skip("a PID 1 agent over a mounted workspace") {
+        return;
+    }
+    let dir = pid1_dir();
+    let ws = dir.path().join("ws");
+    let _mount = Mount::new(&ws);
+    let agent = Agent::start_pid1(dir, &[]);
+    let pid = pid1_agent_pid(&agent);
+    // The workspace as the agent's namespace (its servers, its tenants)
+    // sees it.
+    let seen = PathBuf::from(format!("/proc/{pid}/root")).join(ws.strip_prefix("/").unwrap());
+    let names = |d: &Path| -> Vec<String> {
+        let mut n: Vec<String> = std::fs::read_dir(d)
+            .unwrap_or_else(|e| panic!("{}: {e}", d.display()))
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        n.sort();
+        n
+    };
+    let client = connect(&agent).await;
+    for tag in ["first", "second"] {
+        initialize(&client, proto::InitializeHeader::default(), tree(tag, 3))
+            .await
+            .unwrap_or_else(|e| panic!("Initialize {tag}: {e}\n{}", agent.stderr.all()));
+        let mut expected: Vec<String> = (0..3)
+            .flat_map(|i| [format!("{tag}-dir{i}"), format!("{tag}-top{i}.txt")])
+            .collect();
+        expected.sort();
+        assert_eq!(names(&seen), expected, "{tag}: the workspace");
+        let (tgz, _) = dump(&client, proto::DumpRequest::default())
+            .await
+            .expect("Dump");
+        let mut tops: Vec<String> = tar::Archive::new(flate2::read::GzDecoder::new(&tgz[..]))
+            .entries()
+            .expect("the dump")
+            .map(|e| {
+                e.expect("entry")
+                    .path()
+                    .expect("path")
+                    .display()
+                    .to_string()
+            })
+            .filter_map(|p| {
+                let p = p.trim_start_matches("./").trim_end_matches('/').to_owned();
+                (!p.is_empty() && !p.contains('/')).then_some(p)
+            })
+            .collect();
+        tops.sort();
+        assert_eq!(tops, expected, "{tag}: the dump");
+    }
+    let volume = PathBuf::from(format!("/proc/{pid}/root/run/sandbox-agent-volume"));
+    let meta = std::fs::metadata(&volume).expect("the volume");
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    assert_eq!(
+        meta.permissions().mode() & 0o777,
+        0o700,
+        "the volume's root"
+    );
+    assert_eq!(meta.uid(), 0);
+    assert!(
+        names(&volume).contains(&"tree".to_owned()),
+        "{:?}",
+        names(&volume)
+    );
+}

@@ -62,7 +62,8 @@ fn file_calls(bench: &str) -> Vec<Value> {
     } else {
         json!({"path": "/data/a.xlsx"})
     };
-    let py = "import os; print(os.getcwd(), open('/data/probe.txt').read(), open('probe.txt').read())";
+    let py =
+        "import os; print(os.getcwd(), open('/data/probe.txt').read(), open('probe.txt').read())";
     let mut calls = vec![
         json!(["filesystem", read, {"path": "/data/probe.txt"}]),
         json!(["filesystem", read, {"path": "probe.txt"}]),
@@ -111,10 +112,16 @@ fn every_file_touching_server_of_every_profile_works_on_data_and_the_workspace()
                 r["call"]
             );
             let (server, tool) = (r["call"][0].as_str(), r["call"][1].as_str());
-            if matches!(tool, Some("read_file" | "read_text_file" | "run_command" | "run-code"))
-                || server == Some("code-executor")
+            if matches!(
+                tool,
+                Some("read_file" | "read_text_file" | "run_command" | "run-code")
+            ) || server == Some("code-executor")
             {
-                assert!(text.contains("probe content"), "{bench}: {}: {text}", r["call"]);
+                assert!(
+                    text.contains("probe content"),
+                    "{bench}: {}: {text}",
+                    r["call"]
+                );
             }
             if tool == Some("get_pdf_info") {
                 assert!(!text.starts_with("Error"), "{bench}: {}: {text}", r["call"]);
@@ -161,7 +168,11 @@ fn toolathlon_privacy_desensitization_passes_its_check() {
     let out_dir = dir.path().join("result");
     let out = tasks(
         &host,
-        &["toolathlon", &task.display().to_string(), &out_dir.display().to_string()],
+        &[
+            "toolathlon",
+            &task.display().to_string(),
+            &out_dir.display().to_string(),
+        ],
     );
     for c in out["calls"].as_array().expect("calls") {
         assert_eq!(c["is_error"], false, "{c}");
@@ -189,7 +200,10 @@ fn toolathlon_privacy_desensitization_passes_its_check() {
         .map(|n| {
             let p = Path::new(n);
             let stem = p.file_stem().expect("stem").to_string_lossy();
-            let ext = p.extension().map(|e| e.to_string_lossy()).unwrap_or_default();
+            let ext = p
+                .extension()
+                .map(|e| e.to_string_lossy())
+                .unwrap_or_default();
             format!("{stem}_desensitized.{ext}")
         })
         .collect::<std::collections::BTreeSet<_>>()
@@ -237,7 +251,11 @@ fn mcp_atlas_task_over_data_with_desktop_commander_and_memory() {
     };
     assert_eq!(out["listing"][0], false, "{}", out["listing"]);
     assert!(text("listing").contains(csv_name), "{}", text("listing"));
-    assert!(!text("listing").contains("sandbox-agent"), "{}", text("listing"));
+    assert!(
+        !text("listing").contains("sandbox-agent"),
+        "{}",
+        text("listing")
+    );
     assert!(text("config").contains("/data"), "{}", text("config"));
     let outside = text("outside");
     assert!(
@@ -253,7 +271,11 @@ fn mcp_atlas_task_over_data_with_desktop_commander_and_memory() {
         assert!(text("csv").contains(first_row), "{}", text("csv"));
         assert_eq!(text("fs_csv"), csv, "the filesystem server's read");
         let graph: Value = serde_json::from_str(&text("graph")).expect("read_graph JSON");
-        assert_eq!(graph["entities"].as_array().map(Vec::len), Some(41), "{graph}");
+        assert_eq!(
+            graph["entities"].as_array().map(Vec::len),
+            Some(41),
+            "{graph}"
+        );
     } else {
         assert!(text("graph").contains(crate::common::bench_data::ATLAS_ENTITY));
     }
@@ -284,18 +306,27 @@ fn mcp_mark_largest_rename_passes_its_check() {
     let out_dir = dir.path().join("result");
     let out = tasks(
         &host,
-        &["mark", &tree.display().to_string(), &out_dir.display().to_string()],
+        &[
+            "mark",
+            &tree.display().to_string(),
+            &out_dir.display().to_string(),
+        ],
     );
     for c in out["calls"].as_array().expect("calls") {
         assert_eq!(c["is_error"], false, "{c}");
         assert!(
-            !c["text"].as_str().unwrap_or_default().contains("sandbox-agent"),
+            !c["text"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("sandbox-agent"),
             "{c}"
         );
     }
     assert!(!out_dir.join("sg.jpg").exists(), "{out}");
     assert_eq!(
-        std::fs::metadata(out_dir.join("largest.jpg")).map(|m| m.len()).ok(),
+        std::fs::metadata(out_dir.join("largest.jpg"))
+            .map(|m| m.len())
+            .ok(),
         Some(9000),
         "{out}"
     );

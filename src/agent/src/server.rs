@@ -120,8 +120,13 @@ pub async fn bind(settings: &Settings) -> Result<Bound, ServeError> {
         source,
     })?;
     // A mounted workspace: the agent's state must not show in its tree.
+    // Only as PID 1 (a VM's init, an isolated slot), whose mounts are its
+    // own: an agent in a machine's namespace never mounts over its paths.
     let ws = settings.workspace.clone();
     let real = tokio::task::spawn_blocking(move || {
+        if !crate::init::is_pid1() {
+            return Ok(ws);
+        }
         crate::workspace::volume::separate(&ws, Path::new(crate::workspace::volume::VOLUME_DIR))
     })
     .await

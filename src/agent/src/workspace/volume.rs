@@ -4,8 +4,9 @@
 //! the workspace's filesystem (a swap is renames). When the workspace is a
 //! directory, they sit next to it (`txn`); when it is a mount point (a VM's
 //! disk, an isolated slot's bind mount) the only place is inside it, where
-//! every listing, tree and dump of the root would show it. So, as root, the
-//! agent takes the mount for itself: it binds the volume at [`VOLUME_DIR`]
+//! every listing, tree and dump of the root would show it. So, as root and
+//! PID 1 (its mounts are its own; the caller checks), the agent takes the
+//! mount for itself: it binds the volume at [`VOLUME_DIR`]
 //! (only root can pass it), keeps the tree in `<volume>/tree`, and
 //! binds that tree over the workspace path. Tenants and servers see
 //! exactly the task's files at the workspace path; the agent works on
@@ -38,7 +39,12 @@ pub struct VolumeError {
 /// Whether `path` is the root of a mount (`statx`'s `STATX_ATTR_MOUNT_ROOT`;
 /// false when the kernel cannot tell).
 pub fn is_mount_root(path: &Path) -> io::Result<bool> {
-    let st = statx(CWD, path, AtFlags::SYMLINK_NOFOLLOW, StatxFlags::BASIC_STATS)?;
+    let st = statx(
+        CWD,
+        path,
+        AtFlags::SYMLINK_NOFOLLOW,
+        StatxFlags::BASIC_STATS,
+    )?;
     let known = st.stx_attributes_mask;
     let attrs = st.stx_attributes;
     Ok(known.contains(StatxAttributes::MOUNT_ROOT) && attrs.contains(StatxAttributes::MOUNT_ROOT))
@@ -115,14 +121,7 @@ fn adopt_former_entries(volume: &Path) -> io::Result<()> {
 }
 
 fn bind(from: &Path, to: &Path) -> io::Result<()> {
-    mount(
-        Some(from),
-        to,
-        None::<&str>,
-        MsFlags::MS_BIND,
-        None::<&str>,
-    )
-    .map_err(io::Error::from)
+    mount(Some(from), to, None::<&str>, MsFlags::MS_BIND, None::<&str>).map_err(io::Error::from)
 }
 
 fn same_dir(a: &Path, b: &Path) -> bool {
