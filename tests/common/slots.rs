@@ -163,3 +163,12 @@ fn remove_cgroup(d: &Path) {
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
 }
+
+/// A slot's workspace as its tenants see it, from the host: the tree an
+/// isolated agent binds over /workspace (`<slot>/ws/tree`, its bookkeeping
+/// beside it in `<slot>/ws`), or `<slot>/ws` itself for an agent that is
+/// not PID 1 of its own namespaces.
+pub fn slot_workspace(slot: &Path) -> PathBuf {
+    let tree = slot.join("ws/tree");
+    if tree.is_dir() { tree } else { slot.join("ws") }
+}

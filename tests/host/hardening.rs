@@ -98,7 +98,7 @@ fn a_busy_workspace_is_409() {
     // so the Dump stays in flight while its reader is slow.
     let ws = crate::warm::slot_dirs(&host)
         .into_iter()
-        .map(|s| s.join("ws"))
+        .map(|s| crate::common::slots::slot_workspace(&s))
         .find(|w| w.join("mark.bin").exists())
         .expect("the sandbox's workspace");
     crate::common::ws::write_64_mib(&ws, "big.bin");

@@ -79,7 +79,7 @@ fn a_tenant_reaches_nothing_of_the_host_or_other_tenants() {
     let b_files: Vec<String> = std::fs::read_dir(host.data.join("slots"))
         .expect("slots")
         .flatten()
-        .map(|e| e.path().join("ws/secret-of-b"))
+        .map(|e| crate::common::slots::slot_workspace(&e.path()).join("secret-of-b"))
         .filter(|p| p.exists())
         .map(|p| p.display().to_string())
         .collect();
@@ -228,7 +228,11 @@ time.sleep(3600)
             .ok()
             .and_then(|d| {
                 d.flatten()
-                    .find(|e| e.path().join("ws/ghost").exists())
+                    .find(|e| {
+                        crate::common::slots::slot_workspace(&e.path())
+                            .join("ghost")
+                            .exists()
+                    })
                     .map(|e| e.file_name().to_string_lossy().into_owned())
             });
         slot.ok_or_else(|| "no ghost file yet".to_owned())

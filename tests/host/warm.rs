@@ -377,7 +377,9 @@ fn benchmark_profiles_serve_their_benchmark_and_never_leak_seed_data() {
         })
         .expect("the sandbox's slot");
     assert!(
-        slot.join("ws/atlas.txt").is_file(),
+        crate::common::slots::slot_workspace(&slot)
+            .join("atlas.txt")
+            .is_file(),
         "the profile's seed data"
     );
     release(&host, KEY_A, &id);
@@ -406,7 +408,12 @@ fn benchmark_profiles_serve_their_benchmark_and_never_leak_seed_data() {
         servers.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>(),
         ["filesystem"]
     );
-    assert!(!slot.join("ws/atlas.txt").exists(), "no seed of git");
+    assert!(
+        !crate::common::slots::slot_workspace(&slot)
+            .join("atlas.txt")
+            .exists(),
+        "no seed of git"
+    );
     assert_mcp_initializes(&host.base, "filesystem", &id);
 
     // A plain Acquire is no MCP_Atlas one: the warm lease does not serve it.
