@@ -188,3 +188,38 @@ pub(super) fn check_mail(
         max_data_bytes,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn domains_expand_ranges_once_each_after_the_default() {
+        let d = expand_domains("mcp.com", &names(&["MCP.com", "mcp{1..3}.com", "mcp2.com"]))
+            .expect("domains");
+        assert_eq!(d, ["mcp.com", "mcp1.com", "mcp2.com", "mcp3.com"]);
+        let d = expand_domains("mcp.com", &names(&["mcp{1..110}.com"])).expect("domains");
+        assert_eq!((d.len(), d[110].as_str()), (111, "mcp110.com"));
+    }
+
+    #[test]
+    fn bad_domains_are_refused() {
+        for bad in [
+            "mcp{3..1}.com",
+            "mcp{1..x}.com",
+            "mcp{1..2.com",
+            "-x.com",
+            "nodot",
+        ] {
+            let e = expand_domains("mcp.com", &names(&[bad])).expect_err(bad);
+            assert_eq!(e.field, "domains", "{bad}");
+        }
+        let e = expand_domains("mcp.com", &names(&["a{1..999}.com", "b{1..9}.com"]))
+            .expect_err("too many");
+        assert!(e.to_string().contains("at most 1000"), "{e}");
+    }
+}
