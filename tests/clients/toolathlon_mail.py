@@ -29,6 +29,7 @@ tarball_listings.txt). Prints one JSON object of what each step saw.
    sizes) is the ground truth's (tarball_listings.txt).
 """
 import asyncio
+import base64
 import io
 import json
 import re
@@ -139,7 +140,6 @@ def evaluate(dump: dict, receiver: str, subject: str, want: dict) -> dict:
         for a in m["attachments"]:
             if not a["filename"].lower().endswith(".zip") or "content" not in a:
                 continue
-            import base64
             with zipfile.ZipFile(io.BytesIO(base64.b64decode(a["content"]))) as z:
                 names = {i.filename: i.file_size for i in z.infolist() if not i.is_dir()}
             tops = {n.split("/", 1)[0] for n in names if n.startswith("Application_Materials_")}
