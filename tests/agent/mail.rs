@@ -264,3 +264,124 @@ async fn a_mail_directory_below_a_private_directory_works() {
     assert_eq!(jsmith, Some(3), "{d}");
     assert!(accepts(port(&lease, "imap_port")));
 }
+
+/// Mail among Toolathlon's accounts, as `FLOW` sends and reads it.
+const FLOW: &str = r#"
+import base64, imaplib, json, smtplib, sys
+from email.message import EmailMessage
+imap, smtp, password = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+out = {"zip_b64": base64.b64encode(bytes(range(256))).decode()}
+def send(frm, to, subject, attachment=None):
+    m = EmailMessage()
+    m["From"], m["To"], m["Subject"] = frm, to, subject
+    m.set_content("hello")
+    if attachment:
+        m.add_attachment(attachment, maintype="application", subtype="zip", filename="a.zip")
+    try:
+        smtplib.SMTP("127.0.0.1", smtp).send_message(m)
+        return "sent"
+    except smtplib.SMTPRecipientsRefused as e:
+        return " ".join(f"{c} {r.decode()}" for c, r in e.recipients.values())
+out["to_others"] = send("mary.castillo@mcp7.com", "kaiming@mcp.com, myersj@mcp110.com", "zip",
+                        bytes(range(256)))
+out["back"] = send("myersj@mcp110.com", "Mary.Castillo@MCP7.com", "thanks")
+out["mcp111"] = send("mary.castillo@mcp7.com", "x@mcp111.com", "nowhere")
+out["outside"] = send("mary.castillo@mcp7.com", "x@example.org", "nowhere")
+def inbox(user, pw):
+    m = imaplib.IMAP4("127.0.0.1", imap)
+    try:
+        m.login(user, pw)
+    except imaplib.IMAP4.error as e:
+        return f"refused: {e}"
+    m.select("INBOX", readonly=True)
+    return len(m.search(None, "ALL")[1][0].split())
+out["myersj"] = inbox("myersj@mcp110.com", password)
+out["myersj_own_password"] = inbox("myersj@mcp110.com", "jason1984%lt")
+out["mary"] = inbox("mary.castillo@mcp7.com", password)
+print(json.dumps(out))
+"#;
+
+/// Toolathlon's Klavis mode acquires with `test_account_email` at a domain
+/// of `mcp1.com` … `mcp110.com`: that address is the lease's account.
+/// Every address of the served domains is an account that logs in with the
+/// lease's password (not with the password Toolathlon's users_data.json
+/// gives it); mail goes both ways among them, other domains are refused, a
+/// load takes their addresses, and a dump carries an attachment's bytes.
+#[tokio::test]
+async fn toolathlon_domains_are_accounts_that_mail_each_other() {
+    let agent = agent_with("", AUTO_PORTS);
+    let c = sandbox_client::connect(&agent.unix_uri())
+        .await
+        .expect("connect");
+    let lease = c
+        .agent()
+        .acquire(acquire("t", &[POSTE], "Mary.Castillo@MCP7.com"))
+        .await
+        .unwrap_or_else(|e| panic!("Acquire: {e}\n{}", agent.stderr.all()))
+        .into_inner()
+        .lease
+        .expect("lease");
+    assert_eq!(
+        field(&lease, "email"),
+        &prost_types::value::Kind::StringValue("mary.castillo@mcp7.com".into())
+    );
+    let password = match field(&lease, "password") {
+        prost_types::value::Kind::StringValue(p) => p.clone(),
+        other => panic!("password: {other:?}"),
+    };
+    let out = std::process::Command::new("python3")
+        .args(["-c", FLOW])
+        .arg(port(&lease, "imap_port").to_string())
+        .arg(port(&lease, "smtp_port").to_string())
+        .arg(&password)
+        .output()
+        .expect("python3");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}\n{}", agent.stderr.all());
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(v["to_others"], "sent", "{v}");
+    assert_eq!(v["back"], "sent", "{v}");
+    for refused in ["mcp111", "outside"] {
+        assert!(
+            v[refused].as_str().is_some_and(|r| r.starts_with("550")),
+            "{v}"
+        );
+    }
+    assert_eq!(v["myersj"], 1, "{v}");
+    assert_eq!(v["mary"], 1, "{v}");
+    assert!(
+        v["myersj_own_password"]
+            .as_str()
+            .is_some_and(|r| r.starts_with("refused")),
+        "{v}"
+    );
+
+    let load = |json: &str| proto::LoadDataRequest {
+        server_name: POSTE.into(),
+        json: json.into(),
+        ..Default::default()
+    };
+    let other = r#"{"users": {"x@mcp111.com": {"emails": []}}}"#;
+    let e = c
+        .servers()
+        .load_data(load(other))
+        .await
+        .expect_err("mcp111");
+    assert_eq!(e.code(), Code::InvalidArgument, "{e}");
+    let ok = r#"{"users": {"kaiming@mcp42.com": {"emails": [{"subject": "loaded", "from_addr": "a@mcp.com", "to_addr": "kaiming@mcp42.com", "attachments": [{"filename": "n.txt", "content_type": "text/plain", "content": "bm90ZXM="}]}]}}}"#;
+    c.servers()
+        .load_data(load(ok))
+        .await
+        .unwrap_or_else(|e| panic!("LoadData: {e}\n{}", agent.stderr.all()));
+    let d = dump(&c).await;
+    let att = |user: &str| d["users"][user]["emails"][0]["attachments"][0].clone();
+    let zip = att("myersj@mcp110.com");
+    assert_eq!(zip["filename"], "a.zip", "{d}");
+    assert_eq!(zip["size"], 256, "{d}");
+    assert_eq!(zip["content"], v["zip_b64"], "{d}");
+    assert_eq!(att("kaiming@mcp42.com")["content"], "bm90ZXM=", "{d}");
+    assert_eq!(
+        d["users"]["kaiming@mcp.com"]["emails"][0]["subject"], "zip",
+        "{d}"
+    );
+}

@@ -11,11 +11,14 @@ pub fn servers_dir() -> String {
         .unwrap_or_else(|_| "/opt/sandbox-agent/servers".to_owned())
 }
 
-/// The data tools whose launchers the tests take from this checkout, by
-/// the server whose virtualenv runs them.
-const DATA_TOOLS: [(&str, &str); 2] = [
+/// The launchers (data tools, the mail service, emails-mcp's) the tests
+/// take from this checkout, by the server whose virtualenv runs them.
+const DATA_TOOLS: [(&str, &str); 5] = [
     ("canvas", "canvas-data"),
     ("google_cloud", "google-cloud-data"),
+    ("poste_email_toolathlon", "sandbox-mail"),
+    ("poste_email_toolathlon", "emails-mcp-env"),
+    ("poste_email_toolathlon@Toolathlon", "emails-mcp-env"),
 ];
 
 /// This checkout's `packaging/launchers/TOOL`, written as
@@ -26,7 +29,9 @@ fn checkout_launcher(server: &str, tool: &str) -> PathBuf {
     let src = format!("{}/packaging/launchers/{tool}", env!("CARGO_MANIFEST_DIR"));
     let body = std::fs::read_to_string(&src).expect("launcher");
     let (_, rest) = body.split_once('\n').expect("a #! line");
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("launchers");
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join("launchers")
+        .join(server);
     std::fs::create_dir_all(&dir).expect("launchers dir");
     let path = dir.join(tool);
     // Test binaries run side by side: a whole file, renamed into place.

@@ -18,4 +18,5 @@ mod mail;
 mod profiles;
 mod sandbox_api;
 mod tenant_paths;
+mod toolathlon_mail;
 mod warm;

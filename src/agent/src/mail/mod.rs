@@ -1,9 +1,10 @@
 //! The sandbox's mail service: Dovecot (IMAP, `dovecot-lda` delivery) and an SMTP
 //! submission server for one local domain, run by the `sandbox-mail`
 //! launcher as a supervised job while the lease has a server with
-//! `mail = true` (poste_email_toolathlon). Every address of the domain is
-//! an account, with the lease's one random password; mail to any other
-//! domain is refused, so nothing leaves the sandbox.
+//! `mail = true` (poste_email_toolathlon). Every address of the domains it
+//! serves (`[mail] domains`: Toolathlon's `mcp.com` and `mcp1.com` …
+//! `mcp110.com`) is an account, with the lease's one random password; mail
+//! to any other domain is refused, so nothing leaves the sandbox.
 //!
 //! [`Mail::start`] empties the service's directory, starts it and waits
 //! until both ports accept; [`Mail::stop`] kills its process tree and
@@ -96,13 +97,11 @@ impl Mail {
     }
 
     /// The lease's address: its test_account_email when that is an address
-    /// of the domain, else the configured account.
+    /// of a domain the service serves, else the configured account.
     pub fn address_for(&self, test_account_email: &str) -> String {
         match test_account_email.rsplit_once('@') {
-            Some((local, dom))
-                if dom.eq_ignore_ascii_case(&self.def.domain) && local_part_ok(local) =>
-            {
-                format!("{}@{}", local.to_ascii_lowercase(), self.def.domain)
+            Some((local, dom)) if self.def.serves(dom) && local_part_ok(local) => {
+                format!("{local}@{dom}").to_ascii_lowercase()
             }
             _ => format!("{}@{}", self.def.account, self.def.domain),
         }
@@ -163,8 +162,10 @@ impl Mail {
                 "serve".into(),
                 "--dir".into(),
                 dir.display().to_string(),
-                "--domain".into(),
-                self.def.domain.clone(),
+                "--domains".into(),
+                self.def.domains.join(","),
+                "--dump-attachment-max-bytes".into(),
+                self.def.dump_attachment_max_bytes.to_string(),
                 "--imap-port".into(),
                 account.imap_port.to_string(),
                 "--smtp-port".into(),

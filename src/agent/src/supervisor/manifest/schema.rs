@@ -222,8 +222,11 @@ pub enum DataUser {
 pub struct MailFile {
     /// The `sandbox-mail` launcher (packaging/launchers).
     pub command: String,
-    /// Default `mcp.com` (Toolathlon's).
+    /// Default `mcp.com` (Toolathlon's): the domain of the default account.
     pub domain: Option<String>,
+    /// Every domain the service serves (`domain` is always one); a name
+    /// may hold one numeric range, `mcp{1..110}.com`. Default: `domain`.
+    pub domains: Option<Vec<String>>,
     /// Local part of the lease's account when its test_account_email is not
     /// an address of the domain. Default `sandbox`.
     pub account: Option<String>,
@@ -242,6 +245,9 @@ pub struct MailFile {
     pub max_message_bytes: Option<u64>,
     /// Largest PosteEmailData JSON loaded or dumped. Default 16 MiB.
     pub max_data_bytes: Option<u64>,
+    /// Largest attachment a dump carries the bytes of (`content`, base64);
+    /// a larger one is dumped by name, type and size. Default 4 MiB.
+    pub dump_attachment_max_bytes: Option<u64>,
 }
 
 /// The file as written.
