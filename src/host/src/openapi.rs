@@ -14,8 +14,8 @@ use crate::api::klavis_data::{CanvasData, GoogleCloudData, LocalMemoryData, Post
 use crate::api::model::{
     AcquireResponse, CanvasDataOutput, CreateSandboxResponse, DownloadUrlResponse, ExecuteResponse,
     ExecutionLogsResponse, ExecutionStatusResponse, InitializeResponse, ListResponse,
-    McpSandboxInfo, PosteEmailDataOutput, ReleaseResponse, ResetResponse, SandboxInfo,
-    SandboxStatusResponse, ServerDataDump, ServerItem, ServerState, UploadUrlResponse,
+    McpSandboxInfo, McpServerDataDump, PosteEmailDataOutput, ReleaseResponse, ResetResponse,
+    SandboxInfo, SandboxStatusResponse, ServerDataDump, ServerItem, ServerState, UploadUrlResponse,
 };
 use crate::error::{ErrorBody, ValidationBody, ValidationItem};
 use crate::store::Status;
@@ -43,7 +43,10 @@ use crate::store::Status;
     ServerDataDump<PosteEmailDataOutput>,
     ServerDataDump<CanvasDataOutput>,
     LocalMemoryData,
-    ServerDataDump<LocalMemoryData>,
+    McpServerDataDump<GoogleCloudData>,
+    McpServerDataDump<PosteEmailData>,
+    McpServerDataDump<CanvasData>,
+    McpServerDataDump<LocalMemoryData>,
     CreateSandboxResponse,
     McpSandboxInfo,
     SandboxStatusResponse,

@@ -253,6 +253,20 @@ pub struct ServerDataDump<T: ToSchema> {
     pub data: T,
 }
 
+/// `GET /sandbox/{server}/{id}/dump`: the same answer as
+/// [`ServerDataDump`], declared by this host (the `/sandbox` API is
+/// beyond Klavis's document): `server_name` is the name of the path, and
+/// `data` the server's data document.
+#[derive(Debug, Serialize, ToSchema)]
+#[schema(as = SandboxDumpResponse)]
+pub struct McpServerDataDump<T: ToSchema> {
+    pub sandbox_id: String,
+    pub server_name: String,
+    #[schema(format = DateTime)]
+    pub dumped_at: String,
+    pub data: T,
+}
+
 /// Klavis's `SandboxMCPServer` enum (written in `openapi.json`: it is
 /// Klavis's list of names, not one this host serves).
 fn klavis_server_name() -> utoipa::openapi::Ref {
