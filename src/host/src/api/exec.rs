@@ -114,7 +114,8 @@ fn query_cursor(q: &HashMap<String, String>) -> HostResult<u64> {
     let digits = c.trim().trim_start_matches('+');
     match c.trim().parse::<i64>() {
         Ok(n) if n >= 0 => Ok(n as u64),
-        // Past any log (pydantic's integers have no bound): the end.
+        // Past any log (pydantic's integers have no bound), answered as
+        // any cursor past the end is.
         Err(_) if !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) => Ok(u64::MAX),
         Ok(_) => Err(query_error(
             "cursor",
