@@ -150,6 +150,15 @@ fn unknown_executions_are_404_and_bad_bodies_422() {
         Some(r#"{"execution_name": "nope"}"#),
     );
     assert_eq!(code, 404, "{v}");
+    // A name no execution can have names none (Klavis's schema takes any
+    // string): 404 too.
+    let (code, v) = http(
+        "GET",
+        &format!("{b}/execution-logs?execution_name=a/b"),
+        Some(KEY_A),
+        None,
+    );
+    assert_eq!(code, 404, "{v}");
     for (method, path, body, loc) in [
         (
             "POST",
@@ -166,7 +175,7 @@ fn unknown_executions_are_404_and_bad_bodies_422() {
         (
             "POST",
             "export-artifacts",
-            Some(r#"{"execution_name": "a/b"}"#),
+            Some(r#"{"execution_name": ["a"]}"#),
             json!(["body", "execution_name"]),
         ),
         (

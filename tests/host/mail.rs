@@ -181,7 +181,7 @@ fn server_data_errors_are_clear() {
         ("post", "initialize", &["200", "400", "422", "501"][..]),
         ("get", "dump", &["200", "400", "404", "501"][..]),
     ] {
-        let p = format!("/local-sandbox/poste_email_toolathlon/{{local_sandbox_id}}/{path}");
+        let p = format!("/local-sandbox/poste_email_toolathlon/{{sandbox_id}}/{path}");
         for code in codes {
             assert!(
                 spec["paths"][&p][method]["responses"].get(code).is_some(),

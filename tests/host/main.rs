@@ -15,6 +15,7 @@ mod host;
 mod isolation;
 mod lease_bound;
 mod mail;
+mod openapi;
 mod profiles;
 mod sandbox_api;
 mod tenant_paths;

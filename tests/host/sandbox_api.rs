@@ -201,7 +201,7 @@ fn the_sandbox_api_refuses_as_klavis_does() {
         Some(r#"{"benchmark": "MCP_Atlas", "extra": 1}"#),
     );
     assert_eq!(code, 200, "{a}");
-    assert_eq!(a["server_name"], "localmemory", "{a}");
+    assert_eq!(a["server_name"], "memory", "the name sent: {a}");
     let id = a["sandbox_id"].as_str().expect("id").to_owned();
     // One id space: the same sandbox through /local-sandbox.
     let (code, l) = http("GET", &format!("{b}/local-sandbox/{id}"), Some(KEY_A), None);
@@ -222,6 +222,8 @@ fn the_sandbox_api_refuses_as_klavis_does() {
     ] {
         let (code, v) = http(method, &format!("{b}{path}"), Some(KEY_B), body);
         assert_eq!(code, 404, "{method} {path} as another owner: {v}");
+        // In this API's words, never /local-sandbox's.
+        assert_eq!(v["detail"], format!("Sandbox {id} not found"), "{path}");
     }
     let (code, v) = http(
         "POST",
@@ -380,10 +382,8 @@ fn test_account_email_is_the_mail_account() {
         Some(r#"{"benchmark": "Toolathlon", "test_account_email": "jsmith@mcp.com"}"#),
     );
     assert_eq!(code, 200, "{a}");
-    assert!(
-        a["server_urls"]["poste_email_toolathlon"].is_string(),
-        "{a}"
-    );
+    assert!(a["server_urls"]["emails"].is_string(), "{a}");
+    assert_eq!(a["server_name"], "emails", "{a}");
     let id = a["sandbox_id"].as_str().expect("id");
     let (code, l) = http("GET", &format!("{b}/local-sandbox/{id}"), Some(KEY_A), None);
     assert_eq!(code, 200, "{l}");
@@ -456,4 +456,68 @@ fn release_sandbox(host: &Host, id: &str) {
         None,
     );
     assert_eq!(code, 200, "{body}");
+}
+
+const TOOLATHLON: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/tests/clients/toolathlon_client.py"
+);
+
+/// Toolathlon's client with a task's own server names: the local ones
+/// through local_dev, `memory`, `emails` (sent as
+/// poste_email_toolathlon, with its account) and `playwright_with_chunk`
+/// each under the name it looks them up by, found again (GET) and
+/// released (DELETE) under the `server_name` each answer gave, then gone
+/// in this API's words; `google-cloud` (no credentials here) refused,
+/// which the client skips. The memory URL keeps its graph across MCP
+/// sessions.
+#[test]
+fn toolathlon_finds_each_server_under_its_own_name() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let host = Host::start(dir.path(), &[]);
+    let out = Command::new("python3")
+        .args([TOOLATHLON, &host.base, KEY_A])
+        .args(["filesystem", "terminal", "memory", "emails"])
+        .args(["playwright_with_chunk", "google-cloud"])
+        .args(["--email", "jsmith@mcp.com"])
+        .output()
+        .expect("python3");
+    assert!(
+        out.status.success(),
+        "toolathlon_client.py: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(
+        v["urls"],
+        json!([
+            "emails",
+            "filesystem",
+            "memory",
+            "playwright_with_chunk",
+            "terminal"
+        ]),
+        "{v}"
+    );
+    assert_eq!(v["failed"], json!({"google-cloud": 400}), "{v}");
+    let names = [
+        "local_dev",
+        "memory",
+        "playwright_with_chunk",
+        "poste_email_toolathlon",
+    ];
+    assert_eq!(v["server_names"], json!(names), "{v}");
+    for name in names {
+        assert_eq!(v["details"][name], 200, "GET /sandbox/{name}/…: {v}");
+        assert_eq!(v["detail_names"][name], name, "{v}");
+        assert_eq!(v["released"][name], 200, "DELETE /sandbox/{name}/…: {v}");
+        let gone = &v["after_release"][name];
+        assert_eq!(gone[0], 404, "{v}");
+        let said = gone[1]["detail"].as_str().unwrap_or_default();
+        assert!(
+            said.starts_with("Sandbox ") && said.ends_with(" not found"),
+            "{v}"
+        );
+    }
+    assert_eq!(v["memory"], json!(["Toolathlon"]), "{v}");
 }

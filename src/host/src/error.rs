@@ -25,6 +25,11 @@ pub enum HostError {
     /// sandbox is answered the same, never 403).
     #[error("Local sandbox {0} not found")]
     SandboxNotFound(String),
+    /// The same, asked through Klavis's `/sandbox/{server}` API, in its
+    /// words (404): [`in_sandbox_api_words`] makes every
+    /// `SandboxNotFound` of those routes one.
+    #[error("Sandbox {0} not found")]
+    McpSandboxNotFound(String),
     /// A path this API does not serve, e.g. per-server data of a server
     /// without any (404, FastAPI's text).
     #[error("Not Found")]
@@ -100,9 +105,10 @@ impl HostError {
             HostError::NoKey | HostError::BadKey | HostError::BadMcpToken => {
                 StatusCode::UNAUTHORIZED
             }
-            HostError::SandboxNotFound(_) | HostError::NoRoute | HostError::NotFound(_) => {
-                StatusCode::NOT_FOUND
-            }
+            HostError::SandboxNotFound(_)
+            | HostError::McpSandboxNotFound(_)
+            | HostError::NoRoute
+            | HostError::NotFound(_) => StatusCode::NOT_FOUND,
             HostError::Validation(_) => StatusCode::UNPROCESSABLE_ENTITY,
             HostError::BadRequest(_) => StatusCode::BAD_REQUEST,
             HostError::SignedUrl(_) => StatusCode::FORBIDDEN,
@@ -161,6 +167,7 @@ pub struct ErrorBody {
 #[derive(Serialize, utoipa::ToSchema)]
 #[schema(as = HTTPValidationError)]
 pub struct ValidationBody {
+    #[schema(required = false)]
     pub detail: Vec<ValidationItem>,
 }
 
@@ -175,21 +182,34 @@ pub struct ValidationItem {
     #[serde(rename = "type")]
     pub kind: String,
     /// What was found there (any JSON value).
-    #[schema(value_type = Value)]
+    #[schema(value_type = Value, required = false)]
     pub input: Value,
     /// The constraint that failed, when pydantic names one.
     #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Object)]
+    #[schema(value_type = Object, required = false)]
     pub ctx: Option<serde_json::Map<String, Value>>,
 }
 
 /// A step of a [`ValidationItem`]'s location: a field or an index.
-#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Serialize)]
 #[serde(untagged)]
 pub enum Loc {
     Field(String),
     Index(usize),
 }
+
+/// pydantic's schema of a location step: `anyOf` a string or an integer.
+impl utoipa::PartialSchema for Loc {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        use utoipa::openapi::{ObjectBuilder, Type, schema::AnyOfBuilder};
+        AnyOfBuilder::new()
+            .item(ObjectBuilder::new().schema_type(Type::String))
+            .item(ObjectBuilder::new().schema_type(Type::Integer))
+            .into()
+    }
+}
+
+impl utoipa::ToSchema for Loc {}
 
 impl From<&str> for Loc {
     fn from(s: &str) -> Loc {
@@ -219,12 +239,42 @@ impl From<UploadError> for HostError {
     }
 }
 
+/// The sandbox a [`HostError::SandboxNotFound`] answer was about, kept
+/// on the answer for [`in_sandbox_api_words`].
+#[derive(Clone)]
+struct MissingSandbox(String);
+
+/// An answer of a `/sandbox/{server}` route: a missing sandbox is said in
+/// that API's words ("Sandbox … not found"), whichever shared handler
+/// (transfers, per-server data, in-flight requests) found it missing.
+pub async fn in_sandbox_api_words(r: Response) -> Response {
+    match r.extensions().get::<MissingSandbox>() {
+        Some(MissingSandbox(id)) => HostError::McpSandboxNotFound(id.clone()).into_response(),
+        None => r,
+    }
+}
+
 impl IntoResponse for HostError {
     fn into_response(self) -> Response {
         let status = self.status();
         if status.is_server_error() {
             tracing::warn!(status = status.as_u16(), error = %self, "request failed");
         }
+        let missing = match &self {
+            HostError::SandboxNotFound(id) => Some(MissingSandbox(id.clone())),
+            _ => None,
+        };
+        let mut r = self.body(status);
+        if let Some(m) = missing {
+            r.extensions_mut().insert(m);
+        }
+        r
+    }
+}
+
+impl HostError {
+    /// The answer: FastAPI's body for `status`.
+    fn body(self, status: StatusCode) -> Response {
         match self {
             HostError::Validation(detail) => {
                 (status, Json(ValidationBody { detail })).into_response()

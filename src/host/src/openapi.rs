@@ -5,15 +5,17 @@
 //! never also written by hand (a test checks), so the answers the document
 //! declares are the answers the code gives.
 
+mod pydantic;
+
 use serde_json::Value;
 use utoipa::OpenApi;
 
 use crate::api::klavis_data::{CanvasData, GoogleCloudData, LocalMemoryData, PosteEmailData};
 use crate::api::model::{
-    AcquireResponse, CreateSandboxResponse, DownloadUrlResponse, ExecuteResponse,
+    AcquireResponse, CanvasDataOutput, CreateSandboxResponse, DownloadUrlResponse, ExecuteResponse,
     ExecutionLogsResponse, ExecutionStatusResponse, InitializeResponse, ListResponse,
-    McpSandboxInfo, ReleaseResponse, ResetResponse, SandboxInfo, SandboxStatusResponse,
-    ServerDataDump, ServerItem, ServerState, UploadUrlResponse,
+    McpSandboxInfo, McpServerDataDump, PosteEmailDataOutput, ReleaseResponse, ResetResponse,
+    SandboxInfo, SandboxStatusResponse, ServerDataDump, ServerItem, ServerState, UploadUrlResponse,
 };
 use crate::error::{ErrorBody, ValidationBody, ValidationItem};
 use crate::store::Status;
@@ -38,10 +40,13 @@ use crate::store::Status;
     PosteEmailData,
     CanvasData,
     ServerDataDump<GoogleCloudData>,
-    ServerDataDump<PosteEmailData>,
-    ServerDataDump<CanvasData>,
+    ServerDataDump<PosteEmailDataOutput>,
+    ServerDataDump<CanvasDataOutput>,
     LocalMemoryData,
-    ServerDataDump<LocalMemoryData>,
+    McpServerDataDump<GoogleCloudData>,
+    McpServerDataDump<PosteEmailData>,
+    McpServerDataDump<CanvasData>,
+    McpServerDataDump<LocalMemoryData>,
     CreateSandboxResponse,
     McpSandboxInfo,
     SandboxStatusResponse,
@@ -57,14 +62,15 @@ fn written() -> Value {
     serde_json::from_str(include_str!("openapi.json")).unwrap_or_default()
 }
 
-/// The generated schemas, by name.
+/// The generated schemas, by name, in the spelling of Klavis's document.
 fn generated() -> serde_json::Map<String, Value> {
     let doc = Generated::openapi();
-    serde_json::to_value(doc.components)
+    let mut schemas = serde_json::to_value(doc.components)
         .ok()
         .and_then(|c| c.get("schemas").cloned())
-        .and_then(|s| s.as_object().cloned())
-        .unwrap_or_default()
+        .unwrap_or_default();
+    pydantic::respell(&mut schemas);
+    schemas.as_object().cloned().unwrap_or_default()
 }
 
 /// The whole document.
@@ -139,7 +145,7 @@ mod tests {
         );
         assert_eq!(
             answer(
-                "/local-sandbox/google_cloud/{local_sandbox_id}/dump",
+                "/local-sandbox/google_cloud/{sandbox_id}/dump",
                 "get",
                 "200"
             ),
@@ -151,7 +157,8 @@ mod tests {
             data.get("datasets").is_some() && data.get("instances").is_some(),
             "{dump}"
         );
-        let body = &doc["paths"]["/local-sandbox/canvas/{local_sandbox_id}/initialize"]["post"]["requestBody"];
+        let body =
+            &doc["paths"]["/local-sandbox/canvas/{sandbox_id}/initialize"]["post"]["requestBody"];
         assert!(
             body.to_string().contains("#/components/schemas/CanvasData"),
             "{body}"

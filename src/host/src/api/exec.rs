@@ -45,19 +45,27 @@ fn check_name(loc: &str, name: &str) -> HostResult<()> {
         return Ok(());
     }
     let msg = "String should match pattern '^[A-Za-z0-9._-]{1,128}$' (not '.' or '..')";
-    Err(if loc == "query" {
-        query_error("execution_name", msg, "string_pattern_mismatch", name)
-    } else {
-        HostError::Validation(vec![verr(
-            &["body".into(), "execution_name".into()],
-            msg,
-            "string_pattern_mismatch",
-            &Value::from(name),
-        )])
-    })
+    Err(HostError::Validation(vec![verr(
+        &[loc.into(), "execution_name".into()],
+        msg,
+        "string_pattern_mismatch",
+        &Value::from(name),
+    )]))
 }
 
-/// `{"execution_name": str}`, checked as the Klavis (pydantic) models are.
+/// A name no execution can have names none: 404, as any other execution
+/// the sandbox does not have (Klavis's schema takes any string there).
+fn existing_name(name: &str, id: &str) -> HostResult<()> {
+    if sandbox_client::limits::valid_execution_name(name) {
+        return Ok(());
+    }
+    Err(HostError::NotFound(format!(
+        "sandbox {id} has no execution named {name:?}"
+    )))
+}
+
+/// `{"execution_name": str}`, checked as the Klavis (pydantic) models are
+/// (the name's pattern is the caller's to check).
 fn body_name(body: &Bytes) -> HostResult<String> {
     let v = body_object(body)?;
     let Some(o) = v.as_object() else {
@@ -82,7 +90,6 @@ fn body_name(body: &Bytes) -> HostResult<String> {
             )]));
         }
     };
-    check_name("body", &name)?;
     Ok(name)
 }
 
@@ -96,7 +103,6 @@ fn query_name(q: &HashMap<String, String>) -> HostResult<String> {
             &Value::Null,
         )]));
     };
-    check_name("query", name)?;
     Ok(name.clone())
 }
 
@@ -105,8 +111,12 @@ fn query_cursor(q: &HashMap<String, String>) -> HostResult<u64> {
     let Some(c) = q.get("cursor") else {
         return Ok(0);
     };
+    let digits = c.trim().trim_start_matches('+');
     match c.trim().parse::<i64>() {
         Ok(n) if n >= 0 => Ok(n as u64),
+        // Past any log (pydantic's integers have no bound), answered as
+        // any cursor past the end is.
+        Err(_) if !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) => Ok(u64::MAX),
         Ok(_) => Err(query_error(
             "cursor",
             "Input should be greater than or equal to 0",
@@ -133,6 +143,7 @@ pub async fn execution_upload_url(
     owner(&h, &headers)?;
     check_region(&q)?;
     let name = body_name(&body)?;
+    check_name("body", &name)?;
     sandbox_of(&h, &headers, &id)?;
     h.uploads.check_exec_name(&id, &name)?;
     let url = signed_url(
@@ -177,6 +188,8 @@ pub async fn execute(
     check_region(&q)?;
     let name = body_name(&body)?;
     let s = sandbox_of(&h, &headers, &id)?;
+    // Never uploaded, as no upload URL is given for such a name.
+    existing_name(&name, &id)?;
     let file = stored_archive(&h, &id, &name).await?;
     let up = inflight::run(&h, &s, async {
         let c = agent_of(&h, &s).await?;
@@ -251,6 +264,7 @@ pub async fn execution_status(
     owner(&h, &headers)?;
     let name = query_name(&q)?;
     let s = sandbox_of(&h, &headers, &id)?;
+    existing_name(&name, &id)?;
     let st = agent_of(&h, &s)
         .await?
         .exec()
@@ -277,6 +291,7 @@ pub async fn execution_logs(
     let name = query_name(&q)?;
     let cursor = query_cursor(&q)?;
     let s = sandbox_of(&h, &headers, &id)?;
+    existing_name(&name, &id)?;
     let r = agent_of(&h, &s)
         .await?
         .exec()
@@ -308,6 +323,7 @@ pub async fn export_artifacts(
     check_region(&q)?;
     let name = body_name(&body)?;
     let s = sandbox_of(&h, &headers, &id)?;
+    existing_name(&name, &id)?;
     // An unknown execution is a 404 now, not a broken download later.
     agent_of(&h, &s)
         .await?

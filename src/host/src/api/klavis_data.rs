@@ -118,6 +118,7 @@ pub struct BigQueryDataset {
     pub id: String,
     pub description: Option<String>,
     #[serde(default = "us")]
+    #[schema(default = "US")]
     pub location: String,
     pub created_at: Option<String>,
     pub updated_at: Option<String>,
@@ -138,7 +139,7 @@ pub struct BigQueryField {
     pub name: String,
     #[serde(rename = "type")]
     pub kind: String,
-    /// Default `NULLABLE`.
+    #[schema(default = "NULLABLE")]
     pub mode: Option<String>,
     pub description: Option<String>,
     #[schema(no_recursion)]
@@ -149,11 +150,13 @@ pub struct BigQueryField {
 pub struct StorageBucket {
     pub name: String,
     #[serde(default = "us")]
+    #[schema(default = "US")]
     pub location: String,
     #[serde(default = "standard")]
+    #[schema(default = "STANDARD")]
     pub storage_class: String,
     #[serde(default)]
-    #[schema(value_type = bool)]
+    #[schema(value_type = bool, default = false)]
     pub versioning_enabled: LaxBool,
     pub lifecycle_rules: Option<Vec<LifecycleRule>>,
     pub created_at: Option<String>,
@@ -194,8 +197,10 @@ pub struct ComputeInstance {
     pub name: String,
     pub zone: String,
     #[serde(default = "e2_micro")]
+    #[schema(default = "e2-micro")]
     pub machine_type: String,
     #[serde(default = "running")]
+    #[schema(default = "RUNNING")]
     pub status: String,
     pub description: Option<String>,
     pub labels: Option<BTreeMap<String, String>>,
@@ -214,9 +219,10 @@ fn running() -> String {
 pub struct LogBucket {
     pub name: String,
     #[serde(default = "global")]
+    #[schema(default = "global")]
     pub location: String,
     #[serde(default = "thirty")]
-    #[schema(value_type = i64)]
+    #[schema(value_type = i64, default = 30)]
     pub retention_days: LaxInt,
     pub description: Option<String>,
     pub created_at: Option<String>,
@@ -235,9 +241,10 @@ fn thirty() -> LaxInt {
 pub struct LogEntry {
     pub log_name: String,
     pub message: Option<String>,
-    #[schema(value_type = Option<Object>)]
+    #[schema(schema_with = super::model::any_object_or_null)]
     pub json_data: Option<serde_json::Map<String, Value>>,
     #[serde(default = "info")]
+    #[schema(default = "INFO")]
     pub severity: String,
     pub timestamp: Option<String>,
     pub resource_type: Option<String>,
@@ -281,13 +288,11 @@ pub struct PosteEmail {
     pub message_id: Option<String>,
     pub body_text: Option<String>,
     pub body_html: Option<String>,
-    /// Default false.
-    #[schema(value_type = Option<bool>)]
+    #[schema(value_type = Option<bool>, default = false)]
     pub is_read: Option<LaxBool>,
-    /// Default false.
-    #[schema(value_type = Option<bool>)]
+    #[schema(value_type = Option<bool>, default = false)]
     pub is_important: Option<LaxBool>,
-    /// Default `INBOX`.
+    #[schema(default = "INBOX")]
     pub folder: Option<String>,
     pub attachments: Option<Vec<PosteEmailAttachment>>,
 }
@@ -312,7 +317,7 @@ pub struct CanvasCourse {
     pub name: String,
     pub course_code: String,
     #[serde(default = "yes")]
-    #[schema(value_type = bool)]
+    #[schema(value_type = bool, default = true)]
     pub published: LaxBool,
     #[serde(default)]
     pub assignments: Vec<CanvasAssignment>,
@@ -320,7 +325,7 @@ pub struct CanvasCourse {
     pub quizzes: Vec<CanvasQuiz>,
     #[serde(default)]
     pub enrollments: Vec<CanvasEnrollment>,
-    #[schema(value_type = Option<Vec<Object>>)]
+    #[schema(schema_with = super::model::objects_or_null)]
     pub announcements: Option<Vec<serde_json::Map<String, Value>>>,
 }
 
@@ -334,7 +339,7 @@ pub struct CanvasAssignment {
     #[serde(default)]
     pub submission_types: Vec<String>,
     #[serde(default = "yes")]
-    #[schema(value_type = bool)]
+    #[schema(value_type = bool, default = true)]
     pub published: LaxBool,
 }
 
@@ -342,6 +347,7 @@ pub struct CanvasAssignment {
 pub struct CanvasEnrollment {
     pub user_email: String,
     #[serde(default = "student")]
+    #[schema(default = "StudentEnrollment")]
     pub role: String,
 }
 
@@ -354,11 +360,12 @@ pub struct CanvasQuiz {
     pub title: String,
     pub description: Option<String>,
     #[serde(default = "assignment")]
+    #[schema(default = "assignment")]
     pub quiz_type: String,
     #[schema(value_type = Option<i64>)]
     pub time_limit: Option<LaxInt>,
     #[serde(default = "yes")]
-    #[schema(value_type = bool)]
+    #[schema(value_type = bool, default = true)]
     pub published: LaxBool,
     pub due_at: Option<String>,
     #[serde(default)]
@@ -374,11 +381,12 @@ pub struct CanvasQuizQuestion {
     pub question_name: Option<String>,
     pub question_text: String,
     #[serde(default = "multiple_choice")]
+    #[schema(default = "multiple_choice_question")]
     pub question_type: String,
     #[serde(default = "one")]
-    #[schema(value_type = f64)]
+    #[schema(value_type = f64, default = 1.0)]
     pub points_possible: LaxFloat,
-    #[schema(value_type = Option<Vec<Object>>)]
+    #[schema(schema_with = super::model::objects_or_null)]
     pub answers: Option<Vec<serde_json::Map<String, Value>>>,
 }
 

@@ -104,8 +104,30 @@ pub fn router(host: Shared) -> Router {
             &format!("{sandbox}/export-artifacts"),
             post(exec::export_artifacts),
         )
-        // Klavis's MCP Sandbox API over the same sandboxes (static
-        // segments win over `{server}`).
+        .merge(sandbox_api_routes())
+        .route("/transfer/upload/{id}", put(transfer::upload))
+        .route("/transfer/exec-upload/{id}/{name}", put(exec::exec_upload))
+        .route(
+            "/transfer/exec-export/{id}/{name}",
+            get(exec::exec_download),
+        )
+        .route("/transfer/dump/{id}", get(transfer::download))
+        .route("/openapi.json", get(openapi))
+        .route(
+            "/metrics",
+            get(metrics).layer(axum::middleware::from_fn_with_state(
+                host.clone(),
+                crate::metrics::guard,
+            )),
+        )
+        .fallback(crate::mcp_proxy::proxy)
+        .with_state(host)
+}
+
+/// Klavis's MCP Sandbox API over the same sandboxes (static segments win
+/// over `{server}`), its answers in its own words.
+fn sandbox_api_routes() -> Router<Shared> {
+    Router::new()
         .route("/sandbox/{server}", post(sandbox_api::create))
         .route(
             "/sandbox/{server}/{id}",
@@ -127,23 +149,9 @@ pub fn router(host: Shared) -> Router {
                 .layer(axum::extract::DefaultBodyLimit::max(MAX_SERVER_DATA_BYTES)),
         )
         .route("/sandbox/{server}/{id}/dump", get(server_data::dump))
-        .route("/transfer/upload/{id}", put(transfer::upload))
-        .route("/transfer/exec-upload/{id}/{name}", put(exec::exec_upload))
-        .route(
-            "/transfer/exec-export/{id}/{name}",
-            get(exec::exec_download),
-        )
-        .route("/transfer/dump/{id}", get(transfer::download))
-        .route("/openapi.json", get(openapi))
-        .route(
-            "/metrics",
-            get(metrics).layer(axum::middleware::from_fn_with_state(
-                host.clone(),
-                crate::metrics::guard,
-            )),
-        )
-        .fallback(crate::mcp_proxy::proxy)
-        .with_state(host)
+        .layer(axum::middleware::map_response(
+            crate::error::in_sandbox_api_words,
+        ))
 }
 
 /// `GET /openapi.json`: the document of what this host serves.

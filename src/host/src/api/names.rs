@@ -24,12 +24,14 @@ pub const LOCAL_DEV: &[&str] = &[
 ];
 
 /// Names the integrations send that mean a server of ours under another
-/// name: (as sent, ours, Klavis's spelling if it has one).
-const ALIASES: &[(&str, &str, Option<&str>)] = &[
-    ("memory", "localmemory", Some("localmemory")),
-    ("google-cloud", "google_cloud", Some("google_cloud")),
-    ("emails", "poste_email_toolathlon", None),
-    ("playwright_with_chunk", "playwright", None),
+/// name: (as sent, ours). Toolathlon sends its task's own names (`memory`,
+/// `google-cloud`, `playwright_with_chunk`) and keys the answer's
+/// `server_urls` by the name it sent, so answers carry the name as sent.
+const ALIASES: &[(&str, &str)] = &[
+    ("memory", "localmemory"),
+    ("google-cloud", "google_cloud"),
+    ("emails", "poste_email_toolathlon"),
+    ("playwright_with_chunk", "playwright"),
 ];
 
 /// Klavis's names for servers backed by its own pre-made SaaS test
@@ -102,7 +104,8 @@ pub const PUBLIC_DATA: &[&str] = &[
 pub struct Named {
     /// The servers its sandbox holds (ours).
     pub servers: Vec<String>,
-    /// The name answers carry: Klavis's spelling where it has one.
+    /// The name answers carry: the one the client sent (its
+    /// `server_name`, and its `server_urls` key of a one-server sandbox).
     pub answer_name: String,
     /// `local_dev`: the local servers together.
     pub local_dev: bool,
@@ -127,14 +130,11 @@ pub fn resolve(name: &str, known: &[String]) -> HostResult<Named> {
             local_dev: true,
         });
     }
-    let (ours, answer) = match ALIASES.iter().find(|(sent, _, _)| *sent == name) {
-        Some((_, ours, klavis)) => (*ours, klavis.unwrap_or(name)),
-        None => (name, name),
-    };
+    let ours = self::ours(name);
     if carries(ours) {
         return Ok(Named {
             servers: vec![ours.to_owned()],
-            answer_name: answer.to_owned(),
+            answer_name: name.to_owned(),
             local_dev: false,
         });
     }
@@ -167,8 +167,8 @@ pub fn resolve(name: &str, known: &[String]) -> HostResult<Named> {
 pub fn ours(name: &str) -> &str {
     ALIASES
         .iter()
-        .find(|(sent, _, _)| *sent == name)
-        .map_or(name, |(_, ours, _)| ours)
+        .find(|(sent, _)| *sent == name)
+        .map_or(name, |(_, ours)| ours)
 }
 
 #[cfg(test)]
@@ -185,11 +185,20 @@ mod tests {
     fn names_resolve_as_the_integrations_send_them() {
         let r = resolve("local_dev", &known()).expect("local_dev");
         assert_eq!(r.servers, ["filesystem", "git", "terminal"]);
-        let r = resolve("memory", &known()).expect("memory");
-        assert_eq!(
-            (r.servers[0].as_str(), r.answer_name.as_str()),
-            ("localmemory", "localmemory")
-        );
+        for (sent, ours) in [
+            ("memory", "localmemory"),
+            ("localmemory", "localmemory"),
+            ("google-cloud", "google_cloud"),
+            ("emails", "poste_email_toolathlon"),
+        ] {
+            let mut known = known();
+            known.extend(["google_cloud", "poste_email_toolathlon"].map(String::from));
+            let r = resolve(sent, &known).expect(sent);
+            assert_eq!(
+                (r.servers[0].as_str(), r.answer_name.as_str()),
+                (ours, sent)
+            );
+        }
         let r = resolve("playwright_with_chunk", &known()).expect("alias");
         assert_eq!(
             (r.servers[0].as_str(), r.answer_name.as_str()),

@@ -47,7 +47,7 @@ pub async fn create(
     let new = leases::lease(&h, who, &req).await?;
     let row = &new.row;
     Ok(Json(CreateSandboxResponse {
-        server_urls: server_urls(&h, row),
+        server_urls: server_urls(&h, row, &named),
         sandbox_id: row.id.clone(),
         server_name: named.answer_name,
         status: row.status,
@@ -56,11 +56,21 @@ pub async fn create(
     }))
 }
 
-/// The sandbox's MCP URLs by server name.
-fn server_urls(h: &Shared, s: &SandboxRow) -> std::collections::BTreeMap<String, String> {
+/// The sandbox's MCP URLs by server name; the server a path named under
+/// another name (`memory`, `google-cloud`) is keyed by the name sent, as
+/// Toolathlon looks its URL up by the name it asked for.
+fn server_urls(
+    h: &Shared,
+    s: &SandboxRow,
+    named: &Named,
+) -> std::collections::BTreeMap<String, String> {
+    let asked = |name: &str| match named.servers.as_slice() {
+        [one] if !named.local_dev && one == name => named.answer_name.clone(),
+        _ => name.to_owned(),
+    };
     s.servers
         .iter()
-        .map(|sv| (sv.name.clone(), mcp_url(h, &sv.name, &s.id)))
+        .map(|sv| (asked(&sv.name), mcp_url(h, &sv.name, &s.id)))
         .collect()
 }
 
@@ -75,7 +85,7 @@ fn sandbox_named(
     let named = resolve(server, &known(h))?;
     let holds = |n: &String| s.servers.iter().any(|sv| &sv.name == n);
     if server != "local_dev" && !named.servers.iter().all(holds) {
-        return Err(HostError::SandboxNotFound(id.to_owned()));
+        return Err(HostError::McpSandboxNotFound(id.to_owned()));
     }
     Ok((s, named))
 }
@@ -87,9 +97,9 @@ pub async fn get(
     Path((server, id)): Path<(String, String)>,
 ) -> HostResult<Json<McpSandboxInfo>> {
     let (s, named) = sandbox_named(&h, &headers, &server, &id)?;
-    let urls = server_urls(&h, &s);
+    let urls = server_urls(&h, &s, &named);
     let server_url = match named.servers.as_slice() {
-        [one] if server != "local_dev" => urls.get(one).cloned(),
+        [_] if !named.local_dev => urls.get(&named.answer_name).cloned(),
         _ => None,
     };
     Ok(Json(McpSandboxInfo {

@@ -104,9 +104,9 @@ pub async fn initialize(
 pub async fn dump(
     State(h): State<Shared>,
     headers: HeaderMap,
-    Path((server, id)): Path<(String, String)>,
+    Path((asked, id)): Path<(String, String)>,
 ) -> HostResult<Json<ServerDataDump<Value>>> {
-    let server = names::ours(&server).to_owned();
+    let server = names::ours(&asked).to_owned();
     let s = sandbox_of(&h, &headers, &id)?;
     check_server(&server, &s)?;
     let c = agent_of(&h, &s).await?;
@@ -127,7 +127,8 @@ pub async fn dump(
         .to_rfc3339_opts(chrono::SecondsFormat::Micros, false);
     Ok(Json(ServerDataDump {
         sandbox_id: id,
-        server_name: server,
+        // The name the path gave (`memory` for Toolathlon's memory).
+        server_name: asked,
         dumped_at,
         data,
     }))
