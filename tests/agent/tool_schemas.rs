@@ -255,3 +255,50 @@ fn a_server_not_installed_is_not_advertised() {
     assert!(all.contains("present") && !all.contains("git"), "{all}");
     sandboxctl(&agent, &["release"]);
 }
+
+/// The installer's command line: `--help` is the usage, an unknown option
+/// or server is an error saying what to do, and an interpreter sandboxes
+/// would not see (outside /usr and the prefix) is refused before anything
+/// is installed.
+#[test]
+fn the_installer_says_how_it_is_used() {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/packaging/install-servers.sh");
+    let run = |args: &[&str], env: &[(&str, &str)]| {
+        let out = Command::new(script)
+            .args(args)
+            .envs(env.iter().copied())
+            .output()
+            .expect("install-servers.sh");
+        (out.status.code(), text(&out.stdout), text(&out.stderr))
+    };
+    let (code, usage, _) = run(&["--help"], &[]);
+    assert_eq!(code, Some(0));
+    assert!(
+        usage.contains("--lock") && usage.contains("--prefix DIR"),
+        "{usage}"
+    );
+    let (code, _, err) = run(&["--frobnicate"], &[]);
+    assert_eq!(code, Some(2));
+    assert!(
+        err.contains("'--frobnicate'") && err.contains("--help"),
+        "{err}"
+    );
+    let (code, _, err) = run(&["nope"], &[]);
+    assert_eq!(code, Some(2));
+    assert!(
+        err.contains("unknown server 'nope'") && err.contains("filesystem@Toolathlon"),
+        "{err}"
+    );
+    let dir = tempfile::tempdir().expect("tempdir");
+    let python = dir.path().join("python3");
+    std::fs::copy("/usr/bin/python3", &python).expect("an interpreter outside /usr");
+    let prefix = dir.path().join("servers").display().to_string();
+    let py = python.display().to_string();
+    let (code, _, err) = run(&["--prefix", &prefix, "calculator"], &[("PYTHON", &py)]);
+    assert_eq!(code, Some(1));
+    assert!(
+        err.contains("outside /usr") && err.contains("/usr/bin/python3"),
+        "{err}"
+    );
+    assert!(!dir.path().join("servers/py/calculator").exists());
+}
