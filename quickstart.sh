@@ -10,8 +10,10 @@
 #    the build, the servers and the isolated process backend need
 #    (bubblewrap, uidmap, passt, iproute2), a subordinate id range in
 #    /etc/subuid and /etc/subgid, Rust (rustup) when there is no cargo, and
-#    the pinned MCP servers (packaging/install-servers.sh; by default
-#    filesystem, git, terminal, localmemory and excel);
+#    the MCP servers as packaging/locks/ pins them
+#    (packaging/install-servers.sh; by default filesystem, git, terminal,
+#    localmemory and excel, with the rest of the npm servers' lock), their
+#    virtualenvs on the system's /usr/bin/python3;
 # 2. builds sandbox-host, sandbox-agent and sandboxctl (cargo build --release);
 # 3. writes a random API key to DIR/api-key (mode 0600) and starts
 #    sandbox-host in the background on the process backend with
@@ -93,7 +95,9 @@ if [ "$install" = 1 ]; then
   command -v cc >/dev/null || pkgs+=(gcc libc6-dev)                # the linker, zstd's C code
   command -v git >/dev/null || pkgs+=(git)                          # the git MCP server
   command -v node >/dev/null || pkgs+=(nodejs npm)                  # npm MCP servers
-  python3 -c 'import venv, ensurepip' 2>/dev/null || pkgs+=(python3 python3-venv)  # PyPI MCP servers
+  # PyPI MCP servers: their venvs use the system's interpreter, whatever
+  # python3 is first on PATH (pyenv's under a home is not for them).
+  /usr/bin/python3 -c 'import venv, ensurepip' 2>/dev/null || pkgs+=(python3 python3-venv)
   command -v bwrap >/dev/null || pkgs+=(bubblewrap)                 # the sandboxes' namespaces
   command -v newuidmap >/dev/null || pkgs+=(uidmap)                 # their user namespace
   command -v unshare >/dev/null || pkgs+=(util-linux)
@@ -140,8 +144,9 @@ need_traverse() {
 need_traverse "$bin/sandbox-agent" "the agent binary"
 need_traverse "$repo/packaging/servers.toml" "the manifest"
 
-# Sandboxes see /usr, /etc and /opt; the interpreters the servers' virtual
-# environments and node come from elsewhere (pyenv, nvm) are shown read-only.
+# Sandboxes see /usr, /etc and /opt: the servers' virtual environments are
+# made with the system's python3 (install-servers.sh), never one under a
+# home; a node from elsewhere (nvm) is shown read-only.
 ro=()
 add_ro() {
   case $1 in /usr | /usr/* | /etc | /etc/* | /opt | /opt/*) return ;; esac
@@ -149,11 +154,6 @@ add_ro() {
   need_traverse "$1/." "$1"
   ro+=("$1")
 }
-for cfg in /opt/sandbox-agent/servers/py/*/pyvenv.cfg; do
-  [ -f "$cfg" ] || continue
-  home=$(sed -n 's/^home *= *//p' "$cfg")
-  [ -n "$home" ] && add_ro "$(dirname "$(realpath "$home")")"
-done
 node=$(command -v node || true)
 [ -n "$node" ] && add_ro "$(dirname "$(dirname "$(realpath "$node")")")"
 ro_args=()

@@ -28,7 +28,9 @@ command -v curl >/dev/null || apt_pkgs+=(curl)            # raw HTTP checks of t
 command -v jq >/dev/null || apt_pkgs+=(jq)                # packages.txt of the execution test
 command -v git >/dev/null || apt_pkgs+=(git)              # the git MCP server
 command -v node >/dev/null || apt_pkgs+=(nodejs npm)        # npm MCP servers
-python3 -c 'import venv, ensurepip' 2>/dev/null || apt_pkgs+=(python3-venv)  # PyPI MCP servers
+# PyPI MCP servers: install-servers.sh makes their venvs with the system's
+# interpreter, whichever python3 is first on PATH.
+/usr/bin/python3 -c 'import venv, ensurepip' 2>/dev/null || apt_pkgs+=(python3 python3-venv)
 command -v qemu-system-x86_64 >/dev/null || apt_pkgs+=(qemu-system-x86)  # the VM test
 dpkg -s busybox-static >/dev/null 2>&1 || apt_pkgs+=(busybox-static)   # the VM image
 command -v pgrep >/dev/null || apt_pkgs+=(procps)
@@ -60,9 +62,10 @@ me=$(id -un)
 for f in /etc/subuid /etc/subgid; do
   grep -q "^$me:" "$f" 2>/dev/null || echo "$me:1000000:4194304" | $SUDO tee -a "$f" >/dev/null
 done
-# The tests' tenants (uid 1000: MCP servers, scripts) run the Python the
-# tests installed their packages into; under pyenv that is below $HOME,
-# which they must be able to pass through (not list: o+x only).
+# The tests' tenants (uid 1000: scripts) run the Python the tests
+# installed their packages into; under pyenv that is below $HOME, which
+# they must be able to pass through (not list: o+x only). The MCP servers'
+# venvs do not need it (the system's interpreter).
 if [ -d "$HOME/.pyenv" ] && [ "$(stat -c %a "$HOME")" = 700 ]; then
   chmod o+x "$HOME"
 fi
@@ -100,8 +103,8 @@ SANDBOX_AGENT_MCP2_PYTHON=${SANDBOX_AGENT_MCP2_PYTHON:-/opt/sandbox-agent/client
   $SUDO "$SANDBOX_AGENT_MCP2_PYTHON" -m pip install -q -r tests/clients/mcp2/requirements.txt
 }
 
-# The real MCP servers most tests run (pinned; skipped when installed);
-# the others come with --all-servers.
+# The real MCP servers most tests run, from packaging/locks/ (kept when the
+# installed tree matches its lock); the others come with --all-servers.
 SANDBOX_AGENT_SERVERS_DIR=${SANDBOX_AGENT_SERVERS_DIR:-/opt/sandbox-agent/servers}
 $SUDO packaging/install-servers.sh --prefix "$SANDBOX_AGENT_SERVERS_DIR" filesystem git terminal localmemory excel
 

@@ -1,17 +1,33 @@
 #!/usr/bin/env bash
-# Installs the pinned MCP servers of packaging/servers.toml.
+# Installs the MCP servers of packaging/servers.toml exactly as locked in
+# packaging/locks/ (see packaging/locks/README.md).
 #
 #   packaging/install-servers.sh [--prefix DIR] [NAME ...]
+#   packaging/install-servers.sh --lock [NAME ...]
+#   packaging/install-servers.sh --help
 #
 # DIR defaults to /opt/sandbox-agent/servers (the manifest's install_dir).
 # With NAMEs, only those servers are installed (the tests install the ones
-# they use); without, all of them. Re-running is cheap: a server whose pinned
-# version is already installed is skipped.
+# they use); without, all of them. An npm server comes with the rest of its
+# prefix's lock (npm ci installs a lock whole).
 #
-# Layout: DIR/node (one npm prefix for the npm servers), DIR/node@BENCH (a
-# benchmark's pinned versions) and DIR/py/NAME (one virtualenv per Python
-# server, NAME@BENCH for a benchmark's pins, so dependencies never
-# conflict). Python servers install PIP_JOBS (4) at a time.
+# What runs is what the locks say: each npm prefix (DIR/node, DIR/node@BENCH
+# for a benchmark's pins) is `npm ci` of its committed package-lock.json;
+# each Python server gets a virtualenv of its own (DIR/py/NAME,
+# DIR/py/NAME@BENCH) made with the system's interpreter (PYTHON, default
+# /usr/bin/python3: never one under a home, which sandboxes cannot see) and
+# filled with `pip install --require-hashes --no-deps` of its lock. Re-running
+# is cheap: an install whose stamp (the lock's sha256) matches and whose
+# tree still matches its lock is kept; a tree that differs from its lock is
+# reinstalled; a lock that cannot be installed stops the script naming the
+# server. Python servers install PIP_JOBS (4) at a time.
+#
+# --lock regenerates the locks of the NAMEd servers (all without NAMEs)
+# from the table below, on this machine (CPython 3.11, x86_64 Linux: the
+# Python locks hold the hashes of the files pip picks here): every pin
+# resolves its dependencies as they were when it was released (npm
+# --before, pip --uploaded-prior-to), except where the table says.
+#
 # Needs node/npm and python3 with venv; `apt-get install python3-venv
 # nodejs npm` on Debian. The playwright server uses Debian's chromium
 # (`apt-get install chromium`), so no browser is downloaded.
@@ -19,12 +35,40 @@ set -euo pipefail
 
 PREFIX=/opt/sandbox-agent/servers
 HERE=$(cd "$(dirname "$0")" && pwd)
-if [[ "${1:-}" == "--prefix" ]]; then
-    PREFIX=$2
-    shift 2
-fi
+LOCKS=$HERE/locks
+PYTHON=${PYTHON:-/usr/bin/python3}
+# How many pip installs run at once (they wait on the network mostly).
+PIP_JOBS=${PIP_JOBS:-4}
 
-# name | kind | package==version | extra pip requirements and flags
+usage() { sed -n '2,/^set -e/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
+die() { echo "install-servers: $*" >&2; exit 1; }
+
+mode=install
+SELECTED=()
+while [[ $# -gt 0 ]]; do
+    case $1 in
+    --prefix)
+        [[ $# -ge 2 ]] || { echo "install-servers: --prefix needs a directory (see --help)" >&2; exit 2; }
+        PREFIX=$2
+        shift 2
+        ;;
+    --lock) mode=lock; shift ;;
+    -h | --help) usage; exit 0 ;;
+    -*) echo "install-servers: unknown option '$1' (see --help)" >&2; exit 2 ;;
+    *) SELECTED+=("$1"); shift ;;
+    esac
+done
+
+# name | kind | package==version | what --lock resolves with it (pip:
+# extra requirements and flags, --ignore-requires-python also used at
+# install; npm: overrides, [PARENT>]DEP@VERSION, where the registry's
+# publish time of a pin is later than its release, so --before cannot
+# find the dependencies it was released with)
+#
+# Toolathlon's filesystem 2025.7.1 (released 2025-07-01, published here
+# 2026-03-21) gets the MCP SDK and zod of its release (1.13.2, zod 3):
+# with today's (zod 4) its zod-to-json-schema lists 11 of its 12 tools
+# without arguments.
 #
 # MCP1 pins the MCP SDK to 1.x for servers that import its 1.x API
 # (mcp.server.fastmcp) without an upper bound; mcp 2.x removed that module.
@@ -74,7 +118,7 @@ SERVERS=(
     "code-runner@MCP_Atlas|npm|mcp-server-code-runner@0.1.7"
     "git@MCP_Atlas|pip|mcp-server-git==2026.7.10|$MCP1 --uploaded-prior-to=2026-07-11T00:00:00Z"
     "arxiv@MCP_Atlas|pip|arxiv-mcp-server==0.2.11|--uploaded-prior-to=2025-06-07T00:00:00Z"
-    "filesystem@Toolathlon|npm|@modelcontextprotocol/server-filesystem@2025.7.1"
+    "filesystem@Toolathlon|npm|@modelcontextprotocol/server-filesystem@2025.7.1|@modelcontextprotocol/server-filesystem>@modelcontextprotocol/sdk@1.13.2 zod@3.25.76"
     "localmemory@Toolathlon|npm|@modelcontextprotocol/server-memory@2025.4.25"
     "git@Toolathlon|pip|mcp-server-git==2025.1.14|--uploaded-prior-to=2025-01-15T00:00:00Z"
     "arxiv@Toolathlon|pip|arxiv-mcp-server==0.2.10|--uploaded-prior-to=2025-04-23T00:00:00Z"
@@ -84,17 +128,6 @@ SERVERS=(
     "poste_email_toolathlon@Toolathlon|pip|emails-mcp==0.1.12|aiosmtpd==1.4.6 --ignore-requires-python --uploaded-prior-to=2025-09-01T00:00:00Z"
 )
 
-# How many pip installs run at once (they wait on the network mostly).
-PIP_JOBS=${PIP_JOBS:-4}
-
-want() {
-    [[ $# -eq 0 ]] && return 0
-    local n=$1; shift
-    for w in "${SELECTED[@]}"; do [[ "$w" == "$n" ]] && return 0; done
-    return 1
-}
-
-SELECTED=("$@")
 for s in "${SELECTED[@]}"; do
     found=0
     for line in "${SERVERS[@]}"; do [[ "${line%%|*}" == "$s" ]] && found=1; done
@@ -103,25 +136,68 @@ for s in "${SELECTED[@]}"; do
         exit 2
     fi
 done
+want() {
+    [[ ${#SELECTED[@]} -eq 0 ]] && return 0
+    local w
+    for w in "${SELECTED[@]}"; do [[ "$w" == "$1" ]] && return 0; done
+    return 1
+}
 
-# One npm prefix per benchmark's pins (node, node@MCP_Atlas, …), so two
-# versions of a package never meet.
-npm_prefix() { [[ $1 == *@* ]] && echo "$PREFIX/node@${1#*@}" || echo "$PREFIX/node"; }
+# The npm prefix of a server: node, or node@BENCH for a benchmark's pins,
+# so two versions of a package never meet.
+npm_key() { [[ $1 == *@* ]] && echo "node@${1#*@}" || echo "node"; }
+sha() { sha256sum "$1" | cut -d' ' -f1; }
 
-# One virtualenv per Python server; then its launchers, which adapt it to
-# how the agent passes credentials (environment variables), written with
-# the venv's python.
+# shellcheck source=locks/lock.sh
+. "$LOCKS/lock.sh"
+
+if [[ $mode == lock ]]; then
+    lock_all
+    exit 0
+fi
+
+# The interpreter of every venv must be one an isolated sandbox shows
+# (/usr) or one installed under the prefix, never one under a home.
+py_real=$(realpath -e "$PYTHON" 2>/dev/null) || die "no Python interpreter $PYTHON (apt-get install python3-venv, or PYTHON=...)"
+case $py_real in
+/usr/* | "$PREFIX"/*) ;;
+*) die "PYTHON=$PYTHON is $py_real, outside /usr and $PREFIX: the sandboxes would not see the servers' interpreter; use /usr/bin/python3 or one installed under $PREFIX" ;;
+esac
+"$PYTHON" -c 'import venv, ensurepip' 2>/dev/null || die "$PYTHON has no venv/ensurepip (apt-get install python3-venv)"
+
+# Whether the venv $1 holds exactly the lock $2 (names and versions; pip
+# and setuptools, which venv brings, may be there unlocked) and was made
+# with this interpreter.
+py_matches() {
+    local venv=$1 lock=$2 home
+    home=$(sed -n 's/^home *= *//p' "$venv/pyvenv.cfg" 2>/dev/null) || return 1
+    [[ $(realpath -e "$home" 2>/dev/null) == "$(dirname "$py_real")" ]] || return 1
+    "$venv/bin/python" "$LOCKS/pylock.py" check "$lock"
+}
+
+# One virtualenv per Python server, filled from its lock; a tree that
+# matches its lock and stamp is kept.
 pip_install() {
-    local name=$1 pkg=$2 flags=$3 venv=$PREFIX/py/$1
-    echo "install-servers: $name: pip install $pkg"
-    rm -rf "$venv"
-    python3 -m venv "$venv"
-    if [[ $flags == *--uploaded-prior-to* ]]; then
-        "$venv/bin/pip" install --quiet --disable-pip-version-check pip==26.3
+    local name=$1 flags=$2 venv=$PREFIX/py/$1 lock=$LOCKS/py/$1.txt stamp
+    [[ -f $lock ]] || die "$name: no lock $lock (packaging/install-servers.sh --lock $name)"
+    stamp="$(sha "$lock") $py_real"
+    if [[ -f $venv/.installed && "$(cat "$venv/.installed")" == "$stamp" ]]; then
+        if py_matches "$venv" "$lock" 2>/dev/null; then
+            echo "install-servers: $name already installed ($(basename "$lock"))"
+            return 0
+        fi
+        echo "install-servers: $name: the installed tree differs from its lock; reinstalling"
     fi
-    # shellcheck disable=SC2086
-    "$venv/bin/pip" install --quiet --disable-pip-version-check "$pkg" $flags
-    echo "$pkg $flags" >"$venv/.installed"
+    echo "install-servers: $name: pip install --require-hashes -r locks/py/$name.txt"
+    rm -rf "$venv"
+    "$PYTHON" -m venv "$venv"
+    local extra=()
+    [[ $flags == *--ignore-requires-python* ]] && extra+=(--ignore-requires-python)
+    PIP_FIND_LINKS='' "$venv/bin/pip" install --quiet --disable-pip-version-check --no-deps \
+        --require-hashes "${extra[@]}" -r "$lock" \
+        || die "$name: its lock $lock cannot be installed (above: pip's reason)"
+    py_matches "$venv" "$lock" || die "$name: the venv does not match its lock $lock after installing it"
+    echo "$stamp" >"$venv/.installed"
 }
 pip_launchers() {
     local name=$1 bin=$PREFIX/py/$1/bin
@@ -147,39 +223,50 @@ pip_launchers() {
     fi
 }
 
+# An npm prefix from its lock: `npm ci` (which installs exactly the lock,
+# or fails), kept when its stamp and tree match the lock.
+npm_install() {
+    local key=$1 names=$2 np=$PREFIX/$1 dir=$LOCKS/npm/$1 stamp
+    [[ -f $dir/package-lock.json ]] || die "$names: no lock $dir/package-lock.json (packaging/install-servers.sh --lock)"
+    stamp=$(sha "$dir/package-lock.json")
+    if [[ -f $np/.installed && "$(cat "$np/.installed")" == "$stamp" ]]; then
+        if node "$LOCKS/check-npm.js" "$np" 2>/dev/null; then
+            echo "install-servers: $names already installed (locks/npm/$key)"
+            return 0
+        fi
+        echo "install-servers: $key: the installed tree differs from its lock; reinstalling"
+    fi
+    echo "install-servers: $names: npm ci --prefix $np (locks/npm/$key)"
+    mkdir -p "$np"
+    rm -f "$np/.installed"
+    cp "$dir/package.json" "$dir/package-lock.json" "$np/"
+    # No browser downloads (playwright, and puppeteer pulled in by
+    # desktop-commander): the playwright server uses Debian's chromium.
+    PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 PUPPETEER_SKIP_DOWNLOAD=1 npm ci --no-audit --no-fund \
+        --loglevel=error --prefix "$np" \
+        || die "$names: the lock locks/npm/$key cannot be installed (above: npm's reason)"
+    node "$LOCKS/check-npm.js" "$np" || die "$names: $np does not match its lock after npm ci"
+    echo "$stamp" >"$np/.installed"
+}
+
 mkdir -p "$PREFIX/node" "$PREFIX/py"
-declare -A npm_pkgs=()
+declare -A npm_names=()
 pip_names=()
 pip_pids=()
 for line in "${SERVERS[@]}"; do
     IFS='|' read -r name kind pkg flags <<<"$line"
-    if [[ ${#SELECTED[@]} -gt 0 ]] && ! want "$name" "${SELECTED[@]}"; then continue; fi
+    want "$name" || continue
     case $kind in
-    npm)
-        base=${pkg%@*}
-        ver=${pkg##*@}
-        np=$(npm_prefix "$name")
-        have=$(node -p "require('$np/node_modules/$base/package.json').version" 2>/dev/null || true)
-        if [[ "$have" == "$ver" ]]; then
-            echo "install-servers: $name ($pkg) already installed"
-        else
-            npm_pkgs[$np]+="$pkg "
-        fi
-        ;;
+    npm) npm_names[$(npm_key "$name")]+="$name " ;;
     pip)
-        stamp=$PREFIX/py/$name/.installed
-        if [[ -f $stamp && "$(cat "$stamp")" == "$pkg $flags" ]]; then
-            echo "install-servers: $name ($pkg) already installed"
-        else
-            # At most PIP_JOBS at once: wait for the oldest first. Each is
-            # waited for exactly once, so a failure stops the script.
-            if [[ ${#pip_pids[@]} -ge $PIP_JOBS ]]; then
-                wait "${pip_pids[0]}"
-                pip_pids=("${pip_pids[@]:1}")
-            fi
-            pip_install "$name" "$pkg" "$flags" &
-            pip_pids+=($!)
+        # At most PIP_JOBS at once: wait for the oldest first. Each is
+        # waited for exactly once, so a failure stops the script.
+        if [[ ${#pip_pids[@]} -ge $PIP_JOBS ]]; then
+            wait "${pip_pids[0]}"
+            pip_pids=("${pip_pids[@]:1}")
         fi
+        pip_install "$name" "$flags" &
+        pip_pids+=($!)
         pip_names+=("$name")
         ;;
     esac
@@ -187,22 +274,13 @@ done
 # Every pip install must have succeeded (set -e stops at the first failure).
 for pid in "${pip_pids[@]}"; do wait "$pid"; done
 for name in "${pip_names[@]}"; do pip_launchers "$name"; done
-for np in "${!npm_pkgs[@]}"; do
-    # shellcheck disable=SC2206
-    pkgs=(${npm_pkgs[$np]})
-    echo "install-servers: npm install --prefix $np ${pkgs[*]}"
-    mkdir -p "$np"
-    # No browser downloads (playwright, and puppeteer pulled in by
-    # desktop-commander): the playwright server uses Debian's chromium.
-    PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 PUPPETEER_SKIP_DOWNLOAD=1 npm install --no-audit --no-fund --loglevel=error \
-        --prefix "$np" "${pkgs[@]}"
-done
+for key in "${!npm_names[@]}"; do npm_install "$key" "${npm_names[$key]% }"; done
 # desktop-commander's launcher (MCP_Atlas's allowedDirectories).
-if [[ ${#SELECTED[@]} -eq 0 ]] || want desktop-commander "${SELECTED[@]}"; then
+if want desktop-commander; then
     install -D -m 0755 "$HERE/launchers/desktop-commander-env.mjs" "$PREFIX/node/launchers/desktop-commander-env.mjs"
 fi
 # localmemory's data tool (Klavis's LocalMemoryData; the system's python3).
-if [[ ${#SELECTED[@]} -eq 0 ]] || want localmemory "${SELECTED[@]}"; then
+if want localmemory; then
     install -D -m 0755 "$HERE/launchers/memory-data" "$PREFIX/bin/memory-data"
 fi
 echo "install-servers: done ($PREFIX)"

@@ -51,6 +51,9 @@ install -D -m 0755 "$root/packaging/launchers/sandbox-mail" "$dir/tmp/launchers/
 install -D -m 0755 "$root/packaging/launchers/desktop-commander-env.mjs" "$dir/tmp/launchers/desktop-commander-env.mjs"
 install -D -m 0755 "$root/packaging/launchers/canvas-data" "$dir/tmp/launchers/canvas-data"
 install -D -m 0755 "$root/packaging/launchers/google-cloud-data" "$dir/tmp/launchers/google-cloud-data"
+install -D -m 0755 "$root/packaging/launchers/memory-data" "$dir/tmp/launchers/memory-data"
+# The locks install-servers.sh installs from (packaging/locks/).
+cp -r "$root/packaging/locks" "$dir/tmp/locks"
 cat > "$dir/etc/sandbox-agent/agent.toml" <<'TOML'
 # sandbox-agent in a full VM image (packaging/vm/build-rootfs.sh)
 listen = ["vsock://any:1024"]
@@ -66,7 +69,7 @@ echo sandbox > "$dir/etc/hostname"
 
 echo "build-rootfs: MCP servers" >&2
 chroot "$dir" /tmp/install-servers.sh --prefix /opt/sandbox-agent/servers
-rm -rf "$dir/tmp/install-servers.sh" "$dir/tmp/launchers"
+rm -rf "$dir/tmp/install-servers.sh" "$dir/tmp/launchers" "$dir/tmp/locks"
 chroot "$dir" systemctl enable sandbox-agent.service
 chroot "$dir" systemctl mask getty@tty1.service
 chroot "$dir" apt-get clean

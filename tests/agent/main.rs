@@ -24,5 +24,6 @@ mod recovery;
 mod rpc;
 mod shipped_servers;
 mod tenant_paths;
+mod tool_schemas;
 mod workspace;
 mod workspace_turns;

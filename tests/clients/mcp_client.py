@@ -5,6 +5,8 @@
 
 Scenarios print one JSON object on stdout:
   tools                       the tool names
+  schemas                     SERVER is a comma-separated list: each server's tools'
+                              inputSchema by tool name, or the error listing them
   call TOOL JSON_ARGS         the text of one tools/call result
   concurrent SESSIONS CALLS   SESSIONS sessions × CALLS concurrent read_text_file
                               calls of files f<i>.txt (filesystem); reports mismatches
@@ -68,6 +70,21 @@ def text(result):
     return "".join(c.text for c in result.content if getattr(c, "type", "") == "text")
 
 
+async def schemas(a):
+    """Every tool's inputSchema of each server of a.server (comma-separated),
+    the servers listed concurrently, each on a session of its own."""
+    async def one(server):
+        c = Client(argparse.Namespace(**{**vars(a), "server": server}))
+        try:
+            async with c.session() as s:
+                tools = await s.list_tools()
+                return server, {t.name: t.model_dump(by_alias=True)["inputSchema"] for t in tools.tools}
+        except Exception as e:  # reported per server: the test names it
+            return server, {"error": f"{type(e).__name__}: {e}"}
+
+    return dict(await asyncio.gather(*(one(s) for s in a.server.split(","))))
+
+
 async def main():
     p = argparse.ArgumentParser()
     p.add_argument("--uds")
@@ -77,6 +94,9 @@ async def main():
     p.add_argument("scenario")
     p.add_argument("args", nargs="*")
     a = p.parse_args()
+    if a.scenario == "schemas":
+        print(json.dumps(await schemas(a)))
+        return
     c = Client(a)
     if a.scenario == "tools":
         async with c.session() as s:

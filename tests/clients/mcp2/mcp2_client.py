@@ -7,6 +7,8 @@ server offers it.
 
 Scenarios print one JSON object on stdout:
   tools                  the negotiated version, server name and tool names
+  schemas                SERVER is a comma-separated list: each server's tools'
+                         inputSchema by tool name, or the error listing them
   call TOOL JSON_ARGS    the text of one tools/call result
   concurrent N           N concurrent read_text_file calls of f<i>.txt (filesystem)
                          on one client; reports mismatches
@@ -25,6 +27,25 @@ def text(result):
     return "".join(c.text for c in result.content if getattr(c, "type", "") == "text")
 
 
+async def schemas(a):
+    """Every tool's inputSchema of each server of a.server (comma-separated),
+    the servers listed concurrently, each with a client of its own."""
+    headers = {"Authorization": f"Bearer {a.token}"} if a.token else {}
+
+    async def one(server):
+        transport = httpx2.AsyncHTTPTransport(uds=a.uds) if a.uds else None
+        http = httpx2.AsyncClient(headers=headers, transport=transport, timeout=120)
+        url = f"{a.base}/{server}/mcp/?local_sandbox_id=test"
+        try:
+            async with http, Client(streamable_http_client(url, http_client=http), mode="auto") as c:
+                tools = await c.list_tools()
+                return server, {t.name: t.model_dump(by_alias=True)["inputSchema"] for t in tools.tools}
+        except Exception as e:  # reported per server: the test names it
+            return server, {"error": f"{type(e).__name__}: {e}"}
+
+    return dict(await asyncio.gather(*(one(s) for s in a.server.split(","))))
+
+
 async def main():
     p = argparse.ArgumentParser()
     p.add_argument("--uds")
@@ -34,6 +55,9 @@ async def main():
     p.add_argument("scenario")
     p.add_argument("args", nargs="*")
     a = p.parse_args()
+    if a.scenario == "schemas":
+        print(json.dumps(await schemas(a)))
+        return
     headers = {"Authorization": f"Bearer {a.token}"} if a.token else {}
     transport = httpx2.AsyncHTTPTransport(uds=a.uds) if a.uds else None
     http = httpx2.AsyncClient(headers=headers, transport=transport, timeout=60)

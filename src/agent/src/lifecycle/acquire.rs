@@ -13,7 +13,7 @@ use super::{
 };
 use crate::mail::Account;
 use crate::supervisor::manifest::{
-    Benchmark, Credentials, LaunchError, LaunchSpec, Manifest, ServerDef,
+    Benchmark, Credentials, LaunchError, LaunchSpec, Manifest, NotInstalled, ServerDef,
 };
 use crate::supervisor::now_ms;
 
@@ -96,6 +96,13 @@ pub(super) fn resolve(
         Selection::All => return Err(LcError::EmptyManifest),
         Selection::Names(_) => return Err(LcError::NoServersNamed),
         Selection::Nothing => {}
+    }
+    let absent: Vec<NotInstalled> = names
+        .iter()
+        .filter_map(|n| manifest.not_installed(n, p.benchmark).cloned())
+        .collect();
+    if !absent.is_empty() {
+        return Err(LcError::NotInstalled(absent));
     }
     let unknown: Vec<String> = names
         .iter()

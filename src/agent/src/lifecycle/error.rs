@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use crate::mail::MailError;
 use crate::server_data::DataError;
 use crate::supervisor::SupError;
-use crate::supervisor::manifest::LaunchError;
+use crate::supervisor::manifest::{LaunchError, NotInstalled};
 use crate::workspace::WorkspaceError;
 
 /// Longest lease id.
@@ -35,6 +35,8 @@ pub enum LcError {
         manifest: PathBuf,
         known: Vec<String>,
     },
+    #[error("{}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
+    NotInstalled(Vec<NotInstalled>),
     #[error(
         "ttl_seconds must be between {min} and {max} (or absent for the default of {default}, or 0 for none); got {got}"
     )]

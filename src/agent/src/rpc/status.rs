@@ -99,6 +99,7 @@ pub(super) fn lc_status(e: LcError) -> Status {
         | LcError::NoServersNamed
         | LcError::EmptyManifest
         | LcError::UnknownServers { .. }
+        | LcError::NotInstalled(_)
         | LcError::TtlOutOfRange { .. }
         | LcError::CredentialsForOther { .. } => Status::invalid_argument(message),
         LcError::AlreadyLeased { .. }

@@ -111,11 +111,13 @@ fn check_servers_known(h: &Shared, req: &AcquireBody) -> HostResult<()> {
     else {
         return Ok(());
     };
+    // The agents leave out the manifest's servers that are not installed.
     Err(HostError::BadRequest(format!(
-        "acquire: unknown server{} {}; this host's sandboxes carry: {}",
+        "acquire: unknown server{} {}; this host's sandboxes carry: {} (a server of the manifest that is not installed is left out: `packaging/install-servers.sh {}` installs it)",
         if missing.len() > 1 { "s" } else { "" },
         missing.join(", "),
-        known.join(", ")
+        known.join(", "),
+        missing.join(" ")
     )))
 }
 

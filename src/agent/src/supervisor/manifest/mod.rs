@@ -16,11 +16,13 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 mod check;
+mod installed;
 mod launch;
 mod mail;
 mod schema;
 
 pub use check::{EntryError, FieldError};
+pub use installed::{INSTALL_COMMAND, NotInstalled};
 pub use launch::{LaunchError, Missing};
 pub use mail::{MailDef, local_part_ok};
 pub use schema::{
@@ -182,6 +184,11 @@ pub struct Manifest {
     pub profile_data: BTreeMap<Benchmark, PathBuf>,
     /// The file after expansion, printed by `--check-config`.
     pub file: ManifestFile,
+    /// Servers of the file whose install is absent (not in `servers`):
+    /// [`Manifest::retain_installed`].
+    pub not_installed: BTreeMap<String, NotInstalled>,
+    /// Servers installed whose pinned version for a profile is not.
+    pub profiles_not_installed: BTreeMap<(String, Benchmark), NotInstalled>,
 }
 
 /// What `${workspace}` and `${state_root}` expand to.
@@ -207,16 +214,29 @@ impl Manifest {
             mail: None,
             profile_data: BTreeMap::new(),
             file: ManifestFile::default(),
+            not_installed: BTreeMap::new(),
+            profiles_not_installed: BTreeMap::new(),
         }
     }
 
-    /// Reads and checks `path`; `roots` gives `${workspace}` and `${state_root}`.
+    /// Reads and checks `path`; `roots` gives `${workspace}` and
+    /// `${state_root}`. The servers whose install is absent are left out
+    /// (logged, and named by [`Manifest::not_installed`]).
     pub fn load(path: &Path, roots: &Roots) -> Result<Manifest, ManifestError> {
         let text = std::fs::read_to_string(path).map_err(|source| ManifestError::Read {
             path: path.to_owned(),
             source,
         })?;
-        Manifest::parse(&text, path, roots)
+        let mut m = Manifest::parse(&text, path, roots)?;
+        m.retain_installed();
+        for n in m
+            .not_installed
+            .values()
+            .chain(m.profiles_not_installed.values())
+        {
+            tracing::warn!(server = %n.server, "{n}");
+        }
+        Ok(m)
     }
 
     pub fn parse(text: &str, path: &Path, roots: &Roots) -> Result<Manifest, ManifestError> {
@@ -275,6 +295,8 @@ impl Manifest {
             mail,
             profile_data,
             file,
+            not_installed: BTreeMap::new(),
+            profiles_not_installed: BTreeMap::new(),
         })
     }
 
