@@ -193,8 +193,12 @@ pip_install() {
     "$PYTHON" -m venv "$venv"
     local extra=()
     [[ $flags == *--ignore-requires-python* ]] && extra+=(--ignore-requires-python)
+    # --no-build-isolation: the two locked sdists (sgmllib3k, pyperclip)
+    # build with the venv's own setuptools; an isolated build would fetch
+    # setuptools from the index unhashed (pip does not hash-check build
+    # dependencies), so a venv without one fails here instead.
     PIP_FIND_LINKS='' "$venv/bin/pip" install --quiet --disable-pip-version-check --no-deps \
-        --require-hashes "${extra[@]}" -r "$lock" \
+        --no-build-isolation --require-hashes "${extra[@]}" -r "$lock" \
         || die "$name: its lock $lock cannot be installed (above: pip's reason)"
     py_matches "$venv" "$lock" || die "$name: the venv does not match its lock $lock after installing it"
     echo "$stamp" >"$venv/.installed"

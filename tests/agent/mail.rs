@@ -298,6 +298,10 @@ def inbox(user, pw):
 out["myersj"] = inbox("myersj@mcp110.com", password)
 out["myersj_own_password"] = inbox("myersj@mcp110.com", "jason1984%lt")
 out["mary"] = inbox("mary.castillo@mcp7.com", password)
+# A login as `..@mcp.com` makes Dovecot's home the mailboxes' own directory;
+# a dump must still read every real mailbox. Mail to it is refused.
+out["dotdot_login"] = str(inbox("..@mcp.com", password))
+out["dotdot"] = send("mary.castillo@mcp7.com", "..@mcp.com", "nowhere")
 print(json.dumps(out))
 "#;
 
@@ -341,7 +345,7 @@ async fn toolathlon_domains_are_accounts_that_mail_each_other() {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
     assert_eq!(v["to_others"], "sent", "{v}");
     assert_eq!(v["back"], "sent", "{v}");
-    for refused in ["mcp111", "outside"] {
+    for refused in ["mcp111", "outside", "dotdot"] {
         assert!(
             v[refused].as_str().is_some_and(|r| r.starts_with("550")),
             "{v}"

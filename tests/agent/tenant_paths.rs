@@ -860,3 +860,61 @@ async fn without_uv_the_tenant_makes_its_venv_in_the_agents_directory() {
     assert!(log.contains("uid 1000 venv True venv"), "{log}");
     release(&c, "lease-nouv").await;
 }
+
+/// The workspace root is the tenant's, so a tenant can change the directory
+/// itself: mode 0 locked every later server out of it, 1777 and a `user.*`
+/// attribute carried a message to the next lease, its times survived.
+/// Release and Reset put the root back as the agent found it.
+#[tokio::test]
+async fn the_workspace_root_itself_is_put_back_at_release_and_reset() {
+    if !root_or_skip("the agent as PID 1 of its own namespaces") {
+        return;
+    }
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let dir = pid1_dir();
+    let ws = dir.path().join("ws");
+    let agent = Agent::start_pid1(dir, &[]);
+    let c = client(&agent).await;
+    let before = std::fs::metadata(&ws).expect("workspace");
+    let script = r#"
+import os
+ws = os.environ["AGENT_WORKSPACE"]
+os.chmod(ws, 0o1777)
+os.setxattr(ws, "user.msg", b"from the last lease")
+os.utime(ws, (946684800, 946684800))
+print("changed")
+"#;
+    let check = |when: &str| {
+        let m = std::fs::metadata(&ws).expect("workspace");
+        assert_eq!(
+            m.permissions().mode() & 0o7777,
+            before.permissions().mode() & 0o7777,
+            "{when}: the mode"
+        );
+        assert_eq!((m.uid(), m.gid()), (before.uid(), before.gid()), "{when}");
+        assert!(m.mtime() > 946684800, "{when}: the times");
+        let mut buf = [0u8; 4096];
+        let dirf = std::fs::File::open(&ws).expect("open");
+        let n = rustix::fs::flistxattr(&dirf, &mut buf[..]).unwrap_or(0);
+        assert!(
+            !String::from_utf8_lossy(&buf[..n]).contains("user.msg"),
+            "{when}: the tenant's xattr"
+        );
+    };
+    crate::exec::acquire_bare(&c, "lease-r1").await;
+    let (st, log) = run_to_end(&c, "root1", script).await;
+    assert_eq!(st, "completed", "{log}");
+    assert_eq!(
+        std::fs::metadata(&ws).expect("ws").permissions().mode() & 0o7777,
+        0o1777,
+        "the script changed the root"
+    );
+    release(&c, "lease-r1").await;
+    check("after Release");
+    crate::exec::acquire_bare(&c, "lease-r2").await;
+    let (st, log) = run_to_end(&c, "root2", script).await;
+    assert_eq!(st, "completed", "{log}");
+    reset(&c, "lease-r2").await;
+    check("after Reset");
+    release(&c, "lease-r2").await;
+}

@@ -17,6 +17,7 @@
 //!   workspace's own causes.
 //! - [`data_path`]: the second path (e.g. `/data`) showing the workspace.
 //! - [`volume`]: a mounted workspace's bookkeeping kept out of its tree.
+//! - `root`: the root's own mode, owner, xattrs and times, put back at Clear.
 //! - `transfer`: Initialize and Dump as streams (the blocking operation on
 //!   its own thread, bounded channels, cancellation by a Release).
 //!
@@ -30,6 +31,7 @@ pub mod error;
 mod fence;
 mod moves;
 mod ops;
+mod root;
 mod transfer;
 pub mod txn;
 pub mod volume;

@@ -57,6 +57,8 @@ pub struct Workspace {
     txn: txn::Txn,
     limits: ArchiveLimits,
     owner: Option<(u32, u32)>,
+    /// The root as it was at start, put back by every Clear.
+    root_attrs: super::root::RootAttrs,
     busy: Mutex<Option<(&'static str, Instant, CancellationToken)>>,
     /// Why the last recovery of an interrupted swap could not finish; every
     /// operation retries it first and is refused while it fails.
@@ -110,6 +112,13 @@ impl OpGuard {
     /// Empties the workspace atomically. Returns the number of top-level
     /// entries removed. Blocking.
     pub fn clear(&self) -> Result<u64, WorkspaceError> {
+        let n = self.empty()?;
+        // What a tenant did to the root itself goes too.
+        self.ws.root_attrs.restore(self.ws.txn.root())?;
+        Ok(n)
+    }
+
+    fn empty(&self) -> Result<u64, WorkspaceError> {
         match self.ws.recovered() {
             Ok(()) => self.ws.clear(),
             // Emptying needs no completed swap: the workspace is emptied in
@@ -155,6 +164,7 @@ impl Workspace {
             .validate()
             .map_err(|e| WorkspaceError::invalid(e.to_string()))?;
         let txn = txn::Txn::open(path)?;
+        let root_attrs = super::root::RootAttrs::capture(txn.root())?;
         // A swap that cannot be completed must not keep the agent from
         // starting: it serves, and workspace operations say what is wrong.
         let stuck = match txn.recover() {
@@ -195,6 +205,7 @@ impl Workspace {
             txn,
             limits,
             owner,
+            root_attrs,
             busy: Mutex::new(None),
             stuck: Mutex::new(stuck),
             keep: Mutex::new(Vec::new()),
