@@ -3,8 +3,9 @@
 //! handed back warm, or replaced. A races the agent's `output.log` with
 //! symlinks into the executions' base venv (to plant a `.pth` every later
 //! script would run), tries to write there directly, leaves files in every
-//! temporary directory, and asks for a `packages.txt` that is a symlink to
-//! the agent's environment; B's innocent script then runs clean.
+//! temporary directory, locks the workspace root (mode 0, an xattr), and
+//! asks for a `packages.txt` that is a symlink to the agent's environment;
+//! B's innocent script then runs clean.
 
 use serde_json::Value;
 
@@ -30,6 +31,9 @@ for d in ['/tmp', '/var/tmp', '/dev/shm']:
         os.symlink('/etc/passwd', d + '/planted-link-by-a')
     except OSError as e:
         print('temp', d, e.errno, flush=True)
+# The workspace root itself: a message in an xattr, then locked.
+os.setxattr('/workspace', 'user.msg', b'by-a')
+os.chmod('/workspace', 0)
 print('racing', targets, flush=True)
 log = '/var/lib/sandbox-agent/executions/victim/output.log'
 end = time.time() + 25
@@ -54,6 +58,7 @@ started = open('/proc/1/stat').read().rsplit(') ', 1)[1].split()[19]
 print('slot', open('/proc/self/uid_map').read().split()[1], started)
 for d in ['/tmp', '/var/tmp', '/dev/shm']:
     print('left in', d, sorted(n for n in os.listdir(d) if 'by-a' in n))
+print('root', oct(os.stat('/workspace').st_mode & 0o7777), os.listxattr('/workspace'))
 "#;
 
 /// A tar.gz of `main.py` and a `packages.txt` that links to the agent's
@@ -120,6 +125,7 @@ fn attack(args: &[&str]) -> (String, String) {
     for d in ["/tmp", "/var/tmp", "/dev/shm"] {
         assert!(log.contains(&format!("left in {d} []")), "{log}");
     }
+    assert!(log.contains("root 0o755 []"), "the workspace root: {log}");
     let b_slot = log
         .lines()
         .find(|l| l.starts_with("slot "))
