@@ -66,6 +66,14 @@ pub fn run_installer(args: &[&str]) -> String {
 /// `../shared/benchmark-data` beside the checkout, else
 /// `/work/shared/benchmark-data`.
 pub fn atlas_source() -> Option<PathBuf> {
+    shared_data("MCP_Atlas/data", "repos/git_submodule_info.csv")
+}
+
+/// `rel` of the shared benchmark data (never in this repository) where
+/// this machine has it, with `marker` in it: `SANDBOX_AGENT_BENCHMARK_DATA`
+/// when set (only there), else `../shared/benchmark-data` beside the
+/// checkout, else `/work/shared/benchmark-data`.
+pub fn shared_data(rel: &str, marker: &str) -> Option<PathBuf> {
     let roots: Vec<PathBuf> = match std::env::var_os("SANDBOX_AGENT_BENCHMARK_DATA") {
         Some(r) => vec![PathBuf::from(r)],
         None => vec![
@@ -75,8 +83,8 @@ pub fn atlas_source() -> Option<PathBuf> {
     };
     roots
         .into_iter()
-        .map(|r| r.join("MCP_Atlas/data"))
-        .find(|d| d.join("repos/git_submodule_info.csv").is_file())
+        .map(|r| r.join(rel))
+        .find(|d| d.join(marker).exists())
 }
 
 /// One of MCP_Atlas's repositories as the tests stand it in.

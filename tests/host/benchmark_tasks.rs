@@ -5,7 +5,7 @@
 //! model through the sandbox's MCP URLs, and the task's own verification
 //! re-expressed here.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 use serde_json::{Value, json};
@@ -32,20 +32,6 @@ fn tasks(host: &Host, args: &[&str]) -> Value {
         String::from_utf8_lossy(&out.stderr)
     );
     serde_json::from_slice(&out.stdout).expect("client JSON")
-}
-
-/// The shared benchmark data (never in this repository), where this machine
-/// has it.
-fn shared(rel: &str) -> Option<PathBuf> {
-    [
-        std::env::var_os("SANDBOX_AGENT_BENCHMARK_DATA").map(PathBuf::from),
-        Some(Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/benchmark-data")),
-        Some(PathBuf::from("/work/shared/benchmark-data")),
-    ]
-    .into_iter()
-    .flatten()
-    .map(|r| r.join(rel))
-    .find(|p| p.exists())
 }
 
 /// The calls of one profile: every file-touching server on `/data`, on a
@@ -159,7 +145,10 @@ fn every_file_touching_server_of_every_profile_works_on_data_and_the_workspace()
 /// deleted.
 #[test]
 fn toolathlon_privacy_desensitization_passes_its_check() {
-    let Some(task) = shared("Toolathlon/examples/privacy-desensitization") else {
+    let Some(task) = crate::common::bench_data::shared_data(
+        "Toolathlon/examples/privacy-desensitization",
+        "initial_workspace_extracted",
+    ) else {
         eprintln!("SKIPPED: Toolathlon's example task is not on this machine");
         return;
     };

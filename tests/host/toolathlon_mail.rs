@@ -7,7 +7,7 @@
 //! client, on a real host, agent, emails-mcp and mail service. The task's
 //! data is read from the shared benchmark data at test time.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use serde_json::Value;
 
@@ -19,21 +19,9 @@ const DRIVER: &str = concat!(
 );
 const TASK: &str = "Toolathlon/examples/apply-phd-email";
 
-/// The task's data where this machine has it: `SANDBOX_AGENT_BENCHMARK_DATA`
-/// when set (only there), else `../shared/benchmark-data` beside the
-/// checkout, else `/work/shared/benchmark-data`.
+/// The task's data where this machine has it.
 fn task_data() -> Option<PathBuf> {
-    let roots: Vec<PathBuf> = match std::env::var_os("SANDBOX_AGENT_BENCHMARK_DATA") {
-        Some(r) => vec![PathBuf::from(r)],
-        None => vec![
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/benchmark-data"),
-            PathBuf::from("/work/shared/benchmark-data"),
-        ],
-    };
-    roots
-        .into_iter()
-        .map(|r| r.join(TASK))
-        .find(|d| d.join("files/emails_backup.json").is_file())
+    crate::common::bench_data::shared_data(TASK, "files/emails_backup.json")
 }
 
 /// Each mailbox of a dump, its emails as (folder, from, to, subject): what
