@@ -1,0 +1,89 @@
+//! The fleet's errors, by cause. The host maps each to a status in its one
+//! place (`HostError::status`): every one of these is a 503 but a lease
+//! that is not there.
+
+use std::time::Duration;
+
+#[derive(Debug, thiserror::Error)]
+pub enum KubeError {
+    /// No sandbox of the pool became Ready with a pod IP within the wait.
+    #[error(
+        "no sandbox of warm pool {pool:?} was ready within {} s (claim {claim}): the pool is empty or its pods are slow to start; raise its replicas or --kube-claim-timeout",
+        waited.as_secs()
+    )]
+    PoolEmpty {
+        pool: String,
+        claim: String,
+        waited: Duration,
+    },
+    /// The controller gave up on the claim (a missing pool or template,
+    /// refused metadata, expiry).
+    #[error("claim {claim} of warm pool {pool:?} failed: {reason}")]
+    ClaimFailed {
+        pool: String,
+        claim: String,
+        reason: String,
+    },
+    /// No warm pool serves this benchmark.
+    #[error("no warm pool serves benchmark {benchmark:?} and no default pool is configured (--kube-pool)")]
+    NoPool { benchmark: String },
+    /// The API server refused this host's service account.
+    #[error(
+        "the Kubernetes API server forbids {verb} on {resource} in namespace {namespace:?} to this host: grant it in the host's Role ({message})"
+    )]
+    Forbidden {
+        verb: &'static str,
+        resource: &'static str,
+        namespace: String,
+        message: String,
+    },
+    /// The API server could not be reached, or answered with an error.
+    #[error("the Kubernetes API server failed {verb} on {resource}: {source}")]
+    Api {
+        verb: &'static str,
+        resource: &'static str,
+        #[source]
+        source: Box<kube::Error>,
+    },
+    /// A claim's lease annotation that is not a lease.
+    #[error("claim {claim} carries a lease annotation that cannot be read: {source}")]
+    BadRecord {
+        claim: String,
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+impl KubeError {
+    /// An API call's error, with what was asked: 403 is [`KubeError::Forbidden`].
+    pub(crate) fn api(
+        verb: &'static str,
+        resource: &'static str,
+        namespace: &str,
+    ) -> impl FnOnce(kube::Error) -> KubeError {
+        let namespace = namespace.to_owned();
+        move |e| match &e {
+            kube::Error::Api(s) if s.code == 403 => KubeError::Forbidden {
+                verb,
+                resource,
+                namespace,
+                message: s.message.clone(),
+            },
+            _ => KubeError::Api {
+                verb,
+                resource,
+                source: Box::new(e),
+            },
+        }
+    }
+
+    /// The permission named in the log line of a forbidden call.
+    pub fn permission(&self) -> Option<String> {
+        match self {
+            KubeError::Forbidden {
+                verb, resource, ..
+            } => Some(format!("{verb} {resource}")),
+            _ => None,
+        }
+    }
+}

@@ -1,0 +1,310 @@
+//! Claiming, recording and releasing sandboxes of agent-sandbox's warm
+//! pools. Every call goes to the API server: the claims are the state, so
+//! any host replica sees what another one did.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use kube::Api;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use tracing::{info, warn};
+
+use crate::crd::{ClaimLifecycle, NameRef, Sandbox, SandboxClaim, SandboxClaimSpec};
+use crate::error::KubeError;
+use crate::lease::{self, FINALIZER, Lease};
+
+const CLAIMS: &str = "sandboxclaims";
+const SANDBOXES: &str = "sandboxes";
+
+/// How the fleet claims (the host's `--kube-*` flags).
+#[derive(Debug, Clone)]
+pub struct FleetConfig {
+    pub namespace: String,
+    /// Benchmark name → warm pool; the pool under [`DEFAULT_POOL`] serves
+    /// requests without a benchmark and benchmarks without a pool.
+    pub pools: BTreeMap<String, String>,
+    /// How long a claim may take to give a Ready sandbox with a pod IP.
+    pub claim_timeout: Duration,
+    /// How often a claim being waited for is read again.
+    pub poll: Duration,
+    /// Added to a lease's expiry for its claim's `shutdownTime`: the
+    /// hosts' reaper releases first; the controller's shutdown is the
+    /// backstop when no host runs.
+    pub shutdown_grace: Duration,
+}
+
+/// The key of the pool that serves everything no other pool does.
+pub const DEFAULT_POOL: &str = "default";
+
+/// A claim whose sandbox is Ready.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Claimed {
+    pub claim: String,
+    pub sandbox: String,
+    pub ip: String,
+}
+
+pub struct Fleet {
+    claims: Api<SandboxClaim>,
+    sandboxes: Api<Sandbox>,
+    cfg: FleetConfig,
+}
+
+/// The claim of sandbox `id`: one name per lease, so a retried call finds
+/// it and every replica derives it.
+pub fn claim_name(sandbox_id: &str) -> String {
+    format!("sbx-{sandbox_id}")
+}
+
+impl Fleet {
+    pub fn new(client: kube::Client, cfg: FleetConfig) -> Fleet {
+        Fleet {
+            claims: Api::namespaced(client.clone(), &cfg.namespace),
+            sandboxes: Api::namespaced(client, &cfg.namespace),
+            cfg,
+        }
+    }
+
+    pub fn config(&self) -> &FleetConfig {
+        &self.cfg
+    }
+
+    /// The warm pool for an Acquire of `benchmark`.
+    pub fn pool_for(&self, benchmark: Option<&str>) -> Result<String, KubeError> {
+        let p = benchmark.and_then(|b| self.cfg.pools.get(b));
+        p.or_else(|| self.cfg.pools.get(DEFAULT_POOL))
+            .cloned()
+            .ok_or_else(|| KubeError::NoPool {
+                benchmark: benchmark.unwrap_or("(none)").to_owned(),
+            })
+    }
+
+    fn api(&self, verb: &'static str, resource: &'static str) -> impl FnOnce(kube::Error) -> KubeError {
+        KubeError::api(verb, resource, &self.cfg.namespace)
+    }
+
+    /// Claims a sandbox of `lease.pool` for `lease` (its record in the
+    /// claim, phase acquiring) and waits until it is Ready with a pod IP,
+    /// within the claim timeout. On any failure, and when this future is
+    /// dropped before it ends, the claim is deleted: nothing is leaked.
+    pub async fn claim(&self, lease: &Lease) -> Result<Claimed, KubeError> {
+        let name = claim_name(&lease.sandbox_id);
+        let claim = self.claim_object(&name, lease);
+        self.claims
+            .create(&PostParams::default(), &claim)
+            .await
+            .map_err(self.api("create", CLAIMS))?;
+        info!(sandbox = %lease.sandbox_id, claim = %name, pool = %lease.pool, "claimed");
+        let mut guard = Unclaim {
+            claims: Some(self.claims.clone()),
+            name: name.clone(),
+        };
+        match self.wait_ready(&name, &lease.pool).await {
+            Ok(c) => {
+                guard.claims = None;
+                Ok(c)
+            }
+            Err(e) => {
+                warn!(sandbox = %lease.sandbox_id, claim = %name, error = %e, "the claim failed; deleting it");
+                guard.claims = None;
+                if let Err(d) = self.release(&name).await {
+                    warn!(claim = %name, error = %d, "cannot delete the failed claim");
+                }
+                Err(e)
+            }
+        }
+    }
+
+    fn claim_object(&self, name: &str, lease: &Lease) -> SandboxClaim {
+        let shutdown = lease.expires_at_ms.and_then(|ms| {
+            let at = ms + self.cfg.shutdown_grace.as_millis() as i64;
+            k8s_openapi::jiff::Timestamp::from_millisecond(at).ok().map(Time)
+        });
+        SandboxClaim {
+            metadata: ObjectMeta {
+                name: Some(name.to_owned()),
+                namespace: Some(self.cfg.namespace.clone()),
+                labels: Some(lease.labels()),
+                annotations: Some(BTreeMap::from([(lease::RECORD.to_owned(), lease.record())])),
+                finalizers: Some(vec![FINALIZER.to_owned()]),
+                ..Default::default()
+            },
+            spec: SandboxClaimSpec {
+                warm_pool_ref: NameRef {
+                    name: lease.pool.clone(),
+                },
+                lifecycle: shutdown.map(|t| ClaimLifecycle {
+                    shutdown_time: Some(t),
+                    shutdown_policy: Some("Delete".to_owned()),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+            ..Default::default()
+        }
+    }
+
+    /// Reads the claim (and then its sandbox) until the sandbox is Ready
+    /// with a pod IP, the claim fails, or the timeout passes.
+    async fn wait_ready(&self, name: &str, pool: &str) -> Result<Claimed, KubeError> {
+        let started = Instant::now();
+        let deadline = started + self.cfg.claim_timeout;
+        loop {
+            let claim = self
+                .claims
+                .get_opt(name)
+                .await
+                .map_err(self.api("get", CLAIMS))?
+                .ok_or_else(|| KubeError::ClaimFailed {
+                    pool: pool.to_owned(),
+                    claim: name.to_owned(),
+                    reason: "the claim was deleted while its sandbox was awaited".to_owned(),
+                })?;
+            if let Some(reason) = claim.failure() {
+                return Err(KubeError::ClaimFailed {
+                    pool: pool.to_owned(),
+                    claim: name.to_owned(),
+                    reason,
+                });
+            }
+            if let Some(sb) = claim.sandbox_name()
+                && let Some(s) = self
+                    .sandboxes
+                    .get_opt(sb)
+                    .await
+                    .map_err(self.api("get", SANDBOXES))?
+                && let Some(ip) = s.ready_ip()
+            {
+                return Ok(Claimed {
+                    claim: name.to_owned(),
+                    sandbox: sb.to_owned(),
+                    ip: ip.to_owned(),
+                });
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(KubeError::PoolEmpty {
+                    pool: pool.to_owned(),
+                    claim: name.to_owned(),
+                    waited: started.elapsed(),
+                });
+            }
+            tokio::time::sleep(self.cfg.poll.min(deadline - now)).await;
+        }
+    }
+
+    /// Writes `lease` (its phase, servers, pod IP) into its claim.
+    pub async fn record(&self, lease: &Lease) -> Result<(), KubeError> {
+        let patch = serde_json::json!({
+            "metadata": { "annotations": { lease::RECORD: lease.record() } }
+        });
+        self.claims
+            .patch(&lease.claim, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map_err(self.api("patch", CLAIMS))?;
+        Ok(())
+    }
+
+    /// Deletes claim `name` and takes this host's finalizer off it, so the
+    /// controller deletes its sandbox. Gone already is done.
+    pub async fn release(&self, name: &str) -> Result<(), KubeError> {
+        match self.claims.delete(name, &DeleteParams::background()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 => return Ok(()),
+            Err(e) => return Err(self.api("delete", CLAIMS)(e)),
+        }
+        unfinalize(&self.claims, name)
+            .await
+            .map_err(self.api("patch", CLAIMS))
+    }
+
+    /// The leases the claims carry, of `owner` or of everyone, acquiring
+    /// ones included; oldest first.
+    pub async fn leases(&self, owner: Option<&str>) -> Result<Vec<Lease>, KubeError> {
+        let mut selector = format!("{}={}", lease::MANAGED_BY, lease::MANAGER);
+        if let Some(o) = owner {
+            selector.push_str(&format!(",{}={}", lease::OWNER_HASH, lease::owner_hash(o)));
+        }
+        let list = self
+            .claims
+            .list(&ListParams::default().labels(&selector))
+            .await
+            .map_err(self.api("list", CLAIMS))?;
+        let mut out = Vec::new();
+        for c in &list.items {
+            match Lease::of_claim(c) {
+                Ok(Some(l)) if owner.is_none_or(|o| l.owner == o) => out.push(l),
+                Ok(_) => {}
+                Err(e) => warn!(error = %e, "skipping a claim"),
+            }
+        }
+        out.sort_by(|a, b| a.created_at.cmp(&b.created_at));
+        Ok(out)
+    }
+
+    /// The lease of sandbox `id`, if its claim exists.
+    pub async fn find(&self, sandbox_id: &str) -> Result<Option<Lease>, KubeError> {
+        let c = self
+            .claims
+            .get_opt(&claim_name(sandbox_id))
+            .await
+            .map_err(self.api("get", CLAIMS))?;
+        match c {
+            Some(c) => Lease::of_claim(&c),
+            None => Ok(None),
+        }
+    }
+}
+
+/// Takes [`FINALIZER`] off claim `name` (a merge patch of the rest).
+async fn unfinalize(claims: &Api<SandboxClaim>, name: &str) -> Result<(), kube::Error> {
+    let Some(c) = claims.get_opt(name).await? else {
+        return Ok(());
+    };
+    let rest: Vec<String> = c
+        .metadata
+        .finalizers
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|f| f != FINALIZER)
+        .collect();
+    let patch = serde_json::json!({ "metadata": { "finalizers": rest } });
+    match claims
+        .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Deletes a claim whose wait was dropped (the client went away, the host
+/// stopped): in the background, as a drop cannot wait.
+struct Unclaim {
+    claims: Option<Api<SandboxClaim>>,
+    name: String,
+}
+
+impl Drop for Unclaim {
+    fn drop(&mut self) {
+        let Some(claims) = self.claims.take() else {
+            return;
+        };
+        let name = std::mem::take(&mut self.name);
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move {
+                warn!(claim = %name, "the wait for a claim was abandoned; deleting it");
+                let deleted = match claims.delete(&name, &DeleteParams::background()).await {
+                    Ok(_) => true,
+                    Err(kube::Error::Api(s)) => s.code == 404,
+                    Err(_) => false,
+                };
+                if !deleted || unfinalize(&claims, &name).await.is_err() {
+                    warn!(claim = %name, "cannot delete an abandoned claim; delete it by hand");
+                }
+            });
+        }
+    }
+}
