@@ -43,8 +43,10 @@ pub struct Args {
     /// (`key owner`); keys with the same owner share sandboxes.
     #[arg(long, value_name = "FILE")]
     pub api_key_file: Option<PathBuf>,
-    /// Where sandboxes run: `process` (a local sandbox-agent each), or
-    /// `qemu` (a VM each, booted from --vm-image).
+    /// Where sandboxes run: `process` (a local sandbox-agent each),
+    /// `qemu` (a VM each, booted from --vm-image), or `kubernetes` (pods
+    /// claimed from agent-sandbox's warm pools, --kube-*; several hosts
+    /// may serve one fleet: docs/kubernetes.md).
     #[arg(long, value_enum, default_value = "process")]
     pub backend: BackendKind,
     /// Idle sandboxes kept ready (warm or bare).
@@ -184,6 +186,52 @@ pub struct Args {
     /// needs an API key, as every other route.
     #[arg(long, value_name = "HOST:PORT")]
     pub metrics_listen: Option<String>,
+    /// kubernetes backend: the namespace of the warm pools and claims.
+    /// Default: the namespace of the kubeconfig's context, or of this
+    /// pod's service account.
+    #[arg(long, value_name = "NS")]
+    pub kube_namespace: Option<String>,
+    /// kubernetes backend: the SandboxWarmPool an Acquire of a benchmark
+    /// claims from (repeatable): `BENCHMARK=POOL`, or `POOL` for requests
+    /// without a benchmark or of a benchmark without a pool of its own.
+    #[arg(long = "kube-pool", value_name = "[BENCHMARK=]POOL")]
+    pub kube_pools: Vec<String>,
+    /// kubernetes backend: the port of the pods' agent (gRPC).
+    #[arg(long, default_value_t = 7070, value_name = "PORT")]
+    pub kube_agent_port: u16,
+    /// kubernetes backend: the port of the pods' MCP data plane.
+    #[arg(long, default_value_t = 7071, value_name = "PORT")]
+    pub kube_mcp_port: u16,
+    /// kubernetes backend: how long a claim may take to give a Ready
+    /// sandbox with a pod IP; past it the Acquire is a 503 naming the pool
+    /// and the claim is deleted.
+    #[arg(long, default_value_t = 120, value_name = "SECONDS")]
+    pub kube_claim_timeout: u64,
+    /// kubernetes backend: how often a claim being waited for is read.
+    #[arg(long, default_value_t = 500, value_name = "MS")]
+    pub kube_poll_ms: u64,
+    /// kubernetes backend: a claim's shutdownTime is its lease's expiry
+    /// plus this: the hosts release first; the controller ends the claim
+    /// should no host run.
+    #[arg(long, default_value_t = 300, value_name = "SECONDS")]
+    pub kube_shutdown_grace: u64,
+    /// kubernetes backend: how long a sandbox found live is taken as live
+    /// by the MCP URLs of this replica without asking the API server
+    /// again (a release by this replica ends it at once).
+    #[arg(long, default_value_t = 1000, value_name = "MS")]
+    pub kube_admit_cache_ms: u64,
+    /// kubernetes backend: the warm pools' shared bootstrap secret (the
+    /// Secret their pods' agents take as token file). Each claimed pod's
+    /// agent is bound to its lease's own token with it, after which it
+    /// admits nothing there.
+    #[arg(long, value_name = "FILE")]
+    pub kube_bootstrap_token_file: Option<PathBuf>,
+    /// The key that signs transfer and MCP URLs (and, on the kubernetes
+    /// backend, derives each lease's agent token): at least 32 bytes.
+    /// Replicas serving one fleet share it (a Secret). Default: made once
+    /// in the data dir. Required by the kubernetes backend.
+    #[arg(long, value_name = "FILE")]
+    pub signing_key_file: Option<PathBuf>,
     /// At most this many sandboxes at once, idle, starting and leased
     /// together (it bounds the sum of --slot-memory-max and
     /// --slot-pids-max); an Acquire that would need one more is a 503.
@@ -222,6 +270,8 @@ pub enum LogFormat {
 pub enum BackendKind {
     Process,
     Qemu,
+    /// Pods claimed from agent-sandbox's warm pools (docs/kubernetes.md).
+    Kubernetes,
 }
 
 /// The backend the arguments describe, checked before anything starts.
@@ -260,6 +310,17 @@ pub fn backend(args: &Args) -> anyhow::Result<pool::Backend> {
                 agent_bin: abs(&agent_bin)?,
                 manifest: args.manifest.as_deref().map(abs).transpose()?,
             })
+        }
+        BackendKind::Kubernetes => {
+            anyhow::ensure!(
+                args.manifest.is_none() && args.vm_image.is_none(),
+                "--manifest and --vm-image are for the local backends: a pod runs its image's manifest"
+            );
+            anyhow::ensure!(
+                args.warm.is_empty() && args.warm_servers.trim().is_empty(),
+                "--warm is for the local backends: on kubernetes the SandboxWarmPools keep sandboxes warm (--kube-pool)"
+            );
+            Ok(pool::Backend::Kubernetes)
         }
         BackendKind::Qemu => {
             let image = args.vm_image.clone().context(
@@ -325,7 +386,7 @@ pub fn agent_env(args: &Args, backend: &pool::Backend) -> anyhow::Result<pool::A
                 .as_deref()
                 .unwrap_or(std::path::Path::new(INSTALLED_MANIFEST)),
         ),
-        pool::Backend::Qemu { .. } => Default::default(),
+        pool::Backend::Qemu { .. } | pool::Backend::Kubernetes => Default::default(),
     };
     let env = pool::AgentEnv::new(std::env::vars_os(), &manifest_names, &args.agent_env);
     tracing::info!(names = ?env.names(), "agents get only these variables of this host's environment");
@@ -427,4 +488,56 @@ pub fn isolation(
             Ok(Some(Arc::new(iso)))
         }
     }
+}
+
+/// The kubernetes backend's settings from the flags, checked (`None` for
+/// the other backends).
+pub fn cluster(args: &Args) -> anyhow::Result<Option<ClusterPlan>> {
+    if args.backend != BackendKind::Kubernetes {
+        return Ok(None);
+    }
+    let mut pools = std::collections::BTreeMap::new();
+    for spec in &args.kube_pools {
+        let (bench, pool) = spec
+            .split_once('=')
+            .unwrap_or((sandbox_kube::fleet::DEFAULT_POOL, spec.as_str()));
+        anyhow::ensure!(
+            !pool.is_empty() && !bench.is_empty(),
+            "--kube-pool takes [BENCHMARK=]POOL, not {spec:?}"
+        );
+        anyhow::ensure!(
+            pools.insert(bench.to_owned(), pool.to_owned()).is_none(),
+            "--kube-pool: two pools for {bench}"
+        );
+    }
+    anyhow::ensure!(
+        !pools.is_empty(),
+        "--backend kubernetes needs at least one --kube-pool [BENCHMARK=]SANDBOXWARMPOOL"
+    );
+    anyhow::ensure!(
+        args.kube_claim_timeout > 0 && args.kube_poll_ms > 0,
+        "--kube-claim-timeout and --kube-poll-ms must be at least 1"
+    );
+    anyhow::ensure!(
+        args.signing_key_file.is_some(),
+        "--backend kubernetes needs --signing-key-file: the replicas serving one fleet must share the key (a Secret)"
+    );
+    let file = args.kube_bootstrap_token_file.as_ref().context(
+        "--backend kubernetes needs --kube-bootstrap-token-file: the warm pools' bootstrap secret",
+    )?;
+    let text = std::fs::read_to_string(file)
+        .with_context(|| format!("reading --kube-bootstrap-token-file {}", file.display()))?;
+    let bootstrap = sandbox_client::auth::Token::new(&text, "--kube-bootstrap-token-file")?;
+    Ok(Some(ClusterPlan {
+        namespace: args.kube_namespace.clone(),
+        pools,
+        bootstrap,
+    }))
+}
+
+/// What the kubernetes backend is built from once a runtime runs.
+pub struct ClusterPlan {
+    pub namespace: Option<String>,
+    pub pools: std::collections::BTreeMap<String, String>,
+    pub bootstrap: sandbox_client::auth::Token,
 }

@@ -84,9 +84,14 @@ pub enum HostError {
     /// The agent answered something this host cannot read (500).
     #[error("{0}")]
     BadAgentAnswer(String),
-    /// The host's own database (500).
+    /// The host's state (500; 503 when it is the cluster's API server).
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// The kubernetes backend's fleet: no pool for the benchmark (400);
+    /// the pool empty past the wait, a failed claim, the API server
+    /// unreachable or forbidding (503).
+    #[error(transparent)]
+    Cluster(sandbox_kube::KubeError),
     /// Anything else of the host's own (500).
     #[error("{0}")]
     Internal(String),
@@ -120,6 +125,11 @@ impl HostError {
             HostError::DataPlane(_) => StatusCode::BAD_GATEWAY,
             HostError::LeaseEnded(_) => StatusCode::CONFLICT,
             HostError::Agent { status, .. } => agent_status(status.code()),
+            HostError::Cluster(sandbox_kube::KubeError::NoPool { .. }) => StatusCode::BAD_REQUEST,
+            HostError::Cluster(_)
+            | HostError::Store(StoreError::Cluster(_) | StoreError::ClaimGone(_)) => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             HostError::BadAgentAnswer(_) | HostError::Store(_) | HostError::Internal(_) => {
                 StatusCode::INTERNAL_SERVER_ERROR
             }

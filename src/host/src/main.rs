@@ -10,6 +10,7 @@
 //! for Prometheus), `store` (SQLite state), `signed` (transfer URLs).
 
 mod api;
+mod cluster;
 mod config;
 mod error;
 mod mcp_proxy;

@@ -25,17 +25,17 @@ pub async fn proxy(State(h): State<Shared>, req: Request<Body>) -> HostResult<Re
     let Some(server) = mcp::server_of_path(req.uri().path()).map(str::to_owned) else {
         return Err(HostError::NoRoute);
     };
-    let s = admit(&h, &req)?;
+    let s = admit(&h, req.uri(), req.headers()).await?;
     let id = &s.id;
     if !s.servers.iter().any(|sv| sv.name == server) {
         return Err(HostError::NotFound(format!(
             "sandbox {id} has no server {server}"
         )));
     }
-    let slot = h.pool.leased_slot(&s.slot).ok_or(HostError::AgentGone)?;
-    let token = inflight::admit(&h, &s)?;
+    let slot = crate::api::slot_of(&h, &s)?;
+    let token = inflight::admit(&h, &s).await?;
     let up = Upstream {
-        token: None,
+        token: slot.mcp_token(),
         lease: Some(id),
     };
     let (endpoint, path) = (slot.mcp_endpoint(), format!("/{server}/mcp"));
@@ -53,8 +53,12 @@ pub async fn proxy(State(h): State<Shared>, req: Request<Body>) -> HostResult<Re
 
 /// The live sandbox the request may use: by the URL's `mcp_token` (when
 /// it sends no key), else by its owner's API key.
-fn admit(h: &Shared, req: &Request<Body>) -> HostResult<SandboxRow> {
-    let query = req.uri().query();
+async fn admit(
+    h: &Shared,
+    uri: &axum::http::Uri,
+    headers: &axum::http::HeaderMap,
+) -> HostResult<SandboxRow> {
+    let query = uri.query();
     let Some(id) = query.and_then(|q| url_param(q, "local_sandbox_id")) else {
         return Err(HostError::BadRequest(
             "the MCP URL needs ?local_sandbox_id=<id> (use mcp_server_url from the acquire answer)"
@@ -64,15 +68,15 @@ fn admit(h: &Shared, req: &Request<Body>) -> HostResult<SandboxRow> {
     let token = query.and_then(|q| url_param(q, crate::api::MCP_TOKEN_PARAM));
     match token {
         // The URL's capability: valid for this sandbox while it is live.
-        Some(t) if !req.headers().contains_key(header::AUTHORIZATION) => {
+        Some(t) if !headers.contains_key(header::AUTHORIZATION) => {
             if !h.signer.check_token(crate::api::MCP_TOKEN_ACTION, &id, &t) {
                 return Err(HostError::BadMcpToken);
             }
-            h.store.get_live(&id)?.ok_or_else(|| {
+            h.store.get_live(&id).await?.ok_or_else(|| {
                 HostError::NotFound(format!("Local sandbox {id} not found (released?)"))
             })
         }
-        _ => crate::api::sandbox_of(h, req.headers(), &id),
+        _ => crate::api::sandbox_of(h, headers, &id).await,
     }
 }
 

@@ -40,7 +40,9 @@ pub struct Checked {
     keys: std::collections::HashMap<String, String>,
     generated_key: Option<String>,
     uploads: PathBuf,
-    store: store::Store,
+    /// The local backends' database (`None` on kubernetes: the claims).
+    store: Option<store::Store>,
+    cluster: Option<config::ClusterPlan>,
     signing_key: Vec<u8>,
     agent_env: pool::AgentEnv,
 }
@@ -70,8 +72,15 @@ impl Host {
         let isolation = config::isolation(args, &backend, api_port)?;
         let agent_env = config::agent_env(args, &backend)?;
         let warm = config::warm_profiles(args)?;
-        let store = store::Store::open(&args.data_dir.join("host.db"))?;
-        let signing_key = signing_key(&args.data_dir)?;
+        let cluster = config::cluster(args)?;
+        let store = match cluster {
+            Some(_) => None,
+            None => Some(store::Store::open(&args.data_dir.join("host.db"))?),
+        };
+        let signing_key = match &args.signing_key_file {
+            Some(f) => shared_signing_key(f)?,
+            None => signing_key(&args.data_dir)?,
+        };
         Ok(Checked {
             backend,
             isolation,
@@ -80,6 +89,7 @@ impl Host {
             generated_key,
             uploads,
             store,
+            cluster,
             signing_key,
             agent_env,
         })
@@ -88,10 +98,20 @@ impl Host {
     /// Starts the pool (taking back the sandboxes of a previous run), the
     /// reaper and the warm-keeper, and binds the listener.
     pub async fn start(args: &Args, c: Checked) -> anyhow::Result<Started> {
+        let cluster = match c.cluster {
+            Some(plan) => Some(Arc::new(connect_cluster(args, plan, &c.signing_key).await?)),
+            None => None,
+        };
+        let store = match (c.store, &cluster) {
+            (Some(db), _) => db,
+            (None, Some(k)) => store::Store::Cluster(k.clone()),
+            (None, None) => anyhow::bail!("no state store"),
+        };
         let pool = pool::Pool::new(pool::PoolConfig {
             backend: c.backend,
             dir: pool::slots_dir(&args.data_dir),
-            size: args.pool_size,
+            // The kubernetes backend's warm pools are the cluster's.
+            size: if cluster.is_some() { 0 } else { args.pool_size },
             warm: c.warm,
             on_release: args.on_release,
             isolation: c.isolation,
@@ -101,12 +121,18 @@ impl Host {
         })?;
         // Sandboxes from before a restart keep their agents; those whose
         // agent is gone are marked error.
-        let live = c.store.list(None)?;
+        let live = if cluster.is_some() {
+            // The claims are the state; nothing of this host's to take back.
+            Vec::new()
+        } else {
+            store.list(None).await?
+        };
         let in_use: Vec<String> = live.iter().map(|s| s.slot.clone()).collect();
         let gone = pool.recover(&in_use).await;
         for s in live.iter().filter(|s| gone.contains(&s.slot)) {
-            c.store
-                .set_status(&s.id, Status::Error, &api::timestamp())?;
+            store
+                .set_status(&s.id, Status::Error, &api::timestamp())
+                .await?;
         }
         raise_open_files(args.max_connections);
         let (listener, public_url) = listen(args).await?;
@@ -120,8 +146,9 @@ impl Host {
             .collect();
         let host = Arc::new(Host {
             metrics: metrics::Metrics::new(&pool, args.metrics_listen.is_none()),
-            store: c.store,
+            store,
             pool: pool.clone(),
+            cluster,
             signer: signed::Signer::new(c.signing_key),
             keys: c.keys,
             public_url: public_url.clone(),
@@ -322,6 +349,56 @@ fn private_dirs(data: &std::path::Path) -> anyhow::Result<PathBuf> {
         }
     }
     Ok(uploads)
+}
+
+/// The kubernetes backend's fleet: a client of the API server (the
+/// kubeconfig of KUBECONFIG or ~/.kube, else the pod's service account).
+async fn connect_cluster(
+    args: &Args,
+    plan: config::ClusterPlan,
+    signing_key: &[u8],
+) -> anyhow::Result<crate::cluster::Cluster> {
+    let client = sandbox_kube::kube::Client::try_default()
+        .await
+        .context("--backend kubernetes: no Kubernetes API server configured (KUBECONFIG, ~/.kube/config, or the pod's service account)")?;
+    let namespace = plan
+        .namespace
+        .unwrap_or_else(|| client.default_namespace().to_owned());
+    tracing::info!(%namespace, pools = ?plan.pools, "serving the sandboxes of agent-sandbox's warm pools");
+    let fleet = sandbox_kube::Fleet::new(
+        client,
+        sandbox_kube::FleetConfig {
+            namespace,
+            pools: plan.pools,
+            claim_timeout: Duration::from_secs(args.kube_claim_timeout),
+            poll: Duration::from_millis(args.kube_poll_ms),
+            shutdown_grace: Duration::from_secs(args.kube_shutdown_grace),
+        },
+    );
+    Ok(crate::cluster::Cluster::new(
+        fleet,
+        crate::cluster::ClusterConfig {
+            bootstrap: plan.bootstrap,
+            agent_port: args.kube_agent_port,
+            mcp_port: args.kube_mcp_port,
+            admit_cache: Duration::from_millis(args.kube_admit_cache_ms),
+        },
+        signing_key.to_vec(),
+    ))
+}
+
+/// A signing key every replica shares (`--signing-key-file`): at least 32
+/// bytes, the file's own.
+fn shared_signing_key(path: &std::path::Path) -> anyhow::Result<Vec<u8>> {
+    let k = std::fs::read(path)
+        .with_context(|| format!("reading --signing-key-file {}", path.display()))?;
+    anyhow::ensure!(
+        k.len() >= 32,
+        "--signing-key-file {}: the key is {} bytes; use at least 32 random bytes (head -c 32 /dev/urandom)",
+        path.display(),
+        k.len()
+    );
+    Ok(k)
 }
 
 /// The key that signs transfer URLs: random, kept in the data dir so URLs

@@ -36,6 +36,8 @@ pub enum Phase {
     Occupied,
     /// Its sandbox failed, or its claim was deleted under it.
     Error,
+    /// Released: its claim is being deleted (listed by no one).
+    Released,
 }
 
 /// One lease, as the host shows it; `servers` is the host's own JSON.

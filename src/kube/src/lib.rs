@@ -17,4 +17,5 @@ pub mod lease;
 
 pub use error::KubeError;
 pub use fleet::{Claimed, Fleet, FleetConfig};
+pub use kube;
 pub use lease::Lease;

@@ -62,24 +62,28 @@ pub fn owner(h: &Host, headers: &HeaderMap) -> HostResult<String> {
 }
 
 /// A live sandbox of the caller, or 404.
-pub fn sandbox_of(h: &Host, headers: &HeaderMap, id: &str) -> HostResult<SandboxRow> {
+pub async fn sandbox_of(h: &Host, headers: &HeaderMap, id: &str) -> HostResult<SandboxRow> {
     let who = owner(h, headers)?;
     h.store
-        .get(id, &who)?
+        .get(id, &who)
+        .await?
         .ok_or_else(|| HostError::SandboxNotFound(id.to_owned()))
-}
-
-/// Whether sandbox `id` is still live (not released).
-pub fn is_live(h: &Host, id: &str) -> bool {
-    matches!(h.store.get_live(id), Ok(Some(_)))
 }
 
 /// The agent of a live sandbox, every call bound to its lease: the agent
 /// refuses them once the lease has ended (`sandbox_client::lease`).
 pub async fn agent_of(h: &Host, s: &SandboxRow) -> HostResult<sandbox_client::Client> {
-    let slot = h.pool.leased_slot(&s.slot).ok_or(HostError::AgentGone)?;
+    let slot = slot_of(h, s)?;
     let c = slot.client().await.map_err(HostError::AgentUnreachable)?;
     Ok(c.for_lease(&s.id))
+}
+
+/// The slot a live sandbox runs in: the pool's, or its claimed pod.
+pub fn slot_of(h: &Host, s: &SandboxRow) -> HostResult<crate::pool::Slot> {
+    match &h.cluster {
+        Some(c) => c.slot_of(s),
+        None => h.pool.leased_slot(&s.slot).ok_or(HostError::AgentGone),
+    }
 }
 
 /// `<public_url>/transfer/<path>?<signature of action on sandbox id>`.
@@ -99,7 +103,12 @@ pub struct SignedQuery {
 }
 
 /// The live sandbox a signed transfer URL names, or 403/404.
-pub fn check_signed(h: &Host, action: &str, id: &str, q: &SignedQuery) -> HostResult<SandboxRow> {
+pub async fn check_signed(
+    h: &Host,
+    action: &str,
+    id: &str,
+    q: &SignedQuery,
+) -> HostResult<SandboxRow> {
     let (Some(expires), Some(sig)) = (q.expires, q.signature.as_deref()) else {
         return Err(HostError::SignedUrl(
             "this URL is not signed; ask the API for one",
@@ -114,7 +123,8 @@ pub fn check_signed(h: &Host, action: &str, id: &str, q: &SignedQuery) -> HostRe
             })
         })?;
     h.store
-        .get_live(id)?
+        .get_live(id)
+        .await?
         .ok_or_else(|| HostError::SandboxNotFound(id.to_owned()))
 }
 

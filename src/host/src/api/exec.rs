@@ -22,7 +22,7 @@ use serde_json::Value;
 use crate::error::{HostError, HostResult};
 
 use super::common::{
-    SignedQuery, URL_MINUTES, agent_of, archive_response, check_signed, is_live, owner, sandbox_of,
+    SignedQuery, URL_MINUTES, agent_of, archive_response, check_signed, owner, sandbox_of,
     signed_url, stored_chunks, stream_to_agent,
 };
 use super::model::{
@@ -144,7 +144,7 @@ pub async fn execution_upload_url(
     check_region(&q)?;
     let name = body_name(&body)?;
     check_name("body", &name)?;
-    sandbox_of(&h, &headers, &id)?;
+    sandbox_of(&h, &headers, &id).await?;
     h.uploads.check_exec_name(&id, &name)?;
     let url = signed_url(
         &h,
@@ -166,10 +166,12 @@ pub async fn exec_upload(
     body: Body,
 ) -> HostResult<StatusCode> {
     check_name("path", &name)?;
-    let s = check_signed(&h, &action("exec-upload", &name), &id, &q)?;
+    let s = check_signed(&h, &action("exec-upload", &name), &id, &q).await?;
     let total = h
         .uploads
-        .store(&id, &s.owner, Kind::Exec(&name), body, || is_live(&h, &id))
+        .store(&id, &s.owner, Kind::Exec(&name), body, || {
+            h.store.live_now(&id)
+        })
         .await?;
     tracing::info!(sandbox = %id, execution = %name, bytes = total, "execution archive uploaded");
     Ok(StatusCode::OK)
@@ -187,7 +189,7 @@ pub async fn execute(
     owner(&h, &headers)?;
     check_region(&q)?;
     let name = body_name(&body)?;
-    let s = sandbox_of(&h, &headers, &id)?;
+    let s = sandbox_of(&h, &headers, &id).await?;
     // Never uploaded, as no upload URL is given for such a name.
     existing_name(&name, &id)?;
     let file = stored_archive(&h, &id, &name).await?;
@@ -263,7 +265,7 @@ pub async fn execution_status(
 ) -> HostResult<Json<ExecutionStatusResponse>> {
     owner(&h, &headers)?;
     let name = query_name(&q)?;
-    let s = sandbox_of(&h, &headers, &id)?;
+    let s = sandbox_of(&h, &headers, &id).await?;
     existing_name(&name, &id)?;
     let st = agent_of(&h, &s)
         .await?
@@ -290,7 +292,7 @@ pub async fn execution_logs(
     owner(&h, &headers)?;
     let name = query_name(&q)?;
     let cursor = query_cursor(&q)?;
-    let s = sandbox_of(&h, &headers, &id)?;
+    let s = sandbox_of(&h, &headers, &id).await?;
     existing_name(&name, &id)?;
     let r = agent_of(&h, &s)
         .await?
@@ -322,7 +324,7 @@ pub async fn export_artifacts(
     owner(&h, &headers)?;
     check_region(&q)?;
     let name = body_name(&body)?;
-    let s = sandbox_of(&h, &headers, &id)?;
+    let s = sandbox_of(&h, &headers, &id).await?;
     existing_name(&name, &id)?;
     // An unknown execution is a 404 now, not a broken download later.
     agent_of(&h, &s)
@@ -353,8 +355,8 @@ pub async fn exec_download(
     Query(q): Query<SignedQuery>,
 ) -> HostResult<Response> {
     check_name("path", &name)?;
-    let s = check_signed(&h, &action("exec-export", &name), &id, &q)?;
-    let token = inflight::admit(&h, &s)?;
+    let s = check_signed(&h, &action("exec-export", &name), &id, &q).await?;
+    let token = inflight::admit(&h, &s).await?;
     let stream = inflight::run(&h, &s, async {
         agent_of(&h, &s)
             .await?

@@ -46,9 +46,9 @@ impl Inflight {
 /// looked up again after the token is taken: a Release that ran before
 /// cannot have missed it (the store says released first, then the tokens
 /// are ended).
-pub fn admit(h: &Host, s: &SandboxRow) -> HostResult<CancellationToken> {
+pub async fn admit(h: &Host, s: &SandboxRow) -> HostResult<CancellationToken> {
     let token = h.inflight.lock().entry(s.id.clone()).or_default().clone();
-    if matches!(h.store.get_live(&s.id), Ok(Some(_))) {
+    if matches!(h.store.get_live(&s.id).await, Ok(Some(_))) {
         return Ok(token);
     }
     h.inflight.end(&s.id);
@@ -62,7 +62,7 @@ pub async fn run<T>(
     s: &SandboxRow,
     work: impl Future<Output = HostResult<T>>,
 ) -> HostResult<T> {
-    let token = admit(h, s)?;
+    let token = admit(h, s).await?;
     tokio::select! {
         r = work => r,
         _ = token.cancelled() => Err(ended(&s.id)),

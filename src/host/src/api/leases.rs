@@ -39,36 +39,72 @@ pub struct NewLease {
 
 /// Leases a sandbox for `who` as `req` asks.
 pub async fn lease(h: &Shared, who: String, req: &AcquireBody) -> HostResult<NewLease> {
-    let _claim = OwnerClaim::take(h, &who)?;
+    let _claim = OwnerClaim::take(h, &who).await?;
     check_servers_known(h, req)?;
     let started = std::time::Instant::now();
-    let want = Want {
-        servers: req.servers.clone(),
-        benchmark: req.benchmark.clone(),
-    };
-    let taken = h.pool.take(&want).await.map_err(|e| {
-        h.metrics.failed();
-        HostError::NoSandbox(e)
-    })?;
-    let slot = taken.slot.clone();
     let id = uuid::Uuid::new_v4().to_string();
+    let taken = take(h, &who, &id, req)
+        .await
+        .inspect_err(|_| h.metrics.failed())?;
+    let slot = taken.slot.clone();
     let lazy = h.server_start.lazy(req.many);
     let mut leased = match lease_slot(&slot, taken, req, &id, lazy).await {
         Ok(l) => l,
         Err(e) => {
             h.metrics.failed();
-            settle_failed_lease(h, slot);
+            match &h.cluster {
+                Some(c) => c.unclaim(&slot.id).await,
+                None => settle_failed_lease(h, slot),
+            }
             return Err(e);
         }
     };
+    if h.cluster.is_some() {
+        // The local pool learns its catalog from the slots it starts.
+        h.pool.learn_catalog(&slot).await;
+    }
     let (profile, miss) = (leased.profile, leased.miss.take());
     // A warm lease's servers are running, whatever was asked.
     let lazy = lazy && profile.is_none();
     let (row, skipped) = stored_row(h, req, id, who, &slot, leased);
-    h.store.insert(&row).inspect_err(|_| h.metrics.failed())?;
+    if let Err(e) = h.store.insert(&row).await {
+        h.metrics.failed();
+        if let Some(c) = &h.cluster {
+            c.unclaim(&slot.id).await;
+        }
+        return Err(e.into());
+    }
     h.metrics.acquired(profile, miss, started.elapsed());
     info!(sandbox = %row.id, slot = %slot.id, servers = row.servers.len(), warm = profile.is_some(), lazy, "acquired");
     Ok(NewLease { row, skipped, lazy })
+}
+
+/// A sandbox for lease `id`: a slot of the pool (perhaps holding a warm
+/// lease), or on the kubernetes backend a claimed pod bound to the lease.
+async fn take(h: &Shared, who: &str, id: &str, req: &AcquireBody) -> HostResult<Taken> {
+    if let Some(c) = &h.cluster {
+        let expires = expires_at(h, req);
+        let slot = c
+            .claim(id, who, req.benchmark.as_deref(), expires, &timestamp())
+            .await?;
+        return Ok(Taken {
+            slot,
+            warm: None,
+            covers: false,
+            miss: None,
+        });
+    }
+    let want = Want {
+        servers: req.servers.clone(),
+        benchmark: req.benchmark.clone(),
+    };
+    h.pool.take(&want).await.map_err(HostError::NoSandbox)
+}
+
+/// When a lease of `req` made now expires (unix ms), if it has a TTL.
+fn expires_at(h: &Shared, req: &AcquireBody) -> Option<i64> {
+    req.ttl
+        .map(|t| now_ms() + (f64::from(t) * 1000.0 * h.time_scale) as i64)
 }
 
 /// The agent's Reset of sandbox `s`; returns it as it is after.
@@ -93,12 +129,16 @@ pub async fn reset(h: &Shared, s: SandboxRow) -> HostResult<SandboxRow> {
             e.code(),
             tonic::Code::NotFound | tonic::Code::InvalidArgument
         ) {
-            h.store.set_status(&s.id, Status::Error, &timestamp())?;
+            h.store
+                .set_status(&s.id, Status::Error, &timestamp())
+                .await?;
         }
         return Err(HostError::agent("reset")(e));
     }
-    h.store.set_status(&s.id, Status::Occupied, &timestamp())?;
-    Ok(h.store.get(&s.id, &s.owner)?.unwrap_or(s))
+    h.store
+        .set_status(&s.id, Status::Occupied, &timestamp())
+        .await?;
+    Ok(h.store.get(&s.id, &s.owner).await?.unwrap_or(s))
 }
 
 /// Names of the API that this host's sandboxes do not carry: a 400 naming
@@ -183,9 +223,8 @@ fn stored_row(
             .collect(),
         created_at: now.clone(),
         updated_at: now,
-        expires_at_ms: req
-            .ttl
-            .map(|t| now_ms() + (f64::from(t) * 1000.0 * h.time_scale) as i64),
+        expires_at_ms: expires_at(h, req),
+        endpoint: slot.remote.as_ref().map(|r| r.host.clone()),
     };
     (row, skipped)
 }
@@ -226,10 +265,12 @@ struct OwnerClaim {
 }
 
 impl OwnerClaim {
-    fn take(h: &Shared, who: &str) -> HostResult<OwnerClaim> {
-        // Counted under the lock, so two Acquires cannot both see room.
+    async fn take(h: &Shared, who: &str) -> HostResult<OwnerClaim> {
+        // Live sandboxes (and, on the kubernetes backend, Acquires of
+        // other replicas); this replica's Acquires are counted under the
+        // lock, so two of them cannot both see room.
+        let live = h.store.held(who).await?;
         let mut acquiring = h.acquiring.lock().unwrap_or_else(|p| p.into_inner());
-        let live = h.store.list(Some(who))?.len();
         let n = acquiring.entry(who.to_owned()).or_default();
         if live + *n >= h.max_per_owner {
             return Err(HostError::TooManySandboxes {
@@ -376,14 +417,18 @@ fn auth_data(lease: Option<&proto::Lease>) -> BTreeMap<String, Value> {
 
 /// Ends a sandbox: marked released now, the agent released in the
 /// background, then back to the pool (or replaced if the release failed).
-pub fn release_in_background(h: &Shared, s: &SandboxRow, is_ttl: bool) {
-    if let Err(e) = h.store.mark_released(&s.id, &timestamp()) {
+pub async fn release_in_background(h: &Shared, s: &SandboxRow, is_ttl: bool) {
+    if let Err(e) = h.store.mark_released(&s.id, &timestamp()).await {
         warn!(sandbox = %s.id, error = %e, "cannot record the release");
     }
     h.uploads.release(&s.id);
     // After the store says released: a request admitted later finds it so
     // (`inflight::admit`); one in flight stops here.
     h.inflight.end(&s.id);
+    if h.cluster.is_some() {
+        release_claim_in_background(h, s, is_ttl);
+        return;
+    }
     let (h, id, slot_id) = (h.clone(), s.id.clone(), s.slot.clone());
     let releases = h.releases.clone();
     releases.spawn(async move {
@@ -407,12 +452,44 @@ pub fn release_in_background(h: &Shared, s: &SandboxRow, is_ttl: bool) {
     });
 }
 
+/// How long a claimed pod's agent may take to Release before its claim
+/// is deleted anyway (the pod goes with it).
+const POD_RELEASE_WITHIN: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// The kubernetes backend's end of a lease: the pod's agent releases it
+/// (servers stopped, outside accounts cleaned), then the claim is deleted
+/// and its sandbox pod with it.
+fn release_claim_in_background(h: &Shared, s: &SandboxRow, is_ttl: bool) {
+    let (h, s) = (h.clone(), s.clone());
+    let releases = h.releases.clone();
+    releases.spawn(async move {
+        let Some(cluster) = h.cluster.clone() else {
+            return;
+        };
+        let released = async {
+            let slot = cluster.slot_of(&s).map_err(|e| e.to_string())?;
+            release_on(&slot, &s.id, is_ttl).await
+        };
+        match tokio::time::timeout(POD_RELEASE_WITHIN, released).await {
+            Ok(Ok(())) => info!(sandbox = %s.id, is_ttl, "released"),
+            Ok(Err(e)) => warn!(sandbox = %s.id, error = %e, "the pod's agent did not release; its pod is deleted anyway"),
+            Err(_) => warn!(sandbox = %s.id, "the pod's agent did not release in time; its pod is deleted anyway"),
+        }
+        cluster.unclaim(&s.slot).await;
+    });
+}
+
 /// The agent's Release of lease `id` on its slot.
 async fn release_lease(h: &Shared, id: &str, slot_id: &str, is_ttl: bool) -> Result<(), String> {
     let slot = h
         .pool
         .leased_slot(slot_id)
         .ok_or_else(|| "its agent is gone".to_owned())?;
+    release_on(&slot, id, is_ttl).await
+}
+
+/// The Release of lease `id` by the agent of `slot`.
+async fn release_on(slot: &Slot, id: &str, is_ttl: bool) -> Result<(), String> {
     let c = slot.client().await.map_err(|e| e.to_string())?;
     c.agent()
         .release(proto::ReleaseRequest {

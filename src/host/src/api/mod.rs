@@ -55,7 +55,7 @@ use crate::pool::Pool;
 use crate::signed::Signer;
 use crate::store::Store;
 
-pub use common::{MCP_TOKEN_ACTION, MCP_TOKEN_PARAM, sandbox_of, timestamp};
+pub use common::{MCP_TOKEN_ACTION, MCP_TOKEN_PARAM, sandbox_of, slot_of, timestamp};
 pub use reaper::reap;
 pub use uploads::{UploadError, UploadLimits, Uploads};
 
@@ -183,6 +183,8 @@ pub struct Host {
     pub metrics: crate::metrics::Metrics,
     pub store: Store,
     pub pool: Arc<Pool>,
+    /// The kubernetes backend's claimed pods (`None`: the pool's slots).
+    pub cluster: Option<Arc<crate::cluster::Cluster>>,
     pub signer: Signer,
     /// API key → owner.
     pub keys: HashMap<String, String>,

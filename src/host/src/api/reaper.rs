@@ -15,20 +15,20 @@ pub async fn reap(h: Shared) {
     let tick = Duration::from_secs_f64((h.time_scale).clamp(0.05, 1.0));
     loop {
         tokio::time::sleep(tick).await;
-        match h.store.expired(now_ms()) {
+        match h.store.expired(now_ms()).await {
             Ok(rows) => {
                 for s in rows {
                     info!(sandbox = %s.id, "TTL expired");
-                    release_in_background(&h, &s, true);
+                    release_in_background(&h, &s, true).await;
                 }
             }
             Err(e) => warn!(error = %e, "TTL reaper"),
         }
         for slot in h.pool.dead_leased() {
-            if let Ok(rows) = h.store.list(None) {
+            if let Ok(rows) = h.store.list(None).await {
                 for s in rows.iter().filter(|s| s.slot == slot) {
                     warn!(sandbox = %s.id, "its agent died; marked error");
-                    let _ = h.store.set_status(&s.id, Status::Error, &timestamp());
+                    let _ = h.store.set_status(&s.id, Status::Error, &timestamp()).await;
                 }
             }
             let pool = h.pool.clone();

@@ -75,13 +75,13 @@ fn server_urls(
 }
 
 /// The caller's sandbox `id`, which must hold what `server` names.
-fn sandbox_named(
+async fn sandbox_named(
     h: &Shared,
     headers: &HeaderMap,
     server: &str,
     id: &str,
 ) -> HostResult<(SandboxRow, Named)> {
-    let s = sandbox_of(h, headers, id)?;
+    let s = sandbox_of(h, headers, id).await?;
     let named = resolve(server, &known(h))?;
     let holds = |n: &String| s.servers.iter().any(|sv| &sv.name == n);
     if server != "local_dev" && !named.servers.iter().all(holds) {
@@ -96,7 +96,7 @@ pub async fn get(
     headers: HeaderMap,
     Path((server, id)): Path<(String, String)>,
 ) -> HostResult<Json<McpSandboxInfo>> {
-    let (s, named) = sandbox_named(&h, &headers, &server, &id)?;
+    let (s, named) = sandbox_named(&h, &headers, &server, &id).await?;
     let urls = server_urls(&h, &s, &named);
     let server_url = match named.servers.as_slice() {
         [_] if !named.local_dev => urls.get(&named.answer_name).cloned(),
@@ -121,8 +121,8 @@ pub async fn delete(
     headers: HeaderMap,
     Path((server, id)): Path<(String, String)>,
 ) -> HostResult<Json<SandboxStatusResponse>> {
-    let (s, _) = sandbox_named(&h, &headers, &server, &id)?;
-    leases::release_in_background(&h, &s, false);
+    let (s, _) = sandbox_named(&h, &headers, &server, &id).await?;
+    leases::release_in_background(&h, &s, false).await;
     Ok(Json(SandboxStatusResponse {
         sandbox_id: id.clone(),
         status: Status::Idle,
@@ -136,7 +136,7 @@ pub async fn reset(
     headers: HeaderMap,
     Path((server, id)): Path<(String, String)>,
 ) -> HostResult<Json<SandboxStatusResponse>> {
-    let (s, _) = sandbox_named(&h, &headers, &server, &id)?;
+    let (s, _) = sandbox_named(&h, &headers, &server, &id).await?;
     let s = leases::reset(&h, s).await?;
     Ok(Json(SandboxStatusResponse {
         sandbox_id: s.id.clone(),

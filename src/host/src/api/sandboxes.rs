@@ -44,7 +44,7 @@ pub async fn acquire(
 /// `GET /local-sandbox`
 pub async fn list(State(h): State<Shared>, headers: HeaderMap) -> HostResult<Json<ListResponse>> {
     let who = owner(&h, &headers)?;
-    let rows = h.store.list(Some(&who))?;
+    let rows = h.store.list(Some(&who)).await?;
     let local_sandboxes: Vec<SandboxInfo> = rows.iter().map(|s| sandbox_info(&h, s)).collect();
     Ok(Json(ListResponse {
         total_count: local_sandboxes.len(),
@@ -58,7 +58,7 @@ pub async fn get(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> HostResult<Json<SandboxInfo>> {
-    let s = sandbox_of(&h, &headers, &id)?;
+    let s = sandbox_of(&h, &headers, &id).await?;
     Ok(Json(info_live(&h, &s).await))
 }
 
@@ -71,8 +71,8 @@ pub async fn release(
 ) -> HostResult<Json<ReleaseResponse>> {
     owner(&h, &headers)?;
     let is_ttl = is_ttl(&q)?;
-    let s = sandbox_of(&h, &headers, &id)?;
-    leases::release_in_background(&h, &s, is_ttl);
+    let s = sandbox_of(&h, &headers, &id).await?;
+    leases::release_in_background(&h, &s, is_ttl).await;
     Ok(Json(ReleaseResponse {
         message: format!(
             "Local sandbox release started for {id}: it will be released asynchronously in background."
@@ -86,7 +86,7 @@ pub async fn reset(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> HostResult<Json<ResetResponse>> {
-    let s = sandbox_of(&h, &headers, &id)?;
+    let s = sandbox_of(&h, &headers, &id).await?;
     // Klavis declares any JSON object; the sandbox as it is after the
     // reset, which Klavis clients ignore, and a message.
     let s = leases::reset(&h, s).await?;

@@ -77,7 +77,7 @@ pub async fn initialize(
     body: Bytes,
 ) -> HostResult<Json<InitializeResponse>> {
     let server = names::ours(&server).to_owned();
-    let s = sandbox_of(&h, &headers, &id)?;
+    let s = sandbox_of(&h, &headers, &id).await?;
     check_server(&server, &s)?;
     let default_data = validation::query_bool(&q, "init_default_data")?;
     let data = data_of(&server, &body, default_data)?;
@@ -107,7 +107,7 @@ pub async fn dump(
     Path((asked, id)): Path<(String, String)>,
 ) -> HostResult<Json<ServerDataDump<Value>>> {
     let server = names::ours(&asked).to_owned();
-    let s = sandbox_of(&h, &headers, &id)?;
+    let s = sandbox_of(&h, &headers, &id).await?;
     check_server(&server, &s)?;
     let c = agent_of(&h, &s).await?;
     let r = c

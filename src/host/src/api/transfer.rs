@@ -16,7 +16,7 @@ use tracing::info;
 use crate::error::{HostError, HostResult};
 
 use super::common::{
-    SignedQuery, URL_MINUTES, agent_of, archive_response, check_signed, is_live, owner, sandbox_of,
+    SignedQuery, URL_MINUTES, agent_of, archive_response, check_signed, owner, sandbox_of,
     signed_url, stored_chunks, stream_to_agent,
 };
 use super::model::{DownloadUrlResponse, InitializeResponse, UploadUrlResponse};
@@ -35,7 +35,7 @@ pub async fn upload_url(
     Query(q): Query<HashMap<String, String>>,
 ) -> HostResult<Json<UploadUrlResponse>> {
     Ok(Json(UploadUrlResponse {
-        upload_url: transfer_url(&h, &headers, &id, &q, "upload")?,
+        upload_url: transfer_url(&h, &headers, &id, &q, "upload").await?,
         expires_in_minutes: URL_MINUTES,
     }))
 }
@@ -48,13 +48,13 @@ pub async fn dump_url(
     Query(q): Query<HashMap<String, String>>,
 ) -> HostResult<Json<DownloadUrlResponse>> {
     Ok(Json(DownloadUrlResponse {
-        download_url: transfer_url(&h, &headers, &id, &q, "dump")?,
+        download_url: transfer_url(&h, &headers, &id, &q, "dump").await?,
         expires_in_minutes: URL_MINUTES,
     }))
 }
 
 /// The signed URL for `action` on the caller's sandbox `id`.
-fn transfer_url(
+async fn transfer_url(
     h: &Shared,
     headers: &HeaderMap,
     id: &str,
@@ -63,7 +63,7 @@ fn transfer_url(
 ) -> HostResult<String> {
     owner(h, headers)?;
     check_region(q)?;
-    sandbox_of(h, headers, id)?;
+    sandbox_of(h, headers, id).await?;
     Ok(signed_url(h, action, id, &format!("{action}/{id}")))
 }
 
@@ -75,10 +75,12 @@ pub async fn upload(
     Query(q): Query<SignedQuery>,
     body: Body,
 ) -> HostResult<StatusCode> {
-    let s = check_signed(&h, "upload", &id, &q)?;
+    let s = check_signed(&h, "upload", &id, &q).await?;
     let total = h
         .uploads
-        .store(&id, &s.owner, Kind::Workspace, body, || is_live(&h, &id))
+        .store(&id, &s.owner, Kind::Workspace, body, || {
+            h.store.live_now(&id)
+        })
         .await?;
     info!(sandbox = %id, bytes = total, "archive uploaded");
     Ok(StatusCode::OK)
@@ -97,7 +99,7 @@ pub async fn initialize(
 ) -> HostResult<Json<InitializeResponse>> {
     owner(&h, &headers)?;
     check_region(&q)?;
-    let s = sandbox_of(&h, &headers, &id)?;
+    let s = sandbox_of(&h, &headers, &id).await?;
     let multipart = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
@@ -228,8 +230,8 @@ pub async fn download(
     Path(id): Path<String>,
     Query(q): Query<SignedQuery>,
 ) -> HostResult<Response> {
-    let s = check_signed(&h, "dump", &id, &q)?;
-    let token = inflight::admit(&h, &s)?;
+    let s = check_signed(&h, "dump", &id, &q).await?;
+    let token = inflight::admit(&h, &s).await?;
     let dump = async {
         agent_of(&h, &s)
             .await?

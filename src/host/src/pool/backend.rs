@@ -30,6 +30,9 @@ pub enum Backend {
         /// `kvm` or `tcg`, decided once (see [`probe_accel`]).
         accel: String,
     },
+    /// Pods claimed from agent-sandbox's warm pools (`crate::cluster`):
+    /// the pool makes no slot itself.
+    Kubernetes,
 }
 
 impl Backend {
@@ -37,6 +40,7 @@ impl Backend {
         match self {
             Backend::Process { .. } => Kind::Process,
             Backend::Qemu { .. } => Kind::Qemu,
+            Backend::Kubernetes => Kind::Kubernetes,
         }
     }
     /// How long a new slot may take to serve, unless
@@ -47,6 +51,7 @@ impl Backend {
             Backend::Process { .. } => Duration::from_secs(60),
             // A VM under TCG boots in seconds, but slowly on a busy machine.
             Backend::Qemu { .. } => Duration::from_secs(300),
+            Backend::Kubernetes => Duration::from_secs(120),
         }
     }
 }
@@ -55,6 +60,7 @@ impl Backend {
 pub enum Kind {
     Process,
     Qemu,
+    Kubernetes,
 }
 
 impl Kind {
@@ -62,6 +68,7 @@ impl Kind {
         match self {
             Kind::Process => "process",
             Kind::Qemu => "qemu",
+            Kind::Kubernetes => "kubernetes",
         }
     }
 }

@@ -48,7 +48,7 @@ pub use backend::{Backend, Kind, probe_accel, slots_dir};
 use backend::{VM_AGENT_PORT, VM_MCP_PORT};
 use backend::{agent_args, spawn_in_session, spawn_isolated};
 pub use error::PoolError;
-pub use slot::Slot;
+pub use slot::{Remote, Slot};
 use slot::{discard, tail};
 pub use warm::{Want, WarmLease, WarmProfile};
 
@@ -278,7 +278,7 @@ impl Pool {
     }
 
     /// Records the server names of a slot that serves, once.
-    async fn learn_catalog(&self, slot: &Slot) {
+    pub async fn learn_catalog(&self, slot: &Slot) {
         if self
             .catalog
             .lock()
@@ -430,7 +430,9 @@ impl Pool {
 
     /// Starts a slot and waits until its agent serves.
     async fn spawn(&self) -> Result<Slot, PoolError> {
-        if self.is_closed() {
+        if self.is_closed() || matches!(self.cfg.backend, Backend::Kubernetes) {
+            // The kubernetes backend's sandboxes are claimed pods
+            // (`crate::cluster`), never made here.
             return Err(PoolError::Stopping);
         }
         let id = uuid::Uuid::new_v4().simple().to_string();
@@ -445,6 +447,7 @@ impl Pool {
             dir.display()
         )))?;
         let pid = match &self.cfg.backend {
+            Backend::Kubernetes => return Err(PoolError::Stopping),
             Backend::Process {
                 agent_bin,
                 manifest,
@@ -493,7 +496,13 @@ impl Pool {
             "writing {}/agent.pid",
             dir.display()
         )))?;
-        let slot = Slot { id, dir, pid, kind };
+        let slot = Slot {
+            id,
+            dir,
+            pid,
+            kind,
+            remote: None,
+        };
         {
             let mut starting = self.starting();
             if self.is_closed() {

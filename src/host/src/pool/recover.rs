@@ -30,6 +30,7 @@ impl Pool {
                 dir: dir.clone(),
                 pid,
                 kind,
+                remote: None,
             });
             // A slot taken back holds its id block for this host now.
             if let (Some(iso), Some(s)) = (&self.cfg.isolation, &slot)

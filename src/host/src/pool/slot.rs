@@ -16,13 +16,45 @@ pub struct Slot {
     /// own process group.
     pub pid: u32,
     pub kind: Kind,
+    /// A sandbox of the kubernetes backend: its pod's agent over TCP
+    /// (`None` for the local backends).
+    pub remote: Option<Remote>,
+}
+
+/// Where a claimed pod's agent listens, and the lease's token it admits.
+#[derive(Debug, Clone)]
+pub struct Remote {
+    pub host: String,
+    pub grpc_port: u16,
+    pub mcp_port: u16,
+    pub token: sandbox_client::auth::Token,
+}
+
+impl Slot {
+    /// A claimed pod's sandbox: `id` is its claim.
+    pub fn remote(id: String, remote: Remote) -> Slot {
+        Slot {
+            id,
+            dir: PathBuf::new(),
+            pid: 0,
+            kind: Kind::Kubernetes,
+            remote: Some(remote),
+        }
+    }
 }
 
 impl Slot {
     pub fn agent_uri(&self) -> String {
+        if let Some(r) = &self.remote {
+            return Endpoint::Tcp {
+                host: r.host.clone(),
+                port: r.grpc_port,
+            }
+            .to_string();
+        }
         match self.kind {
             Kind::Process => format!("unix://{}", self.dir.join("run/agent.sock").display()),
-            Kind::Qemu => format!(
+            Kind::Qemu | Kind::Kubernetes => format!(
                 "hvsock://{}:{VM_AGENT_PORT}",
                 self.dir.join("vsock.sock").display()
             ),
@@ -30,16 +62,31 @@ impl Slot {
     }
     /// The agent's MCP data plane.
     pub fn mcp_endpoint(&self) -> Endpoint {
+        if let Some(r) = &self.remote {
+            return Endpoint::Tcp {
+                host: r.host.clone(),
+                port: r.mcp_port,
+            };
+        }
         match self.kind {
             Kind::Process => Endpoint::Unix(self.dir.join("run/mcp.sock")),
-            Kind::Qemu => Endpoint::HybridVsock {
+            Kind::Qemu | Kind::Kubernetes => Endpoint::HybridVsock {
                 path: self.dir.join("vsock.sock"),
                 port: VM_MCP_PORT,
             },
         }
     }
+    /// The data plane's bearer token (a claimed pod's lease token).
+    pub fn mcp_token(&self) -> Option<&str> {
+        self.remote.as_ref().map(|r| r.token.expose())
+    }
     pub async fn client(&self) -> Result<sandbox_client::Client, super::PoolError> {
-        sandbox_client::connect(&self.agent_uri())
+        let options = sandbox_client::ConnectOptions {
+            token: self.remote.as_ref().map(|r| r.token.clone()),
+            ..Default::default()
+        };
+        options
+            .connect(&self.agent_uri())
             .await
             .map_err(|source| super::PoolError::Connect {
                 slot: self.id.clone(),
@@ -58,6 +105,10 @@ impl Slot {
     /// its slot.
     pub fn dead(&self) -> bool {
         use nix::sys::signal::kill;
+        if self.remote.is_some() {
+            // A pod's end is the API server's to tell (its claim).
+            return false;
+        }
         let pid = nix::unistd::Pid::from_raw(self.pid as i32);
         if kill(pid, None) == Err(nix::errno::Errno::ESRCH) {
             return true;

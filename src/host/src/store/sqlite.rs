@@ -1,78 +1,13 @@
-//! The host's state in SQLite: sandboxes (leases) and their owners. It
-//! survives a host restart; agents (separate processes) survive it too.
+//! The local backends' state in SQLite: sandboxes (leases) and their
+//! owners. It survives a host restart; agents (separate processes)
+//! survive it too.
 
 use std::path::Path;
 use std::sync::Mutex;
 
 use rusqlite::{Connection, OptionalExtension, params};
-use serde::{Deserialize, Serialize};
 
-/// One server of a sandbox, as the REST API shows it.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct ServerRow {
-    pub name: String,
-    pub id: String,
-    /// What the sandbox gave the server to reach a service it runs (the
-    /// mail account): Klavis's `auth_data`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub auth_data: Option<serde_json::Value>,
-}
-
-/// Klavis's `SandboxStatus`. A sandbox this host holds is `occupied`
-/// until released, or `error` when its agent died; `idle` is what the pool
-/// holds (Klavis lists it; no stored sandbox is idle).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
-#[serde(rename_all = "lowercase")]
-#[schema(as = SandboxStatus)]
-pub enum Status {
-    Idle,
-    Occupied,
-    Error,
-}
-
-impl Status {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Status::Idle => "idle",
-            Status::Occupied => "occupied",
-            Status::Error => "error",
-        }
-    }
-
-    fn parse(s: &str) -> Option<Status> {
-        [Status::Idle, Status::Occupied, Status::Error]
-            .into_iter()
-            .find(|v| v.as_str() == s)
-    }
-}
-
-#[derive(Debug, Clone)]
-pub struct SandboxRow {
-    pub id: String,
-    pub owner: String,
-    pub slot: String,
-    pub status: Status,
-    pub benchmark: Option<String>,
-    pub servers: Vec<ServerRow>,
-    pub created_at: String,
-    pub updated_at: String,
-    /// Unix ms; None: no TTL.
-    pub expires_at_ms: Option<i64>,
-}
-
-pub struct Store {
-    db: Mutex<Connection>,
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum StoreError {
-    #[error("state database: {0}")]
-    Sql(#[from] rusqlite::Error),
-    #[error("state database: bad JSON in a row: {0}")]
-    Json(#[from] serde_json::Error),
-    #[error("state database: unknown status {0:?} in a row")]
-    Status(String),
-}
+use super::{SandboxRow, Status, StoreError};
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS sandboxes (
@@ -102,6 +37,7 @@ fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<(SandboxRow, String, String)> 
             created_at: r.get(6)?,
             updated_at: r.get(7)?,
             expires_at_ms: r.get(8)?,
+            endpoint: None,
         },
         r.get::<_, String>(5)?,
         r.get::<_, String>(3)?,
@@ -118,14 +54,18 @@ fn finish(v: (SandboxRow, String, String)) -> Result<SandboxRow, StoreError> {
 const COLUMNS: &str =
     "id, owner, slot, status, benchmark, servers, created_at, updated_at, expires_at_ms";
 
-impl Store {
-    pub fn open(path: &Path) -> Result<Store, StoreError> {
+pub struct Db {
+    db: Mutex<Connection>,
+}
+
+impl Db {
+    pub fn open(path: &Path) -> Result<Db, StoreError> {
         let db = Connection::open(path)?;
         db.pragma_update(None, "journal_mode", "WAL")?;
         db.pragma_update(None, "synchronous", "NORMAL")?;
         db.busy_timeout(std::time::Duration::from_secs(5))?;
         db.execute_batch(SCHEMA)?;
-        Ok(Store { db: Mutex::new(db) })
+        Ok(Db { db: Mutex::new(db) })
     }
 
     fn db(&self) -> std::sync::MutexGuard<'_, Connection> {
@@ -150,21 +90,6 @@ impl Store {
             ],
         )?;
         Ok(())
-    }
-
-    /// A live (not released) sandbox of `owner`.
-    pub fn get(&self, id: &str, owner: &str) -> Result<Option<SandboxRow>, StoreError> {
-        let v = self
-            .db()
-            .query_row(
-                &format!(
-                    "SELECT {COLUMNS} FROM sandboxes WHERE id = ?1 AND owner = ?2 AND released = 0"
-                ),
-                params![id, owner],
-                row,
-            )
-            .optional()?;
-        v.map(finish).transpose()
     }
 
     /// A live (not released) sandbox, whoever owns it (for a capability

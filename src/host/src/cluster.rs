@@ -1,0 +1,320 @@
+//! The kubernetes backend (`--backend kubernetes`): sandboxes are pods
+//! claimed from agent-sandbox's warm pools through `sandbox_kube`, and
+//! their leases live in their claims, so every replica behind one Service
+//! serves the same fleet.
+//!
+//! - Acquire: a claim of the benchmark's warm pool, its pod Ready with an
+//!   IP ([`Cluster::claim`]); the pod's agent bound to this lease's token
+//!   (`BindToken`, called with the pools' bootstrap secret, which admits
+//!   nothing on that pod afterwards); then the Acquire every backend makes.
+//! - A lease's agent token is derived from the signing key every replica
+//!   shares, and the lease id: any replica reaches any lease's agent, and
+//!   no token of one lease is another's.
+//! - The store ([`crate::store::Store::Cluster`]): reads and writes go to
+//!   the claims; live lookups of the MCP path are cached for
+//!   `--kube-admit-cache-ms`.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use sandbox_client::auth::Token;
+use sandbox_client::proto;
+use sandbox_kube::lease::Phase;
+use sandbox_kube::{Claimed, Fleet, KubeError, Lease};
+use tracing::{info, warn};
+
+use crate::error::{HostError, HostResult};
+use crate::pool::{PoolError, Remote, Slot};
+use crate::signed::Signer;
+use crate::store::{SandboxRow, ServerRow, Status, StoreError};
+
+/// The signed action a lease's agent token is derived under.
+const AGENT_TOKEN_ACTION: &str = "agent-token";
+
+/// What the kubernetes backend needs beyond the fleet's own settings.
+pub struct ClusterConfig {
+    /// The warm pools' shared bootstrap secret (`--kube-bootstrap-token-file`).
+    pub bootstrap: Token,
+    pub agent_port: u16,
+    pub mcp_port: u16,
+    /// How long a live lookup is reused (`--kube-admit-cache-ms`).
+    pub admit_cache: Duration,
+}
+
+pub struct Cluster {
+    pub fleet: Fleet,
+    cfg: ClusterConfig,
+    signer: Signer,
+    /// Live lookups: a sandbox id → when looked up and what was found
+    /// (`None`: not live). Bounded by pruning entries past their use.
+    cache: Mutex<HashMap<String, (Instant, Option<SandboxRow>)>>,
+}
+
+/// Entries kept at most this many times the cache's lifetime.
+const CACHE_KEEP: u32 = 10;
+
+impl Cluster {
+    pub fn new(fleet: Fleet, cfg: ClusterConfig, signing_key: Vec<u8>) -> Cluster {
+        Cluster {
+            fleet,
+            cfg,
+            signer: Signer::new(signing_key),
+            cache: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The agent token of lease `id` (the same on every replica).
+    fn token_for(&self, id: &str) -> HostResult<Token> {
+        Token::new(
+            &self.signer.token(AGENT_TOKEN_ACTION, id),
+            "a lease's agent token",
+        )
+        .map_err(|e| HostError::Internal(e.to_string()))
+    }
+
+    fn remote(&self, ip: &str, id: &str) -> HostResult<Remote> {
+        Ok(Remote {
+            host: ip.to_owned(),
+            grpc_port: self.cfg.agent_port,
+            mcp_port: self.cfg.mcp_port,
+            token: self.token_for(id)?,
+        })
+    }
+
+    /// The slot of a live sandbox: its pod's agent with its lease's token.
+    pub fn slot_of(&self, s: &SandboxRow) -> HostResult<Slot> {
+        let ip = s.endpoint.as_deref().ok_or(HostError::AgentGone)?;
+        Ok(Slot::remote(s.slot.clone(), self.remote(ip, &s.id)?))
+    }
+
+    /// Claims a pod for lease `id` of `owner` and binds its agent to the
+    /// lease's token. On any failure the claim is deleted.
+    pub async fn claim(
+        &self,
+        id: &str,
+        owner: &str,
+        benchmark: Option<&str>,
+        expires_at_ms: Option<i64>,
+        now: &str,
+    ) -> HostResult<Slot> {
+        let lease = Lease {
+            sandbox_id: id.to_owned(),
+            owner: owner.to_owned(),
+            pool: self.fleet.pool_for(benchmark).map_err(cluster_error)?,
+            phase: Phase::Acquiring,
+            benchmark: benchmark.map(str::to_owned),
+            servers: serde_json::Value::Array(Vec::new()),
+            created_at: now.to_owned(),
+            updated_at: now.to_owned(),
+            expires_at_ms,
+            claim: String::new(),
+            pod_ip: None,
+        };
+        let claimed = self.fleet.claim(&lease).await.map_err(cluster_error)?;
+        match self.bind(&claimed, id).await {
+            Ok(slot) => Ok(slot),
+            Err(e) => {
+                warn!(sandbox = %id, claim = %claimed.claim, error = %e, "cannot bind the pod's agent; deleting the claim");
+                self.unclaim(&claimed.claim).await;
+                Err(e)
+            }
+        }
+    }
+
+    /// Deletes a claim, logging a failure (the claim then waits for a
+    /// host's release or its shutdown time).
+    pub async fn unclaim(&self, claim: &str) {
+        if let Err(e) = self.fleet.release(claim).await {
+            log_cluster_error(&e);
+            warn!(claim, error = %e, "cannot delete the claim");
+        }
+    }
+
+    /// Gives the claimed pod's agent lease `id`'s token. With the
+    /// bootstrap secret refused (a retried call bound it already), the
+    /// lease's own token must then be the one it admits.
+    async fn bind(&self, c: &Claimed, id: &str) -> HostResult<Slot> {
+        let slot = Slot::remote(c.claim.clone(), self.remote(&c.ip, id)?);
+        let token = self.token_for(id)?;
+        let boot = sandbox_client::ConnectOptions {
+            token: Some(self.cfg.bootstrap.clone()),
+            ..Default::default()
+        }
+        .connect(&slot.agent_uri())
+        .await
+        .map_err(|source| {
+            HostError::AgentUnreachable(PoolError::Connect {
+                slot: c.claim.clone(),
+                source,
+            })
+        })?;
+        let bound = boot
+            .agent()
+            .bind_token(proto::BindTokenRequest {
+                token: token.expose().to_owned(),
+            })
+            .await;
+        match bound {
+            Ok(_) => {}
+            Err(s) if s.code() == tonic::Code::Unauthenticated => {
+                let c2 = slot.client().await.map_err(HostError::AgentUnreachable)?;
+                c2.agent()
+                    .get_info(proto::GetInfoRequest {})
+                    .await
+                    .map_err(HostError::agent("binding the pod's agent to the lease"))?;
+            }
+            Err(s) => return Err(HostError::agent("binding the pod's agent to the lease")(s)),
+        }
+        info!(sandbox = %id, claim = %c.claim, sandbox_pod = %c.sandbox, "the pod's agent is bound to the lease");
+        Ok(slot)
+    }
+
+    // ------------------------------------------------ the store's calls
+
+    fn cache(&self) -> std::sync::MutexGuard<'_, HashMap<String, (Instant, Option<SandboxRow>)>> {
+        self.cache.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn remember(&self, id: &str, row: Option<SandboxRow>) {
+        let keep = self.cfg.admit_cache * CACHE_KEEP;
+        let mut c = self.cache();
+        c.retain(|_, (at, _)| at.elapsed() < keep);
+        c.insert(id.to_owned(), (Instant::now(), row));
+    }
+
+    /// The lease of `id` as its claim says (`None`: no claim, or acquiring
+    /// or released).
+    async fn lease(&self, id: &str) -> Result<Option<Lease>, StoreError> {
+        let l = self.fleet.find(id).await.inspect_err(log_cluster_error)?;
+        Ok(l.filter(|l| matches!(l.phase, Phase::Occupied | Phase::Error)))
+    }
+
+    pub async fn get_live(&self, id: &str) -> Result<Option<SandboxRow>, StoreError> {
+        if let Some((at, row)) = self.cache().get(id)
+            && at.elapsed() < self.cfg.admit_cache
+        {
+            return Ok(row.clone());
+        }
+        let row = match self.lease(id).await? {
+            Some(l) => Some(row_of(l)?),
+            None => None,
+        };
+        self.remember(id, row.clone());
+        Ok(row)
+    }
+
+    /// Live unless this replica released it or saw it gone.
+    pub fn live_now(&self, id: &str) -> bool {
+        !matches!(self.cache().get(id), Some((_, None)))
+    }
+
+    pub async fn list(&self, owner: Option<&str>) -> Result<Vec<SandboxRow>, StoreError> {
+        let leases = self
+            .fleet
+            .leases(owner)
+            .await
+            .inspect_err(log_cluster_error)?;
+        leases
+            .into_iter()
+            .filter(|l| matches!(l.phase, Phase::Occupied | Phase::Error))
+            .map(row_of)
+            .collect()
+    }
+
+    pub async fn held(&self, owner: &str) -> Result<usize, StoreError> {
+        let leases = self
+            .fleet
+            .leases(Some(owner))
+            .await
+            .inspect_err(log_cluster_error)?;
+        Ok(leases.iter().filter(|l| l.phase != Phase::Released).count())
+    }
+
+    /// Records an acquired sandbox in its claim (made by [`Cluster::claim`]).
+    pub async fn insert(&self, s: &SandboxRow) -> Result<(), StoreError> {
+        let mut l = self
+            .fleet
+            .find(&s.id)
+            .await
+            .inspect_err(log_cluster_error)?
+            .ok_or_else(|| StoreError::ClaimGone(s.slot.clone()))?;
+        l.phase = phase_of(s.status);
+        l.servers = serde_json::to_value(&s.servers)?;
+        l.updated_at = s.updated_at.clone();
+        l.pod_ip = s.endpoint.clone();
+        self.fleet.record(&l).await.inspect_err(log_cluster_error)?;
+        self.remember(&s.id, Some(s.clone()));
+        Ok(())
+    }
+
+    pub async fn set_status(&self, id: &str, status: Status, now: &str) -> Result<(), StoreError> {
+        self.update(id, now, phase_of(status)).await
+    }
+
+    /// Marks the lease released (listed by no one from now on); its claim
+    /// is deleted after the agent's Release (`api::leases`).
+    pub async fn mark_released(&self, id: &str, now: &str) -> Result<(), StoreError> {
+        self.remember(id, None);
+        self.update(id, now, Phase::Released).await
+    }
+
+    async fn update(&self, id: &str, now: &str, phase: Phase) -> Result<(), StoreError> {
+        let Some(mut l) = self.fleet.find(id).await.inspect_err(log_cluster_error)? else {
+            return Ok(());
+        };
+        l.phase = phase;
+        l.updated_at = now.to_owned();
+        self.fleet.record(&l).await.inspect_err(log_cluster_error)?;
+        self.cache().remove(id);
+        Ok(())
+    }
+
+    pub async fn expired(&self, now_ms: i64) -> Result<Vec<SandboxRow>, StoreError> {
+        let live = self.list(None).await?;
+        Ok(live
+            .into_iter()
+            .filter(|s| s.expires_at_ms.is_some_and(|t| t <= now_ms))
+            .collect())
+    }
+}
+
+fn phase_of(s: Status) -> Phase {
+    match s {
+        Status::Error => Phase::Error,
+        Status::Occupied | Status::Idle => Phase::Occupied,
+    }
+}
+
+/// A lease as the API shows it.
+fn row_of(l: Lease) -> Result<SandboxRow, StoreError> {
+    let servers: Vec<ServerRow> = serde_json::from_value(l.servers)?;
+    Ok(SandboxRow {
+        id: l.sandbox_id,
+        owner: l.owner,
+        slot: l.claim,
+        status: match l.phase {
+            Phase::Error => Status::Error,
+            _ => Status::Occupied,
+        },
+        benchmark: l.benchmark,
+        servers,
+        created_at: l.created_at,
+        updated_at: l.updated_at,
+        expires_at_ms: l.expires_at_ms,
+        endpoint: l.pod_ip,
+    })
+}
+
+/// A fleet failure as the API answers it; a forbidden call is logged
+/// naming the permission the host's Role lacks.
+pub fn cluster_error(e: KubeError) -> HostError {
+    log_cluster_error(&e);
+    HostError::Cluster(e)
+}
+
+fn log_cluster_error(e: &KubeError) {
+    if let Some(permission) = e.permission() {
+        warn!(%permission, error = %e, "the Kubernetes API server forbids this host a call it needs: add the permission to its Role");
+    }
+}

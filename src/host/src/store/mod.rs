@@ -1,0 +1,168 @@
+//! The host's state: its sandboxes (leases) and their owners, in one of
+//! two places behind one interface:
+//! - `sqlite`: the local backends' database in the data dir (it survives
+//!   a host restart; their agents, separate processes, survive it too);
+//! - the kubernetes backend's claims (`crate::cluster`): every replica
+//!   reads and writes the same leases through the API server.
+
+mod sqlite;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::cluster::Cluster;
+
+/// One server of a sandbox, as the REST API shows it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ServerRow {
+    pub name: String,
+    pub id: String,
+    /// What the sandbox gave the server to reach a service it runs (the
+    /// mail account): Klavis's `auth_data`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auth_data: Option<serde_json::Value>,
+}
+
+/// Klavis's `SandboxStatus`. A sandbox this host holds is `occupied`
+/// until released, or `error` when its agent died; `idle` is what the pool
+/// holds (Klavis lists it; no stored sandbox is idle).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+#[schema(as = SandboxStatus)]
+pub enum Status {
+    Idle,
+    Occupied,
+    Error,
+}
+
+impl Status {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Idle => "idle",
+            Status::Occupied => "occupied",
+            Status::Error => "error",
+        }
+    }
+
+    pub(super) fn parse(s: &str) -> Option<Status> {
+        [Status::Idle, Status::Occupied, Status::Error]
+            .into_iter()
+            .find(|v| v.as_str() == s)
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct SandboxRow {
+    pub id: String,
+    pub owner: String,
+    pub slot: String,
+    pub status: Status,
+    pub benchmark: Option<String>,
+    pub servers: Vec<ServerRow>,
+    pub created_at: String,
+    pub updated_at: String,
+    /// Unix ms; None: no TTL.
+    pub expires_at_ms: Option<i64>,
+    /// A claimed pod's IP (the kubernetes backend; `None` elsewhere).
+    pub endpoint: Option<String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("state database: {0}")]
+    Sql(#[from] rusqlite::Error),
+    #[error("state database: bad JSON in a row: {0}")]
+    Json(#[from] serde_json::Error),
+    #[error("state database: unknown status {0:?} in a row")]
+    Status(String),
+    /// The kubernetes backend's state: the claims, through the API server.
+    #[error(transparent)]
+    Cluster(#[from] sandbox_kube::KubeError),
+    /// The claim of a lease being recorded is gone (deleted under it).
+    #[error("the claim {0} of this sandbox was deleted while it was acquired")]
+    ClaimGone(String),
+}
+
+/// Where the leases are kept.
+pub enum Store {
+    Db(sqlite::Db),
+    Cluster(Arc<Cluster>),
+}
+
+impl Store {
+    pub fn open(path: &Path) -> Result<Store, StoreError> {
+        Ok(Store::Db(sqlite::Db::open(path)?))
+    }
+
+    pub async fn insert(&self, s: &SandboxRow) -> Result<(), StoreError> {
+        match self {
+            Store::Db(d) => d.insert(s),
+            Store::Cluster(c) => c.insert(s).await,
+        }
+    }
+
+    /// A live (not released) sandbox of `owner`.
+    pub async fn get(&self, id: &str, owner: &str) -> Result<Option<SandboxRow>, StoreError> {
+        let s = self.get_live(id).await?;
+        Ok(s.filter(|s| s.owner == owner))
+    }
+
+    /// A live (not released) sandbox, whoever owns it (for a capability
+    /// that names it).
+    pub async fn get_live(&self, id: &str) -> Result<Option<SandboxRow>, StoreError> {
+        match self {
+            Store::Db(d) => d.get_live(id),
+            Store::Cluster(c) => c.get_live(id).await,
+        }
+    }
+
+    /// Whether `id` is live as far as this replica can tell without
+    /// waiting (the upload store asks under its lock).
+    pub fn live_now(&self, id: &str) -> bool {
+        match self {
+            Store::Db(d) => matches!(d.get_live(id), Ok(Some(_))),
+            Store::Cluster(c) => c.live_now(id),
+        }
+    }
+
+    /// Live sandboxes; of one owner, or all.
+    pub async fn list(&self, owner: Option<&str>) -> Result<Vec<SandboxRow>, StoreError> {
+        match self {
+            Store::Db(d) => d.list(owner),
+            Store::Cluster(c) => c.list(owner).await,
+        }
+    }
+
+    /// Live sandboxes and Acquires in flight of `owner` (the per-owner
+    /// cap counts both; across replicas on the kubernetes backend).
+    pub async fn held(&self, owner: &str) -> Result<usize, StoreError> {
+        match self {
+            Store::Db(d) => Ok(d.list(Some(owner))?.len()),
+            Store::Cluster(c) => c.held(owner).await,
+        }
+    }
+
+    pub async fn set_status(&self, id: &str, status: Status, now: &str) -> Result<(), StoreError> {
+        match self {
+            Store::Db(d) => d.set_status(id, status, now),
+            Store::Cluster(c) => c.set_status(id, status, now).await,
+        }
+    }
+
+    pub async fn mark_released(&self, id: &str, now: &str) -> Result<(), StoreError> {
+        match self {
+            Store::Db(d) => d.mark_released(id, now),
+            Store::Cluster(c) => c.mark_released(id, now).await,
+        }
+    }
+
+    /// Live sandboxes whose TTL has passed.
+    pub async fn expired(&self, now_ms: i64) -> Result<Vec<SandboxRow>, StoreError> {
+        match self {
+            Store::Db(d) => d.expired(now_ms),
+            Store::Cluster(c) => c.expired(now_ms).await,
+        }
+    }
+}
