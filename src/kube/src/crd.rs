@@ -141,7 +141,11 @@ pub struct SandboxStatus {
     pub conditions: Vec<Condition>,
     #[serde(default, rename = "podIPs")]
     pub pod_ips: Vec<String>,
-    #[serde(default, rename = "serviceFQDN", skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        rename = "serviceFQDN",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub service_fqdn: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_name: Option<String>,

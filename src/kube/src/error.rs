@@ -25,7 +25,9 @@ pub enum KubeError {
         reason: String,
     },
     /// No warm pool serves this benchmark.
-    #[error("no warm pool serves benchmark {benchmark:?} and no default pool is configured (--kube-pool)")]
+    #[error(
+        "no warm pool serves benchmark {benchmark:?} and no default pool is configured (--kube-pool)"
+    )]
     NoPool { benchmark: String },
     /// The API server refused this host's service account.
     #[error(
@@ -80,9 +82,7 @@ impl KubeError {
     /// The permission named in the log line of a forbidden call.
     pub fn permission(&self) -> Option<String> {
         match self {
-            KubeError::Forbidden {
-                verb, resource, ..
-            } => Some(format!("{verb} {resource}")),
+            KubeError::Forbidden { verb, resource, .. } => Some(format!("{verb} {resource}")),
             _ => None,
         }
     }

@@ -80,7 +80,11 @@ impl Fleet {
             })
     }
 
-    fn api(&self, verb: &'static str, resource: &'static str) -> impl FnOnce(kube::Error) -> KubeError {
+    fn api(
+        &self,
+        verb: &'static str,
+        resource: &'static str,
+    ) -> impl FnOnce(kube::Error) -> KubeError {
         KubeError::api(verb, resource, &self.cfg.namespace)
     }
 
@@ -119,7 +123,9 @@ impl Fleet {
     fn claim_object(&self, name: &str, lease: &Lease) -> SandboxClaim {
         let shutdown = lease.expires_at_ms.and_then(|ms| {
             let at = ms + self.cfg.shutdown_grace.as_millis() as i64;
-            k8s_openapi::jiff::Timestamp::from_millisecond(at).ok().map(Time)
+            k8s_openapi::jiff::Timestamp::from_millisecond(at)
+                .ok()
+                .map(Time)
         });
         SandboxClaim {
             metadata: ObjectMeta {
