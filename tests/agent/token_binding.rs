@@ -52,20 +52,19 @@ impl Pod {
             ],
             &[],
         );
-        let endpoint = |data_plane: bool| {
-            let line = agent
-                .stderr
-                .wait_for(Duration::from_secs(5), |l| {
-                    l.contains("listening")
-                        && l.contains("endpoint=tcp://")
-                        && l.contains("MCP data plane") == data_plane
-                })
-                .unwrap_or_else(|| panic!("no tcp listener; stderr:\n{}", agent.stderr.all()));
-            let at = line.find("endpoint=").expect("endpoint") + "endpoint=".len();
-            line[at..].split_whitespace().next().expect("uri").to_owned()
-        };
-        let grpc = endpoint(false);
-        let mcp = endpoint(true).trim_start_matches("tcp://").to_owned();
+        // The control plane's port, as bound (the scripts' loopback
+        // listener logs "MCP data plane listening" too: not this one).
+        let line = agent
+            .stderr
+            .wait_for(Duration::from_secs(5), |l| {
+                l.contains("listening")
+                    && l.contains("endpoint=tcp://")
+                    && !l.contains("MCP data plane")
+            })
+            .unwrap_or_else(|| panic!("no tcp listener; stderr:\n{}", agent.stderr.all()));
+        let at = line.find("endpoint=").expect("endpoint") + "endpoint=".len();
+        let grpc = line[at..].split_whitespace().next().expect("uri").to_owned();
+        let mcp = mcp.trim_start_matches("tcp://").to_owned();
         Pod { agent, grpc, mcp }
     }
 
@@ -265,4 +264,30 @@ async fn an_agent_without_a_token_has_nothing_to_bind() {
         .get_info(proto::GetInfoRequest {})
         .await
         .expect("still open on unix");
+}
+
+#[test]
+fn sandboxctl_binds_a_token_from_a_file() {
+    let pod = Pod::start();
+    let file = pod.agent.dir.path().join("lease.token");
+    std::fs::write(&file, format!("{T1}\n")).expect("token file");
+    let bind = ctl(&[
+        "--agent",
+        &pod.grpc,
+        "--token",
+        TOKEN,
+        "bind-token",
+        "--new-token-file",
+        file.to_str().expect("path"),
+    ]);
+    assert!(bind.status.success(), "{}", text(&bind.stderr));
+    let old = ctl(&["--agent", &pod.grpc, "--token", TOKEN, "info"]);
+    assert_eq!(old.status.code(), Some(1));
+    assert!(
+        text(&old.stderr).contains("wrong bearer token"),
+        "{}",
+        text(&old.stderr)
+    );
+    let new = ctl(&["--agent", &pod.grpc, "--token", T1, "info"]);
+    assert!(new.status.success(), "{}", text(&new.stderr));
 }
