@@ -63,7 +63,11 @@ impl Pod {
             })
             .unwrap_or_else(|| panic!("no tcp listener; stderr:\n{}", agent.stderr.all()));
         let at = line.find("endpoint=").expect("endpoint") + "endpoint=".len();
-        let grpc = line[at..].split_whitespace().next().expect("uri").to_owned();
+        let grpc = line[at..]
+            .split_whitespace()
+            .next()
+            .expect("uri")
+            .to_owned();
         let mcp = mcp.trim_start_matches("tcp://").to_owned();
         Pod { agent, grpc, mcp }
     }
@@ -198,7 +202,10 @@ async fn binding_refuses_the_bootstrap_secret_on_both_planes() {
     assert_eq!(pod.mcp_status(T1), 200);
     assert_eq!(pod.mcp_status(TOKEN), 401);
     // The bootstrap secret cannot bind again either.
-    let e = pod.bind(TOKEN, T2).await.expect_err("bind with the old token");
+    let e = pod
+        .bind(TOKEN, T2)
+        .await
+        .expect_err("bind with the old token");
     assert_eq!(e.code(), Code::Unauthenticated, "{e}");
     pod.health_is_open().await;
     assert!(
@@ -219,7 +226,9 @@ async fn the_next_lease_s_token_refuses_the_last_lease_s() {
     assert_eq!(pod.mcp_status(T1), 200);
     pod.release(T1, "l1").await;
 
-    pod.bind(T1, T2).await.expect("BindToken t2, called with t1");
+    pod.bind(T1, T2)
+        .await
+        .expect("BindToken t2, called with t1");
     pod.refused(T1).await;
     pod.refused(TOKEN).await;
     pod.admitted(T2).await;
