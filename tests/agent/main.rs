@@ -24,6 +24,7 @@ mod recovery;
 mod rpc;
 mod shipped_servers;
 mod tenant_paths;
+mod token_binding;
 mod tool_schemas;
 mod workspace;
 mod workspace_turns;

@@ -11,11 +11,14 @@
 //! - [`config`], [`server`], `info`, `rpc`: configuration layering, serving
 //!   and drain, `GetInfo`, and the gRPC adapters (thin: convert, call a
 //!   domain module, map its error to a status in one place).
+//! - [`agent_token`]: the token the agent's listeners admit, which a host
+//!   binds to its lease (`BindToken`).
 //! - [`init`]: PID 1 duties.
 //!
 //! The wire contract, transports and tokens come from `sandbox-client`; see
 //! `ARCHITECTURE.md` for how the crates fit together.
 
+pub mod agent_token;
 pub mod config;
 pub mod exec;
 pub mod gateway;

@@ -15,6 +15,7 @@ use tracing::{Instrument, error, info, warn};
 
 use super::config::Settings;
 use super::{info as sysinfo, rpc};
+use crate::agent_token::AgentToken;
 use crate::exec::{Executions, McpAccess};
 use crate::lifecycle::Lifecycle;
 use crate::supervisor::{State, Supervisor};
@@ -225,13 +226,18 @@ async fn serve_inner(
         &settings,
         health_service,
         bound.workspace.clone(),
-        d.lifecycle.clone(),
-        d.executions.clone(),
+        &d,
         shutdown.clone(),
     )?;
     let mut servers = JoinSet::new();
-    let accept_tasks =
-        serve_control_plane(&settings, bound.listeners, &routes, &shutdown, &mut servers);
+    let accept_tasks = serve_control_plane(
+        &settings,
+        &d.token,
+        bound.listeners,
+        &routes,
+        &shutdown,
+        &mut servers,
+    );
     let gateway = crate::gateway::Gateway::new(
         d.lifecycle.clone(),
         d.supervisor.clone(),
@@ -239,7 +245,7 @@ async fn serve_inner(
         settings.gateway.clone(),
     );
     for listener in bound.mcp_listeners {
-        let policy = listener_policy(&settings, listener.local_endpoint());
+        let policy = listener_policy(&settings, &d.token, listener.local_endpoint());
         servers.spawn(
             gateway
                 .clone()
@@ -265,12 +271,14 @@ async fn serve_inner(
 }
 
 /// The domain the services share: the supervisor, the executions and the
-/// lifecycle over them.
+/// lifecycle over them, and the agent's token (one for every listener that
+/// checks it, so a BindToken reaches them all).
 struct Domain {
     supervisor: Arc<Supervisor>,
     manifest: Arc<crate::supervisor::manifest::Manifest>,
     executions: Arc<Executions>,
     lifecycle: Arc<Lifecycle>,
+    token: AgentToken,
 }
 
 impl Domain {
@@ -303,24 +311,22 @@ impl Domain {
             manifest,
             executions,
             lifecycle,
+            token: AgentToken::new(settings.token.clone()),
         })
     }
 }
 
-/// A listener's policy: a token always over TCP, on local sockets when
-/// `require_token_on_local`.
-fn listener_policy(settings: &Settings, endpoint: &Endpoint) -> AuthPolicy {
-    AuthPolicy {
-        token: settings.token.clone(),
-        required: matches!(endpoint, Endpoint::Tcp { .. }) || settings.require_token_on_local,
-        lease: None,
-    }
+/// A listener's policy: the agent's token (as bound), required always over
+/// TCP, on local sockets when `require_token_on_local`.
+fn listener_policy(settings: &Settings, token: &AgentToken, endpoint: &Endpoint) -> AuthPolicy {
+    token.policy(matches!(endpoint, Endpoint::Tcp { .. }) || settings.require_token_on_local)
 }
 
 /// Serves the gRPC services on each control-plane listener; returns the
 /// accept loops.
 fn serve_control_plane(
     settings: &Settings,
+    token: &AgentToken,
     listeners: Vec<Listener>,
     routes: &Routes,
     shutdown: &CancellationToken,
@@ -330,7 +336,7 @@ fn serve_control_plane(
     let mut accept_tasks = Vec::new();
     for listener in listeners {
         let endpoint = listener.local_endpoint().clone();
-        let policy = listener_policy(settings, &endpoint);
+        let policy = listener_policy(settings, token, &endpoint);
         info!(%endpoint, token_required = policy.required, "listening");
         let keepalive = Duration::from_millis(limits.keepalive_interval_ms);
         let server = Server::builder()
@@ -431,10 +437,10 @@ fn routes(
         impl tonic_health::pb::health_server::Health,
     >,
     workspace: Arc<Workspace>,
-    lifecycle: Arc<Lifecycle>,
-    executions: Arc<Executions>,
+    d: &Domain,
     shutdown: CancellationToken,
 ) -> Result<Routes, ServeError> {
+    let (lifecycle, executions) = (d.lifecycle.clone(), d.executions.clone());
     let max = settings.limits.max_message_bytes;
     let reflection = || {
         tonic_reflection::server::Builder::configure()
@@ -465,6 +471,7 @@ fn routes(
             proto::agent_server::AgentServer::new(rpc::AgentService::new(
                 info,
                 lifecycle.clone(),
+                d.token.clone(),
                 shutdown,
             ))
             .max_decoding_message_size(max)

@@ -1,4 +1,4 @@
-//! `health` and `info`: the agent itself.
+//! `health`, `info` and `bind-token`: the agent itself.
 
 use crate::output::outln;
 use std::process::ExitCode;
@@ -49,6 +49,30 @@ pub(crate) async fn health(client: &Client, service: &str, json: bool) -> anyhow
         }
         ExitCode::FAILURE
     })
+}
+
+/// `bind-token`: the new token is read (and checked, as the agent would)
+/// from a file, never from argv.
+pub(crate) async fn bind_token(
+    client: &Client,
+    new_token_file: &std::path::Path,
+    json: bool,
+) -> anyhow::Result<ExitCode> {
+    let token = sandbox_client::auth::Token::from_file(new_token_file)?;
+    client
+        .agent()
+        .bind_token(proto::BindTokenRequest {
+            token: token.expose().to_owned(),
+        })
+        .await
+        .map_err(|s| rpc_error("Agent.BindToken", s))?;
+    let message = "token bound: the token of this call admits nothing now";
+    if json {
+        outln!("{}", json!({ "ok": true, "message": message }));
+    } else {
+        outln!("{message}");
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 pub(crate) async fn info(client: &Client, json: bool) -> anyhow::Result<ExitCode> {

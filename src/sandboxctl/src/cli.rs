@@ -150,6 +150,14 @@ pub(crate) enum Verb {
         #[arg(long, default_value = "sandboxctl shutdown")]
         reason: String,
     },
+    /// Bind the agent to a new token (Agent.BindToken): afterwards the
+    /// token of this call (--token/--token-file) admits nothing, on the
+    /// control plane and the MCP data plane; FILE's token does.
+    BindToken {
+        /// File holding the new token (surrounding whitespace ignored).
+        #[arg(long, value_name = "FILE")]
+        new_token_file: PathBuf,
+    },
     /// Sandbox status, lease and servers.
     Status,
     /// Run Python scripts inside the leased sandbox (Klavis's execution

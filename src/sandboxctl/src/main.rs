@@ -3,7 +3,7 @@
 //! Exit status: 0 on success, 1 when the operation failed (agent unreachable,
 //! RPC error, health not SERVING), 2 for usage errors.
 //!
-//! One module per verb group: `agent` (health, info), `transfer` (upload,
+//! One module per verb group: `agent` (health, info, bind-token), `transfer` (upload,
 //! dump, clear), `lease` (acquire, release, reset, status, shutdown),
 //! `exec` (script executions), `servers` (servers, logs), `mcp` (mcp,
 //! mcp-proxy); `cli` is the command line and `output` the shared
@@ -130,6 +130,9 @@ async fn run_on(client: &Client, args: &Args) -> anyhow::Result<ExitCode> {
     match &args.verb {
         Verb::Health { service } => agent::health(client, service, args.json).await,
         Verb::Info => agent::info(client, args.json).await,
+        Verb::BindToken { new_token_file } => {
+            agent::bind_token(client, new_token_file, args.json).await
+        }
         Verb::Upload {
             path,
             merge,

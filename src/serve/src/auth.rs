@@ -28,18 +28,27 @@ pub struct AuthPolicy {
     /// Reject requests that carry no token.
     pub required: bool,
     /// When set, the token is this one instead of `token`: a token that
-    /// lives only as long as a lease ([`LeaseToken`]); while it is unset
-    /// every request is refused.
+    /// lives only as long as a lease ([`LeaseToken`]: the scripts' token, or
+    /// the agent's own once a host bound it); while it is unset every
+    /// request is refused.
     pub lease: Option<LeaseToken>,
 }
 
 /// A token made for one lease and revoked when it ends (the scripts'
-/// data-plane token): shared by the listener's policy and whoever rotates
-/// it.
+/// data-plane token), or one replaced at each lease (the agent's token,
+/// which `BindToken` swaps for every listener at once): shared by the
+/// listeners' policies and whoever rotates it. A request is checked
+/// against the token in force when it arrives, so one admitted before a
+/// swap may finish.
 #[derive(Clone, Debug, Default)]
 pub struct LeaseToken(Arc<std::sync::RwLock<Option<Token>>>);
 
 impl LeaseToken {
+    /// A token in force from the start (an agent's configured token,
+    /// until a host binds one of its own).
+    pub fn new(token: Token) -> LeaseToken {
+        LeaseToken(Arc::new(std::sync::RwLock::new(Some(token))))
+    }
     /// Replaces the token (a new lease, or the same lease after a Reset).
     pub fn set(&self, token: Token) {
         *self.0.write().unwrap_or_else(|p| p.into_inner()) = Some(token);
@@ -209,5 +218,32 @@ mod tests {
         };
         assert!(open.check(m, None).is_ok());
         assert!(open.check(m, Some(b"Bearer whatever-whatever")).is_err());
+    }
+
+    #[test]
+    fn a_swapped_token_refuses_the_one_before_on_every_policy_sharing_it() {
+        let shared = LeaseToken::new(token());
+        let policy = |required| AuthPolicy {
+            token: None,
+            required,
+            lease: Some(shared.clone()),
+        };
+        let (tcp, local) = (policy(true), policy(false));
+        let m = "/sandbox.agent.v1.Agent/GetInfo";
+        let old = b"Bearer 0123456789abcdef-secret".as_slice();
+        let new = b"Bearer fedcba9876543210-lease1".as_slice();
+        assert!(tcp.check(m, Some(old)).is_ok());
+        assert!(tcp.check(m, Some(new)).is_err());
+        shared.set(Token::new("fedcba9876543210-lease1", "test").expect("valid token"));
+        for p in [&tcp, &local] {
+            let refused = p.check(m, Some(old)).unwrap_err();
+            assert_eq!(refused.code(), tonic::Code::Unauthenticated);
+            assert_eq!(refused.message(), "wrong bearer token");
+            assert!(p.check(m, Some(new)).is_ok());
+            assert!(p.check("/grpc.health.v1.Health/Check", None).is_ok());
+        }
+        // A local listener still admits no token at all; TCP never does.
+        assert!(local.check(m, None).is_ok());
+        assert!(tcp.check(m, None).is_err());
     }
 }

@@ -1,4 +1,5 @@
-//! `sandbox.agent.v1.Agent`: GetInfo and the lease lifecycle.
+//! `sandbox.agent.v1.Agent`: GetInfo, the lease lifecycle and the agent's
+//! token (BindToken).
 
 use std::sync::Arc;
 
@@ -6,7 +7,8 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
 use super::convert::{self, benchmark_from_proto, lease, sandbox_status, server_status, ttl};
-use super::status::lc_status;
+use super::status::{bind_status, lc_status};
+use crate::agent_token::AgentToken;
 use crate::info;
 use crate::lifecycle::{self, AcquireParams, Lifecycle, NarrowParams};
 use sandbox_client::proto;
@@ -14,6 +16,8 @@ use sandbox_client::proto;
 pub struct AgentService {
     info: Arc<info::Collector>,
     lc: Arc<Lifecycle>,
+    /// What every token-checked listener admits (BindToken replaces it).
+    token: AgentToken,
     /// The agent's stop signal (the one SIGTERM cancels).
     shutdown: CancellationToken,
 }
@@ -22,9 +26,15 @@ impl AgentService {
     pub fn new(
         info: Arc<info::Collector>,
         lc: Arc<Lifecycle>,
+        token: AgentToken,
         shutdown: CancellationToken,
     ) -> AgentService {
-        AgentService { info, lc, shutdown }
+        AgentService {
+            info,
+            lc,
+            token,
+            shutdown,
+        }
     }
 
     fn servers(&self, names: &[String]) -> Vec<proto::ServerStatus> {
@@ -143,6 +153,16 @@ impl proto::agent_server::Agent for AgentService {
             servers: self.servers(&l.servers),
             lease: Some(lease(&l)),
         }))
+    }
+
+    async fn bind_token(
+        &self,
+        req: Request<proto::BindTokenRequest>,
+    ) -> Result<Response<proto::BindTokenResponse>, Status> {
+        self.token
+            .bind(&req.into_inner().token)
+            .map_err(bind_status)?;
+        Ok(Response::new(proto::BindTokenResponse {}))
     }
 
     async fn shutdown(

@@ -3,6 +3,7 @@
 
 use tonic::Status;
 
+use crate::agent_token::BindError;
 use crate::exec::ExecError;
 use crate::exec::log::ReadError;
 use crate::lifecycle::LcError;
@@ -122,5 +123,14 @@ pub(super) fn lc_status(e: LcError) -> Status {
         | LcError::Cleanup { .. }
         | LcError::NoRandomness(_)
         | LcError::Task { .. } => Status::internal(message),
+    }
+}
+
+/// The gRPC status for a refused BindToken (nothing changed).
+pub(super) fn bind_status(e: BindError) -> Status {
+    let message = e.to_string();
+    match e {
+        BindError::Invalid(_) | BindError::Unchanged => Status::invalid_argument(message),
+        BindError::NoToken => Status::failed_precondition(message),
     }
 }
