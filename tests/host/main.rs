@@ -13,6 +13,8 @@ mod google_cloud;
 mod hardening;
 mod host;
 mod isolation;
+mod kube_api;
+mod kubernetes;
 mod lease_bound;
 mod mail;
 mod openapi;

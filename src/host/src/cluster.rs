@@ -190,12 +190,18 @@ impl Cluster {
         Ok(l.filter(|l| matches!(l.phase, Phase::Occupied | Phase::Error)))
     }
 
-    pub async fn get_live(&self, id: &str) -> Result<Option<SandboxRow>, StoreError> {
+    /// [`Cluster::get_live`], reusing a lookup younger than the cache's
+    /// lifetime (the MCP path's admissions).
+    pub async fn admit_live(&self, id: &str) -> Result<Option<SandboxRow>, StoreError> {
         if let Some((at, row)) = self.cache().get(id)
             && at.elapsed() < self.cfg.admit_cache
         {
             return Ok(row.clone());
         }
+        self.get_live(id).await
+    }
+
+    pub async fn get_live(&self, id: &str) -> Result<Option<SandboxRow>, StoreError> {
         let row = match self.lease(id).await? {
             Some(l) => Some(row_of(l)?),
             None => None,

@@ -72,7 +72,7 @@ async fn admit(
             if !h.signer.check_token(crate::api::MCP_TOKEN_ACTION, &id, &t) {
                 return Err(HostError::BadMcpToken);
             }
-            h.store.get_live(&id).await?.ok_or_else(|| {
+            h.store.admit_live(&id).await?.ok_or_else(|| {
                 HostError::NotFound(format!("Local sandbox {id} not found (released?)"))
             })
         }

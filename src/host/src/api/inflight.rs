@@ -48,7 +48,7 @@ impl Inflight {
 /// are ended).
 pub async fn admit(h: &Host, s: &SandboxRow) -> HostResult<CancellationToken> {
     let token = h.inflight.lock().entry(s.id.clone()).or_default().clone();
-    if matches!(h.store.get_live(&s.id).await, Ok(Some(_))) {
+    if matches!(h.store.admit_live(&s.id).await, Ok(Some(_))) {
         return Ok(token);
     }
     h.inflight.end(&s.id);

@@ -118,6 +118,16 @@ impl Store {
         }
     }
 
+    /// [`Store::get_live`] for the MCP path's admissions: on the
+    /// kubernetes backend a lookup is reused for `--kube-admit-cache-ms`
+    /// (a release by this replica ends it at once).
+    pub async fn admit_live(&self, id: &str) -> Result<Option<SandboxRow>, StoreError> {
+        match self {
+            Store::Db(d) => d.get_live(id),
+            Store::Cluster(c) => c.admit_live(id).await,
+        }
+    }
+
     /// Whether `id` is live as far as this replica can tell without
     /// waiting (the upload store asks under its lock).
     pub fn live_now(&self, id: &str) -> bool {

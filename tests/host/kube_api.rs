@@ -1,0 +1,346 @@
+//! A stand-in for a Kubernetes API server with agent-sandbox installed, at
+//! the HTTP level, for the kubernetes backend's tests: the claims and
+//! sandboxes the real host binaries create, read, patch, list and delete,
+//! answered in the shapes the API server and agent-sandbox's controller
+//! give (objects, lists, `Status` errors, finalizers, deletion
+//! timestamps). Its "pods" are real agents the test started, each on its
+//! own loopback address: a claim takes a free one, as a claim adopts a
+//! warm pool's sandbox; a deleted claim's pod is never handed out again.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{Path as UrlPath, Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use serde_json::{Value, json};
+
+pub const NAMESPACE: &str = "fleet";
+const EXT: &str = "/apis/extensions.agents.x-k8s.io/v1beta1/namespaces/{ns}/sandboxclaims";
+const CORE: &str = "/apis/agents.x-k8s.io/v1beta1/namespaces/{ns}/sandboxes/{name}";
+
+/// What the stand-in holds and how it misbehaves.
+#[derive(Default)]
+pub struct Cluster {
+    pub claims: BTreeMap<String, Value>,
+    pub sandboxes: BTreeMap<String, Value>,
+    /// Pod IPs not yet claimed (real agents listen there).
+    pub free_pods: Vec<String>,
+    /// Every request, as `METHOD path`.
+    pub requests: Vec<String>,
+    /// Answer creates of claims with 403.
+    pub forbid_create: bool,
+    /// A new claim fails at once with this Ready=False reason.
+    pub fail_claims: Option<String>,
+    serial: u64,
+}
+
+pub struct KubeApi {
+    pub state: Arc<Mutex<Cluster>>,
+    pub addr: SocketAddr,
+    pub kubeconfig: PathBuf,
+}
+
+impl KubeApi {
+    /// Serves on a loopback port (its own thread and runtime) with these
+    /// free pods; writes a kubeconfig for it in `dir`.
+    pub fn start(dir: &Path, pods: &[String]) -> KubeApi {
+        let state = Arc::new(Mutex::new(Cluster {
+            free_pods: pods.to_vec(),
+            ..Default::default()
+        }));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let s = state.clone();
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Runtime::new().expect("runtime");
+            rt.block_on(async move {
+                let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+                    .await
+                    .expect("bind");
+                tx.send(l.local_addr().expect("addr")).expect("send");
+                let app = Router::new()
+                    .route(EXT, get(list_claims).post(create_claim))
+                    .route(
+                        &format!("{EXT}/{{name}}"),
+                        get(get_claim).patch(patch_claim).delete(delete_claim),
+                    )
+                    .route(CORE, get(get_sandbox))
+                    .with_state(s);
+                axum::serve(l, app).await.expect("serve");
+            });
+        });
+        let addr = rx.recv().expect("the stand-in's address");
+        let kubeconfig = dir.join("kubeconfig");
+        write_kubeconfig(&kubeconfig, &format!("http://{addr}"));
+        KubeApi {
+            state,
+            addr,
+            kubeconfig,
+        }
+    }
+
+    pub fn lock(&self) -> std::sync::MutexGuard<'_, Cluster> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn claim_names(&self) -> Vec<String> {
+        self.lock().claims.keys().cloned().collect()
+    }
+
+    /// `kubectl delete sandboxclaim NAME`: with a finalizer it stays,
+    /// terminating, until whoever owns the finalizer takes it off.
+    pub fn delete_claim(&self, name: &str) {
+        delete(&mut self.lock(), name);
+    }
+}
+
+/// A kubeconfig naming the stand-in, its namespace the default.
+pub fn write_kubeconfig(path: &Path, server: &str) {
+    let text = format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: mock\n  cluster:\n    server: {server}\n\
+         users:\n- name: mock\n  user: {{}}\ncontexts:\n- name: mock\n  context:\n    cluster: mock\n    user: mock\n    namespace: {NAMESPACE}\n\
+         current-context: mock\n"
+    );
+    std::fs::write(path, text).expect("kubeconfig");
+}
+
+type Shared = State<Arc<Mutex<Cluster>>>;
+
+fn lock(s: &Arc<Mutex<Cluster>>) -> std::sync::MutexGuard<'_, Cluster> {
+    s.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The API server's `Status` failure.
+fn status(code: u16, reason: &str, message: &str) -> Response {
+    let body = json!({
+        "kind": "Status", "apiVersion": "v1", "metadata": {},
+        "status": "Failure", "message": message, "reason": reason, "code": code
+    });
+    (
+        StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+        axum::Json(body),
+    )
+        .into_response()
+}
+
+fn not_found(kind: &str, name: &str) -> Response {
+    status(404, "NotFound", &format!("{kind} \"{name}\" not found"))
+}
+
+/// RFC 3339 UTC of now, to the second (what the API server writes).
+fn now() -> String {
+    chrono::Utc::now().format("%Y-%m-%dT%H:%M:%SZ").to_string()
+}
+
+fn ready(status: &str, reason: &str, message: &str) -> Value {
+    json!([{
+        "type": "Ready", "status": status, "reason": reason, "message": message,
+        "lastTransitionTime": now(), "observedGeneration": 1
+    }])
+}
+
+async fn create_claim(State(s): Shared, UrlPath(ns): UrlPath<String>, body: Bytes) -> Response {
+    let mut c = lock(&s);
+    c.requests.push(format!("POST sandboxclaims"));
+    if c.forbid_create {
+        return status(
+            403,
+            "Forbidden",
+            &format!(
+                "sandboxclaims.extensions.agents.x-k8s.io is forbidden: User \"system:serviceaccount:{ns}:sandbox-host\" cannot create resource \"sandboxclaims\" in API group \"extensions.agents.x-k8s.io\" in the namespace \"{ns}\""
+            ),
+        );
+    }
+    let Ok(mut claim) = serde_json::from_slice::<Value>(&body) else {
+        return status(400, "BadRequest", "the body is not JSON");
+    };
+    let name = claim["metadata"]["name"].as_str().unwrap_or("").to_owned();
+    if name.is_empty() {
+        return status(422, "Invalid", "metadata.name: Required value");
+    }
+    if c.claims.contains_key(&name) {
+        return status(
+            409,
+            "AlreadyExists",
+            &format!("sandboxclaims \"{name}\" already exists"),
+        );
+    }
+    c.serial += 1;
+    let meta = &mut claim["metadata"];
+    meta["uid"] = json!(format!("00000000-0000-0000-0000-{:012}", c.serial));
+    meta["resourceVersion"] = json!(c.serial.to_string());
+    meta["creationTimestamp"] = json!(now());
+    meta["generation"] = json!(1);
+    claim["apiVersion"] = json!("extensions.agents.x-k8s.io/v1beta1");
+    claim["kind"] = json!("SandboxClaim");
+    if let Some(reason) = c.fail_claims.clone() {
+        let pool = claim["spec"]["warmPoolRef"]["name"]
+            .as_str()
+            .unwrap_or("")
+            .to_owned();
+        claim["status"] = json!({
+            "conditions": ready("False", &reason, &format!("SandboxWarmPool \"{pool}\" not found"))
+        });
+    } else if c.free_pods.is_empty() {
+        claim["status"] =
+            json!({ "conditions": ready("False", "SandboxNotReady", "Sandbox is not ready") });
+    } else {
+        let ip = c.free_pods.remove(0);
+        let sandbox = json!({
+            "apiVersion": "agents.x-k8s.io/v1beta1", "kind": "Sandbox",
+            "metadata": {
+                "name": name, "namespace": ns, "uid": format!("sandbox-{}", c.serial),
+                "labels": {"agents.x-k8s.io/launch-type": "warm"},
+                "ownerReferences": [{"apiVersion": "extensions.agents.x-k8s.io/v1beta1",
+                    "kind": "SandboxClaim", "name": name, "uid": meta_uid(&claim), "controller": true}]
+            },
+            "spec": {"podTemplate": {"metadata": {}, "spec": {"containers": [{"name": "agent", "image": "sandbox-agent:dev"}]}}},
+            "status": {
+                "conditions": ready("True", "DependenciesReady", "Pod is Ready; Service Exists"),
+                "podIPs": [ip], "nodeName": "kind-worker",
+                "selector": "agents.x-k8s.io/sandbox-name-hash=0123abcd"
+            }
+        });
+        c.sandboxes.insert(name.clone(), sandbox);
+        claim["status"] = json!({
+            "conditions": ready("True", "SandboxReady", "Sandbox is ready"),
+            "sandbox": {"name": name, "podIPs": [ip]}
+        });
+    }
+    c.claims.insert(name, claim.clone());
+    (StatusCode::CREATED, axum::Json(claim)).into_response()
+}
+
+fn meta_uid(v: &Value) -> Value {
+    v["metadata"]["uid"].clone()
+}
+
+async fn get_claim(State(s): Shared, UrlPath((_ns, name)): UrlPath<(String, String)>) -> Response {
+    let mut c = lock(&s);
+    c.requests.push(format!("GET sandboxclaims/{name}"));
+    match c.claims.get(&name) {
+        Some(v) => axum::Json(v.clone()).into_response(),
+        None => not_found("sandboxclaims.extensions.agents.x-k8s.io", &name),
+    }
+}
+
+async fn list_claims(
+    State(s): Shared,
+    UrlPath(_ns): UrlPath<String>,
+    Query(q): Query<BTreeMap<String, String>>,
+) -> Response {
+    let mut c = lock(&s);
+    c.requests.push("LIST sandboxclaims".to_owned());
+    let wanted: Vec<(String, String)> = q
+        .get("labelSelector")
+        .map(|sel| {
+            sel.split(',')
+                .filter_map(|kv| kv.split_once('='))
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .collect()
+        })
+        .unwrap_or_default();
+    let items: Vec<Value> = c
+        .claims
+        .values()
+        .filter(|claim| {
+            wanted
+                .iter()
+                .all(|(k, v)| claim["metadata"]["labels"][k].as_str() == Some(v.as_str()))
+        })
+        .cloned()
+        .collect();
+    axum::Json(json!({
+        "apiVersion": "extensions.agents.x-k8s.io/v1beta1", "kind": "SandboxClaimList",
+        "metadata": {"resourceVersion": c.serial.to_string()}, "items": items
+    }))
+    .into_response()
+}
+
+async fn patch_claim(
+    State(s): Shared,
+    UrlPath((_ns, name)): UrlPath<(String, String)>,
+    headers: axum::http::HeaderMap,
+    body: Bytes,
+) -> Response {
+    let mut c = lock(&s);
+    c.requests.push(format!("PATCH sandboxclaims/{name}"));
+    let merge = headers
+        .get("content-type")
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/merge-patch+json"));
+    if !merge {
+        return status(415, "UnsupportedMediaType", "only merge patches here");
+    }
+    let Ok(patch) = serde_json::from_slice::<Value>(&body) else {
+        return status(400, "BadRequest", "the patch is not JSON");
+    };
+    c.serial += 1;
+    let serial = c.serial;
+    let Some(claim) = c.claims.get_mut(&name) else {
+        return not_found("sandboxclaims.extensions.agents.x-k8s.io", &name);
+    };
+    json_patch::merge(claim, &patch);
+    claim["metadata"]["resourceVersion"] = json!(serial.to_string());
+    let out = claim.clone();
+    finish_deletion(&mut c, &name);
+    axum::Json(out).into_response()
+}
+
+async fn delete_claim(
+    State(s): Shared,
+    UrlPath((_ns, name)): UrlPath<(String, String)>,
+) -> Response {
+    let mut c = lock(&s);
+    c.requests.push(format!("DELETE sandboxclaims/{name}"));
+    if !c.claims.contains_key(&name) {
+        return not_found("sandboxclaims.extensions.agents.x-k8s.io", &name);
+    }
+    let out = delete(&mut c, &name);
+    axum::Json(out).into_response()
+}
+
+/// A delete: terminating while finalizers remain, else gone (with its
+/// sandbox, whose pod is never handed out again).
+fn delete(c: &mut Cluster, name: &str) -> Value {
+    let Some(claim) = c.claims.get_mut(name) else {
+        return Value::Null;
+    };
+    if claim["metadata"]["deletionTimestamp"].is_null() {
+        claim["metadata"]["deletionTimestamp"] = json!(now());
+        claim["metadata"]["deletionGracePeriodSeconds"] = json!(0);
+    }
+    let out = claim.clone();
+    finish_deletion(c, name);
+    out
+}
+
+fn finish_deletion(c: &mut Cluster, name: &str) {
+    let Some(claim) = c.claims.get(name) else {
+        return;
+    };
+    let terminating = !claim["metadata"]["deletionTimestamp"].is_null();
+    let finalized = claim["metadata"]["finalizers"]
+        .as_array()
+        .is_none_or(|f| f.is_empty());
+    if terminating && finalized {
+        c.claims.remove(name);
+        c.sandboxes.remove(name);
+    }
+}
+
+async fn get_sandbox(
+    State(s): Shared,
+    UrlPath((_ns, name)): UrlPath<(String, String)>,
+) -> Response {
+    let mut c = lock(&s);
+    c.requests.push(format!("GET sandboxes/{name}"));
+    match c.sandboxes.get(&name) {
+        Some(v) => axum::Json(v.clone()).into_response(),
+        None => not_found("sandboxes.agents.x-k8s.io", &name),
+    }
+}

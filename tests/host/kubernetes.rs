@@ -1,0 +1,413 @@
+//! `sandbox-host --backend kubernetes`: the real host binaries (two
+//! replicas) against a stand-in API server at the HTTP level
+//! (`kube_api`), whose claimed "pods" are real agents on their own
+//! loopback addresses, reached over TCP with the late-bound lease token.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde_json::Value;
+
+use super::common::host::{
+    Host, KEY_A, KEY_B, acquire, assert_mcp_initializes, http, put, release, script_archive,
+};
+use super::common::mcp::shipped_manifest;
+use super::common::{Agent, eventually};
+use super::kube_api::KubeApi;
+
+const AGENT_PORT: u16 = 47070;
+const MCP_PORT: u16 = 47071;
+const BOOTSTRAP: &str = "bootstrap-secret-of-the-warm-pool-0123";
+
+/// A warm pool's pod: an agent on `ip` with the pool's bootstrap secret.
+fn pod(ip: &str, bootstrap: &Path) -> Agent {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let state = dir.path().join("state");
+    std::fs::create_dir_all(&state).expect("state");
+    let manifest = dir.path().join("servers.toml");
+    std::fs::write(&manifest, shipped_manifest(&state)).expect("manifest");
+    let (m, t) = (
+        manifest.display().to_string(),
+        bootstrap.display().to_string(),
+    );
+    let (grpc, mcp) = (
+        format!("tcp://{ip}:{AGENT_PORT}"),
+        format!("tcp://{ip}:{MCP_PORT}"),
+    );
+    Agent::start_in(
+        dir,
+        &[
+            "--manifest",
+            &m,
+            "--listen",
+            &grpc,
+            "--mcp-listen",
+            &mcp,
+            "--token-file",
+            &t,
+        ],
+        &[],
+    )
+}
+
+/// The shared files of one fleet: the bootstrap secret and the signing key.
+struct Fleet {
+    bootstrap: PathBuf,
+    signing: PathBuf,
+}
+
+fn fleet(dir: &Path) -> Fleet {
+    let bootstrap = dir.join("bootstrap-token");
+    std::fs::write(&bootstrap, BOOTSTRAP).expect("bootstrap");
+    let signing = dir.join("signing-key");
+    std::fs::write(&signing, "0123456789abcdef0123456789abcdef-shared").expect("key");
+    Fleet { bootstrap, signing }
+}
+
+/// A replica of the host on the stand-in, its claims timing out after
+/// `timeout` seconds.
+fn replica(dir: &Path, f: &Fleet, api: &KubeApi, timeout: u32) -> Host {
+    let args: Vec<String> = [
+        "--backend",
+        "kubernetes",
+        "--kube-pool",
+        "sandbox-default",
+        "--kube-pool",
+        "MCP_Atlas=sandbox-mcp-atlas",
+        "--kube-agent-port",
+        &AGENT_PORT.to_string(),
+        "--kube-mcp-port",
+        &MCP_PORT.to_string(),
+        "--kube-claim-timeout",
+        &timeout.to_string(),
+        "--kube-poll-ms",
+        "100",
+        "--kube-bootstrap-token-file",
+        &f.bootstrap.display().to_string(),
+        "--signing-key-file",
+        &f.signing.display().to_string(),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let kubeconfig = api.kubeconfig.display().to_string();
+    Host::start_with_env(dir, &args, &[("KUBECONFIG", &kubeconfig)])
+}
+
+fn claim_of(api: &KubeApi, id: &str) -> Value {
+    api.lock().claims[&format!("sbx-{id}")].clone()
+}
+
+fn ids(list: &Value) -> Vec<String> {
+    list["local_sandboxes"]
+        .as_array()
+        .map(|v| {
+            v.iter()
+                .filter_map(|s| s["local_sandbox_id"].as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Whether the agent on `ip` admits `token` (GetInfo over TCP).
+fn admits(ip: &str, token: &str) -> bool {
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(async {
+        let options = sandbox_client::ConnectOptions {
+            token: Some(sandbox_client::auth::Token::new(token, "test").expect("token")),
+            ..Default::default()
+        };
+        let Ok(c) = options.connect(&format!("tcp://{ip}:{AGENT_PORT}")).await else {
+            return false;
+        };
+        c.agent()
+            .get_info(sandbox_client::proto::GetInfoRequest {})
+            .await
+            .is_ok()
+    })
+}
+
+#[test]
+fn two_replicas_serve_one_fleet_of_claimed_pods() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let f = fleet(dir.path());
+    let ips = ["127.0.71.1".to_owned(), "127.0.71.2".to_owned()];
+    let _pods: Vec<Agent> = ips.iter().map(|ip| pod(ip, &f.bootstrap)).collect();
+    let api = KubeApi::start(dir.path(), &ips);
+    let mut a = replica(dir.path(), &f, &api, 30);
+    let b = replica(dir.path(), &f, &api, 30);
+
+    // Replica A claims a pod and binds its agent to the lease.
+    let acq = acquire(
+        &a,
+        KEY_A,
+        r#"{"server_names": ["filesystem"], "ttl_seconds": 3600}"#,
+    );
+    let id = acq["local_sandbox_id"].as_str().expect("id").to_owned();
+    let claim = claim_of(&api, &id);
+    let labels = &claim["metadata"]["labels"];
+    assert_eq!(
+        labels["sandbox-agent.dev/managed-by"], "sandbox-host",
+        "{claim}"
+    );
+    assert_eq!(
+        labels["sandbox-agent.dev/sandbox-id"],
+        id.as_str(),
+        "{claim}"
+    );
+    assert_eq!(
+        claim["metadata"]["finalizers"][0], "sandbox-agent.dev/lease",
+        "{claim}"
+    );
+    assert_eq!(
+        claim["spec"]["warmPoolRef"]["name"], "sandbox-default",
+        "{claim}"
+    );
+    assert!(
+        claim["spec"]["lifecycle"]["shutdownTime"].is_string(),
+        "{claim}"
+    );
+    let record: Value = serde_json::from_str(
+        claim["metadata"]["annotations"]["sandbox-agent.dev/lease"]
+            .as_str()
+            .expect("lease annotation"),
+    )
+    .expect("lease JSON");
+    assert_eq!(record["phase"], "occupied", "{record}");
+    assert_eq!(record["owner"], "alice", "{record}");
+    assert_eq!(record["pod_ip"], ips[0].as_str(), "{record}");
+    // The pool's bootstrap secret admits nothing on the claimed pod now;
+    // the unclaimed pod still takes it.
+    assert!(
+        !admits(&ips[0], BOOTSTRAP),
+        "the bootstrap secret still opens a bound pod"
+    );
+    assert!(admits(&ips[1], BOOTSTRAP));
+
+    // Replica B lists it, shows it, and serves its MCP URL.
+    let (code, list) = http(
+        "GET",
+        &format!("{}/local-sandbox", b.base),
+        Some(KEY_A),
+        None,
+    );
+    assert_eq!(code, 200, "{list}");
+    assert_eq!(ids(&list), vec![id.clone()], "{list}");
+    let (code, list) = http(
+        "GET",
+        &format!("{}/local-sandbox", b.base),
+        Some(KEY_B),
+        None,
+    );
+    assert_eq!((code, ids(&list)), (200, vec![]), "another owner's: {list}");
+    let (code, v) = http(
+        "GET",
+        &format!("{}/local-sandbox/{id}", b.base),
+        Some(KEY_B),
+        None,
+    );
+    assert_eq!(code, 404, "{v}");
+    assert_mcp_initializes(&b.base, "filesystem", &id);
+    // The acquire answer's URL (its token signed by the shared key),
+    // through the other replica.
+    let url = acq["servers"][0]["mcp_server_url"].as_str().expect("url");
+    let through_b = url.replace(&a.base, &b.base);
+    let init = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"curl","version":"1"}}}"#;
+    let (code, v) = http("POST", &through_b, None, Some(init));
+    assert_eq!(code, 200, "{through_b}: {v}");
+
+    // A transfer across replicas: uploaded through A, initialized and
+    // dumped through B.
+    let (_, u) = http(
+        "POST",
+        &format!("{}/local-sandbox/{id}/upload-url", a.base),
+        Some(KEY_A),
+        None,
+    );
+    let (code, v) = put(
+        u["upload_url"].as_str().expect("upload_url"),
+        &script_archive("print('k8s')\n"),
+    );
+    assert_eq!(code, 200, "{v}");
+    let (code, v) = http(
+        "POST",
+        &format!("{}/local-sandbox/{id}/initialize", b.base),
+        Some(KEY_A),
+        None,
+    );
+    assert_eq!(code, 200, "{v}");
+    let (_, d) = http(
+        "GET",
+        &format!("{}/local-sandbox/{id}/dump", b.base),
+        Some(KEY_A),
+        None,
+    );
+    let dump = dir.path().join("dump.tar.gz");
+    let got = std::process::Command::new("curl")
+        .args(["-sf", "-o"])
+        .arg(&dump)
+        .arg(d["download_url"].as_str().expect("download_url"))
+        .status()
+        .expect("curl");
+    assert!(got.success());
+    let listing = std::process::Command::new("tar")
+        .arg("tzf")
+        .arg(&dump)
+        .output()
+        .expect("tar");
+    assert!(
+        String::from_utf8_lossy(&listing.stdout).contains("main.py"),
+        "{listing:?}"
+    );
+
+    // A restarted replica loses nothing: the claims are the state.
+    a.stop();
+    let a = replica(dir.path(), &f, &api, 30);
+    let (code, v) = http(
+        "GET",
+        &format!("{}/local-sandbox/{id}", a.base),
+        Some(KEY_A),
+        None,
+    );
+    assert_eq!((code, v["status"].as_str()), (200, Some("occupied")), "{v}");
+    let (code, v) = http(
+        "POST",
+        &format!("{}/local-sandbox/{id}/reset", a.base),
+        Some(KEY_A),
+        None,
+    );
+    assert_eq!(code, 200, "reset through the restarted replica: {v}");
+
+    // Released through B: the claim goes (finalizer off, deleted), and
+    // neither replica knows the sandbox any more.
+    release(&b, KEY_A, &id);
+    eventually(Duration::from_secs(30), "the claim deleted", || {
+        let left = api.claim_names();
+        if left.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("{left:?}"))
+        }
+    });
+    let (code, v) = http(
+        "GET",
+        &format!("{}/local-sandbox/{id}", a.base),
+        Some(KEY_A),
+        None,
+    );
+    assert_eq!(code, 404, "{v}");
+}
+
+#[test]
+fn the_fleet_s_bad_cases_answer_clearly_and_leak_no_claim() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let f = fleet(dir.path());
+    let ip = "127.0.72.1".to_owned();
+    let _pod = pod(&ip, &f.bootstrap);
+    // No pod free at first: the pool is empty past the wait.
+    let api = KubeApi::start(dir.path(), &[]);
+    let host = replica(dir.path(), &f, &api, 2);
+    let acquire_body = r#"{"server_names": ["filesystem"]}"#;
+    let url = format!("{}/local-sandbox", host.base);
+    let (code, v) = http("POST", &url, Some(KEY_A), Some(acquire_body));
+    assert_eq!(code, 503, "{v}");
+    let detail = v["detail"].as_str().unwrap_or_default();
+    assert!(
+        detail.contains("\"sandbox-default\"") && detail.contains("within 2 s"),
+        "the answer names the pool and the wait: {v}"
+    );
+    assert!(
+        api.claim_names().is_empty(),
+        "a claim leaked: {:?}",
+        api.claim_names()
+    );
+
+    // A benchmark's own pool is claimed from.
+    api.lock().free_pods.push(ip.clone());
+    let acq = acquire(
+        &host,
+        KEY_A,
+        r#"{"server_names": ["filesystem"], "benchmark": "MCP_Atlas"}"#,
+    );
+    let id = acq["local_sandbox_id"].as_str().expect("id").to_owned();
+    assert_eq!(
+        claim_of(&api, &id)["spec"]["warmPoolRef"]["name"],
+        "sandbox-mcp-atlas"
+    );
+
+    // A claim deleted under the live lease (kubectl delete): the sandbox
+    // shows error until released; the release then ends the claim.
+    api.delete_claim(&format!("sbx-{id}"));
+    let (code, v) = eventually(Duration::from_secs(10), "the sandbox shows error", || {
+        let (code, v) = http("GET", &format!("{url}/{id}"), Some(KEY_A), None);
+        if v["status"] == "error" {
+            Ok((code, v))
+        } else {
+            Err(v.to_string())
+        }
+    });
+    assert_eq!(code, 200, "{v}");
+    release(&host, KEY_A, &id);
+    eventually(Duration::from_secs(30), "the claim deleted", || {
+        let left = api.claim_names();
+        if left.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("{left:?}"))
+        }
+    });
+
+    // A claim the controller fails: its reason answered, the claim deleted.
+    api.lock().fail_claims = Some("WarmPoolNotFound".to_owned());
+    let (code, v) = http("POST", &url, Some(KEY_A), Some(acquire_body));
+    assert_eq!(code, 503, "{v}");
+    assert!(
+        v["detail"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("WarmPoolNotFound"),
+        "{v}"
+    );
+    assert!(
+        api.claim_names().is_empty(),
+        "a claim leaked: {:?}",
+        api.claim_names()
+    );
+    api.lock().fail_claims = None;
+
+    // Forbidden: a 503, and the log names the permission the Role lacks.
+    api.lock().forbid_create = true;
+    let (code, v) = http("POST", &url, Some(KEY_A), Some(acquire_body));
+    assert_eq!(code, 503, "{v}");
+    let log = std::fs::read_to_string(dir.path().join("host.log")).unwrap_or_default();
+    assert!(
+        log.contains("permission=create sandboxclaims")
+            || log.contains("permission=\"create sandboxclaims\""),
+        "the log names the permission:\n{log}"
+    );
+
+    // The API server unreachable: a 503 (nothing listens at its address).
+    let gone = dir.path().join("gone");
+    std::fs::create_dir_all(&gone).expect("dir");
+    let dead = KubeApi {
+        state: api.state.clone(),
+        addr: api.addr,
+        kubeconfig: gone.join("kubeconfig"),
+    };
+    super::kube_api::write_kubeconfig(&dead.kubeconfig, "http://127.0.0.1:9");
+    let lost = replica(&gone, &f, &dead, 2);
+    let (code, v) = http(
+        "POST",
+        &format!("{}/local-sandbox", lost.base),
+        Some(KEY_A),
+        Some(acquire_body),
+    );
+    assert_eq!(code, 503, "{v}");
+    let (code, v) = http(
+        "GET",
+        &format!("{}/local-sandbox", lost.base),
+        Some(KEY_A),
+        None,
+    );
+    assert_eq!(code, 503, "listing without the API server: {v}");
+}
