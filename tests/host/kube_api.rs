@@ -146,7 +146,7 @@ fn ready(status: &str, reason: &str, message: &str) -> Value {
 
 async fn create_claim(State(s): Shared, UrlPath(ns): UrlPath<String>, body: Bytes) -> Response {
     let mut c = lock(&s);
-    c.requests.push(format!("POST sandboxclaims"));
+    c.requests.push("POST sandboxclaims".to_owned());
     if c.forbid_create {
         return status(
             403,
