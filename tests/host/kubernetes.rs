@@ -131,7 +131,11 @@ fn admits(ip: &str, token: &str) -> bool {
 fn two_replicas_serve_one_fleet_of_claimed_pods() {
     let dir = tempfile::tempdir().expect("tempdir");
     let f = fleet(dir.path());
-    let ips = ["127.0.71.1".to_owned(), "127.0.71.2".to_owned()];
+    let ips = [
+        "127.0.71.1".to_owned(),
+        "127.0.71.2".to_owned(),
+        "127.0.71.3".to_owned(),
+    ];
     let _pods: Vec<Agent> = ips.iter().map(|ip| pod(ip, &f.bootstrap)).collect();
     let api = KubeApi::start(dir.path(), &ips);
     let mut a = replica(dir.path(), &f, &api, 30);
@@ -260,6 +264,40 @@ fn two_replicas_serve_one_fleet_of_claimed_pods() {
         "{listing:?}"
     );
 
+    // Klavis's /sandbox API claims a pod too, and another replica
+    // releases it.
+    let (code, v) = http(
+        "POST",
+        &format!("{}/sandbox/filesystem", b.base),
+        Some(KEY_A),
+        Some("{}"),
+    );
+    assert_eq!(code, 201, "{v}");
+    let other = v["sandbox_id"].as_str().expect("sandbox_id").to_owned();
+    assert_eq!(
+        claim_of(&api, &other)["spec"]["warmPoolRef"]["name"],
+        "sandbox-default"
+    );
+    let (code, v) = http(
+        "DELETE",
+        &format!("{}/sandbox/filesystem/{other}", a.base),
+        Some(KEY_A),
+        None,
+    );
+    assert_eq!(code, 200, "{v}");
+    eventually(
+        Duration::from_secs(30),
+        "the /sandbox claim deleted",
+        || {
+            let left = api.claim_names();
+            if left.len() == 1 {
+                Ok(())
+            } else {
+                Err(format!("{left:?}"))
+            }
+        },
+    );
+
     // A restarted replica loses nothing: the claims are the state.
     a.stop();
     let a = replica(dir.path(), &f, &api, 30);
@@ -320,6 +358,34 @@ fn the_fleet_s_bad_cases_answer_clearly_and_leak_no_claim() {
         api.claim_names().is_empty(),
         "a claim leaked: {:?}",
         api.claim_names()
+    );
+
+    // An id that is not one this host makes never reaches the API
+    // server's paths.
+    let before = api.lock().requests.len();
+    for bad in [
+        "..%2F..%2F..%2Fapi%2Fv1%2Fsecrets",
+        "sbx-x",
+        "A0000000-0000-0000-0000-000000000000",
+    ] {
+        let (code, v) = http("GET", &format!("{url}/{bad}"), Some(KEY_A), None);
+        assert_eq!(code, 404, "{bad}: {v}");
+        let (code, v) = http(
+            "POST",
+            &format!(
+                "{}/filesystem/mcp/?local_sandbox_id={bad}&mcp_token=00",
+                host.base
+            ),
+            None,
+            Some("{}"),
+        );
+        assert!(code == 404 || code == 401, "{bad}: {code} {v}");
+    }
+    assert_eq!(
+        api.lock().requests.len(),
+        before,
+        "{:?}",
+        api.lock().requests
     );
 
     // A benchmark's own pool is claimed from.

@@ -47,6 +47,9 @@ pub enum KubeError {
         #[source]
         source: Box<kube::Error>,
     },
+    /// A sandbox id that is not a UUID (hosts make only those).
+    #[error("sandbox id {0:?} is not a UUID")]
+    BadId(String),
     /// A claim's lease annotation that is not a lease.
     #[error("claim {claim} carries a lease annotation that cannot be read: {source}")]
     BadRecord {

@@ -51,6 +51,16 @@ pub struct Fleet {
     cfg: FleetConfig,
 }
 
+/// Whether `id` has the shape of the sandbox ids hosts make (a UUID in
+/// its hyphenated lower-case form): only those name claims.
+pub fn is_sandbox_id(id: &str) -> bool {
+    id.len() == 36
+        && id.bytes().enumerate().all(|(i, b)| match i {
+            8 | 13 | 18 | 23 => b == b'-',
+            _ => b.is_ascii_digit() || (b'a'..=b'f').contains(&b),
+        })
+}
+
 /// The claim of sandbox `id`: one name per lease, so a retried call finds
 /// it and every replica derives it.
 pub fn claim_name(sandbox_id: &str) -> String {
@@ -93,6 +103,9 @@ impl Fleet {
     /// within the claim timeout. On any failure, and when this future is
     /// dropped before it ends, the claim is deleted: nothing is leaked.
     pub async fn claim(&self, lease: &Lease) -> Result<Claimed, KubeError> {
+        if !is_sandbox_id(&lease.sandbox_id) {
+            return Err(KubeError::BadId(lease.sandbox_id.clone()));
+        }
         let name = claim_name(&lease.sandbox_id);
         let claim = self.claim_object(&name, lease);
         self.claims
@@ -249,8 +262,13 @@ impl Fleet {
         Ok(out)
     }
 
-    /// The lease of sandbox `id`, if its claim exists.
+    /// The lease of sandbox `id`, if its claim exists. An id that is not
+    /// one this host makes (a UUID) names no claim, and never reaches the
+    /// API server's path.
     pub async fn find(&self, sandbox_id: &str) -> Result<Option<Lease>, KubeError> {
+        if !is_sandbox_id(sandbox_id) {
+            return Ok(None);
+        }
         let c = self
             .claims
             .get_opt(&claim_name(sandbox_id))
