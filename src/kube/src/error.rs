@@ -8,8 +8,8 @@ use std::time::Duration;
 pub enum KubeError {
     /// No sandbox of the pool became Ready with a pod IP within the wait.
     #[error(
-        "no sandbox of warm pool {pool:?} was ready within {} s (claim {claim}): the pool is empty or its pods are slow to start; raise its replicas or --kube-claim-timeout",
-        waited.as_secs()
+        "no sandbox of warm pool {pool:?} was ready within {:.1} s (claim {claim}): the pool is empty or its pods are slow to start; raise its replicas or --kube-claim-timeout",
+        waited.as_secs_f64()
     )]
     PoolEmpty {
         pool: String,

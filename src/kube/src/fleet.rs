@@ -124,10 +124,12 @@ impl Fleet {
             }
             Err(e) => {
                 warn!(sandbox = %lease.sandbox_id, claim = %name, error = %e, "the claim failed; deleting it");
-                guard.claims = None;
+                // The guard stays armed while the claim is deleted: this
+                // future dropped mid-delete still deletes it.
                 if let Err(d) = self.release(&name).await {
                     warn!(claim = %name, error = %d, "cannot delete the failed claim");
                 }
+                guard.claims = None;
                 Err(e)
             }
         }

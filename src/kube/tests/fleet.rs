@@ -1,0 +1,1094 @@
+//! The fleet's whole flow against a fake API server at the HTTP level.
+//!
+//! `kube::Client` runs over a `tower-test` mock service; a task plays the
+//! API server (a small in-memory store of claims and sandboxes with the
+//! API server's semantics for create, get, list, merge patch and delete
+//! with finalizers) and a "controller" hook that plays agent-sandbox's
+//! controller on each GET of a claim. Every test asserts the requests the
+//! fleet made, in order, and what is left in the store, so a leaked claim
+//! fails it.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use http::{Request, Response};
+use kube::client::Body;
+use sandbox_kube::crd::{Sandbox, SandboxClaim};
+use sandbox_kube::lease::{self, Lease, Phase};
+use sandbox_kube::{Claimed, Fleet, FleetConfig, KubeError};
+use serde_json::{Value, json};
+use tokio::task::JoinHandle;
+use tower_test::mock;
+
+type Handle = mock::Handle<Request<Body>, Response<Body>>;
+
+const CLAIMS: &str = "/apis/extensions.agents.x-k8s.io/v1beta1/namespaces/ns/sandboxclaims";
+const SANDBOXES: &str = "/apis/agents.x-k8s.io/v1beta1/namespaces/ns/sandboxes";
+/// 2026-01-01T01:00:00Z.
+const EXPIRY_MS: i64 = 1_767_229_200_000;
+const T0: &str = "2026-01-01T00:00:00Z";
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+/// A fleet over a mock service, namespace `ns`, every benchmark on
+/// `pool-a`, 90 s of shutdown grace.
+fn fleet(claim_timeout: Duration, poll: Duration) -> (Fleet, Handle) {
+    let (svc, handle) = mock::pair::<Request<Body>, Response<Body>>();
+    let client = kube::Client::new(svc, "ns");
+    let cfg = FleetConfig {
+        namespace: "ns".to_owned(),
+        pools: BTreeMap::from([("default".to_owned(), "pool-a".to_owned())]),
+        claim_timeout,
+        poll,
+        shutdown_grace: Duration::from_secs(90),
+    };
+    (Fleet::new(client, cfg), handle)
+}
+
+fn lease(id: &str, owner: &str) -> Lease {
+    Lease {
+        sandbox_id: id.to_owned(),
+        owner: owner.to_owned(),
+        pool: "pool-a".to_owned(),
+        phase: Phase::Acquiring,
+        benchmark: Some("swe".to_owned()),
+        servers: Value::Null,
+        created_at: "2026-01-01T00:00:05Z".to_owned(),
+        updated_at: "2026-01-01T00:00:05Z".to_owned(),
+        expires_at_ms: Some(EXPIRY_MS),
+        claim: String::new(),
+        pod_ip: None,
+    }
+}
+
+// ------------------------------------------------------------ the server
+
+/// One request as the server saw it.
+#[derive(Debug, Clone)]
+struct Req {
+    method: String,
+    path: String,
+    /// Decoded query string.
+    query: String,
+    content_type: String,
+    body: Value,
+}
+
+impl Req {
+    /// `GET claims/sbx-1`, `GET sandboxes/x`, `POST claims`; anything off
+    /// the two expected prefixes keeps its whole path.
+    fn short(&self) -> String {
+        let p = if let Some(r) = self.path.strip_prefix(CLAIMS) {
+            format!("claims{r}")
+        } else if let Some(r) = self.path.strip_prefix(SANDBOXES) {
+            format!("sandboxes{r}")
+        } else {
+            self.path.clone()
+        };
+        format!("{} {p}", self.method)
+    }
+}
+
+fn shorts(log: &[Req]) -> Vec<String> {
+    log.iter().map(Req::short).collect()
+}
+
+fn decode(q: &str) -> String {
+    let b = q.as_bytes();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'%' if i + 2 < b.len() => {
+                let hex = std::str::from_utf8(&b[i + 1..i + 3]).unwrap();
+                out.push(u8::from_str_radix(hex, 16).unwrap());
+                i += 3;
+            }
+            b'+' => {
+                out.push(b' ');
+                i += 1;
+            }
+            c => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).unwrap()
+}
+
+/// How the server answers one request.
+enum Reply {
+    Json(u16, Value),
+    /// The connection fails (the service's error, as hyper's would be).
+    Fail,
+    /// No answer, ever (the request hangs until its caller goes away).
+    Hold,
+}
+
+/// Plays agent-sandbox's controller on the `n`th GET of a claim (counting
+/// every claim GET), before the server answers it.
+type Controller = Box<dyn FnMut(u32, &mut Value, &mut BTreeMap<String, Value>) + Send>;
+/// Answers a request instead of the store (403s, failures).
+type Intercept = Box<dyn FnMut(&Req) -> Option<Reply> + Send>;
+
+struct World {
+    claims: BTreeMap<String, Value>,
+    sandboxes: BTreeMap<String, Value>,
+    gets: u32,
+    version: u64,
+    controller: Controller,
+    intercept: Intercept,
+}
+
+fn world() -> World {
+    World {
+        claims: BTreeMap::new(),
+        sandboxes: BTreeMap::new(),
+        gets: 0,
+        version: 100,
+        controller: Box::new(|_, _, _| {}),
+        intercept: Box::new(|_| None),
+    }
+}
+
+/// The API server's error body.
+fn status(code: u16, reason: &str, message: &str) -> Reply {
+    Reply::Json(
+        code,
+        json!({
+            "kind": "Status", "apiVersion": "v1", "metadata": {},
+            "status": "Failure", "message": message, "reason": reason, "code": code,
+        }),
+    )
+}
+
+fn not_found(resource: &str, name: &str) -> Reply {
+    let group = if resource == "sandboxes" {
+        "agents.x-k8s.io"
+    } else {
+        "extensions.agents.x-k8s.io"
+    };
+    status(
+        404,
+        "NotFound",
+        &format!("{resource}.{group} \"{name}\" not found"),
+    )
+}
+
+/// RFC 7386.
+fn merge(target: &mut Value, patch: &Value) {
+    let Value::Object(p) = patch else {
+        *target = patch.clone();
+        return;
+    };
+    if !target.is_object() {
+        *target = json!({});
+    }
+    let t = target.as_object_mut().unwrap();
+    for (k, v) in p {
+        if v.is_null() {
+            t.remove(k);
+        } else {
+            merge(t.entry(k.clone()).or_insert(Value::Null), v);
+        }
+    }
+}
+
+fn finalizers(c: &Value) -> usize {
+    c["metadata"]["finalizers"].as_array().map_or(0, Vec::len)
+}
+
+impl World {
+    fn bump(&mut self, c: &mut Value) {
+        self.version += 1;
+        c["metadata"]["resourceVersion"] = json!(self.version.to_string());
+    }
+
+    fn answer(&mut self, r: &Req) -> Reply {
+        let m = r.method.as_str();
+        if let Some(rest) = r.path.strip_prefix(CLAIMS) {
+            let name = rest.strip_prefix('/');
+            return match (m, name) {
+                ("POST", None) => {
+                    let mut c = r.body.clone();
+                    let n = c["metadata"]["name"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_owned();
+                    if self.claims.contains_key(&n) {
+                        return status(409, "AlreadyExists", "already exists");
+                    }
+                    c["apiVersion"] = json!("extensions.agents.x-k8s.io/v1beta1");
+                    c["kind"] = json!("SandboxClaim");
+                    merge(
+                        &mut c["metadata"],
+                        &json!({"uid": "0b0e8f8e-5c1a-4a43-9a57-3f1c2d4e5f60", "generation": 1, "creationTimestamp": T0}),
+                    );
+                    // Go's non-pointer struct: always there.
+                    if c["spec"].get("additionalPodMetadata").is_none() {
+                        c["spec"]["additionalPodMetadata"] = json!({});
+                    }
+                    self.bump(&mut c);
+                    self.claims.insert(n, c.clone());
+                    Reply::Json(201, c)
+                }
+                ("GET", None) => {
+                    let sel = r
+                        .query
+                        .split('&')
+                        .find_map(|kv| kv.strip_prefix("labelSelector="))
+                        .unwrap_or_default();
+                    let items: Vec<Value> = self
+                        .claims
+                        .values()
+                        .filter(|c| {
+                            sel.split(',').filter(|s| !s.is_empty()).all(|kv| {
+                                let (k, v) = kv.split_once('=').unwrap();
+                                c["metadata"]["labels"][k] == json!(v)
+                            })
+                        })
+                        .cloned()
+                        .collect();
+                    Reply::Json(
+                        200,
+                        json!({
+                            "apiVersion": "extensions.agents.x-k8s.io/v1beta1",
+                            "kind": "SandboxClaimList",
+                            "metadata": {"resourceVersion": self.version.to_string()},
+                            "items": items,
+                        }),
+                    )
+                }
+                ("GET", Some(n)) => match self.claims.get_mut(n) {
+                    Some(c) => {
+                        self.gets += 1;
+                        (self.controller)(self.gets, c, &mut self.sandboxes);
+                        Reply::Json(200, c.clone())
+                    }
+                    None => not_found("sandboxclaims", n),
+                },
+                ("PATCH", Some(n)) => {
+                    let Some(mut c) = self.claims.remove(n) else {
+                        return not_found("sandboxclaims", n);
+                    };
+                    merge(&mut c, &r.body);
+                    self.bump(&mut c);
+                    let gone =
+                        c["metadata"].get("deletionTimestamp").is_some() && finalizers(&c) == 0;
+                    if !gone {
+                        self.claims.insert(n.to_owned(), c.clone());
+                    }
+                    Reply::Json(200, c)
+                }
+                ("DELETE", Some(n)) => {
+                    let Some(mut c) = self.claims.remove(n) else {
+                        return not_found("sandboxclaims", n);
+                    };
+                    if finalizers(&c) == 0 {
+                        return Reply::Json(
+                            200,
+                            json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
+                                   "details": {"name": n, "group": "extensions.agents.x-k8s.io", "kind": "sandboxclaims", "uid": c["metadata"]["uid"]}}),
+                        );
+                    }
+                    if c["metadata"].get("deletionTimestamp").is_none() {
+                        c["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:30Z");
+                        c["metadata"]["deletionGracePeriodSeconds"] = json!(0);
+                        self.bump(&mut c);
+                    }
+                    self.claims.insert(n.to_owned(), c.clone());
+                    Reply::Json(200, c)
+                }
+                _ => status(
+                    405,
+                    "MethodNotAllowed",
+                    "the server does not allow this method",
+                ),
+            };
+        }
+        if let Some(n) = r
+            .path
+            .strip_prefix(SANDBOXES)
+            .and_then(|p| p.strip_prefix('/'))
+            && m == "GET"
+        {
+            return match self.sandboxes.get(n) {
+                Some(s) => Reply::Json(200, s.clone()),
+                None => not_found("sandboxes", n),
+            };
+        }
+        status(
+            404,
+            "NotFound",
+            "the server could not find the requested resource",
+        )
+    }
+}
+
+/// Serves until every client of the fleet is gone; the requests in order
+/// and the store as it was left.
+fn serve(mut handle: Handle, mut world: World) -> JoinHandle<(Vec<Req>, World)> {
+    tokio::spawn(async move {
+        let mut log = Vec::new();
+        let mut held = Vec::new();
+        while let Some((req, send)) = handle.next_request().await {
+            let (parts, body) = req.into_parts();
+            let bytes = body.collect_bytes().await.unwrap();
+            let req = Req {
+                method: parts.method.to_string(),
+                path: parts.uri.path().to_owned(),
+                query: decode(parts.uri.query().unwrap_or_default()),
+                content_type: parts
+                    .headers
+                    .get(http::header::CONTENT_TYPE)
+                    .map(|v| v.to_str().unwrap().to_owned())
+                    .unwrap_or_default(),
+                body: if bytes.is_empty() {
+                    Value::Null
+                } else {
+                    serde_json::from_slice(&bytes).unwrap()
+                },
+            };
+            let reply = match (world.intercept)(&req) {
+                Some(r) => r,
+                None => world.answer(&req),
+            };
+            log.push(req);
+            match reply {
+                Reply::Json(code, v) => send.send_response(
+                    Response::builder()
+                        .status(code)
+                        .header("content-type", "application/json")
+                        .body(Body::from(serde_json::to_vec(&v).unwrap()))
+                        .unwrap(),
+                ),
+                Reply::Fail => send.send_error(std::io::Error::new(
+                    std::io::ErrorKind::ConnectionRefused,
+                    "tcp connect error: Connection refused (os error 111)",
+                )),
+                Reply::Hold => held.push(send),
+            }
+        }
+        (log, world)
+    })
+}
+
+/// Drops the fleet and waits for the server to see every client gone
+/// (background deletes included).
+async fn finish(fleet: Fleet, server: JoinHandle<(Vec<Req>, World)>) -> (Vec<Req>, World) {
+    drop(fleet);
+    tokio::time::timeout(Duration::from_secs(5), server)
+        .await
+        .expect("a client of the fleet stayed alive")
+        .unwrap()
+}
+
+// --------------------------------------------------- controller's shapes
+
+fn cond(type_: &str, status: &str, reason: &str, message: &str) -> Value {
+    json!({
+        "type": type_, "status": status, "observedGeneration": 1,
+        "lastTransitionTime": "2026-01-01T00:00:07Z", "reason": reason, "message": message,
+    })
+}
+
+/// A Sandbox as agent-sandbox's controller leaves it: adopted from the
+/// warm pool by claim `claim`.
+fn sandbox(name: &str, claim: &str, ready: bool, ips: &[&str]) -> Value {
+    let ready = if ready {
+        cond(
+            "Ready",
+            "True",
+            "DependenciesReady",
+            "Pod is Ready; Service Exists",
+        )
+    } else {
+        cond(
+            "Ready",
+            "False",
+            "DependenciesNotReady",
+            "Pod exists with phase: Pending; Service Exists",
+        )
+    };
+    let mut status = json!({
+        "service": name,
+        "serviceFQDN": format!("{name}.ns.svc.cluster.local"),
+        "replicas": 1,
+        "selector": "agents.x-k8s.io/sandbox-name-hash=8c2f7a1d",
+        "conditions": [ready, cond("Suspended", "False", "NotSuspended", "Sandbox is running")],
+        "nodeName": "kind-worker",
+    });
+    if !ips.is_empty() {
+        status["podIPs"] = json!(ips);
+    }
+    json!({
+        "apiVersion": "agents.x-k8s.io/v1beta1",
+        "kind": "Sandbox",
+        "metadata": {
+            "name": name, "namespace": "ns", "uid": "5d0c1a9e-7f61-4d0b-8a3c-2b6f9e1d4c77",
+            "resourceVersion": "4711", "generation": 2, "creationTimestamp": "2025-12-31T23:50:00Z",
+            "labels": {
+                "agents.x-k8s.io/sandbox-template-ref-hash": "6f1e2d3c",
+                "agents.x-k8s.io/warm-pool-sandbox": "pool-a",
+                "agents.x-k8s.io/launch-type": "warm",
+            },
+            "annotations": {"agents.x-k8s.io/pod-name": name, "agents.x-k8s.io/sandbox-template-ref": "agent"},
+            "ownerReferences": [{
+                "apiVersion": "extensions.agents.x-k8s.io/v1beta1", "kind": "SandboxClaim", "name": claim,
+                "uid": "0b0e8f8e-5c1a-4a43-9a57-3f1c2d4e5f60", "controller": true, "blockOwnerDeletion": true,
+            }],
+            "managedFields": [{"manager": "agent-sandbox-controller", "operation": "Update", "apiVersion": "agents.x-k8s.io/v1beta1", "time": T0, "fieldsType": "FieldsV1", "fieldsV1": {"f:spec": {}}}],
+        },
+        "spec": {
+            "podTemplate": {
+                "metadata": {"labels": {"app": "sandbox-agent"}},
+                "spec": {
+                    "containers": [{
+                        "name": "agent", "image": "ghcr.io/example/sandbox-agent:1.0",
+                        "ports": [{"containerPort": 8080, "protocol": "TCP"}], "resources": {},
+                    }],
+                    "restartPolicy": "Never",
+                },
+            },
+        },
+        "status": status,
+    })
+}
+
+/// A claim already in the store, carrying `l`.
+fn stored_claim(l: &Lease, status: Value) -> Value {
+    json!({
+        "apiVersion": "extensions.agents.x-k8s.io/v1beta1",
+        "kind": "SandboxClaim",
+        "metadata": {
+            "name": format!("sbx-{}", l.sandbox_id), "namespace": "ns", "uid": format!("uid-{}", l.sandbox_id),
+            "resourceVersion": "77", "generation": 1, "creationTimestamp": T0,
+            "labels": l.labels(),
+            "annotations": {lease::RECORD: l.record()},
+            "finalizers": [lease::FINALIZER],
+        },
+        "spec": {"warmPoolRef": {"name": l.pool}, "additionalPodMetadata": {}},
+        "status": status,
+    })
+}
+
+// ------------------------------------------------------------------ tests
+
+#[tokio::test]
+async fn claim_record_find_list_release() {
+    let started = Instant::now();
+    let (fleet, handle) = fleet(Duration::from_secs(2), ms(5));
+    let mut w = world();
+    // Two pods of the pool: the controller binds one on the second read
+    // (Ready false), and it is Ready with a pod IP on the third.
+    w.controller = Box::new(|n, c, sbx| match n {
+        2 => {
+            c["status"] = json!({
+                "conditions": [cond("Ready", "False", "DependenciesNotReady", "Pod exists with phase: Pending; Service Exists")],
+                "sandbox": {"name": "pool-a-x7k2p"},
+            });
+            sbx.insert(
+                "pool-a-x7k2p".into(),
+                sandbox("pool-a-x7k2p", "sbx-s1", false, &[]),
+            );
+        }
+        3 => {
+            c["status"]["conditions"] = json!([cond(
+                "Ready",
+                "True",
+                "DependenciesReady",
+                "Pod is Ready; Service Exists"
+            )]);
+            c["status"]["sandbox"]["podIPs"] = json!(["10.244.1.17"]);
+            sbx.insert(
+                "pool-a-x7k2p".into(),
+                sandbox("pool-a-x7k2p", "sbx-s1", true, &["10.244.1.17"]),
+            );
+        }
+        _ => {}
+    });
+    // Already there: an older lease of alice's; bob's, whose owner hash
+    // collides with alice's; carol's.
+    let mut older = lease("s0", "alice");
+    older.created_at = "2025-12-31T23:00:00Z".into();
+    older.phase = Phase::Occupied;
+    let mut bob = lease("s2", "bob");
+    bob.phase = Phase::Occupied;
+    let mut bob_claim = stored_claim(&bob, json!({}));
+    bob_claim["metadata"]["labels"][lease::OWNER_HASH] = json!(lease::owner_hash("alice"));
+    let carol = lease("s3", "carol");
+    w.claims
+        .insert("sbx-s0".into(), stored_claim(&older, json!({})));
+    w.claims.insert("sbx-s2".into(), bob_claim);
+    w.claims
+        .insert("sbx-s3".into(), stored_claim(&carol, json!({})));
+    let server = serve(handle, w);
+
+    let mut l = lease("s1", "alice");
+    let got = fleet.claim(&l).await.unwrap();
+    assert_eq!(
+        got,
+        Claimed {
+            claim: "sbx-s1".into(),
+            sandbox: "pool-a-x7k2p".into(),
+            ip: "10.244.1.17".into(),
+        }
+    );
+    l.claim = got.claim.clone();
+    l.phase = Phase::Occupied;
+    l.pod_ip = Some(got.ip.clone());
+    l.servers = json!({"fs": {"port": 8080}});
+    fleet.record(&l).await.unwrap();
+    assert_eq!(fleet.find("s1").await.unwrap(), Some(l.clone()));
+    let mine = fleet.leases(Some("alice")).await.unwrap();
+    let mut older_read = older.clone();
+    older_read.claim = "sbx-s0".into();
+    assert_eq!(mine, vec![older_read, l.clone()]);
+    fleet.release("sbx-s1").await.unwrap();
+
+    let (log, w) = finish(fleet, server).await;
+    assert_eq!(
+        shorts(&log),
+        [
+            "POST claims",
+            "GET claims/sbx-s1",
+            "GET claims/sbx-s1",
+            "GET sandboxes/pool-a-x7k2p",
+            "GET claims/sbx-s1",
+            "GET sandboxes/pool-a-x7k2p",
+            "PATCH claims/sbx-s1",
+            "GET claims/sbx-s1",
+            "GET claims",
+            "DELETE claims/sbx-s1",
+            "GET claims/sbx-s1",
+            "PATCH claims/sbx-s1",
+        ]
+    );
+
+    // The claim as created.
+    let post = &log[0].body;
+    assert_eq!(post["metadata"]["name"], "sbx-s1");
+    let labels = &post["metadata"]["labels"];
+    assert_eq!(labels[lease::MANAGED_BY], "sandbox-host");
+    assert_eq!(labels[lease::SANDBOX_ID], "s1");
+    assert_eq!(labels[lease::OWNER_HASH], json!(lease::owner_hash("alice")));
+    let record = post["metadata"]["annotations"][lease::RECORD]
+        .as_str()
+        .unwrap();
+    assert_eq!(
+        serde_json::from_str::<Lease>(record).unwrap(),
+        lease("s1", "alice")
+    );
+    assert_eq!(post["metadata"]["finalizers"], json!([lease::FINALIZER]));
+    assert_eq!(post["spec"]["warmPoolRef"], json!({"name": "pool-a"}));
+    // Expiry 01:00:00 + 90 s of grace.
+    assert_eq!(
+        post["spec"]["lifecycle"],
+        json!({"shutdownTime": "2026-01-01T01:01:30Z", "shutdownPolicy": "Delete"})
+    );
+    assert!(post.get("status").is_none(), "{post}");
+    assert!(log[0].content_type.starts_with("application/json"));
+    // It parses back as a claim.
+    let _: SandboxClaim = serde_json::from_value(post.clone()).unwrap();
+
+    // record: a merge patch of the annotation alone.
+    let rec = &log[6];
+    assert_eq!(rec.content_type, "application/merge-patch+json");
+    let ann = rec.body["metadata"]["annotations"][lease::RECORD]
+        .as_str()
+        .unwrap();
+    assert_eq!(
+        serde_json::from_str::<Lease>(ann).unwrap().phase,
+        Phase::Occupied
+    );
+    assert_eq!(rec.body.as_object().unwrap().len(), 1);
+    assert_eq!(rec.body["metadata"].as_object().unwrap().len(), 1);
+
+    // leases: selected by manager and owner hash on the server.
+    let selector = format!(
+        "labelSelector={}=sandbox-host,{}={}",
+        lease::MANAGED_BY,
+        lease::OWNER_HASH,
+        lease::owner_hash("alice")
+    );
+    assert!(
+        log[8].query.split('&').any(|kv| kv == selector),
+        "{}",
+        log[8].query
+    );
+
+    // release: deleted, then our finalizer off.
+    assert_eq!(log[11].content_type, "application/merge-patch+json");
+    assert_eq!(log[11].body, json!({"metadata": {"finalizers": []}}));
+    assert!(!w.claims.contains_key("sbx-s1"));
+    assert_eq!(w.claims.len(), 3);
+    assert!(started.elapsed() < Duration::from_secs(3));
+}
+
+#[tokio::test]
+async fn pool_empty_past_the_wait_deletes_the_claim() {
+    let (fleet, handle) = fleet(ms(60), ms(10));
+    let server = serve(handle, world());
+    let started = Instant::now();
+    let e = fleet.claim(&lease("s1", "alice")).await.unwrap_err();
+    let waited = started.elapsed();
+    assert!(
+        waited >= ms(60) && waited < Duration::from_secs(3),
+        "{waited:?}"
+    );
+    let KubeError::PoolEmpty { pool, claim, .. } = &e else {
+        panic!("{e:?}")
+    };
+    assert_eq!((pool.as_str(), claim.as_str()), ("pool-a", "sbx-s1"));
+    let msg = e.to_string();
+    assert!(
+        msg.contains("\"pool-a\"") && msg.contains("within 0.") && msg.contains("sbx-s1"),
+        "{msg}"
+    );
+
+    let (log, w) = finish(fleet, server).await;
+    let s = shorts(&log);
+    assert_eq!(s[0], "POST claims");
+    let polls = &s[1..s.len() - 3];
+    assert!((1..=10).contains(&polls.len()), "{s:?}");
+    assert!(polls.iter().all(|r| r == "GET claims/sbx-s1"), "{s:?}");
+    assert_eq!(
+        s[s.len() - 3..],
+        [
+            "DELETE claims/sbx-s1",
+            "GET claims/sbx-s1",
+            "PATCH claims/sbx-s1"
+        ]
+    );
+    assert!(w.claims.is_empty(), "leaked: {:?}", w.claims.keys());
+}
+
+#[tokio::test]
+async fn a_failed_claim_is_claim_failed_and_deleted() {
+    let (fleet, handle) = fleet(Duration::from_secs(2), ms(5));
+    let mut w = world();
+    w.controller = Box::new(|n, c, _| {
+        if n >= 2 {
+            c["status"] = json!({"conditions": [cond("Ready", "False", "WarmPoolNotFound", "SandboxWarmPool \"pool-a\" not found")]});
+        }
+    });
+    let server = serve(handle, w);
+    let e = fleet.claim(&lease("s1", "alice")).await.unwrap_err();
+    let KubeError::ClaimFailed {
+        pool,
+        claim,
+        reason,
+    } = &e
+    else {
+        panic!("{e:?}")
+    };
+    assert_eq!((pool.as_str(), claim.as_str()), ("pool-a", "sbx-s1"));
+    assert_eq!(
+        reason,
+        "WarmPoolNotFound: SandboxWarmPool \"pool-a\" not found"
+    );
+
+    let (log, w) = finish(fleet, server).await;
+    assert_eq!(
+        shorts(&log),
+        [
+            "POST claims",
+            "GET claims/sbx-s1",
+            "GET claims/sbx-s1",
+            "DELETE claims/sbx-s1",
+            "GET claims/sbx-s1",
+            "PATCH claims/sbx-s1",
+        ]
+    );
+    assert!(w.claims.is_empty());
+}
+
+#[tokio::test]
+async fn a_sandbox_never_ready_is_pool_empty_and_deleted() {
+    let (fleet, handle) = fleet(ms(60), ms(10));
+    let mut w = world();
+    w.controller = Box::new(|_, c, sbx| {
+        c["status"] = json!({
+            "conditions": [cond("Ready", "False", "DependenciesNotReady", "Pod exists with phase: Pending; Service Exists")],
+            "sandbox": {"name": "pool-a-x7k2p"},
+        });
+        sbx.insert(
+            "pool-a-x7k2p".into(),
+            sandbox("pool-a-x7k2p", "sbx-s1", false, &[]),
+        );
+    });
+    let server = serve(handle, w);
+    let e = fleet.claim(&lease("s1", "alice")).await.unwrap_err();
+    assert!(matches!(e, KubeError::PoolEmpty { .. }), "{e:?}");
+
+    let (log, w) = finish(fleet, server).await;
+    let s = shorts(&log);
+    assert_eq!(s[0], "POST claims");
+    let polls = &s[1..s.len() - 3];
+    assert!(polls.len() >= 2 && polls.len().is_multiple_of(2), "{s:?}");
+    for pair in polls.chunks(2) {
+        assert_eq!(pair, ["GET claims/sbx-s1", "GET sandboxes/pool-a-x7k2p"]);
+    }
+    assert_eq!(
+        s[s.len() - 3..],
+        [
+            "DELETE claims/sbx-s1",
+            "GET claims/sbx-s1",
+            "PATCH claims/sbx-s1"
+        ]
+    );
+    assert!(w.claims.is_empty());
+}
+
+#[tokio::test]
+async fn forbidden_create_names_the_permission() {
+    let (fleet, handle) = fleet(Duration::from_secs(2), ms(5));
+    let mut w = world();
+    w.intercept = Box::new(|r| {
+        (r.method == "POST").then(|| {
+            status(
+                403,
+                "Forbidden",
+                "sandboxclaims.extensions.agents.x-k8s.io is forbidden: User \"system:serviceaccount:ns:sandbox-host\" cannot create resource \"sandboxclaims\" in API group \"extensions.agents.x-k8s.io\" in the namespace \"ns\"",
+            )
+        })
+    });
+    let server = serve(handle, w);
+    let e = fleet.claim(&lease("s1", "alice")).await.unwrap_err();
+    assert!(matches!(e, KubeError::Forbidden { .. }), "{e:?}");
+    assert_eq!(e.permission().as_deref(), Some("create sandboxclaims"));
+    let msg = e.to_string();
+    assert!(msg.contains("namespace \"ns\""), "{msg}");
+    assert!(msg.contains("cannot create resource"), "{msg}");
+
+    let (log, w) = finish(fleet, server).await;
+    assert_eq!(shorts(&log), ["POST claims"]);
+    assert!(w.claims.is_empty());
+}
+
+#[tokio::test]
+async fn an_unreachable_api_server_is_an_api_error() {
+    let (fleet, handle) = fleet(Duration::from_secs(2), ms(5));
+    let mut w = world();
+    w.intercept = Box::new(|_| Some(Reply::Fail));
+    let server = serve(handle, w);
+    let verb = |e: KubeError| match e {
+        KubeError::Api { verb, resource, .. } => format!("{verb} {resource}"),
+        e => panic!("{e:?}"),
+    };
+    let e = fleet.claim(&lease("s1", "alice")).await.unwrap_err();
+    assert!(
+        e.to_string().contains("failed create on sandboxclaims"),
+        "{e}"
+    );
+    assert_eq!(verb(e), "create sandboxclaims");
+    assert_eq!(
+        verb(fleet.find("s1").await.unwrap_err()),
+        "get sandboxclaims"
+    );
+    assert_eq!(
+        verb(fleet.leases(None).await.unwrap_err()),
+        "list sandboxclaims"
+    );
+    let mut l = lease("s1", "alice");
+    l.claim = "sbx-s1".into();
+    assert_eq!(
+        verb(fleet.record(&l).await.unwrap_err()),
+        "patch sandboxclaims"
+    );
+    assert_eq!(
+        verb(fleet.release("sbx-s1").await.unwrap_err()),
+        "delete sandboxclaims"
+    );
+
+    let (log, _) = finish(fleet, server).await;
+    assert_eq!(
+        shorts(&log),
+        [
+            "POST claims",
+            "GET claims/sbx-s1",
+            "GET claims",
+            "PATCH claims/sbx-s1",
+            "DELETE claims/sbx-s1",
+        ]
+    );
+}
+
+#[tokio::test]
+async fn claims_deleted_or_unready_under_a_live_lease_read_as_error() {
+    let (fleet, handle) = fleet(Duration::from_secs(2), ms(5));
+    let mut w = world();
+    let occupied = |id: &str| {
+        let mut l = lease(id, "alice");
+        l.phase = Phase::Occupied;
+        l.pod_ip = Some("10.244.1.17".into());
+        l
+    };
+    let ready = json!({"conditions": [cond("Ready", "True", "DependenciesReady", "Pod is Ready; Service Exists")], "sandbox": {"name": "pool-a-1", "podIPs": ["10.244.1.17"]}});
+    // Deleted by someone else: terminating, held by our finalizer.
+    let mut deleted = stored_claim(&occupied("d"), ready.clone());
+    deleted["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:10:00Z");
+    deleted["metadata"]["deletionGracePeriodSeconds"] = json!(0);
+    w.claims.insert("sbx-d".into(), deleted);
+    // Its pod failed: the claim forwards the sandbox's Ready.
+    let failed = json!({"conditions": [cond("Ready", "False", "PodFailed", "Pod failed")], "sandbox": {"name": "pool-a-2"}});
+    w.claims
+        .insert("sbx-u".into(), stored_claim(&occupied("u"), failed));
+    // Still fine.
+    w.claims
+        .insert("sbx-ok".into(), stored_claim(&occupied("ok"), ready));
+    // Acquiring, the sandbox not ready yet: not an error.
+    let waiting = json!({"conditions": [cond("Ready", "False", "DependenciesNotReady", "Pod exists with phase: Pending")], "sandbox": {"name": "pool-a-3"}});
+    w.claims
+        .insert("sbx-a".into(), stored_claim(&lease("a", "alice"), waiting));
+    // An annotation that is not a lease.
+    let mut bad = stored_claim(&occupied("bad"), json!({}));
+    bad["metadata"]["annotations"][lease::RECORD] = json!("{not json");
+    w.claims.insert("sbx-bad".into(), bad);
+    let server = serve(handle, w);
+
+    let phase = |l: Option<Lease>| l.unwrap().phase;
+    assert_eq!(phase(fleet.find("d").await.unwrap()), Phase::Error);
+    assert_eq!(phase(fleet.find("u").await.unwrap()), Phase::Error);
+    assert_eq!(phase(fleet.find("ok").await.unwrap()), Phase::Occupied);
+    assert_eq!(phase(fleet.find("a").await.unwrap()), Phase::Acquiring);
+    assert!(fleet.find("gone").await.unwrap().is_none());
+    let e = fleet.find("bad").await.unwrap_err();
+    assert!(
+        matches!(e, KubeError::BadRecord { ref claim, .. } if claim == "sbx-bad"),
+        "{e:?}"
+    );
+    // Listing skips the unreadable one and shows the others as found.
+    let all = fleet.leases(None).await.unwrap();
+    let mut phases: Vec<_> = all.iter().map(|l| (l.claim.as_str(), l.phase)).collect();
+    phases.sort_by_key(|p| p.0);
+    assert_eq!(
+        phases,
+        [
+            ("sbx-a", Phase::Acquiring),
+            ("sbx-d", Phase::Error),
+            ("sbx-ok", Phase::Occupied),
+            ("sbx-u", Phase::Error),
+        ]
+    );
+
+    let (log, w) = finish(fleet, server).await;
+    assert_eq!(
+        shorts(&log),
+        [
+            "GET claims/sbx-d",
+            "GET claims/sbx-u",
+            "GET claims/sbx-ok",
+            "GET claims/sbx-a",
+            "GET claims/sbx-gone",
+            "GET claims/sbx-bad",
+            "GET claims",
+        ]
+    );
+    assert!(
+        log[6]
+            .query
+            .split('&')
+            .any(|kv| kv == "labelSelector=sandbox-agent.dev/managed-by=sandbox-host"),
+        "{}",
+        log[6].query
+    );
+    assert_eq!(w.claims.len(), 5, "reading changes nothing");
+}
+
+#[tokio::test]
+async fn a_dropped_wait_deletes_the_claim() {
+    let (fleet, handle) = fleet(Duration::from_secs(5), ms(10));
+    let server = serve(handle, world());
+    let r = tokio::time::timeout(ms(50), fleet.claim(&lease("s1", "alice"))).await;
+    assert!(r.is_err(), "the wait ended: {r:?}");
+
+    let (log, w) = finish(fleet, server).await;
+    let s = shorts(&log);
+    assert_eq!(s[0], "POST claims");
+    assert!(
+        s[1..s.len() - 3].iter().all(|r| r == "GET claims/sbx-s1"),
+        "{s:?}"
+    );
+    assert_eq!(
+        s[s.len() - 3..],
+        [
+            "DELETE claims/sbx-s1",
+            "GET claims/sbx-s1",
+            "PATCH claims/sbx-s1"
+        ]
+    );
+    assert!(w.claims.is_empty(), "leaked: {:?}", w.claims.keys());
+}
+
+/// The claim failed and its delete hangs when the caller gives up: the
+/// claim is still deleted, in the background.
+#[tokio::test]
+async fn a_wait_dropped_while_deleting_a_failed_claim_still_deletes_it() {
+    let (fleet, handle) = fleet(Duration::from_secs(5), ms(10));
+    let mut w = world();
+    w.controller = Box::new(|_, c, _| {
+        c["status"] = json!({"conditions": [cond("Ready", "False", "TemplateNotFound", "SandboxTemplate \"agent\" not found")]});
+    });
+    let mut deletes = 0;
+    w.intercept = Box::new(move |r| {
+        if r.method == "DELETE" {
+            deletes += 1;
+            if deletes == 1 {
+                return Some(Reply::Hold);
+            }
+        }
+        None
+    });
+    let server = serve(handle, w);
+    let r = tokio::time::timeout(ms(100), fleet.claim(&lease("s1", "alice"))).await;
+    assert!(r.is_err(), "the wait ended: {r:?}");
+
+    let (log, w) = finish(fleet, server).await;
+    assert_eq!(
+        shorts(&log),
+        [
+            "POST claims",
+            "GET claims/sbx-s1",
+            "DELETE claims/sbx-s1",
+            "DELETE claims/sbx-s1",
+            "GET claims/sbx-s1",
+            "PATCH claims/sbx-s1",
+        ]
+    );
+    assert!(w.claims.is_empty(), "leaked: {:?}", w.claims.keys());
+}
+
+#[tokio::test]
+async fn releasing_a_claim_already_gone_is_done() {
+    let (fleet, handle) = fleet(Duration::from_secs(2), ms(5));
+    let server = serve(handle, world());
+    fleet.release("sbx-s1").await.unwrap();
+    let (log, _) = finish(fleet, server).await;
+    assert_eq!(shorts(&log), ["DELETE claims/sbx-s1"]);
+}
+
+/// A claim without a finalizer of ours left (deleted at once): released.
+#[tokio::test]
+async fn releasing_a_claim_without_finalizers_is_done() {
+    let (fleet, handle) = fleet(Duration::from_secs(2), ms(5));
+    let mut w = world();
+    let mut c = stored_claim(&lease("s1", "alice"), json!({}));
+    c["metadata"]["finalizers"] = json!([]);
+    w.claims.insert("sbx-s1".into(), c);
+    let server = serve(handle, w);
+    fleet.release("sbx-s1").await.unwrap();
+    let (log, w) = finish(fleet, server).await;
+    assert_eq!(shorts(&log), ["DELETE claims/sbx-s1", "GET claims/sbx-s1"]);
+    assert!(w.claims.is_empty());
+}
+
+/// Another controller's finalizer stays when ours comes off.
+#[tokio::test]
+async fn release_keeps_other_finalizers() {
+    let (fleet, handle) = fleet(Duration::from_secs(2), ms(5));
+    let mut w = world();
+    let mut c = stored_claim(&lease("s1", "alice"), json!({}));
+    c["metadata"]["finalizers"] = json!(["example.com/backup", lease::FINALIZER]);
+    w.claims.insert("sbx-s1".into(), c);
+    let server = serve(handle, w);
+    fleet.release("sbx-s1").await.unwrap();
+    let (log, w) = finish(fleet, server).await;
+    assert_eq!(
+        shorts(&log),
+        [
+            "DELETE claims/sbx-s1",
+            "GET claims/sbx-s1",
+            "PATCH claims/sbx-s1"
+        ]
+    );
+    assert_eq!(
+        log[2].body,
+        json!({"metadata": {"finalizers": ["example.com/backup"]}})
+    );
+    assert_eq!(
+        w.claims["sbx-s1"]["metadata"]["finalizers"],
+        json!(["example.com/backup"])
+    );
+}
+
+// ------------------------------------------------------------- the types
+
+#[test]
+fn a_controllers_sandbox_parses() {
+    let s: Sandbox = serde_json::from_value(sandbox(
+        "pool-a-x7k2p",
+        "sbx-s1",
+        true,
+        &["10.244.1.17", "fd00::17"],
+    ))
+    .unwrap();
+    assert_eq!(s.ready_ip(), Some("10.244.1.17"));
+    let st = s.status.as_ref().unwrap();
+    assert_eq!(st.node_name.as_deref(), Some("kind-worker"));
+    assert_eq!(
+        st.service_fqdn.as_deref(),
+        Some("pool-a-x7k2p.ns.svc.cluster.local")
+    );
+    // The fields we do not read are kept.
+    assert_eq!(st.extra["service"], "pool-a-x7k2p");
+    assert_eq!(st.extra["replicas"], 1);
+    assert!(st.extra.contains_key("selector"));
+    let back = serde_json::to_value(&s).unwrap();
+    assert_eq!(back["status"]["selector"], st.extra["selector"]);
+
+    // Ready without an IP, and an IP without Ready: neither is usable.
+    let s: Sandbox = serde_json::from_value(sandbox("p", "c", true, &[])).unwrap();
+    assert_eq!(s.ready_ip(), None);
+    let s: Sandbox = serde_json::from_value(sandbox("p", "c", false, &["10.0.0.1"])).unwrap();
+    assert_eq!(s.ready_ip(), None);
+    // No status at all (just created).
+    let mut v = sandbox("p", "c", true, &[]);
+    v.as_object_mut().unwrap().remove("status");
+    let s: Sandbox = serde_json::from_value(v).unwrap();
+    assert_eq!(s.ready_ip(), None);
+}
+
+#[test]
+fn claim_failure_is_terminal_reasons_only() {
+    let claim = |status: &str, reason: &str| -> SandboxClaim {
+        let mut v = stored_claim(
+            &lease("s1", "alice"),
+            json!({"conditions": [cond("Ready", status, reason, "why")], "sandbox": {"name": "x"}}),
+        );
+        v["status"]["extraField"] = json!(true);
+        serde_json::from_value(v).unwrap()
+    };
+    for r in [
+        "TemplateNotFound",
+        "WarmPoolNotFound",
+        "InvalidMetadata",
+        "EnvVarsInjectionRejected",
+        "VolumeClaimTemplatesError",
+        "ClaimExpired",
+        "SandboxExpired",
+    ] {
+        assert_eq!(claim("False", r).failure(), Some(format!("{r}: why")));
+    }
+    for r in [
+        "DependenciesNotReady",
+        "SandboxNotReady",
+        "SandboxMissing",
+        "SandboxCreatePending",
+        "AdoptionConflict",
+        "ReconcilerError",
+    ] {
+        assert_eq!(claim("False", r).failure(), None, "{r}");
+    }
+    assert_eq!(claim("True", "DependenciesReady").failure(), None);
+    let c = claim("True", "DependenciesReady");
+    assert_eq!(c.sandbox_name(), Some("x"));
+    // No status yet.
+    let c: SandboxClaim =
+        serde_json::from_value(stored_claim(&lease("s1", "alice"), json!(null))).unwrap();
+    assert_eq!(c.failure(), None);
+    assert_eq!(c.sandbox_name(), None);
+}
