@@ -334,3 +334,24 @@ impl Drop for Unclaim {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::is_sandbox_id;
+
+    #[test]
+    fn only_lower_case_uuids_name_claims() {
+        assert!(is_sandbox_id("6483c3d6-479c-4486-b74d-0a14678ac75f"));
+        for bad in [
+            "",
+            "s1",
+            "6483C3D6-479C-4486-B74D-0A14678AC75F",
+            "6483c3d6479c4486b74d0a14678ac75f",
+            "../../../../api/v1/secrets/x-0a14678ac75f",
+            "6483c3d6-479c-4486-b74d-0a14678ac75f/",
+            "6483c3d6-479c-4486-b74d/0a14678ac75",
+        ] {
+            assert!(!is_sandbox_id(bad), "{bad:?}");
+        }
+    }
+}
