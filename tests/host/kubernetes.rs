@@ -21,6 +21,11 @@ const BOOTSTRAP: &str = "bootstrap-secret-of-the-warm-pool-0123";
 
 /// A warm pool's pod: an agent on `ip` with the pool's bootstrap secret.
 fn pod(ip: &str, bootstrap: &Path) -> Agent {
+    pod_on(ip, bootstrap, AGENT_PORT, MCP_PORT)
+}
+
+/// [`pod`] on these ports.
+fn pod_on(ip: &str, bootstrap: &Path, agent_port: u16, mcp_port: u16) -> Agent {
     let dir = tempfile::tempdir().expect("tempdir");
     let state = dir.path().join("state");
     std::fs::create_dir_all(&state).expect("state");
@@ -31,8 +36,8 @@ fn pod(ip: &str, bootstrap: &Path) -> Agent {
         bootstrap.display().to_string(),
     );
     let (grpc, mcp) = (
-        format!("tcp://{ip}:{AGENT_PORT}"),
-        format!("tcp://{ip}:{MCP_PORT}"),
+        format!("tcp://{ip}:{agent_port}"),
+        format!("tcp://{ip}:{mcp_port}"),
     );
     Agent::start_in(
         dir,
@@ -476,4 +481,102 @@ fn the_fleet_s_bad_cases_answer_clearly_and_leak_no_claim() {
         None,
     );
     assert_eq!(code, 503, "listing without the API server: {v}");
+}
+
+/// The host's arguments in packaging/kubernetes/host.yaml's Deployment.
+fn shipped_host_args() -> Vec<String> {
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/packaging/kubernetes/host.yaml"
+    ))
+    .expect("host.yaml");
+    for doc in serde_yaml_ng::Deserializer::from_str(&text) {
+        let v: Value = serde::Deserialize::deserialize(doc).expect("a YAML document");
+        if v["kind"] == "Deployment" {
+            let args = &v["spec"]["template"]["spec"]["containers"][0]["args"];
+            return serde_json::from_value(args.clone()).expect("args");
+        }
+    }
+    panic!("no Deployment in host.yaml");
+}
+
+#[test]
+fn the_shipped_deployment_s_arguments_serve_a_first_acquire() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    let f = fleet(d);
+    // The Deployment's files, as its Secrets and volume mount them.
+    let keys = d.join("keys");
+    std::fs::write(&keys, format!("{KEY_A} alice\n")).expect("keys");
+    let data = d.join("data");
+    let files = [
+        (
+            "/run/secrets/sandbox-host/bootstrap/token",
+            f.bootstrap.clone(),
+        ),
+        ("/run/secrets/sandbox-host/signing/key", f.signing.clone()),
+        ("/run/secrets/sandbox-host/api-keys/keys", keys),
+        ("/var/lib/sandbox-host", data),
+    ];
+    let mut args = shipped_host_args();
+    for a in &mut args {
+        if let Some((_, here)) = files.iter().find(|(there, _)| a == there) {
+            *a = here.display().to_string();
+        } else if a == "0.0.0.0:8080" {
+            *a = "127.0.0.1:0".to_owned();
+        }
+    }
+    // The base URL is the one the host listens on here.
+    if let Some(i) = args.iter().position(|a| a == "--public-url") {
+        args.drain(i..i + 2);
+    }
+    assert!(
+        args.iter()
+            .all(|a| !a.starts_with("/run/") && !a.starts_with("/var/")),
+        "a file of the Deployment this test does not provide: {args:?}"
+    );
+    // Its pool's pod, on the image's ports (7070, 7071).
+    let ip = "127.0.73.1";
+    let _pod = pod_on(ip, &f.bootstrap, 7070, 7071);
+    let api = KubeApi::start(d, &[ip.to_owned()]);
+    let mut child = std::process::Command::new(&*super::common::host::HOST)
+        .args(&args)
+        .env("KUBECONFIG", &api.kubeconfig)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::fs::File::create(d.join("host.log")).expect("log"))
+        .spawn()
+        .expect("sandbox-host");
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(child.stdout.take().expect("stdout")),
+        &mut line,
+    )
+    .expect("base URL line");
+    let base = line
+        .trim()
+        .strip_prefix("sandbox-host: base URL ")
+        .map(str::to_owned);
+    let log = || std::fs::read_to_string(d.join("host.log")).unwrap_or_default();
+    let Some(base) = base else {
+        let _ = child.kill();
+        panic!(
+            "the Deployment's arguments did not start the host: {line:?}\n{}",
+            log()
+        );
+    };
+    let (code, v) = http(
+        "POST",
+        &format!("{base}/local-sandbox"),
+        Some(KEY_A),
+        Some(r#"{"server_names": ["filesystem"], "benchmark": "Toolathlon"}"#),
+    );
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(code, 201, "{v}\n{}", log());
+    let id = v["local_sandbox_id"].as_str().expect("id");
+    assert_eq!(
+        claim_of(&api, id)["spec"]["warmPoolRef"]["name"],
+        "sandbox-toolathlon",
+        "the Deployment's pool for Toolathlon"
+    );
 }
