@@ -227,7 +227,9 @@ fn run(args: Args, pid1: bool) -> anyhow::Result<()> {
             dev_banner(&bound, overrides.token_file.as_deref(), json_logs);
         }
         let shutdown = CancellationToken::new();
-        tokio::spawn(signals(shutdown.clone()));
+        // Installed before anything serves: a SIGTERM right after the
+        // "serving" line must find the handler, not the default action.
+        tokio::spawn(signals(shutdown.clone(), stop_signals()));
         server::serve(settings, bound, shutdown).await?;
         anyhow::Ok(())
     })
@@ -302,13 +304,23 @@ fn dev_banner(bound: &server::Bound, token_file: Option<&Path>, json_logs: bool)
     }
 }
 
-/// Cancels `shutdown` on the first SIGTERM or SIGINT.
-async fn signals(shutdown: CancellationToken) {
+type StopSignals = (tokio::signal::unix::Signal, tokio::signal::unix::Signal);
+
+/// The SIGTERM and SIGINT handlers, installed now (`None`: they could not be).
+fn stop_signals() -> Option<StopSignals> {
     use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (
+    match (
         signal(SignalKind::terminate()),
         signal(SignalKind::interrupt()),
-    ) else {
+    ) {
+        (Ok(term), Ok(int)) => Some((term, int)),
+        _ => None,
+    }
+}
+
+/// Cancels `shutdown` on the first SIGTERM or SIGINT.
+async fn signals(shutdown: CancellationToken, installed: Option<StopSignals>) {
+    let Some((mut term, mut int)) = installed else {
         tracing::error!("cannot install signal handlers; stop the agent with SIGKILL");
         return;
     };
