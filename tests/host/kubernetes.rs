@@ -103,6 +103,19 @@ fn claim_of(api: &KubeApi, id: &str) -> Value {
     api.lock().claims[&format!("sbx-{id}")].clone()
 }
 
+/// Waits until the stand-in holds `n` claims (a release's deletion ends in
+/// the background).
+fn claims_left(api: &KubeApi, n: usize) {
+    eventually(Duration::from_secs(30), "the claims deleted", || {
+        let left = api.claim_names();
+        if left.len() == n {
+            Ok(())
+        } else {
+            Err(format!("{left:?}"))
+        }
+    });
+}
+
 fn ids(list: &Value) -> Vec<String> {
     list["local_sandboxes"]
         .as_array()
@@ -290,18 +303,7 @@ fn two_replicas_serve_one_fleet_of_claimed_pods() {
         None,
     );
     assert_eq!(code, 200, "{v}");
-    eventually(
-        Duration::from_secs(30),
-        "the /sandbox claim deleted",
-        || {
-            let left = api.claim_names();
-            if left.len() == 1 {
-                Ok(())
-            } else {
-                Err(format!("{left:?}"))
-            }
-        },
-    );
+    claims_left(&api, 1);
 
     // A restarted replica loses nothing: the claims are the state.
     a.stop();
@@ -324,14 +326,7 @@ fn two_replicas_serve_one_fleet_of_claimed_pods() {
     // Released through B: the claim goes (finalizer off, deleted), and
     // neither replica knows the sandbox any more.
     release(&b, KEY_A, &id);
-    eventually(Duration::from_secs(30), "the claim deleted", || {
-        let left = api.claim_names();
-        if left.is_empty() {
-            Ok(())
-        } else {
-            Err(format!("{left:?}"))
-        }
-    });
+    claims_left(&api, 0);
     let (code, v) = http(
         "GET",
         &format!("{}/local-sandbox/{id}", a.base),
@@ -419,14 +414,7 @@ fn the_fleet_s_bad_cases_answer_clearly_and_leak_no_claim() {
     });
     assert_eq!(code, 200, "{v}");
     release(&host, KEY_A, &id);
-    eventually(Duration::from_secs(30), "the claim deleted", || {
-        let left = api.claim_names();
-        if left.is_empty() {
-            Ok(())
-        } else {
-            Err(format!("{left:?}"))
-        }
-    });
+    claims_left(&api, 0);
 
     // A claim the controller fails: its reason answered, the claim deleted.
     api.lock().fail_claims = Some("WarmPoolNotFound".to_owned());
