@@ -186,47 +186,60 @@ async fn create_claim(State(s): Shared, UrlPath(ns): UrlPath<String>, body: Byte
         claim["status"] = json!({
             "conditions": ready("False", &reason, &format!("SandboxWarmPool \"{pool}\" not found"))
         });
-    } else if c.free_pods.is_empty() {
+    } else {
         claim["status"] =
             json!({ "conditions": ready("False", "SandboxNotReady", "Sandbox is not ready") });
-    } else {
-        let ip = c.free_pods.remove(0);
-        let sandbox = json!({
-            "apiVersion": "agents.x-k8s.io/v1beta1", "kind": "Sandbox",
-            "metadata": {
-                "name": name, "namespace": ns, "uid": format!("sandbox-{}", c.serial),
-                "labels": {"agents.x-k8s.io/launch-type": "warm"},
-                "ownerReferences": [{"apiVersion": "extensions.agents.x-k8s.io/v1beta1",
-                    "kind": "SandboxClaim", "name": name, "uid": meta_uid(&claim), "controller": true}]
-            },
-            "spec": {"podTemplate": {"metadata": {}, "spec": {"containers": [{"name": "agent", "image": "sandbox-agent:dev"}]}}},
-            "status": {
-                "conditions": ready("True", "DependenciesReady", "Pod is Ready; Service Exists"),
-                "podIPs": [ip], "nodeName": "kind-worker",
-                "selector": "agents.x-k8s.io/sandbox-name-hash=0123abcd"
-            }
-        });
-        c.sandboxes.insert(name.clone(), sandbox);
-        claim["status"] = json!({
-            "conditions": ready("True", "SandboxReady", "Sandbox is ready"),
-            "sandbox": {"name": name, "podIPs": [ip]}
-        });
+        assign(&mut c, &ns, &name, &mut claim);
     }
     c.claims.insert(name, claim.clone());
     (StatusCode::CREATED, axum::Json(claim)).into_response()
+}
+
+/// Gives a waiting claim a free pod, if there is one (the controller
+/// adopting a warm pool's sandbox as soon as one is ready).
+fn assign(c: &mut Cluster, ns: &str, name: &str, claim: &mut Value) {
+    let waiting = claim["status"]["sandbox"]["name"].is_null()
+        && claim["metadata"]["deletionTimestamp"].is_null()
+        && claim["status"]["conditions"][0]["reason"] == "SandboxNotReady";
+    if !waiting || c.free_pods.is_empty() {
+        return;
+    }
+    let ip = c.free_pods.remove(0);
+    let sandbox = json!({
+        "apiVersion": "agents.x-k8s.io/v1beta1", "kind": "Sandbox",
+        "metadata": {
+            "name": name, "namespace": ns, "uid": format!("sandbox-{}", c.serial),
+            "labels": {"agents.x-k8s.io/launch-type": "warm"},
+            "ownerReferences": [{"apiVersion": "extensions.agents.x-k8s.io/v1beta1",
+                "kind": "SandboxClaim", "name": name, "uid": meta_uid(claim), "controller": true}]
+        },
+        "spec": {"podTemplate": {"metadata": {}, "spec": {"containers": [{"name": "agent", "image": "sandbox-agent:dev"}]}}},
+        "status": {
+            "conditions": ready("True", "DependenciesReady", "Pod is Ready; Service Exists"),
+            "podIPs": [ip], "nodeName": "kind-worker",
+            "selector": "agents.x-k8s.io/sandbox-name-hash=0123abcd"
+        }
+    });
+    c.sandboxes.insert(name.to_owned(), sandbox);
+    claim["status"] = json!({
+        "conditions": ready("True", "SandboxReady", "Sandbox is ready"),
+        "sandbox": {"name": name, "podIPs": [ip]}
+    });
 }
 
 fn meta_uid(v: &Value) -> Value {
     v["metadata"]["uid"].clone()
 }
 
-async fn get_claim(State(s): Shared, UrlPath((_ns, name)): UrlPath<(String, String)>) -> Response {
+async fn get_claim(State(s): Shared, UrlPath((ns, name)): UrlPath<(String, String)>) -> Response {
     let mut c = lock(&s);
     c.requests.push(format!("GET sandboxclaims/{name}"));
-    match c.claims.get(&name) {
-        Some(v) => axum::Json(v.clone()).into_response(),
-        None => not_found("sandboxclaims.extensions.agents.x-k8s.io", &name),
-    }
+    let Some(mut claim) = c.claims.get(&name).cloned() else {
+        return not_found("sandboxclaims.extensions.agents.x-k8s.io", &name);
+    };
+    assign(&mut c, &ns, &name, &mut claim);
+    c.claims.insert(name, claim.clone());
+    axum::Json(claim).into_response()
 }
 
 async fn list_claims(

@@ -72,7 +72,12 @@ fn fleet(dir: &Path) -> Fleet {
 /// A replica of the host on the stand-in, its claims timing out after
 /// `timeout` seconds.
 fn replica(dir: &Path, f: &Fleet, api: &KubeApi, timeout: u32) -> Host {
-    let args: Vec<String> = [
+    replica_with(dir, f, api, timeout, &[])
+}
+
+/// [`replica`] with `extra` arguments.
+fn replica_with(dir: &Path, f: &Fleet, api: &KubeApi, timeout: u32, extra: &[&str]) -> Host {
+    let mut args: Vec<String> = [
         "--backend",
         "kubernetes",
         "--kube-pool",
@@ -95,6 +100,7 @@ fn replica(dir: &Path, f: &Fleet, api: &KubeApi, timeout: u32) -> Host {
     .iter()
     .map(|s| s.to_string())
     .collect();
+    args.extend(extra.iter().map(|s| s.to_string()));
     let kubeconfig = api.kubeconfig.display().to_string();
     Host::start_with_env(dir, &args, &[("KUBECONFIG", &kubeconfig)])
 }
@@ -567,4 +573,51 @@ fn the_shipped_deployment_s_arguments_serve_a_first_acquire() {
         "sandbox-toolathlon",
         "the Deployment's pool for Toolathlon"
     );
+}
+
+#[test]
+fn an_owner_s_acquires_in_flight_are_counted_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let f = fleet(dir.path());
+    let ips = ["127.0.74.1".to_owned(), "127.0.74.2".to_owned()];
+    let _pods: Vec<Agent> = ips.iter().map(|ip| pod(ip, &f.bootstrap)).collect();
+    // No pod free yet: each Acquire waits with its claim made.
+    let api = KubeApi::start(dir.path(), &[]);
+    let host = replica_with(dir.path(), &f, &api, 30, &["--max-sandboxes-per-key", "2"]);
+    let url = format!("{}/local-sandbox", host.base);
+    let body = r#"{"server_names": ["filesystem"]}"#;
+    let (tx, rx) = std::sync::mpsc::channel();
+    let start = |n: usize| {
+        let (url, tx) = (url.clone(), tx.clone());
+        std::thread::spawn(move || {
+            let _ = tx.send((n, http("POST", &url, Some(KEY_A), Some(body))));
+        });
+    };
+    let claims = |want: usize| {
+        eventually(Duration::from_secs(30), "the claims made", || {
+            if let Ok(done) = rx.try_recv() {
+                panic!("an Acquire ended before any pod was free: {done:?}");
+            }
+            let n = api.claim_names().len();
+            if n == want {
+                Ok(())
+            } else {
+                Err(format!("{n} claims"))
+            }
+        })
+    };
+    start(1);
+    claims(1);
+    // The second, within the cap of 2: the first's claim and its Acquire
+    // in flight are one sandbox, not two.
+    start(2);
+    claims(2);
+    api.lock().free_pods.extend(ips.iter().cloned());
+    for _ in 0..2 {
+        let (n, (code, v)) = rx.recv_timeout(Duration::from_secs(60)).expect("an answer");
+        assert_eq!(code, 201, "acquire {n}: {v}");
+    }
+    // A third is over the cap.
+    let (code, v) = http("POST", &url, Some(KEY_A), Some(body));
+    assert_eq!(code, 429, "{v}");
 }

@@ -49,6 +49,8 @@ pub struct Cluster {
     /// Live lookups: a sandbox id → when looked up and what was found
     /// (`None`: not live). Bounded by pruning entries past their use.
     cache: Mutex<HashMap<String, (Instant, Option<SandboxRow>)>>,
+    /// This process's id in the claims it makes (`Lease::host`).
+    instance: String,
 }
 
 /// Entries kept at most this many times the cache's lifetime.
@@ -61,6 +63,7 @@ impl Cluster {
             cfg,
             signer: Signer::new(signing_key),
             cache: Mutex::new(HashMap::new()),
+            instance: uuid::Uuid::new_v4().to_string(),
         }
     }
 
@@ -110,6 +113,7 @@ impl Cluster {
             expires_at_ms,
             claim: String::new(),
             pod_ip: None,
+            host: Some(self.instance.clone()),
         };
         let claimed = self.fleet.claim(&lease).await.map_err(cluster_error)?;
         match self.bind(&claimed, id).await {
@@ -228,13 +232,20 @@ impl Cluster {
             .collect()
     }
 
+    /// The owner's live sandboxes and the Acquires other replicas have in
+    /// flight (this one counts its own: `api::leases::OwnerClaim`).
     pub async fn held(&self, owner: &str) -> Result<usize, StoreError> {
         let leases = self
             .fleet
             .leases(Some(owner))
             .await
             .inspect_err(log_cluster_error)?;
-        Ok(leases.iter().filter(|l| l.phase != Phase::Released).count())
+        let ours_in_flight =
+            |l: &Lease| l.phase == Phase::Acquiring && l.host.as_deref() == Some(&self.instance);
+        Ok(leases
+            .iter()
+            .filter(|l| l.phase != Phase::Released && !ours_in_flight(l))
+            .count())
     }
 
     /// Records an acquired sandbox in its claim (made by [`Cluster::claim`]).

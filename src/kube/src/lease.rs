@@ -61,6 +61,10 @@ pub struct Lease {
     /// The pod's IP, once Ready.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod_ip: Option<String>,
+    /// The host process that made the claim (an id of its own per start):
+    /// it counts its own Acquires in flight itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
 }
 
 /// The owner's label value.

@@ -60,6 +60,7 @@ fn lease(id: &str, owner: &str) -> Lease {
         expires_at_ms: Some(EXPIRY_MS),
         claim: String::new(),
         pod_ip: None,
+        host: None,
     }
 }
 
