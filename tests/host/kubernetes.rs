@@ -21,6 +21,11 @@ const BOOTSTRAP: &str = "bootstrap-secret-of-the-warm-pool-0123";
 
 /// A warm pool's pod: an agent on `ip` with the pool's bootstrap secret.
 fn pod(ip: &str, bootstrap: &Path) -> Agent {
+    pod_on(ip, bootstrap, AGENT_PORT, MCP_PORT)
+}
+
+/// [`pod`] with its agent's gRPC and MCP data plane on these ports.
+pub(super) fn pod_on(ip: &str, bootstrap: &Path, agent_port: u16, mcp_port: u16) -> Agent {
     let dir = tempfile::tempdir().expect("tempdir");
     let state = dir.path().join("state");
     std::fs::create_dir_all(&state).expect("state");
@@ -31,8 +36,8 @@ fn pod(ip: &str, bootstrap: &Path) -> Agent {
         bootstrap.display().to_string(),
     );
     let (grpc, mcp) = (
-        format!("tcp://{ip}:{AGENT_PORT}"),
-        format!("tcp://{ip}:{MCP_PORT}"),
+        format!("tcp://{ip}:{agent_port}"),
+        format!("tcp://{ip}:{mcp_port}"),
     );
     Agent::start_in(
         dir,
@@ -51,12 +56,12 @@ fn pod(ip: &str, bootstrap: &Path) -> Agent {
 }
 
 /// The shared files of one fleet: the bootstrap secret and the signing key.
-struct Fleet {
-    bootstrap: PathBuf,
-    signing: PathBuf,
+pub(super) struct Fleet {
+    pub(super) bootstrap: PathBuf,
+    pub(super) signing: PathBuf,
 }
 
-fn fleet(dir: &Path) -> Fleet {
+pub(super) fn fleet(dir: &Path) -> Fleet {
     let bootstrap = dir.join("bootstrap-token");
     std::fs::write(&bootstrap, BOOTSTRAP).expect("bootstrap");
     let signing = dir.join("signing-key");
@@ -67,7 +72,20 @@ fn fleet(dir: &Path) -> Fleet {
 /// A replica of the host on the stand-in, its claims timing out after
 /// `timeout` seconds.
 fn replica(dir: &Path, f: &Fleet, api: &KubeApi, timeout: u32) -> Host {
-    let args: Vec<String> = [
+    replica_on(dir, f, api, timeout, (AGENT_PORT, MCP_PORT), &[])
+}
+
+/// [`replica`] reaching the pods' agents on `ports` (gRPC, MCP), with
+/// `extra` flags.
+pub(super) fn replica_on(
+    dir: &Path,
+    f: &Fleet,
+    api: &KubeApi,
+    timeout: u32,
+    (agent_port, mcp_port): (u16, u16),
+    extra: &[&str],
+) -> Host {
+    let mut args: Vec<String> = [
         "--backend",
         "kubernetes",
         "--kube-pool",
@@ -75,9 +93,9 @@ fn replica(dir: &Path, f: &Fleet, api: &KubeApi, timeout: u32) -> Host {
         "--kube-pool",
         "MCP_Atlas=sandbox-mcp-atlas",
         "--kube-agent-port",
-        &AGENT_PORT.to_string(),
+        &agent_port.to_string(),
         "--kube-mcp-port",
-        &MCP_PORT.to_string(),
+        &mcp_port.to_string(),
         "--kube-claim-timeout",
         &timeout.to_string(),
         "--kube-poll-ms",
@@ -90,6 +108,7 @@ fn replica(dir: &Path, f: &Fleet, api: &KubeApi, timeout: u32) -> Host {
     .iter()
     .map(|s| s.to_string())
     .collect();
+    args.extend(extra.iter().map(|s| s.to_string()));
     let kubeconfig = api.kubeconfig.display().to_string();
     Host::start_with_env(dir, &args, &[("KUBECONFIG", &kubeconfig)])
 }

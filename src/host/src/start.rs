@@ -351,6 +351,9 @@ fn private_dirs(data: &std::path::Path) -> anyhow::Result<PathBuf> {
     Ok(uploads)
 }
 
+/// How long one call to the Kubernetes API server may go unanswered.
+const KUBE_CALL_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// The kubernetes backend's fleet: a client of the API server (the
 /// kubeconfig of KUBECONFIG or ~/.kube, else the pod's service account).
 async fn connect_cluster(
@@ -358,9 +361,16 @@ async fn connect_cluster(
     plan: config::ClusterPlan,
     signing_key: &[u8],
 ) -> anyhow::Result<crate::cluster::Cluster> {
-    let client = sandbox_kube::kube::Client::try_default()
+    let mut kube_config = sandbox_kube::kube::Config::infer()
         .await
         .context("--backend kubernetes: no Kubernetes API server configured (KUBECONFIG, ~/.kube/config, or the pod's service account)")?;
+    // No watch runs: a call unanswered this long is a stalled API server,
+    // not kube's default of 295 s for watches.
+    kube_config.read_timeout = Some(KUBE_CALL_TIMEOUT);
+    kube_config.write_timeout = Some(KUBE_CALL_TIMEOUT);
+    let client = sandbox_kube::kube::Client::try_from(kube_config).context(
+        "--backend kubernetes: cannot make a client of the Kubernetes API server's configuration",
+    )?;
     let namespace = plan
         .namespace
         .unwrap_or_else(|| client.default_namespace().to_owned());

@@ -47,6 +47,13 @@ pub async fn lease(h: &Shared, who: String, req: &AcquireBody) -> HostResult<New
         .await
         .inspect_err(|_| h.metrics.failed())?;
     let slot = taken.slot.clone();
+    if let Some(c) = &h.cluster
+        && let Err(e) = within_cap_across_replicas(h, &who).await
+    {
+        h.metrics.failed();
+        c.unclaim(&slot.id).await;
+        return Err(e);
+    }
     let lazy = h.server_start.lazy(req.many);
     let mut leased = match lease_slot(&slot, taken, req, &id, lazy).await {
         Ok(l) => l,
@@ -77,6 +84,23 @@ pub async fn lease(h: &Shared, who: String, req: &AcquireBody) -> HostResult<New
     h.metrics.acquired(profile, miss, started.elapsed());
     info!(sandbox = %row.id, slot = %slot.id, servers = row.servers.len(), warm = profile.is_some(), lazy, "acquired");
     Ok(NewLease { row, skipped, lazy })
+}
+
+/// The kubernetes backend's second count, with this Acquire's claim made:
+/// [`OwnerClaim`] counted before it, and another replica's Acquire may
+/// have counted at the same time. Every claim is counted once it exists,
+/// so of two racing Acquires the later count sees both and refuses: the
+/// owner never holds more than its cap (both may be refused; a retry
+/// succeeds).
+async fn within_cap_across_replicas(h: &Shared, who: &str) -> HostResult<()> {
+    let held = h.store.held(who).await?;
+    if held > h.max_per_owner {
+        return Err(HostError::TooManySandboxes {
+            held: held - 1,
+            limit: h.max_per_owner,
+        });
+    }
+    Ok(())
 }
 
 /// A sandbox for lease `id`: a slot of the pool (perhaps holding a warm

@@ -1,0 +1,120 @@
+//! The kubernetes backend under attack: an owner or a slow API server
+//! trying to get more than the host means to give, through two real
+//! replicas on the stand-in API server (`kube_api`).
+
+use std::time::{Duration, Instant};
+
+use super::common::host::{KEY_A, http};
+use super::common::{Agent, eventually};
+use super::kube_api::KubeApi;
+use super::kubernetes::{fleet, pod_on, replica_on};
+
+/// An owner with a cap of one sandbox fires one Acquire at each replica
+/// at once. Each replica counted the owner's claims before making its
+/// own (the API server answering slowly widens the window both fall in):
+/// the owner must still end up with at most one sandbox.
+#[test]
+fn an_owner_cannot_exceed_its_cap_across_two_replicas() {
+    const PORTS: (u16, u16) = (47200, 47201);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let f = fleet(dir.path());
+    let ips = ["127.0.90.1".to_owned(), "127.0.90.2".to_owned()];
+    let _pods: Vec<Agent> = ips
+        .iter()
+        .map(|ip| pod_on(ip, &f.bootstrap, PORTS.0, PORTS.1))
+        .collect();
+    let api = KubeApi::start(dir.path(), &ips);
+    let cap = ["--max-sandboxes-per-key", "1"];
+    let a = replica_on(dir.path(), &f, &api, 30, PORTS, &cap);
+    let b = replica_on(dir.path(), &f, &api, 30, PORTS, &cap);
+    api.lock().list_delay_ms = 1500;
+
+    let body = r#"{"server_names": ["filesystem"]}"#;
+    let answers: Vec<(u16, serde_json::Value)> = std::thread::scope(|s| {
+        let ta = s.spawn(|| {
+            http(
+                "POST",
+                &format!("{}/local-sandbox", a.base),
+                Some(KEY_A),
+                Some(body),
+            )
+        });
+        let tb = s.spawn(|| {
+            http(
+                "POST",
+                &format!("{}/local-sandbox", b.base),
+                Some(KEY_A),
+                Some(body),
+            )
+        });
+        vec![ta.join().expect("a"), tb.join().expect("b")]
+    });
+    api.lock().list_delay_ms = 0;
+    let won: Vec<&(u16, serde_json::Value)> = answers
+        .iter()
+        .filter(|(code, _)| (200..300).contains(code))
+        .collect();
+    assert!(
+        won.len() <= 1,
+        "an owner capped at 1 holds {} sandboxes through two replicas: {answers:?}",
+        won.len()
+    );
+    for (code, v) in &answers {
+        assert!(
+            (200..300).contains(code) || *code == 429,
+            "{code}: {v} ({answers:?})"
+        );
+    }
+    // The refused Acquire leaves no claim behind.
+    eventually(Duration::from_secs(30), "one claim at most", || {
+        let left = api.claim_names();
+        if left.len() == won.len() {
+            Ok(())
+        } else {
+            Err(format!("{left:?}"))
+        }
+    });
+}
+
+/// An API server that accepts a request and never answers it (here the
+/// sandbox's GET) must not hold an Acquire past `--kube-claim-timeout`:
+/// the client gets a 503 about as soon as the wait is over, and the claim
+/// is deleted.
+#[test]
+fn a_stalled_api_server_cannot_hold_an_acquire_past_the_claim_timeout() {
+    const PORTS: (u16, u16) = (47210, 47211);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let f = fleet(dir.path());
+    let ip = "127.0.91.1".to_owned();
+    let _pod = pod_on(&ip, &f.bootstrap, PORTS.0, PORTS.1);
+    let api = KubeApi::start(dir.path(), std::slice::from_ref(&ip));
+    let host = replica_on(dir.path(), &f, &api, 2, PORTS, &[]);
+    api.lock().stall_sandbox_gets = true;
+
+    let url = format!("{}/local-sandbox", host.base);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let started = Instant::now();
+    std::thread::spawn(move || {
+        let _ = tx.send(http(
+            "POST",
+            &url,
+            Some(KEY_A),
+            Some(r#"{"server_names": ["filesystem"]}"#),
+        ));
+    });
+    let Ok((code, v)) = rx.recv_timeout(Duration::from_secs(30)) else {
+        panic!(
+            "an Acquire with --kube-claim-timeout 2 still waits after {:?} on a stalled API server",
+            started.elapsed()
+        );
+    };
+    assert_eq!(code, 503, "{v}");
+    eventually(Duration::from_secs(30), "the claim deleted", || {
+        let left = api.claim_names();
+        if left.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("{left:?}"))
+        }
+    });
+}
