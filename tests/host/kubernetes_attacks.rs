@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::common::host::{KEY_A, http};
+use super::common::host::{KEY_A, acquire, http, put, script_archive};
 use super::common::{Agent, eventually};
 use super::kube_api::KubeApi;
 use super::kubernetes::{fleet, pod_on, replica_on};
@@ -117,4 +117,46 @@ fn a_stalled_api_server_cannot_hold_an_acquire_past_the_claim_timeout() {
             Err(format!("{left:?}"))
         }
     });
+}
+
+/// Replicas share `--data-dir` for uploads. One replica starting (a
+/// rolling update, a crash, a scale-up) must not delete the archives that
+/// owners uploaded through the others for their live sandboxes.
+#[test]
+fn a_replica_starting_keeps_the_uploads_of_live_sandboxes() {
+    const PORTS: (u16, u16) = (47220, 47221);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let f = fleet(dir.path());
+    let ip = "127.0.92.1".to_owned();
+    let _pod = pod_on(&ip, &f.bootstrap, PORTS.0, PORTS.1);
+    let api = KubeApi::start(dir.path(), std::slice::from_ref(&ip));
+    let a = replica_on(dir.path(), &f, &api, 30, PORTS, &[]);
+    let acq = acquire(&a, KEY_A, r#"{"server_names": ["filesystem"]}"#);
+    let id = acq["local_sandbox_id"].as_str().expect("id").to_owned();
+    let (code, u) = http(
+        "POST",
+        &format!("{}/local-sandbox/{id}/upload-url", a.base),
+        Some(KEY_A),
+        None,
+    );
+    assert_eq!(code, 200, "{u}");
+    let (code, v) = put(
+        u["upload_url"].as_str().expect("upload_url"),
+        &script_archive("print('kept')\n"),
+    );
+    assert_eq!(code, 200, "{v}");
+
+    // Another replica starts on the same fleet and volume.
+    let _b = replica_on(dir.path(), &f, &api, 30, PORTS, &[]);
+
+    let (code, v) = http(
+        "POST",
+        &format!("{}/local-sandbox/{id}/initialize", a.base),
+        Some(KEY_A),
+        None,
+    );
+    assert_eq!(
+        code, 200,
+        "the upload of a live sandbox was deleted by another replica's start: {v}"
+    );
 }

@@ -140,10 +140,23 @@ impl Host {
             Some(addr) => Some(listen_metrics(addr).await?),
             None => None,
         };
-        let owners: Vec<(String, String)> = live
-            .iter()
-            .map(|s| (s.id.clone(), s.owner.clone()))
-            .collect();
+        // The upload store keeps the uploads of live sandboxes and removes
+        // the rest. On the kubernetes backend the volume is shared by every
+        // replica: the live sandboxes are the claims' (all replicas'), not
+        // none, or a replica starting would delete every upload; without
+        // the API server nothing is removed.
+        let uploads_live = match &cluster {
+            Some(_) => match store.list(None).await {
+                Ok(l) => Some(l),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot list the live sandboxes: every stored upload is kept");
+                    None
+                }
+            },
+            None => Some(live.clone()),
+        };
+        let owners: Option<Vec<(String, String)>> =
+            uploads_live.map(|l| l.iter().map(|s| (s.id.clone(), s.owner.clone())).collect());
         let host = Arc::new(Host {
             metrics: metrics::Metrics::new(&pool, args.metrics_listen.is_none()),
             store,
@@ -152,7 +165,7 @@ impl Host {
             signer: signed::Signer::new(c.signing_key),
             keys: c.keys,
             public_url: public_url.clone(),
-            uploads: api::Uploads::open(c.uploads, upload_limits(args), &owners),
+            uploads: api::Uploads::open(c.uploads, upload_limits(args), owners.as_deref()),
             time_scale: args.time_scale,
             server_start: args.server_start,
             max_per_owner: args.max_sandboxes_per_key,

@@ -152,8 +152,11 @@ pub struct Uploads {
 impl Uploads {
     /// The store in `dir`, counting what live sandboxes (`(id, owner)`)
     /// stored before a restart; anything else there (partial uploads,
-    /// archives of sandboxes released meanwhile) is removed.
-    pub fn open(dir: PathBuf, limits: UploadLimits, live: &[(String, String)]) -> Uploads {
+    /// archives of sandboxes released meanwhile) is removed. `live`
+    /// `None` (not known: the API server unreachable) keeps every file.
+    pub fn open(dir: PathBuf, limits: UploadLimits, live: Option<&[(String, String)]>) -> Uploads {
+        let known = live.is_some();
+        let live = live.unwrap_or_default();
         let up = Uploads {
             dir,
             limits,
@@ -171,7 +174,9 @@ impl Uploads {
                 None => (name.strip_suffix(".tar.gz").unwrap_or("").to_owned(), false),
             };
             let Some(owner) = owners.get(id.as_str()) else {
-                remove(&e.path());
+                if known {
+                    remove(&e.path());
+                }
                 continue;
             };
             let mut found = Vec::new();
