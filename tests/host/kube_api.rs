@@ -41,6 +41,9 @@ pub struct Cluster {
     pub list_delay_ms: u64,
     /// GETs of sandboxes are never answered (an API server that stalls).
     pub stall_sandbox_gets: bool,
+    /// PATCHes of claims are never answered while set (read as each
+    /// arrives).
+    pub stall_patches: bool,
     serial: u64,
 }
 
@@ -279,8 +282,15 @@ async fn patch_claim(
     headers: axum::http::HeaderMap,
     body: Bytes,
 ) -> Response {
+    let stall = {
+        let mut c = lock(&s);
+        c.requests.push(format!("PATCH sandboxclaims/{name}"));
+        c.stall_patches
+    };
+    if stall {
+        tokio::time::sleep(std::time::Duration::from_secs(3600)).await;
+    }
     let mut c = lock(&s);
-    c.requests.push(format!("PATCH sandboxclaims/{name}"));
     let merge = headers
         .get("content-type")
         .is_some_and(|v| v.as_bytes().starts_with(b"application/merge-patch+json"));

@@ -160,3 +160,55 @@ fn a_replica_starting_keeps_the_uploads_of_live_sandboxes() {
         "the upload of a live sandbox was deleted by another replica's start: {v}"
     );
 }
+
+/// An owner whose client gives up on an Acquire once its pod is claimed
+/// (a client timeout; here while the lease is being recorded in the
+/// claim, the API server slow to answer): the claim must not stay behind
+/// in phase `acquiring`, listed by no one, reaped by no one, holding a
+/// warm pod and counting against the owner forever.
+#[test]
+fn an_acquire_abandoned_after_its_claim_leaks_no_claim() {
+    use std::io::Write;
+    const PORTS: (u16, u16) = (47230, 47231);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let f = fleet(dir.path());
+    let ip = "127.0.93.1".to_owned();
+    let _pod = pod_on(&ip, &f.bootstrap, PORTS.0, PORTS.1);
+    let api = KubeApi::start(dir.path(), std::slice::from_ref(&ip));
+    let host = replica_on(dir.path(), &f, &api, 30, PORTS, &[]);
+    api.lock().stall_patches = true;
+
+    let addr = host.base.trim_start_matches("http://").to_owned();
+    let mut conn = std::net::TcpStream::connect(&addr).expect("connect");
+    let body = r#"{"server_names": ["filesystem"]}"#;
+    write!(
+        conn,
+        "POST /local-sandbox HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {KEY_A}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .expect("send");
+    eventually(Duration::from_secs(60), "the lease being recorded", || {
+        let c = api.lock();
+        if c.requests.iter().any(|r| r.starts_with("PATCH")) {
+            Ok(())
+        } else {
+            Err(format!("{:?}", c.requests))
+        }
+    });
+    api.lock().stall_patches = false;
+    // The client gives up.
+    drop(conn);
+
+    eventually(
+        Duration::from_secs(30),
+        "the abandoned Acquire's claim deleted",
+        || {
+            let left = api.claim_names();
+            if left.is_empty() {
+                Ok(())
+            } else {
+                Err(format!("{left:?}"))
+            }
+        },
+    );
+}

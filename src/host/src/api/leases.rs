@@ -47,11 +47,15 @@ pub async fn lease(h: &Shared, who: String, req: &AcquireBody) -> HostResult<New
         .await
         .inspect_err(|_| h.metrics.failed())?;
     let slot = taken.slot.clone();
+    // Dropped before the lease is stored (the client went away), the
+    // claim is deleted: no claim stays `acquiring`, reaped by no one.
+    let mut claimed = Unclaim::new(h, &slot.id);
     if let Some(c) = &h.cluster
         && let Err(e) = within_cap_across_replicas(h, &who).await
     {
         h.metrics.failed();
         c.unclaim(&slot.id).await;
+        claimed.keep();
         return Err(e);
     }
     let lazy = h.server_start.lazy(req.many);
@@ -63,6 +67,7 @@ pub async fn lease(h: &Shared, who: String, req: &AcquireBody) -> HostResult<New
                 Some(c) => c.unclaim(&slot.id).await,
                 None => settle_failed_lease(h, slot),
             }
+            claimed.keep();
             return Err(e);
         }
     };
@@ -79,11 +84,46 @@ pub async fn lease(h: &Shared, who: String, req: &AcquireBody) -> HostResult<New
         if let Some(c) = &h.cluster {
             c.unclaim(&slot.id).await;
         }
+        claimed.keep();
         return Err(e.into());
     }
+    claimed.keep();
     h.metrics.acquired(profile, miss, started.elapsed());
     info!(sandbox = %row.id, slot = %slot.id, servers = row.servers.len(), warm = profile.is_some(), lazy, "acquired");
     Ok(NewLease { row, skipped, lazy })
+}
+
+/// The claim of an Acquire not stored yet (the kubernetes backend): a drop
+/// (the request abandoned mid-way) deletes it in the background; an
+/// Acquire that failed deletes it itself, an Acquire stored keeps it.
+struct Unclaim {
+    cluster: Option<std::sync::Arc<crate::cluster::Cluster>>,
+    claim: String,
+}
+
+impl Unclaim {
+    fn new(h: &Shared, claim: &str) -> Unclaim {
+        Unclaim {
+            cluster: h.cluster.clone(),
+            claim: claim.to_owned(),
+        }
+    }
+
+    fn keep(&mut self) {
+        self.cluster = None;
+    }
+}
+
+impl Drop for Unclaim {
+    fn drop(&mut self) {
+        let Some(c) = self.cluster.take() else {
+            return;
+        };
+        let claim = std::mem::take(&mut self.claim);
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move { c.unclaim(&claim).await });
+        }
+    }
 }
 
 /// The kubernetes backend's second count, with this Acquire's claim made:
