@@ -212,3 +212,66 @@ fn an_acquire_abandoned_after_its_claim_leaks_no_claim() {
         },
     );
 }
+
+/// A replica that stops mid-Acquire (killed, its node lost) runs no
+/// guard: its claim stays `acquiring`, with the hosts' finalizer, listed
+/// by no one, so its owner cannot release it, and counted against the
+/// owner's cap. The replicas still running must end it once no Acquire
+/// can still be at work on it.
+#[test]
+fn a_claim_left_acquiring_by_a_stopped_replica_is_deleted() {
+    use sha2::Digest;
+    const PORTS: (u16, u16) = (47240, 47241);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let f = fleet(dir.path());
+    let ip = "127.0.94.1".to_owned();
+    let _pod = pod_on(&ip, &f.bootstrap, PORTS.0, PORTS.1);
+    let api = KubeApi::start(dir.path(), std::slice::from_ref(&ip));
+    let id = "0badc0de-0000-4000-8000-000000000001";
+    let name = format!("sbx-{id}");
+    let owner_hash: String = sha2::Sha256::digest(b"alice")[..8]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let record = serde_json::json!({
+        "sandbox_id": id, "owner": "alice", "pool": "sandbox-default",
+        "phase": "acquiring", "servers": [],
+        "created_at": "2020-01-01T00:00:00.000000+00:00",
+        "updated_at": "2020-01-01T00:00:00.000000+00:00"
+    });
+    api.lock().claims.insert(
+        name.clone(),
+        serde_json::json!({
+            "apiVersion": "extensions.agents.x-k8s.io/v1beta1", "kind": "SandboxClaim",
+            "metadata": {
+                "name": name, "namespace": super::kube_api::NAMESPACE,
+                "uid": "00000000-0000-0000-0000-00000000abcd", "resourceVersion": "1",
+                "creationTimestamp": "2020-01-01T00:00:00Z",
+                "labels": {
+                    "sandbox-agent.dev/managed-by": "sandbox-host",
+                    "sandbox-agent.dev/sandbox-id": id,
+                    "sandbox-agent.dev/owner-hash": owner_hash
+                },
+                "annotations": {"sandbox-agent.dev/lease": record.to_string()},
+                "finalizers": ["sandbox-agent.dev/lease"]
+            },
+            "spec": {"warmPoolRef": {"name": "sandbox-default"}}
+        }),
+    );
+    let cap = ["--max-sandboxes-per-key", "1"];
+    let host = replica_on(dir.path(), &f, &api, 30, PORTS, &cap);
+    eventually(
+        Duration::from_secs(30),
+        "the abandoned claim deleted",
+        || {
+            let left = api.claim_names();
+            if left.is_empty() {
+                Ok(())
+            } else {
+                Err(format!("{left:?}"))
+            }
+        },
+    );
+    // Its owner's cap is whole again.
+    acquire(&host, KEY_A, r#"{"server_names": ["filesystem"]}"#);
+}

@@ -276,13 +276,45 @@ impl Cluster {
         Ok(())
     }
 
+    /// Live leases whose TTL has passed. Claims left `acquiring` past any
+    /// Acquire's time (their replica stopped mid-way: no guard ran, no
+    /// one lists them, their owner cannot release them) are deleted on
+    /// the way.
     pub async fn expired(&self, now_ms: i64) -> Result<Vec<SandboxRow>, StoreError> {
-        let live = self.list(None).await?;
-        Ok(live
-            .into_iter()
-            .filter(|s| s.expires_at_ms.is_some_and(|t| t <= now_ms))
-            .collect())
+        let leases = self
+            .fleet
+            .leases(None)
+            .await
+            .inspect_err(log_cluster_error)?;
+        let abandoned_after = self.fleet.config().claim_timeout + ACQUIRE_AFTER_CLAIM;
+        let mut expired = Vec::new();
+        for l in leases {
+            match l.phase {
+                Phase::Acquiring if age_of(&l.created_at, now_ms) > Some(abandoned_after) => {
+                    warn!(sandbox = %l.sandbox_id, claim = %l.claim, "a claim left acquiring (its host stopped mid-Acquire); deleting it");
+                    self.unclaim(&l.claim).await;
+                }
+                Phase::Occupied | Phase::Error if l.expires_at_ms.is_some_and(|t| t <= now_ms) => {
+                    expired.push(row_of(l)?);
+                }
+                _ => {}
+            }
+        }
+        Ok(expired)
     }
+}
+
+/// Longer than any Acquire takes once its claim is Ready (the bind, the
+/// agent's Acquire starting its servers, the record).
+const ACQUIRE_AFTER_CLAIM: Duration = Duration::from_secs(15 * 60);
+
+/// How long before `now_ms` the RFC 3339 time `at` was (`None`: not a
+/// time, or later).
+fn age_of(at: &str, now_ms: i64) -> Option<Duration> {
+    let at = chrono::DateTime::parse_from_rfc3339(at).ok()?;
+    u64::try_from(now_ms - at.timestamp_millis())
+        .ok()
+        .map(Duration::from_millis)
 }
 
 fn phase_of(s: Status) -> Phase {
