@@ -492,7 +492,12 @@ async fn claim_record_find_list_release() {
             });
             sbx.insert(
                 "pool-a-x7k2p".into(),
-                sandbox("pool-a-x7k2p", "sbx-s1", false, &[]),
+                sandbox(
+                    "pool-a-x7k2p",
+                    "sbx-00000000-0000-4000-8000-000000000001",
+                    false,
+                    &[],
+                ),
             );
         }
         3 => {
@@ -505,34 +510,44 @@ async fn claim_record_find_list_release() {
             c["status"]["sandbox"]["podIPs"] = json!(["10.244.1.17"]);
             sbx.insert(
                 "pool-a-x7k2p".into(),
-                sandbox("pool-a-x7k2p", "sbx-s1", true, &["10.244.1.17"]),
+                sandbox(
+                    "pool-a-x7k2p",
+                    "sbx-00000000-0000-4000-8000-000000000001",
+                    true,
+                    &["10.244.1.17"],
+                ),
             );
         }
         _ => {}
     });
     // Already there: an older lease of alice's; bob's, whose owner hash
     // collides with alice's; carol's.
-    let mut older = lease("s0", "alice");
+    let mut older = lease("00000000-0000-4000-8000-000000000000", "alice");
     older.created_at = "2025-12-31T23:00:00Z".into();
     older.phase = Phase::Occupied;
-    let mut bob = lease("s2", "bob");
+    let mut bob = lease("00000000-0000-4000-8000-000000000002", "bob");
     bob.phase = Phase::Occupied;
     let mut bob_claim = stored_claim(&bob, json!({}));
     bob_claim["metadata"]["labels"][lease::OWNER_HASH] = json!(lease::owner_hash("alice"));
-    let carol = lease("s3", "carol");
+    let carol = lease("00000000-0000-4000-8000-000000000003", "carol");
+    w.claims.insert(
+        "sbx-00000000-0000-4000-8000-000000000000".into(),
+        stored_claim(&older, json!({})),
+    );
     w.claims
-        .insert("sbx-s0".into(), stored_claim(&older, json!({})));
-    w.claims.insert("sbx-s2".into(), bob_claim);
-    w.claims
-        .insert("sbx-s3".into(), stored_claim(&carol, json!({})));
+        .insert("sbx-00000000-0000-4000-8000-000000000002".into(), bob_claim);
+    w.claims.insert(
+        "sbx-00000000-0000-4000-8000-000000000003".into(),
+        stored_claim(&carol, json!({})),
+    );
     let server = serve(handle, w);
 
-    let mut l = lease("s1", "alice");
+    let mut l = lease("00000000-0000-4000-8000-000000000001", "alice");
     let got = fleet.claim(&l).await.unwrap();
     assert_eq!(
         got,
         Claimed {
-            claim: "sbx-s1".into(),
+            claim: "sbx-00000000-0000-4000-8000-000000000001".into(),
             sandbox: "pool-a-x7k2p".into(),
             ip: "10.244.1.17".into(),
         }
@@ -542,45 +557,60 @@ async fn claim_record_find_list_release() {
     l.pod_ip = Some(got.ip.clone());
     l.servers = json!({"fs": {"port": 8080}});
     fleet.record(&l).await.unwrap();
-    assert_eq!(fleet.find("s1").await.unwrap(), Some(l.clone()));
+    assert_eq!(
+        fleet
+            .find("00000000-0000-4000-8000-000000000001")
+            .await
+            .unwrap(),
+        Some(l.clone())
+    );
     let mine = fleet.leases(Some("alice")).await.unwrap();
     let mut older_read = older.clone();
-    older_read.claim = "sbx-s0".into();
+    older_read.claim = "sbx-00000000-0000-4000-8000-000000000000".into();
     assert_eq!(mine, vec![older_read, l.clone()]);
-    fleet.release("sbx-s1").await.unwrap();
+    fleet
+        .release("sbx-00000000-0000-4000-8000-000000000001")
+        .await
+        .unwrap();
 
     let (log, w) = finish(fleet, server).await;
     assert_eq!(
         shorts(&log),
         [
             "POST claims",
-            "GET claims/sbx-s1",
-            "GET claims/sbx-s1",
+            "GET claims/sbx-00000000-0000-4000-8000-000000000001",
+            "GET claims/sbx-00000000-0000-4000-8000-000000000001",
             "GET sandboxes/pool-a-x7k2p",
-            "GET claims/sbx-s1",
+            "GET claims/sbx-00000000-0000-4000-8000-000000000001",
             "GET sandboxes/pool-a-x7k2p",
-            "PATCH claims/sbx-s1",
-            "GET claims/sbx-s1",
+            "PATCH claims/sbx-00000000-0000-4000-8000-000000000001",
+            "GET claims/sbx-00000000-0000-4000-8000-000000000001",
             "GET claims",
-            "DELETE claims/sbx-s1",
-            "GET claims/sbx-s1",
-            "PATCH claims/sbx-s1",
+            "DELETE claims/sbx-00000000-0000-4000-8000-000000000001",
+            "GET claims/sbx-00000000-0000-4000-8000-000000000001",
+            "PATCH claims/sbx-00000000-0000-4000-8000-000000000001",
         ]
     );
 
     // The claim as created.
     let post = &log[0].body;
-    assert_eq!(post["metadata"]["name"], "sbx-s1");
+    assert_eq!(
+        post["metadata"]["name"],
+        "sbx-00000000-0000-4000-8000-000000000001"
+    );
     let labels = &post["metadata"]["labels"];
     assert_eq!(labels[lease::MANAGED_BY], "sandbox-host");
-    assert_eq!(labels[lease::SANDBOX_ID], "s1");
+    assert_eq!(
+        labels[lease::SANDBOX_ID],
+        "00000000-0000-4000-8000-000000000001"
+    );
     assert_eq!(labels[lease::OWNER_HASH], json!(lease::owner_hash("alice")));
     let record = post["metadata"]["annotations"][lease::RECORD]
         .as_str()
         .unwrap();
     assert_eq!(
         serde_json::from_str::<Lease>(record).unwrap(),
-        lease("s1", "alice")
+        lease("00000000-0000-4000-8000-000000000001", "alice")
     );
     assert_eq!(post["metadata"]["finalizers"], json!([lease::FINALIZER]));
     assert_eq!(post["spec"]["warmPoolRef"], json!({"name": "pool-a"}));
@@ -623,7 +653,10 @@ async fn claim_record_find_list_release() {
     // release: deleted, then our finalizer off.
     assert_eq!(log[11].content_type, "application/merge-patch+json");
     assert_eq!(log[11].body, json!({"metadata": {"finalizers": []}}));
-    assert!(!w.claims.contains_key("sbx-s1"));
+    assert!(
+        !w.claims
+            .contains_key("sbx-00000000-0000-4000-8000-000000000001")
+    );
     assert_eq!(w.claims.len(), 3);
     assert!(started.elapsed() < Duration::from_secs(3));
 }
@@ -633,7 +666,10 @@ async fn pool_empty_past_the_wait_deletes_the_claim() {
     let (fleet, handle) = fleet(ms(60), ms(10));
     let server = serve(handle, world());
     let started = Instant::now();
-    let e = fleet.claim(&lease("s1", "alice")).await.unwrap_err();
+    let e = fleet
+        .claim(&lease("00000000-0000-4000-8000-000000000001", "alice"))
+        .await
+        .unwrap_err();
     let waited = started.elapsed();
     assert!(
         waited >= ms(60) && waited < Duration::from_secs(3),
@@ -642,10 +678,15 @@ async fn pool_empty_past_the_wait_deletes_the_claim() {
     let KubeError::PoolEmpty { pool, claim, .. } = &e else {
         panic!("{e:?}")
     };
-    assert_eq!((pool.as_str(), claim.as_str()), ("pool-a", "sbx-s1"));
+    assert_eq!(
+        (pool.as_str(), claim.as_str()),
+        ("pool-a", "sbx-00000000-0000-4000-8000-000000000001")
+    );
     let msg = e.to_string();
     assert!(
-        msg.contains("\"pool-a\"") && msg.contains("within 0.") && msg.contains("sbx-s1"),
+        msg.contains("\"pool-a\"")
+            && msg.contains("within 0.")
+            && msg.contains("sbx-00000000-0000-4000-8000-000000000001"),
         "{msg}"
     );
 
@@ -654,13 +695,18 @@ async fn pool_empty_past_the_wait_deletes_the_claim() {
     assert_eq!(s[0], "POST claims");
     let polls = &s[1..s.len() - 3];
     assert!((1..=10).contains(&polls.len()), "{s:?}");
-    assert!(polls.iter().all(|r| r == "GET claims/sbx-s1"), "{s:?}");
+    assert!(
+        polls
+            .iter()
+            .all(|r| r == "GET claims/sbx-00000000-0000-4000-8000-000000000001"),
+        "{s:?}"
+    );
     assert_eq!(
         s[s.len() - 3..],
         [
-            "DELETE claims/sbx-s1",
-            "GET claims/sbx-s1",
-            "PATCH claims/sbx-s1"
+            "DELETE claims/sbx-00000000-0000-4000-8000-000000000001",
+            "GET claims/sbx-00000000-0000-4000-8000-000000000001",
+            "PATCH claims/sbx-00000000-0000-4000-8000-000000000001"
         ]
     );
     assert!(w.claims.is_empty(), "leaked: {:?}", w.claims.keys());
@@ -676,7 +722,10 @@ async fn a_failed_claim_is_claim_failed_and_deleted() {
         }
     });
     let server = serve(handle, w);
-    let e = fleet.claim(&lease("s1", "alice")).await.unwrap_err();
+    let e = fleet
+        .claim(&lease("00000000-0000-4000-8000-000000000001", "alice"))
+        .await
+        .unwrap_err();
     let KubeError::ClaimFailed {
         pool,
         claim,
@@ -685,7 +734,10 @@ async fn a_failed_claim_is_claim_failed_and_deleted() {
     else {
         panic!("{e:?}")
     };
-    assert_eq!((pool.as_str(), claim.as_str()), ("pool-a", "sbx-s1"));
+    assert_eq!(
+        (pool.as_str(), claim.as_str()),
+        ("pool-a", "sbx-00000000-0000-4000-8000-000000000001")
+    );
     assert_eq!(
         reason,
         "WarmPoolNotFound: SandboxWarmPool \"pool-a\" not found"
@@ -696,11 +748,11 @@ async fn a_failed_claim_is_claim_failed_and_deleted() {
         shorts(&log),
         [
             "POST claims",
-            "GET claims/sbx-s1",
-            "GET claims/sbx-s1",
-            "DELETE claims/sbx-s1",
-            "GET claims/sbx-s1",
-            "PATCH claims/sbx-s1",
+            "GET claims/sbx-00000000-0000-4000-8000-000000000001",
+            "GET claims/sbx-00000000-0000-4000-8000-000000000001",
+            "DELETE claims/sbx-00000000-0000-4000-8000-000000000001",
+            "GET claims/sbx-00000000-0000-4000-8000-000000000001",
+            "PATCH claims/sbx-00000000-0000-4000-8000-000000000001",
         ]
     );
     assert!(w.claims.is_empty());
@@ -717,11 +769,19 @@ async fn a_sandbox_never_ready_is_pool_empty_and_deleted() {
         });
         sbx.insert(
             "pool-a-x7k2p".into(),
-            sandbox("pool-a-x7k2p", "sbx-s1", false, &[]),
+            sandbox(
+                "pool-a-x7k2p",
+                "sbx-00000000-0000-4000-8000-000000000001",
+                false,
+                &[],
+            ),
         );
     });
     let server = serve(handle, w);
-    let e = fleet.claim(&lease("s1", "alice")).await.unwrap_err();
+    let e = fleet
+        .claim(&lease("00000000-0000-4000-8000-000000000001", "alice"))
+        .await
+        .unwrap_err();
     assert!(matches!(e, KubeError::PoolEmpty { .. }), "{e:?}");
 
     let (log, w) = finish(fleet, server).await;
@@ -730,14 +790,20 @@ async fn a_sandbox_never_ready_is_pool_empty_and_deleted() {
     let polls = &s[1..s.len() - 3];
     assert!(polls.len() >= 2 && polls.len().is_multiple_of(2), "{s:?}");
     for pair in polls.chunks(2) {
-        assert_eq!(pair, ["GET claims/sbx-s1", "GET sandboxes/pool-a-x7k2p"]);
+        assert_eq!(
+            pair,
+            [
+                "GET claims/sbx-00000000-0000-4000-8000-000000000001",
+                "GET sandboxes/pool-a-x7k2p"
+            ]
+        );
     }
     assert_eq!(
         s[s.len() - 3..],
         [
-            "DELETE claims/sbx-s1",
-            "GET claims/sbx-s1",
-            "PATCH claims/sbx-s1"
+            "DELETE claims/sbx-00000000-0000-4000-8000-000000000001",
+            "GET claims/sbx-00000000-0000-4000-8000-000000000001",
+            "PATCH claims/sbx-00000000-0000-4000-8000-000000000001"
         ]
     );
     assert!(w.claims.is_empty());
@@ -757,7 +823,10 @@ async fn forbidden_create_names_the_permission() {
         })
     });
     let server = serve(handle, w);
-    let e = fleet.claim(&lease("s1", "alice")).await.unwrap_err();
+    let e = fleet
+        .claim(&lease("00000000-0000-4000-8000-000000000001", "alice"))
+        .await
+        .unwrap_err();
     assert!(matches!(e, KubeError::Forbidden { .. }), "{e:?}");
     assert_eq!(e.permission().as_deref(), Some("create sandboxclaims"));
     let msg = e.to_string();
@@ -779,28 +848,41 @@ async fn an_unreachable_api_server_is_an_api_error() {
         KubeError::Api { verb, resource, .. } => format!("{verb} {resource}"),
         e => panic!("{e:?}"),
     };
-    let e = fleet.claim(&lease("s1", "alice")).await.unwrap_err();
+    let e = fleet
+        .claim(&lease("00000000-0000-4000-8000-000000000001", "alice"))
+        .await
+        .unwrap_err();
     assert!(
         e.to_string().contains("failed create on sandboxclaims"),
         "{e}"
     );
     assert_eq!(verb(e), "create sandboxclaims");
     assert_eq!(
-        verb(fleet.find("s1").await.unwrap_err()),
+        verb(
+            fleet
+                .find("00000000-0000-4000-8000-000000000001")
+                .await
+                .unwrap_err()
+        ),
         "get sandboxclaims"
     );
     assert_eq!(
         verb(fleet.leases(None).await.unwrap_err()),
         "list sandboxclaims"
     );
-    let mut l = lease("s1", "alice");
-    l.claim = "sbx-s1".into();
+    let mut l = lease("00000000-0000-4000-8000-000000000001", "alice");
+    l.claim = "sbx-00000000-0000-4000-8000-000000000001".into();
     assert_eq!(
         verb(fleet.record(&l).await.unwrap_err()),
         "patch sandboxclaims"
     );
     assert_eq!(
-        verb(fleet.release("sbx-s1").await.unwrap_err()),
+        verb(
+            fleet
+                .release("sbx-00000000-0000-4000-8000-000000000001")
+                .await
+                .unwrap_err()
+        ),
         "delete sandboxclaims"
     );
 
@@ -809,10 +891,10 @@ async fn an_unreachable_api_server_is_an_api_error() {
         shorts(&log),
         [
             "POST claims",
-            "GET claims/sbx-s1",
+            "GET claims/sbx-00000000-0000-4000-8000-000000000001",
             "GET claims",
-            "PATCH claims/sbx-s1",
-            "DELETE claims/sbx-s1",
+            "PATCH claims/sbx-00000000-0000-4000-8000-000000000001",
+            "DELETE claims/sbx-00000000-0000-4000-8000-000000000001",
         ]
     );
 }
@@ -829,36 +911,91 @@ async fn claims_deleted_or_unready_under_a_live_lease_read_as_error() {
     };
     let ready = json!({"conditions": [cond("Ready", "True", "DependenciesReady", "Pod is Ready; Service Exists")], "sandbox": {"name": "pool-a-1", "podIPs": ["10.244.1.17"]}});
     // Deleted by someone else: terminating, held by our finalizer.
-    let mut deleted = stored_claim(&occupied("d"), ready.clone());
+    let mut deleted = stored_claim(
+        &occupied("00000000-0000-4000-8000-00000000000d"),
+        ready.clone(),
+    );
     deleted["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:10:00Z");
     deleted["metadata"]["deletionGracePeriodSeconds"] = json!(0);
-    w.claims.insert("sbx-d".into(), deleted);
+    w.claims
+        .insert("sbx-00000000-0000-4000-8000-00000000000d".into(), deleted);
     // Its pod failed: the claim forwards the sandbox's Ready.
     let failed = json!({"conditions": [cond("Ready", "False", "PodFailed", "Pod failed")], "sandbox": {"name": "pool-a-2"}});
-    w.claims
-        .insert("sbx-u".into(), stored_claim(&occupied("u"), failed));
+    w.claims.insert(
+        "sbx-00000000-0000-4000-8000-0000000000f0".into(),
+        stored_claim(&occupied("00000000-0000-4000-8000-0000000000f0"), failed),
+    );
     // Still fine.
-    w.claims
-        .insert("sbx-ok".into(), stored_claim(&occupied("ok"), ready));
+    w.claims.insert(
+        "sbx-00000000-0000-4000-8000-0000000000e0".into(),
+        stored_claim(&occupied("00000000-0000-4000-8000-0000000000e0"), ready),
+    );
     // Acquiring, the sandbox not ready yet: not an error.
     let waiting = json!({"conditions": [cond("Ready", "False", "DependenciesNotReady", "Pod exists with phase: Pending")], "sandbox": {"name": "pool-a-3"}});
-    w.claims
-        .insert("sbx-a".into(), stored_claim(&lease("a", "alice"), waiting));
+    w.claims.insert(
+        "sbx-00000000-0000-4000-8000-00000000000a".into(),
+        stored_claim(
+            &lease("00000000-0000-4000-8000-00000000000a", "alice"),
+            waiting,
+        ),
+    );
     // An annotation that is not a lease.
-    let mut bad = stored_claim(&occupied("bad"), json!({}));
+    let mut bad = stored_claim(&occupied("00000000-0000-4000-8000-0000000000bb"), json!({}));
     bad["metadata"]["annotations"][lease::RECORD] = json!("{not json");
-    w.claims.insert("sbx-bad".into(), bad);
+    w.claims
+        .insert("sbx-00000000-0000-4000-8000-0000000000bb".into(), bad);
     let server = serve(handle, w);
 
     let phase = |l: Option<Lease>| l.unwrap().phase;
-    assert_eq!(phase(fleet.find("d").await.unwrap()), Phase::Error);
-    assert_eq!(phase(fleet.find("u").await.unwrap()), Phase::Error);
-    assert_eq!(phase(fleet.find("ok").await.unwrap()), Phase::Occupied);
-    assert_eq!(phase(fleet.find("a").await.unwrap()), Phase::Acquiring);
-    assert!(fleet.find("gone").await.unwrap().is_none());
-    let e = fleet.find("bad").await.unwrap_err();
+    assert_eq!(
+        phase(
+            fleet
+                .find("00000000-0000-4000-8000-00000000000d")
+                .await
+                .unwrap()
+        ),
+        Phase::Error
+    );
+    assert_eq!(
+        phase(
+            fleet
+                .find("00000000-0000-4000-8000-0000000000f0")
+                .await
+                .unwrap()
+        ),
+        Phase::Error
+    );
+    assert_eq!(
+        phase(
+            fleet
+                .find("00000000-0000-4000-8000-0000000000e0")
+                .await
+                .unwrap()
+        ),
+        Phase::Occupied
+    );
+    assert_eq!(
+        phase(
+            fleet
+                .find("00000000-0000-4000-8000-00000000000a")
+                .await
+                .unwrap()
+        ),
+        Phase::Acquiring
+    );
     assert!(
-        matches!(e, KubeError::BadRecord { ref claim, .. } if claim == "sbx-bad"),
+        fleet
+            .find("00000000-0000-4000-8000-000000000099")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let e = fleet
+        .find("00000000-0000-4000-8000-0000000000bb")
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(e, KubeError::BadRecord { ref claim, .. } if claim == "sbx-00000000-0000-4000-8000-0000000000bb"),
         "{e:?}"
     );
     // Listing skips the unreadable one and shows the others as found.
@@ -868,10 +1005,10 @@ async fn claims_deleted_or_unready_under_a_live_lease_read_as_error() {
     assert_eq!(
         phases,
         [
-            ("sbx-a", Phase::Acquiring),
-            ("sbx-d", Phase::Error),
-            ("sbx-ok", Phase::Occupied),
-            ("sbx-u", Phase::Error),
+            ("sbx-00000000-0000-4000-8000-00000000000a", Phase::Acquiring),
+            ("sbx-00000000-0000-4000-8000-00000000000d", Phase::Error),
+            ("sbx-00000000-0000-4000-8000-0000000000e0", Phase::Occupied),
+            ("sbx-00000000-0000-4000-8000-0000000000f0", Phase::Error),
         ]
     );
 
@@ -879,12 +1016,12 @@ async fn claims_deleted_or_unready_under_a_live_lease_read_as_error() {
     assert_eq!(
         shorts(&log),
         [
-            "GET claims/sbx-d",
-            "GET claims/sbx-u",
-            "GET claims/sbx-ok",
-            "GET claims/sbx-a",
-            "GET claims/sbx-gone",
-            "GET claims/sbx-bad",
+            "GET claims/sbx-00000000-0000-4000-8000-00000000000d",
+            "GET claims/sbx-00000000-0000-4000-8000-0000000000f0",
+            "GET claims/sbx-00000000-0000-4000-8000-0000000000e0",
+            "GET claims/sbx-00000000-0000-4000-8000-00000000000a",
+            "GET claims/sbx-00000000-0000-4000-8000-000000000099",
+            "GET claims/sbx-00000000-0000-4000-8000-0000000000bb",
             "GET claims",
         ]
     );
@@ -903,22 +1040,28 @@ async fn claims_deleted_or_unready_under_a_live_lease_read_as_error() {
 async fn a_dropped_wait_deletes_the_claim() {
     let (fleet, handle) = fleet(Duration::from_secs(5), ms(10));
     let server = serve(handle, world());
-    let r = tokio::time::timeout(ms(50), fleet.claim(&lease("s1", "alice"))).await;
+    let r = tokio::time::timeout(
+        ms(50),
+        fleet.claim(&lease("00000000-0000-4000-8000-000000000001", "alice")),
+    )
+    .await;
     assert!(r.is_err(), "the wait ended: {r:?}");
 
     let (log, w) = finish(fleet, server).await;
     let s = shorts(&log);
     assert_eq!(s[0], "POST claims");
     assert!(
-        s[1..s.len() - 3].iter().all(|r| r == "GET claims/sbx-s1"),
+        s[1..s.len() - 3]
+            .iter()
+            .all(|r| r == "GET claims/sbx-00000000-0000-4000-8000-000000000001"),
         "{s:?}"
     );
     assert_eq!(
         s[s.len() - 3..],
         [
-            "DELETE claims/sbx-s1",
-            "GET claims/sbx-s1",
-            "PATCH claims/sbx-s1"
+            "DELETE claims/sbx-00000000-0000-4000-8000-000000000001",
+            "GET claims/sbx-00000000-0000-4000-8000-000000000001",
+            "PATCH claims/sbx-00000000-0000-4000-8000-000000000001"
         ]
     );
     assert!(w.claims.is_empty(), "leaked: {:?}", w.claims.keys());
@@ -944,7 +1087,11 @@ async fn a_wait_dropped_while_deleting_a_failed_claim_still_deletes_it() {
         None
     });
     let server = serve(handle, w);
-    let r = tokio::time::timeout(ms(100), fleet.claim(&lease("s1", "alice"))).await;
+    let r = tokio::time::timeout(
+        ms(100),
+        fleet.claim(&lease("00000000-0000-4000-8000-000000000001", "alice")),
+    )
+    .await;
     assert!(r.is_err(), "the wait ended: {r:?}");
 
     let (log, w) = finish(fleet, server).await;
@@ -952,11 +1099,11 @@ async fn a_wait_dropped_while_deleting_a_failed_claim_still_deletes_it() {
         shorts(&log),
         [
             "POST claims",
-            "GET claims/sbx-s1",
-            "DELETE claims/sbx-s1",
-            "DELETE claims/sbx-s1",
-            "GET claims/sbx-s1",
-            "PATCH claims/sbx-s1",
+            "GET claims/sbx-00000000-0000-4000-8000-000000000001",
+            "DELETE claims/sbx-00000000-0000-4000-8000-000000000001",
+            "DELETE claims/sbx-00000000-0000-4000-8000-000000000001",
+            "GET claims/sbx-00000000-0000-4000-8000-000000000001",
+            "PATCH claims/sbx-00000000-0000-4000-8000-000000000001",
         ]
     );
     assert!(w.claims.is_empty(), "leaked: {:?}", w.claims.keys());
@@ -966,9 +1113,15 @@ async fn a_wait_dropped_while_deleting_a_failed_claim_still_deletes_it() {
 async fn releasing_a_claim_already_gone_is_done() {
     let (fleet, handle) = fleet(Duration::from_secs(2), ms(5));
     let server = serve(handle, world());
-    fleet.release("sbx-s1").await.unwrap();
+    fleet
+        .release("sbx-00000000-0000-4000-8000-000000000001")
+        .await
+        .unwrap();
     let (log, _) = finish(fleet, server).await;
-    assert_eq!(shorts(&log), ["DELETE claims/sbx-s1"]);
+    assert_eq!(
+        shorts(&log),
+        ["DELETE claims/sbx-00000000-0000-4000-8000-000000000001"]
+    );
 }
 
 /// A claim without a finalizer of ours left (deleted at once): released.
@@ -976,13 +1129,26 @@ async fn releasing_a_claim_already_gone_is_done() {
 async fn releasing_a_claim_without_finalizers_is_done() {
     let (fleet, handle) = fleet(Duration::from_secs(2), ms(5));
     let mut w = world();
-    let mut c = stored_claim(&lease("s1", "alice"), json!({}));
+    let mut c = stored_claim(
+        &lease("00000000-0000-4000-8000-000000000001", "alice"),
+        json!({}),
+    );
     c["metadata"]["finalizers"] = json!([]);
-    w.claims.insert("sbx-s1".into(), c);
+    w.claims
+        .insert("sbx-00000000-0000-4000-8000-000000000001".into(), c);
     let server = serve(handle, w);
-    fleet.release("sbx-s1").await.unwrap();
+    fleet
+        .release("sbx-00000000-0000-4000-8000-000000000001")
+        .await
+        .unwrap();
     let (log, w) = finish(fleet, server).await;
-    assert_eq!(shorts(&log), ["DELETE claims/sbx-s1", "GET claims/sbx-s1"]);
+    assert_eq!(
+        shorts(&log),
+        [
+            "DELETE claims/sbx-00000000-0000-4000-8000-000000000001",
+            "GET claims/sbx-00000000-0000-4000-8000-000000000001"
+        ]
+    );
     assert!(w.claims.is_empty());
 }
 
@@ -991,18 +1157,25 @@ async fn releasing_a_claim_without_finalizers_is_done() {
 async fn release_keeps_other_finalizers() {
     let (fleet, handle) = fleet(Duration::from_secs(2), ms(5));
     let mut w = world();
-    let mut c = stored_claim(&lease("s1", "alice"), json!({}));
+    let mut c = stored_claim(
+        &lease("00000000-0000-4000-8000-000000000001", "alice"),
+        json!({}),
+    );
     c["metadata"]["finalizers"] = json!(["example.com/backup", lease::FINALIZER]);
-    w.claims.insert("sbx-s1".into(), c);
+    w.claims
+        .insert("sbx-00000000-0000-4000-8000-000000000001".into(), c);
     let server = serve(handle, w);
-    fleet.release("sbx-s1").await.unwrap();
+    fleet
+        .release("sbx-00000000-0000-4000-8000-000000000001")
+        .await
+        .unwrap();
     let (log, w) = finish(fleet, server).await;
     assert_eq!(
         shorts(&log),
         [
-            "DELETE claims/sbx-s1",
-            "GET claims/sbx-s1",
-            "PATCH claims/sbx-s1"
+            "DELETE claims/sbx-00000000-0000-4000-8000-000000000001",
+            "GET claims/sbx-00000000-0000-4000-8000-000000000001",
+            "PATCH claims/sbx-00000000-0000-4000-8000-000000000001"
         ]
     );
     assert_eq!(
@@ -1010,7 +1183,7 @@ async fn release_keeps_other_finalizers() {
         json!({"metadata": {"finalizers": ["example.com/backup"]}})
     );
     assert_eq!(
-        w.claims["sbx-s1"]["metadata"]["finalizers"],
+        w.claims["sbx-00000000-0000-4000-8000-000000000001"]["metadata"]["finalizers"],
         json!(["example.com/backup"])
     );
 }
@@ -1021,7 +1194,7 @@ async fn release_keeps_other_finalizers() {
 fn a_controllers_sandbox_parses() {
     let s: Sandbox = serde_json::from_value(sandbox(
         "pool-a-x7k2p",
-        "sbx-s1",
+        "sbx-00000000-0000-4000-8000-000000000001",
         true,
         &["10.244.1.17", "fd00::17"],
     ))
@@ -1056,7 +1229,7 @@ fn a_controllers_sandbox_parses() {
 fn claim_failure_is_terminal_reasons_only() {
     let claim = |status: &str, reason: &str| -> SandboxClaim {
         let mut v = stored_claim(
-            &lease("s1", "alice"),
+            &lease("00000000-0000-4000-8000-000000000001", "alice"),
             json!({"conditions": [cond("Ready", status, reason, "why")], "sandbox": {"name": "x"}}),
         );
         v["status"]["extraField"] = json!(true);
@@ -1087,8 +1260,11 @@ fn claim_failure_is_terminal_reasons_only() {
     let c = claim("True", "DependenciesReady");
     assert_eq!(c.sandbox_name(), Some("x"));
     // No status yet.
-    let c: SandboxClaim =
-        serde_json::from_value(stored_claim(&lease("s1", "alice"), json!(null))).unwrap();
+    let c: SandboxClaim = serde_json::from_value(stored_claim(
+        &lease("00000000-0000-4000-8000-000000000001", "alice"),
+        json!(null),
+    ))
+    .unwrap();
     assert_eq!(c.failure(), None);
     assert_eq!(c.sandbox_name(), None);
 }
