@@ -216,18 +216,54 @@ fn an_acquire_abandoned_after_its_claim_leaks_no_claim() {
 /// A replica that stops mid-Acquire (killed, its node lost) runs no
 /// guard: its claim stays `acquiring`, with the hosts' finalizer, listed
 /// by no one, so its owner cannot release it, and counted against the
-/// owner's cap. The replicas still running must end it once no Acquire
-/// can still be at work on it.
+/// owner's cap. A release whose claim delete failed half-way leaves a
+/// claim no one lists either. The replicas still running must end both
+/// once no Acquire or release can still be at work on them.
 #[test]
-fn a_claim_left_acquiring_by_a_stopped_replica_is_deleted() {
-    use sha2::Digest;
+fn claims_left_by_a_stopped_replica_or_a_failed_delete_are_deleted() {
     const PORTS: (u16, u16) = (47240, 47241);
     let dir = tempfile::tempdir().expect("tempdir");
     let f = fleet(dir.path());
     let ip = "127.0.94.1".to_owned();
     let _pod = pod_on(&ip, &f.bootstrap, PORTS.0, PORTS.1);
     let api = KubeApi::start(dir.path(), std::slice::from_ref(&ip));
-    let id = "0badc0de-0000-4000-8000-000000000001";
+    // Left acquiring by a replica killed mid-Acquire.
+    plant_claim(
+        &api,
+        "0badc0de-0000-4000-8000-000000000001",
+        "acquiring",
+        false,
+    );
+    // Released, but its delete failed half-way (terminating, the
+    // finalizer still on).
+    plant_claim(
+        &api,
+        "0badc0de-0000-4000-8000-000000000002",
+        "released",
+        true,
+    );
+    let cap = ["--max-sandboxes-per-key", "1"];
+    let host = replica_on(dir.path(), &f, &api, 30, PORTS, &cap);
+    eventually(
+        Duration::from_secs(30),
+        "the abandoned claims deleted",
+        || {
+            let left = api.claim_names();
+            if left.is_empty() {
+                Ok(())
+            } else {
+                Err(format!("{left:?}"))
+            }
+        },
+    );
+    // Its owner's cap is whole again.
+    acquire(&host, KEY_A, r#"{"server_names": ["filesystem"]}"#);
+}
+
+/// A claim as a host makes it for alice's lease `id` in `phase`, written
+/// long ago; `deleting`: terminating, held by the hosts' finalizer.
+fn plant_claim(api: &KubeApi, id: &str, phase: &str, deleting: bool) {
+    use sha2::Digest;
     let name = format!("sbx-{id}");
     let owner_hash: String = sha2::Sha256::digest(b"alice")[..8]
         .iter()
@@ -235,7 +271,7 @@ fn a_claim_left_acquiring_by_a_stopped_replica_is_deleted() {
         .collect();
     let record = serde_json::json!({
         "sandbox_id": id, "owner": "alice", "pool": "sandbox-default",
-        "phase": "acquiring", "servers": [],
+        "phase": phase, "servers": [],
         "created_at": "2020-01-01T00:00:00.000000+00:00",
         "updated_at": "2020-01-01T00:00:00.000000+00:00"
     });
@@ -258,20 +294,10 @@ fn a_claim_left_acquiring_by_a_stopped_replica_is_deleted() {
             "spec": {"warmPoolRef": {"name": "sandbox-default"}}
         }),
     );
-    let cap = ["--max-sandboxes-per-key", "1"];
-    let host = replica_on(dir.path(), &f, &api, 30, PORTS, &cap);
-    eventually(
-        Duration::from_secs(30),
-        "the abandoned claim deleted",
-        || {
-            let left = api.claim_names();
-            if left.is_empty() {
-                Ok(())
-            } else {
-                Err(format!("{left:?}"))
-            }
-        },
-    );
-    // Its owner's cap is whole again.
-    acquire(&host, KEY_A, r#"{"server_names": ["filesystem"]}"#);
+    if deleting {
+        let mut c = api.lock();
+        let claim = c.claims.get_mut(&name).expect("planted");
+        claim["metadata"]["deletionTimestamp"] = serde_json::json!("2020-01-01T00:00:01Z");
+        claim["metadata"]["deletionGracePeriodSeconds"] = serde_json::json!(0);
+    }
 }

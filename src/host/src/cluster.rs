@@ -278,8 +278,8 @@ impl Cluster {
 
     /// Live leases whose TTL has passed. Claims left `acquiring` past any
     /// Acquire's time (their replica stopped mid-way: no guard ran, no
-    /// one lists them, their owner cannot release them) are deleted on
-    /// the way.
+    /// one lists them, their owner cannot release them), and released
+    /// ones whose delete failed, are deleted on the way.
     pub async fn expired(&self, now_ms: i64) -> Result<Vec<SandboxRow>, StoreError> {
         let leases = self
             .fleet
@@ -292,6 +292,13 @@ impl Cluster {
             match l.phase {
                 Phase::Acquiring if age_of(&l.created_at, now_ms) > Some(abandoned_after) => {
                     warn!(sandbox = %l.sandbox_id, claim = %l.claim, "a claim left acquiring (its host stopped mid-Acquire); deleting it");
+                    self.unclaim(&l.claim).await;
+                }
+                // Released, but its claim still here well past the
+                // release's own bound: a delete that failed (the finalizer
+                // left on), retried.
+                Phase::Released if age_of(&l.updated_at, now_ms) > Some(RELEASED_CLAIM_LEFT) => {
+                    warn!(sandbox = %l.sandbox_id, claim = %l.claim, "a released lease's claim is still there; deleting it again");
                     self.unclaim(&l.claim).await;
                 }
                 Phase::Occupied | Phase::Error if l.expires_at_ms.is_some_and(|t| t <= now_ms) => {
@@ -307,6 +314,10 @@ impl Cluster {
 /// Longer than any Acquire takes once its claim is Ready (the bind, the
 /// agent's Acquire starting its servers, the record).
 const ACQUIRE_AFTER_CLAIM: Duration = Duration::from_secs(15 * 60);
+
+/// Longer than a release takes from its record to its claim deleted (the
+/// pod's Release is bounded by a minute).
+const RELEASED_CLAIM_LEFT: Duration = Duration::from_secs(5 * 60);
 
 /// How long before `now_ms` the RFC 3339 time `at` was (`None`: not a
 /// time, or later).
