@@ -301,3 +301,51 @@ fn plant_claim(api: &KubeApi, id: &str, phase: &str, deleting: bool) {
         claim["metadata"]["deletionGracePeriodSeconds"] = serde_json::json!(0);
     }
 }
+
+/// Behind one Service, a sandbox's upload and its release land on any
+/// replica. Uploads counted by one replica for a sandbox another replica
+/// released must stop counting against the owner: else, over a
+/// benchmark's run, the owner's upload allowance on that replica is used
+/// up by sandboxes long gone and every upload there is refused.
+#[test]
+fn uploads_of_a_sandbox_released_elsewhere_stop_counting() {
+    const PORTS: (u16, u16) = (47250, 47251);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let f = fleet(dir.path());
+    let ips = ["127.0.95.1".to_owned(), "127.0.95.2".to_owned()];
+    let _pods: Vec<Agent> = ips
+        .iter()
+        .map(|ip| pod_on(ip, &f.bootstrap, PORTS.0, PORTS.1))
+        .collect();
+    let api = KubeApi::start(dir.path(), &ips);
+    let archive = script_archive("print('counted')\n");
+    // Room for one such archive, not two.
+    let per_key = (archive.len() * 3 / 2).to_string();
+    let quota = ["--max-stored-bytes-per-key", per_key.as_str()];
+    let a = replica_on(dir.path(), &f, &api, 30, PORTS, &quota);
+    let b = replica_on(dir.path(), &f, &api, 30, PORTS, &quota);
+
+    let upload_through_a = |id: &str| {
+        let (code, u) = http(
+            "POST",
+            &format!("{}/local-sandbox/{id}/upload-url", a.base),
+            Some(KEY_A),
+            None,
+        );
+        assert_eq!(code, 200, "{u}");
+        put(u["upload_url"].as_str().expect("upload_url"), &archive)
+    };
+    let first = acquire(&a, KEY_A, r#"{"server_names": ["filesystem"]}"#);
+    let first = first["local_sandbox_id"].as_str().expect("id").to_owned();
+    let (code, v) = upload_through_a(&first);
+    assert_eq!(code, 200, "{v}");
+    super::common::host::release(&b, KEY_A, &first);
+
+    let second = acquire(&a, KEY_A, r#"{"server_names": ["filesystem"]}"#);
+    let second = second["local_sandbox_id"].as_str().expect("id").to_owned();
+    let (code, v) = upload_through_a(&second);
+    assert_eq!(
+        code, 200,
+        "the owner's one live upload is refused: replica A still counts the sandbox B released: {v}"
+    );
+}
