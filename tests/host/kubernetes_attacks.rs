@@ -349,3 +349,61 @@ fn uploads_of_a_sandbox_released_elsewhere_stop_counting() {
         "the owner's one live upload is refused: replica A still counts the sandbox B released: {v}"
     );
 }
+
+/// The same, given up while the host binds the claimed pod's agent (a
+/// pod that accepts connections and never answers).
+#[test]
+fn an_acquire_abandoned_while_binding_its_pod_leaks_no_claim() {
+    use std::io::Write;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let f = fleet(dir.path());
+    const PORTS: (u16, u16) = (47260, 47261);
+    let ip = "127.0.96.1".to_owned();
+    // Accepts, then says nothing.
+    let mute = std::net::TcpListener::bind((ip.as_str(), PORTS.0)).expect("bind");
+    let held = std::thread::spawn(move || {
+        let mut conns = Vec::new();
+        for c in mute.incoming().take(4).flatten() {
+            conns.push(c);
+        }
+        std::thread::sleep(Duration::from_secs(120));
+        drop(conns);
+    });
+    let api = KubeApi::start(dir.path(), std::slice::from_ref(&ip));
+    let host = replica_on(dir.path(), &f, &api, 30, PORTS, &[]);
+
+    let addr = host.base.trim_start_matches("http://").to_owned();
+    let mut conn = std::net::TcpStream::connect(&addr).expect("connect");
+    let body = r#"{"server_names": ["filesystem"]}"#;
+    write!(
+        conn,
+        "POST /local-sandbox HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {KEY_A}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .expect("send");
+    eventually(Duration::from_secs(30), "the pod claimed", || {
+        let c = api.lock();
+        if c.requests.iter().any(|r| r.starts_with("GET sandboxes/")) {
+            Ok(())
+        } else {
+            Err(format!("{:?}", c.requests))
+        }
+    });
+    // The host is binding the mute pod now; the client gives up.
+    std::thread::sleep(Duration::from_millis(500));
+    drop(conn);
+
+    eventually(
+        Duration::from_secs(20),
+        "the abandoned Acquire's claim deleted",
+        || {
+            let left = api.claim_names();
+            if left.is_empty() {
+                Ok(())
+            } else {
+                Err(format!("{left:?}"))
+            }
+        },
+    );
+    drop(held);
+}

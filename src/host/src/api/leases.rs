@@ -43,13 +43,20 @@ pub async fn lease(h: &Shared, who: String, req: &AcquireBody) -> HostResult<New
     check_servers_known(h, req)?;
     let started = std::time::Instant::now();
     let id = uuid::Uuid::new_v4().to_string();
-    let taken = take(h, &who, &id, req)
-        .await
-        .inspect_err(|_| h.metrics.failed())?;
+    // Dropped before the lease is stored (the client went away: while the
+    // pod's agent is bound, acquires, or the lease is recorded), the claim
+    // is deleted: no claim stays `acquiring`, reaped by no one.
+    let mut claimed = Unclaim::new(h, &sandbox_kube::fleet::claim_name(&id));
+    let taken = match take(h, &who, &id, req).await {
+        Ok(t) => t,
+        Err(e) => {
+            // A failed claim or bind deleted the claim already.
+            claimed.keep();
+            h.metrics.failed();
+            return Err(e);
+        }
+    };
     let slot = taken.slot.clone();
-    // Dropped before the lease is stored (the client went away), the
-    // claim is deleted: no claim stays `acquiring`, reaped by no one.
-    let mut claimed = Unclaim::new(h, &slot.id);
     if let Some(c) = &h.cluster
         && let Err(e) = within_cap_across_replicas(h, &who).await
     {
