@@ -407,3 +407,47 @@ fn an_acquire_abandoned_while_binding_its_pod_leaks_no_claim() {
     );
     drop(held);
 }
+
+/// A claimed pod that takes the connection and never answers (its agent
+/// hung) must not hold an Acquire for ever: the client, waiting as long
+/// as it takes, gets an answer, and the claim is deleted.
+#[test]
+fn a_mute_pod_cannot_hold_an_acquire_for_ever() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let f = fleet(dir.path());
+    const PORTS: (u16, u16) = (47270, 47271);
+    let ip = "127.0.97.1".to_owned();
+    let mute = std::net::TcpListener::bind((ip.as_str(), PORTS.0)).expect("bind");
+    std::thread::spawn(move || {
+        let mut conns = Vec::new();
+        for c in mute.incoming().take(4).flatten() {
+            conns.push(c);
+        }
+        std::thread::sleep(Duration::from_secs(120));
+        drop(conns);
+    });
+    let api = KubeApi::start(dir.path(), std::slice::from_ref(&ip));
+    let host = replica_on(dir.path(), &f, &api, 30, PORTS, &[]);
+    let url = format!("{}/local-sandbox", host.base);
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(http(
+            "POST",
+            &url,
+            Some(KEY_A),
+            Some(r#"{"server_names": ["filesystem"]}"#),
+        ));
+    });
+    let Ok((code, v)) = rx.recv_timeout(Duration::from_secs(45)) else {
+        panic!("an Acquire bound to a mute pod is still waiting after 45 s");
+    };
+    assert!(code >= 500, "{code}: {v}");
+    eventually(Duration::from_secs(20), "the claim deleted", || {
+        let left = api.claim_names();
+        if left.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("{left:?}"))
+        }
+    });
+}

@@ -51,6 +51,10 @@ pub struct Cluster {
     cache: Mutex<HashMap<String, (Instant, Option<SandboxRow>)>>,
 }
 
+/// How long binding a claimed pod's agent may take (a connection and one
+/// call; a healthy agent answers in milliseconds).
+const BIND_WITHIN: Duration = Duration::from_secs(15);
+
 /// Entries kept at most this many times the cache's lifetime.
 const CACHE_KEEP: u32 = 10;
 
@@ -112,7 +116,20 @@ impl Cluster {
             pod_ip: None,
         };
         let claimed = self.fleet.claim(&lease).await.map_err(cluster_error)?;
-        match self.bind(&claimed, id).await {
+        // Bounded: a pod that takes the connection and never answers must
+        // not hold the Acquire (and the claim) for ever.
+        let bound = tokio::time::timeout(BIND_WITHIN, self.bind(&claimed, id))
+            .await
+            .unwrap_or_else(|_| {
+                Err(HostError::agent("binding the pod's agent to the lease")(
+                    tonic::Status::deadline_exceeded(format!(
+                        "the pod's agent at {} did not answer within {} s",
+                        claimed.ip,
+                        BIND_WITHIN.as_secs()
+                    )),
+                ))
+            });
+        match bound {
             Ok(slot) => Ok(slot),
             Err(e) => {
                 warn!(sandbox = %id, claim = %claimed.claim, error = %e, "cannot bind the pod's agent; deleting the claim");
