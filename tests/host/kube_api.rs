@@ -37,6 +37,13 @@ pub struct Cluster {
     pub forbid_create: bool,
     /// A new claim fails at once with this Ready=False reason.
     pub fail_claims: Option<String>,
+    /// Each LIST of claims is answered this much later (a slow API server).
+    pub list_delay_ms: u64,
+    /// GETs of sandboxes are never answered (an API server that stalls).
+    pub stall_sandbox_gets: bool,
+    /// PATCHes of claims are never answered while set (read as each
+    /// arrives).
+    pub stall_patches: bool,
     serial: u64,
 }
 
@@ -247,8 +254,15 @@ async fn list_claims(
     UrlPath(_ns): UrlPath<String>,
     Query(q): Query<BTreeMap<String, String>>,
 ) -> Response {
-    let mut c = lock(&s);
-    c.requests.push("LIST sandboxclaims".to_owned());
+    let delay = {
+        let mut c = lock(&s);
+        c.requests.push("LIST sandboxclaims".to_owned());
+        c.list_delay_ms
+    };
+    if delay > 0 {
+        tokio::time::sleep(std::time::Duration::from_millis(delay)).await;
+    }
+    let c = lock(&s);
     let wanted: Vec<(String, String)> = q
         .get("labelSelector")
         .map(|sel| {
@@ -281,8 +295,15 @@ async fn patch_claim(
     headers: axum::http::HeaderMap,
     body: Bytes,
 ) -> Response {
+    let stall = {
+        let mut c = lock(&s);
+        c.requests.push(format!("PATCH sandboxclaims/{name}"));
+        c.stall_patches
+    };
+    if stall {
+        tokio::time::sleep(std::time::Duration::from_secs(3600)).await;
+    }
     let mut c = lock(&s);
-    c.requests.push(format!("PATCH sandboxclaims/{name}"));
     let merge = headers
         .get("content-type")
         .is_some_and(|v| v.as_bytes().starts_with(b"application/merge-patch+json"));
@@ -350,8 +371,15 @@ async fn get_sandbox(
     State(s): Shared,
     UrlPath((_ns, name)): UrlPath<(String, String)>,
 ) -> Response {
-    let mut c = lock(&s);
-    c.requests.push(format!("GET sandboxes/{name}"));
+    let stall = {
+        let mut c = lock(&s);
+        c.requests.push(format!("GET sandboxes/{name}"));
+        c.stall_sandbox_gets
+    };
+    if stall {
+        tokio::time::sleep(std::time::Duration::from_secs(3600)).await;
+    }
+    let c = lock(&s);
     match c.sandboxes.get(&name) {
         Some(v) => axum::Json(v.clone()).into_response(),
         None => not_found("sandboxes.agents.x-k8s.io", &name),

@@ -24,8 +24,8 @@ fn pod(ip: &str, bootstrap: &Path) -> Agent {
     pod_on(ip, bootstrap, AGENT_PORT, MCP_PORT)
 }
 
-/// [`pod`] on these ports.
-fn pod_on(ip: &str, bootstrap: &Path, agent_port: u16, mcp_port: u16) -> Agent {
+/// [`pod`] with its agent's gRPC and MCP data plane on these ports.
+pub(super) fn pod_on(ip: &str, bootstrap: &Path, agent_port: u16, mcp_port: u16) -> Agent {
     let dir = tempfile::tempdir().expect("tempdir");
     let state = dir.path().join("state");
     std::fs::create_dir_all(&state).expect("state");
@@ -56,12 +56,12 @@ fn pod_on(ip: &str, bootstrap: &Path, agent_port: u16, mcp_port: u16) -> Agent {
 }
 
 /// The shared files of one fleet: the bootstrap secret and the signing key.
-struct Fleet {
-    bootstrap: PathBuf,
-    signing: PathBuf,
+pub(super) struct Fleet {
+    pub(super) bootstrap: PathBuf,
+    pub(super) signing: PathBuf,
 }
 
-fn fleet(dir: &Path) -> Fleet {
+pub(super) fn fleet(dir: &Path) -> Fleet {
     let bootstrap = dir.join("bootstrap-token");
     std::fs::write(&bootstrap, BOOTSTRAP).expect("bootstrap");
     let signing = dir.join("signing-key");
@@ -72,11 +72,24 @@ fn fleet(dir: &Path) -> Fleet {
 /// A replica of the host on the stand-in, its claims timing out after
 /// `timeout` seconds.
 fn replica(dir: &Path, f: &Fleet, api: &KubeApi, timeout: u32) -> Host {
-    replica_with(dir, f, api, timeout, &[])
+    replica_on(dir, f, api, timeout, (AGENT_PORT, MCP_PORT), &[])
 }
 
 /// [`replica`] with `extra` arguments.
 fn replica_with(dir: &Path, f: &Fleet, api: &KubeApi, timeout: u32, extra: &[&str]) -> Host {
+    replica_on(dir, f, api, timeout, (AGENT_PORT, MCP_PORT), extra)
+}
+
+/// [`replica`] reaching the pods' agents on `ports` (gRPC, MCP), with
+/// `extra` flags.
+pub(super) fn replica_on(
+    dir: &Path,
+    f: &Fleet,
+    api: &KubeApi,
+    timeout: u32,
+    (agent_port, mcp_port): (u16, u16),
+    extra: &[&str],
+) -> Host {
     let mut args: Vec<String> = [
         "--backend",
         "kubernetes",
@@ -85,9 +98,9 @@ fn replica_with(dir: &Path, f: &Fleet, api: &KubeApi, timeout: u32, extra: &[&st
         "--kube-pool",
         "MCP_Atlas=sandbox-mcp-atlas",
         "--kube-agent-port",
-        &AGENT_PORT.to_string(),
+        &agent_port.to_string(),
         "--kube-mcp-port",
-        &MCP_PORT.to_string(),
+        &mcp_port.to_string(),
         "--kube-claim-timeout",
         &timeout.to_string(),
         "--kube-poll-ms",

@@ -15,6 +15,7 @@ mod host;
 mod isolation;
 mod kube_api;
 mod kubernetes;
+mod kubernetes_attacks;
 mod lease_bound;
 mod mail;
 mod openapi;

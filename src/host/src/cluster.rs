@@ -53,6 +53,10 @@ pub struct Cluster {
     instance: String,
 }
 
+/// How long binding a claimed pod's agent may take (a connection and one
+/// call; a healthy agent answers in milliseconds).
+const BIND_WITHIN: Duration = Duration::from_secs(15);
+
 /// Entries kept at most this many times the cache's lifetime.
 const CACHE_KEEP: u32 = 10;
 
@@ -116,7 +120,20 @@ impl Cluster {
             host: Some(self.instance.clone()),
         };
         let claimed = self.fleet.claim(&lease).await.map_err(cluster_error)?;
-        match self.bind(&claimed, id).await {
+        // Bounded: a pod that takes the connection and never answers must
+        // not hold the Acquire (and the claim) for ever.
+        let bound = tokio::time::timeout(BIND_WITHIN, self.bind(&claimed, id))
+            .await
+            .unwrap_or_else(|_| {
+                Err(HostError::agent("binding the pod's agent to the lease")(
+                    tonic::Status::deadline_exceeded(format!(
+                        "the pod's agent at {} did not answer within {} s",
+                        claimed.ip,
+                        BIND_WITHIN.as_secs()
+                    )),
+                ))
+            });
+        match bound {
             Ok(slot) => Ok(slot),
             Err(e) => {
                 warn!(sandbox = %id, claim = %claimed.claim, error = %e, "cannot bind the pod's agent; deleting the claim");
@@ -248,6 +265,17 @@ impl Cluster {
             .count())
     }
 
+    /// Every claim of the owner not released, this replica's Acquires in
+    /// flight included (the second count, with an Acquire's claim made).
+    pub async fn claims_held(&self, owner: &str) -> Result<usize, StoreError> {
+        let leases = self
+            .fleet
+            .leases(Some(owner))
+            .await
+            .inspect_err(log_cluster_error)?;
+        Ok(leases.iter().filter(|l| l.phase != Phase::Released).count())
+    }
+
     /// Records an acquired sandbox in its claim (made by [`Cluster::claim`]).
     pub async fn insert(&self, s: &SandboxRow) -> Result<(), StoreError> {
         let mut l = self
@@ -287,13 +315,56 @@ impl Cluster {
         Ok(())
     }
 
+    /// Live leases whose TTL has passed. Claims left `acquiring` past any
+    /// Acquire's time (their replica stopped mid-way: no guard ran, no
+    /// one lists them, their owner cannot release them), and released
+    /// ones whose delete failed, are deleted on the way.
     pub async fn expired(&self, now_ms: i64) -> Result<Vec<SandboxRow>, StoreError> {
-        let live = self.list(None).await?;
-        Ok(live
-            .into_iter()
-            .filter(|s| s.expires_at_ms.is_some_and(|t| t <= now_ms))
-            .collect())
+        let leases = self
+            .fleet
+            .leases(None)
+            .await
+            .inspect_err(log_cluster_error)?;
+        let abandoned_after = self.fleet.config().claim_timeout + ACQUIRE_AFTER_CLAIM;
+        let mut expired = Vec::new();
+        for l in leases {
+            match l.phase {
+                Phase::Acquiring if age_of(&l.created_at, now_ms) > Some(abandoned_after) => {
+                    warn!(sandbox = %l.sandbox_id, claim = %l.claim, "a claim left acquiring (its host stopped mid-Acquire); deleting it");
+                    self.unclaim(&l.claim).await;
+                }
+                // Released, but its claim still here well past the
+                // release's own bound: a delete that failed (the finalizer
+                // left on), retried.
+                Phase::Released if age_of(&l.updated_at, now_ms) > Some(RELEASED_CLAIM_LEFT) => {
+                    warn!(sandbox = %l.sandbox_id, claim = %l.claim, "a released lease's claim is still there; deleting it again");
+                    self.unclaim(&l.claim).await;
+                }
+                Phase::Occupied | Phase::Error if l.expires_at_ms.is_some_and(|t| t <= now_ms) => {
+                    expired.push(row_of(l)?);
+                }
+                _ => {}
+            }
+        }
+        Ok(expired)
     }
+}
+
+/// Longer than any Acquire takes once its claim is Ready (the bind, the
+/// agent's Acquire starting its servers, the record).
+const ACQUIRE_AFTER_CLAIM: Duration = Duration::from_secs(15 * 60);
+
+/// Longer than a release takes from its record to its claim deleted (the
+/// pod's Release is bounded by a minute).
+const RELEASED_CLAIM_LEFT: Duration = Duration::from_secs(5 * 60);
+
+/// How long before `now_ms` the RFC 3339 time `at` was (`None`: not a
+/// time, or later).
+fn age_of(at: &str, now_ms: i64) -> Option<Duration> {
+    let at = chrono::DateTime::parse_from_rfc3339(at).ok()?;
+    u64::try_from(now_ms - at.timestamp_millis())
+        .ok()
+        .map(Duration::from_millis)
 }
 
 fn phase_of(s: Status) -> Phase {

@@ -140,10 +140,23 @@ impl Host {
             Some(addr) => Some(listen_metrics(addr).await?),
             None => None,
         };
-        let owners: Vec<(String, String)> = live
-            .iter()
-            .map(|s| (s.id.clone(), s.owner.clone()))
-            .collect();
+        // The upload store keeps the uploads of live sandboxes and removes
+        // the rest. On the kubernetes backend the volume is shared by every
+        // replica: the live sandboxes are the claims' (all replicas'), not
+        // none, or a replica starting would delete every upload; without
+        // the API server nothing is removed.
+        let uploads_live = match &cluster {
+            Some(_) => match store.list(None).await {
+                Ok(l) => Some(l),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot list the live sandboxes: every stored upload is kept");
+                    None
+                }
+            },
+            None => Some(live.clone()),
+        };
+        let owners: Option<Vec<(String, String)>> =
+            uploads_live.map(|l| l.iter().map(|s| (s.id.clone(), s.owner.clone())).collect());
         let host = Arc::new(Host {
             metrics: metrics::Metrics::new(&pool, args.metrics_listen.is_none()),
             store,
@@ -152,7 +165,7 @@ impl Host {
             signer: signed::Signer::new(c.signing_key),
             keys: c.keys,
             public_url: public_url.clone(),
-            uploads: api::Uploads::open(c.uploads, upload_limits(args), &owners),
+            uploads: api::Uploads::open(c.uploads, upload_limits(args), owners.as_deref()),
             time_scale: args.time_scale,
             server_start: args.server_start,
             max_per_owner: args.max_sandboxes_per_key,
@@ -351,6 +364,9 @@ fn private_dirs(data: &std::path::Path) -> anyhow::Result<PathBuf> {
     Ok(uploads)
 }
 
+/// How long one call to the Kubernetes API server may go unanswered.
+const KUBE_CALL_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// The kubernetes backend's fleet: a client of the API server (the
 /// kubeconfig of KUBECONFIG or ~/.kube, else the pod's service account).
 async fn connect_cluster(
@@ -358,9 +374,16 @@ async fn connect_cluster(
     plan: config::ClusterPlan,
     signing_key: &[u8],
 ) -> anyhow::Result<crate::cluster::Cluster> {
-    let client = sandbox_kube::kube::Client::try_default()
+    let mut kube_config = sandbox_kube::kube::Config::infer()
         .await
         .context("--backend kubernetes: no Kubernetes API server configured (KUBECONFIG, ~/.kube/config, or the pod's service account)")?;
+    // No watch runs: a call unanswered this long is a stalled API server,
+    // not kube's default of 295 s for watches.
+    kube_config.read_timeout = Some(KUBE_CALL_TIMEOUT);
+    kube_config.write_timeout = Some(KUBE_CALL_TIMEOUT);
+    let client = sandbox_kube::kube::Client::try_from(kube_config).context(
+        "--backend kubernetes: cannot make a client of the Kubernetes API server's configuration",
+    )?;
     let namespace = plan
         .namespace
         .unwrap_or_else(|| client.default_namespace().to_owned());

@@ -117,7 +117,20 @@ impl Fleet {
             claims: Some(self.claims.clone()),
             name: name.clone(),
         };
-        match self.wait_ready(&name, &lease.pool).await {
+        // Bounded as a whole: a call the API server never answers must not
+        // hold the Acquire past the claim timeout.
+        let started = Instant::now();
+        let waited =
+            tokio::time::timeout(self.cfg.claim_timeout, self.wait_ready(&name, &lease.pool))
+                .await
+                .unwrap_or_else(|_| {
+                    Err(KubeError::PoolEmpty {
+                        pool: lease.pool.clone(),
+                        claim: name.clone(),
+                        waited: started.elapsed(),
+                    })
+                });
+        match waited {
             Ok(c) => {
                 guard.claims = None;
                 Ok(c)

@@ -167,6 +167,7 @@ pub async fn exec_upload(
 ) -> HostResult<StatusCode> {
     check_name("path", &name)?;
     let s = check_signed(&h, &action("exec-upload", &name), &id, &q).await?;
+    super::uploads::forget_released_elsewhere(&h, &s.owner).await?;
     let total = h
         .uploads
         .store(&id, &s.owner, Kind::Exec(&name), body, || {

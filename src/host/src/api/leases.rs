@@ -43,10 +43,28 @@ pub async fn lease(h: &Shared, who: String, req: &AcquireBody) -> HostResult<New
     check_servers_known(h, req)?;
     let started = std::time::Instant::now();
     let id = uuid::Uuid::new_v4().to_string();
-    let taken = take(h, &who, &id, req)
-        .await
-        .inspect_err(|_| h.metrics.failed())?;
+    // Dropped before the lease is stored (the client went away: while the
+    // pod's agent is bound, acquires, or the lease is recorded), the claim
+    // is deleted: no claim stays `acquiring`, reaped by no one.
+    let mut claimed = Unclaim::new(h, &sandbox_kube::fleet::claim_name(&id));
+    let taken = match take(h, &who, &id, req).await {
+        Ok(t) => t,
+        Err(e) => {
+            // A failed claim or bind deleted the claim already.
+            claimed.keep();
+            h.metrics.failed();
+            return Err(e);
+        }
+    };
     let slot = taken.slot.clone();
+    if let Some(c) = &h.cluster
+        && let Err(e) = within_cap_across_replicas(h, c, &who).await
+    {
+        h.metrics.failed();
+        c.unclaim(&slot.id).await;
+        claimed.keep();
+        return Err(e);
+    }
     let lazy = h.server_start.lazy(req.many);
     let mut leased = match lease_slot(&slot, taken, req, &id, lazy).await {
         Ok(l) => l,
@@ -56,6 +74,7 @@ pub async fn lease(h: &Shared, who: String, req: &AcquireBody) -> HostResult<New
                 Some(c) => c.unclaim(&slot.id).await,
                 None => settle_failed_lease(h, slot),
             }
+            claimed.keep();
             return Err(e);
         }
     };
@@ -72,11 +91,67 @@ pub async fn lease(h: &Shared, who: String, req: &AcquireBody) -> HostResult<New
         if let Some(c) = &h.cluster {
             c.unclaim(&slot.id).await;
         }
+        claimed.keep();
         return Err(e.into());
     }
+    claimed.keep();
     h.metrics.acquired(profile, miss, started.elapsed());
     info!(sandbox = %row.id, slot = %slot.id, servers = row.servers.len(), warm = profile.is_some(), lazy, "acquired");
     Ok(NewLease { row, skipped, lazy })
+}
+
+/// The claim of an Acquire not stored yet (the kubernetes backend): a drop
+/// (the request abandoned mid-way) deletes it in the background; an
+/// Acquire that failed deletes it itself, an Acquire stored keeps it.
+struct Unclaim {
+    cluster: Option<std::sync::Arc<crate::cluster::Cluster>>,
+    claim: String,
+}
+
+impl Unclaim {
+    fn new(h: &Shared, claim: &str) -> Unclaim {
+        Unclaim {
+            cluster: h.cluster.clone(),
+            claim: claim.to_owned(),
+        }
+    }
+
+    fn keep(&mut self) {
+        self.cluster = None;
+    }
+}
+
+impl Drop for Unclaim {
+    fn drop(&mut self) {
+        let Some(c) = self.cluster.take() else {
+            return;
+        };
+        let claim = std::mem::take(&mut self.claim);
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move { c.unclaim(&claim).await });
+        }
+    }
+}
+
+/// The kubernetes backend's second count, with this Acquire's claim made:
+/// [`OwnerClaim`] counted before it, and another replica's Acquire may
+/// have counted at the same time. Every claim is counted once it exists,
+/// so of two racing Acquires the later count sees both and refuses: the
+/// owner never holds more than its cap (both may be refused; a retry
+/// succeeds).
+async fn within_cap_across_replicas(
+    h: &Shared,
+    c: &crate::cluster::Cluster,
+    who: &str,
+) -> HostResult<()> {
+    let held = c.claims_held(who).await?;
+    if held > h.max_per_owner {
+        return Err(HostError::TooManySandboxes {
+            held: held - 1,
+            limit: h.max_per_owner,
+        });
+    }
+    Ok(())
 }
 
 /// A sandbox for lease `id`: a slot of the pool (perhaps holding a warm

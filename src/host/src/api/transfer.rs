@@ -76,6 +76,7 @@ pub async fn upload(
     body: Body,
 ) -> HostResult<StatusCode> {
     let s = check_signed(&h, "upload", &id, &q).await?;
+    super::uploads::forget_released_elsewhere(&h, &s.owner).await?;
     let total = h
         .uploads
         .store(&id, &s.owner, Kind::Workspace, body, || {

@@ -152,8 +152,11 @@ pub struct Uploads {
 impl Uploads {
     /// The store in `dir`, counting what live sandboxes (`(id, owner)`)
     /// stored before a restart; anything else there (partial uploads,
-    /// archives of sandboxes released meanwhile) is removed.
-    pub fn open(dir: PathBuf, limits: UploadLimits, live: &[(String, String)]) -> Uploads {
+    /// archives of sandboxes released meanwhile) is removed. `live`
+    /// `None` (not known: the API server unreachable) keeps every file.
+    pub fn open(dir: PathBuf, limits: UploadLimits, live: Option<&[(String, String)]>) -> Uploads {
+        let known = live.is_some();
+        let live = live.unwrap_or_default();
         let up = Uploads {
             dir,
             limits,
@@ -171,7 +174,9 @@ impl Uploads {
                 None => (name.strip_suffix(".tar.gz").unwrap_or("").to_owned(), false),
             };
             let Some(owner) = owners.get(id.as_str()) else {
-                remove(&e.path());
+                if known {
+                    remove(&e.path());
+                }
                 continue;
             };
             let mut found = Vec::new();
@@ -329,6 +334,33 @@ impl Uploads {
         })
     }
 
+    /// Forgets what is counted for `owner`'s sandboxes not in `live`
+    /// (released through another replica sharing the volume, which removed
+    /// their files but could not uncount them here): their bytes stop
+    /// counting, and a file left of them is removed. A sandbox with an
+    /// upload in flight is left to it.
+    pub fn forget_released(&self, owner: &str, live: &HashSet<&str>) {
+        let mut st = self.lock();
+        let gone: Vec<String> = st
+            .sandboxes
+            .iter()
+            .filter(|(id, h)| {
+                h.owner == owner
+                    && !live.contains(id.as_str())
+                    && h.inflight == 0
+                    && h.pending.is_empty()
+            })
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in gone {
+            if let Some(h) = st.sandboxes.remove(&id) {
+                st.owner_sub(&h.owner, h.stored);
+            }
+            remove(&self.workspace_path(&id));
+            remove(&self.exec_dir(&id));
+        }
+    }
+
     /// Removes sandbox `id`'s archives and frees their bytes (Release).
     /// Uploads still in flight give theirs back as they end and keep
     /// nothing.
@@ -450,4 +482,21 @@ impl Drop for Reservation<'_> {
             st.sandboxes.remove(&self.id);
         }
     }
+}
+
+/// On the kubernetes backend, before an upload is counted: what this
+/// replica counts for `owner`'s sandboxes that another replica released
+/// stops counting ([`Uploads::forget_released`]), the live ones read from
+/// the claims.
+pub async fn forget_released_elsewhere(
+    h: &super::Host,
+    owner: &str,
+) -> crate::error::HostResult<()> {
+    if h.cluster.is_none() {
+        return Ok(());
+    }
+    let live = h.store.list(Some(owner)).await?;
+    let ids: HashSet<&str> = live.iter().map(|s| s.id.as_str()).collect();
+    h.uploads.forget_released(owner, &ids);
+    Ok(())
 }
