@@ -427,7 +427,14 @@ fn a_mute_pod_cannot_hold_an_acquire_for_ever() {
         drop(conns);
     });
     let api = KubeApi::start(dir.path(), std::slice::from_ref(&ip));
-    let host = replica_on(dir.path(), &f, &api, 30, PORTS, &[]);
+    let host = replica_on(
+        dir.path(),
+        &f,
+        &api,
+        30,
+        PORTS,
+        &["--kube-bind-timeout", "2"],
+    );
     let url = format!("{}/local-sandbox", host.base);
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {

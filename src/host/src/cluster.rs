@@ -40,6 +40,12 @@ pub struct ClusterConfig {
     pub mcp_port: u16,
     /// How long a live lookup is reused (`--kube-admit-cache-ms`).
     pub admit_cache: Duration,
+    /// How long binding a claimed pod's agent may take
+    /// (`--kube-bind-timeout`).
+    pub bind_within: Duration,
+    /// How long a claimed pod's agent may take to Release before its claim
+    /// is deleted anyway (`--kube-release-timeout`).
+    pub release_within: Duration,
 }
 
 pub struct Cluster {
@@ -52,10 +58,6 @@ pub struct Cluster {
     /// This process's id in the claims it makes (`Lease::host`).
     instance: String,
 }
-
-/// How long binding a claimed pod's agent may take (a connection and one
-/// call; a healthy agent answers in milliseconds).
-const BIND_WITHIN: Duration = Duration::from_secs(15);
 
 /// Entries kept at most this many times the cache's lifetime.
 const CACHE_KEEP: u32 = 10;
@@ -90,6 +92,11 @@ impl Cluster {
     }
 
     /// The slot of a live sandbox: its pod's agent with its lease's token.
+    /// How long a claimed pod's agent may take to Release.
+    pub fn release_within(&self) -> Duration {
+        self.cfg.release_within
+    }
+
     pub fn slot_of(&self, s: &SandboxRow) -> HostResult<Slot> {
         let ip = s.endpoint.as_deref().ok_or(HostError::AgentGone)?;
         Ok(Slot::remote(s.slot.clone(), self.remote(ip, &s.id)?))
@@ -122,14 +129,14 @@ impl Cluster {
         let claimed = self.fleet.claim(&lease).await.map_err(cluster_error)?;
         // Bounded: a pod that takes the connection and never answers must
         // not hold the Acquire (and the claim) for ever.
-        let bound = tokio::time::timeout(BIND_WITHIN, self.bind(&claimed, id))
+        let bound = tokio::time::timeout(self.cfg.bind_within, self.bind(&claimed, id))
             .await
             .unwrap_or_else(|_| {
                 Err(HostError::agent("binding the pod's agent to the lease")(
                     tonic::Status::deadline_exceeded(format!(
                         "the pod's agent at {} did not answer within {} s",
                         claimed.ip,
-                        BIND_WITHIN.as_secs()
+                        self.cfg.bind_within.as_secs()
                     )),
                 ))
             });

@@ -207,6 +207,20 @@ pub struct Args {
     /// and the claim is deleted.
     #[arg(long, default_value_t = 120, value_name = "SECONDS")]
     pub kube_claim_timeout: u64,
+    /// kubernetes backend: how long one call to the API server may go
+    /// unanswered (no watch runs: a longer silence is a stalled server).
+    #[arg(long, default_value_t = 30, value_name = "SECONDS")]
+    pub kube_call_timeout: u64,
+    /// kubernetes backend: how long binding a claimed pod's agent to its
+    /// lease may take (a connection and one call); past it the Acquire is
+    /// a 503 and the claim is deleted.
+    #[arg(long, default_value_t = 15, value_name = "SECONDS")]
+    pub kube_bind_timeout: u64,
+    /// kubernetes backend: how long a claimed pod's agent may take to
+    /// Release (its servers stopped, outside accounts cleaned) before its
+    /// claim, and the pod, are deleted anyway.
+    #[arg(long, default_value_t = 60, value_name = "SECONDS")]
+    pub kube_release_timeout: u64,
     /// kubernetes backend: how often a claim being waited for is read.
     #[arg(long, default_value_t = 500, value_name = "MS")]
     pub kube_poll_ms: u64,
@@ -515,8 +529,12 @@ pub fn cluster(args: &Args) -> anyhow::Result<Option<ClusterPlan>> {
         "--backend kubernetes needs at least one --kube-pool [BENCHMARK=]SANDBOXWARMPOOL"
     );
     anyhow::ensure!(
-        args.kube_claim_timeout > 0 && args.kube_poll_ms > 0,
-        "--kube-claim-timeout and --kube-poll-ms must be at least 1"
+        args.kube_claim_timeout > 0
+            && args.kube_poll_ms > 0
+            && args.kube_call_timeout > 0
+            && args.kube_bind_timeout > 0
+            && args.kube_release_timeout > 0,
+        "--kube-claim-timeout, --kube-poll-ms, --kube-call-timeout, --kube-bind-timeout and --kube-release-timeout must be at least 1"
     );
     anyhow::ensure!(
         args.signing_key_file.is_some(),

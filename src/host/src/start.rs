@@ -364,9 +364,6 @@ fn private_dirs(data: &std::path::Path) -> anyhow::Result<PathBuf> {
     Ok(uploads)
 }
 
-/// How long one call to the Kubernetes API server may go unanswered.
-const KUBE_CALL_TIMEOUT: Duration = Duration::from_secs(30);
-
 /// The kubernetes backend's fleet: a client of the API server (the
 /// kubeconfig of KUBECONFIG or ~/.kube, else the pod's service account).
 async fn connect_cluster(
@@ -379,8 +376,9 @@ async fn connect_cluster(
         .context("--backend kubernetes: no Kubernetes API server configured (KUBECONFIG, ~/.kube/config, or the pod's service account)")?;
     // No watch runs: a call unanswered this long is a stalled API server,
     // not kube's default of 295 s for watches.
-    kube_config.read_timeout = Some(KUBE_CALL_TIMEOUT);
-    kube_config.write_timeout = Some(KUBE_CALL_TIMEOUT);
+    let call = Duration::from_secs(args.kube_call_timeout);
+    kube_config.read_timeout = Some(call);
+    kube_config.write_timeout = Some(call);
     let client = sandbox_kube::kube::Client::try_from(kube_config).context(
         "--backend kubernetes: cannot make a client of the Kubernetes API server's configuration",
     )?;
@@ -405,6 +403,8 @@ async fn connect_cluster(
             agent_port: args.kube_agent_port,
             mcp_port: args.kube_mcp_port,
             admit_cache: Duration::from_millis(args.kube_admit_cache_ms),
+            bind_within: Duration::from_secs(args.kube_bind_timeout),
+            release_within: Duration::from_secs(args.kube_release_timeout),
         },
         signing_key.to_vec(),
     ))

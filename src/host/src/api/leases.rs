@@ -527,10 +527,6 @@ pub async fn release_in_background(h: &Shared, s: &SandboxRow, is_ttl: bool) {
     });
 }
 
-/// How long a claimed pod's agent may take to Release before its claim
-/// is deleted anyway (the pod goes with it).
-const POD_RELEASE_WITHIN: std::time::Duration = std::time::Duration::from_secs(60);
-
 /// The kubernetes backend's end of a lease: the pod's agent releases it
 /// (servers stopped, outside accounts cleaned), then the claim is deleted
 /// and its sandbox pod with it.
@@ -545,7 +541,7 @@ fn release_claim_in_background(h: &Shared, s: &SandboxRow, is_ttl: bool) {
             let slot = cluster.slot_of(&s).map_err(|e| e.to_string())?;
             release_on(&slot, &s.id, is_ttl).await
         };
-        match tokio::time::timeout(POD_RELEASE_WITHIN, released).await {
+        match tokio::time::timeout(cluster.release_within(), released).await {
             Ok(Ok(())) => info!(sandbox = %s.id, is_ttl, "released"),
             Ok(Err(e)) => warn!(sandbox = %s.id, error = %e, "the pod's agent did not release; its pod is deleted anyway"),
             Err(_) => warn!(sandbox = %s.id, "the pod's agent did not release in time; its pod is deleted anyway"),
