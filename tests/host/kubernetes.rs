@@ -124,8 +124,13 @@ fn claim_of(api: &KubeApi, id: &str) -> Value {
 
 /// Waits until the stand-in holds `n` claims (a release's deletion ends in
 /// the background).
-fn claims_left(api: &KubeApi, n: usize) {
-    eventually(Duration::from_secs(30), "the claims deleted", || {
+pub(super) fn claims_left(api: &KubeApi, n: usize) {
+    claims_within(api, n, Duration::from_secs(30));
+}
+
+/// [`claims_left`] within `within`.
+pub(super) fn claims_within(api: &KubeApi, n: usize, within: Duration) {
+    eventually(within, "the claims deleted", || {
         let left = api.claim_names();
         if left.len() == n {
             Ok(())

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use super::common::host::{KEY_A, acquire, http, put, script_archive};
 use super::common::{Agent, eventually};
 use super::kube_api::KubeApi;
-use super::kubernetes::{fleet, pod_on, replica_on};
+use super::kubernetes::{claims_left, claims_within, fleet, pod_on, replica_on};
 
 /// An owner with a cap of one sandbox fires one Acquire at each replica
 /// at once. Each replica counted the owner's claims before making its
@@ -66,14 +66,7 @@ fn an_owner_cannot_exceed_its_cap_across_two_replicas() {
         );
     }
     // The refused Acquire leaves no claim behind.
-    eventually(Duration::from_secs(30), "one claim at most", || {
-        let left = api.claim_names();
-        if left.len() == won.len() {
-            Ok(())
-        } else {
-            Err(format!("{left:?}"))
-        }
-    });
+    claims_left(&api, won.len());
 }
 
 /// An API server that accepts a request and never answers it (here the
@@ -109,14 +102,7 @@ fn a_stalled_api_server_cannot_hold_an_acquire_past_the_claim_timeout() {
         );
     };
     assert_eq!(code, 503, "{v}");
-    eventually(Duration::from_secs(30), "the claim deleted", || {
-        let left = api.claim_names();
-        if left.is_empty() {
-            Ok(())
-        } else {
-            Err(format!("{left:?}"))
-        }
-    });
+    claims_left(&api, 0);
 }
 
 /// Replicas share `--data-dir` for uploads. One replica starting (a
@@ -199,18 +185,7 @@ fn an_acquire_abandoned_after_its_claim_leaks_no_claim() {
     // The client gives up.
     drop(conn);
 
-    eventually(
-        Duration::from_secs(30),
-        "the abandoned Acquire's claim deleted",
-        || {
-            let left = api.claim_names();
-            if left.is_empty() {
-                Ok(())
-            } else {
-                Err(format!("{left:?}"))
-            }
-        },
-    );
+    claims_left(&api, 0);
 }
 
 /// A replica that stops mid-Acquire (killed, its node lost) runs no
@@ -244,18 +219,7 @@ fn claims_left_by_a_stopped_replica_or_a_failed_delete_are_deleted() {
     );
     let cap = ["--max-sandboxes-per-key", "1"];
     let host = replica_on(dir.path(), &f, &api, 30, PORTS, &cap);
-    eventually(
-        Duration::from_secs(30),
-        "the abandoned claims deleted",
-        || {
-            let left = api.claim_names();
-            if left.is_empty() {
-                Ok(())
-            } else {
-                Err(format!("{left:?}"))
-            }
-        },
-    );
+    claims_left(&api, 0);
     // Its owner's cap is whole again.
     acquire(&host, KEY_A, r#"{"server_names": ["filesystem"]}"#);
 }
@@ -393,18 +357,7 @@ fn an_acquire_abandoned_while_binding_its_pod_leaks_no_claim() {
     std::thread::sleep(Duration::from_millis(500));
     drop(conn);
 
-    eventually(
-        Duration::from_secs(20),
-        "the abandoned Acquire's claim deleted",
-        || {
-            let left = api.claim_names();
-            if left.is_empty() {
-                Ok(())
-            } else {
-                Err(format!("{left:?}"))
-            }
-        },
-    );
+    claims_within(&api, 0, Duration::from_secs(20));
     drop(held);
 }
 
@@ -449,12 +402,5 @@ fn a_mute_pod_cannot_hold_an_acquire_for_ever() {
         panic!("an Acquire bound to a mute pod is still waiting after 45 s");
     };
     assert!(code >= 500, "{code}: {v}");
-    eventually(Duration::from_secs(20), "the claim deleted", || {
-        let left = api.claim_names();
-        if left.is_empty() {
-            Ok(())
-        } else {
-            Err(format!("{left:?}"))
-        }
-    });
+    claims_within(&api, 0, Duration::from_secs(20));
 }
