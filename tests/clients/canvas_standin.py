@@ -58,9 +58,17 @@ class Handler(BaseHTTPRequestHandler):
             return False
         return True
 
+    def parse_request(self):
+        # The whole body is read before any answer (a 401 too), so no socket
+        # is closed with unread bytes: that close sends a reset, which can cut
+        # the answer short at the client.
+        if not super().parse_request():
+            return False
+        self.raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        return True
+
     def body(self):
-        n = int(self.headers.get("Content-Length") or 0)
-        return json.loads(self.rfile.read(n) or b"{}")
+        return json.loads(self.raw or b"{}")
 
     def do_GET(self):
         if not self.authorized():
