@@ -82,8 +82,9 @@ fn slot_of(host: &Host, key: &str, sandbox: &str) -> String {
         .to_owned()
 }
 
-/// A's attack, then B's check; returns (A's slot, B's slot).
-fn attack(args: &[&str]) -> (String, String) {
+/// A's attack, then B's check; returns (A's slot, B's slot, the end of
+/// the host's log).
+fn attack(args: &[&str]) -> (String, String, String) {
     let dir = tempfile::tempdir().expect("tempdir");
     let host = Host::start(dir.path(), args);
     let body = r#"{"server_names": ["terminal"]}"#;
@@ -132,13 +133,21 @@ fn attack(args: &[&str]) -> (String, String) {
         .unwrap_or_default()
         .to_owned();
     release(&host, KEY_B, &b);
-    (a_slot, b_slot)
+    let log = std::fs::read_to_string(dir.path().join("host.log")).unwrap_or_default();
+    let mut from = log.len().saturating_sub(5000);
+    while !log.is_char_boundary(from) {
+        from += 1;
+    }
+    (a_slot, b_slot, log[from..].to_owned())
 }
 
 #[test]
 fn nothing_a_tenant_plants_reaches_the_next_tenant_of_a_recycled_slot() {
-    let (a, b) = attack(&["--max-slots", "1"]);
-    assert_eq!(a, b, "B must run on A's recycled slot");
+    let (a, b, log) = attack(&["--max-slots", "1"]);
+    assert_eq!(
+        a, b,
+        "B must run on A's recycled slot; the host's log:\n{log}"
+    );
 }
 
 #[test]
@@ -148,6 +157,6 @@ fn nothing_a_tenant_plants_reaches_the_next_tenant_of_a_warm_pool() {
 
 #[test]
 fn nothing_a_tenant_plants_reaches_the_next_tenant_after_a_replace() {
-    let (a, b) = attack(&["--on-release", "replace"]);
-    assert_ne!(a, b, "replace gives B a new slot");
+    let (a, b, log) = attack(&["--on-release", "replace"]);
+    assert_ne!(a, b, "replace gives B a new slot; the host's log:\n{log}");
 }

@@ -43,3 +43,62 @@ impl Pool {
         Some(Reservation(self.opening.clone()))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use crate::pool::{AgentEnv, Backend, Idle, Kind, OnRelease, Pool, PoolConfig, Slot, Want};
+
+    /// A pool of one slot at most, holding one idle slot (this process
+    /// stands in for its agent: alive, never started or stopped here).
+    fn pool_of_one(dir: &std::path::Path) -> Arc<Pool> {
+        let pool = Pool::new(PoolConfig {
+            backend: Backend::Process {
+                agent_bin: "/nonexistent/sandbox-agent".into(),
+                manifest: None,
+            },
+            dir: dir.to_path_buf(),
+            size: 1,
+            warm: vec![],
+            on_release: OnRelease::Recycle,
+            isolation: None,
+            start_timeout: None,
+            agent_env: AgentEnv::default(),
+            max_slots: Some(1),
+        })
+        .expect("pool");
+        let slot = Slot {
+            id: "only".into(),
+            dir: dir.join("only"),
+            pid: std::process::id(),
+            kind: Kind::Process,
+            remote: None,
+        };
+        pool.put_idle(Idle::bare(slot))
+            .map_err(|_| ())
+            .expect("idle");
+        pool
+    }
+
+    /// The slot an Acquire takes from the idle list counts against
+    /// `--max-slots` from the moment it leaves the list: the refill (on
+    /// another thread) never finds room for a second slot meanwhile. It
+    /// once did, between the idle list and the leased one, and a host of
+    /// `--max-slots 1` ran two agents.
+    #[test]
+    fn a_slot_being_taken_keeps_the_pool_at_its_bound() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let pool = pool_of_one(dir.path());
+        assert!(pool.at_bound());
+        let want = Want {
+            servers: Some(vec!["terminal".into()]),
+            benchmark: None,
+        };
+        let (picked, _) = pool.pick(&want);
+        let picked = picked.expect("the idle slot is picked");
+        assert_eq!(picked.0.slot.id, "only");
+        assert!(pool.reserve().is_none(), "room for a second slot");
+        assert!(pool.leased_slot("only").is_some());
+    }
+}

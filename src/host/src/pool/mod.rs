@@ -354,13 +354,14 @@ impl Pool {
                 });
             }
         };
-        self.leased()
-            .insert(taken.slot.id.clone(), taken.slot.clone());
         Ok(taken)
     }
 
-    /// Removes the best idle slot for `want` (see [`Pool::take`]), and says
-    /// whether the slot covers it; also whether any idle slot is warming.
+    /// Moves the best idle slot for `want` (see [`Pool::take`]) to the
+    /// leased ones, and says whether the slot covers it; also whether any
+    /// idle slot is warming. The move happens under the idle list's lock,
+    /// so the slot counts against `--max-slots` at every moment: between
+    /// the two lists the refill would see room for one more slot.
     fn pick(&self, want: &Want) -> (Option<(Idle, bool)>, bool) {
         {
             let mut idle = self.idle();
@@ -380,7 +381,11 @@ impl Pool {
                 .or_else(|| idle.iter().position(|i| ready(i) && i.warm.is_none()))
                 .or_else(|| idle.iter().position(ready));
             let warming = idle.iter().any(|i| i.warming.is_some());
-            (pos.map(|p| (idle.remove(p), covering.is_some())), warming)
+            let picked = pos.map(|p| idle.remove(p));
+            if let Some(i) = &picked {
+                self.leased().insert(i.slot.id.clone(), i.slot.clone());
+            }
+            (picked.map(|i| (i, covering.is_some())), warming)
         }
     }
 
@@ -408,7 +413,9 @@ impl Pool {
     /// A slot that cannot be trusted any more (died, failed to release).
     /// Blocking.
     pub fn drop_slot(&self, slot_id: &str) {
-        if let Some(slot) = self.leased().remove(slot_id) {
+        // Out of the list first: stopping it may block, with no lock held.
+        let gone = self.leased().remove(slot_id);
+        if let Some(slot) = gone {
             discard(&slot);
         }
         self.refill.notify_one();
