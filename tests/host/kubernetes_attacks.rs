@@ -2,12 +2,22 @@
 //! trying to get more than the host means to give, through two real
 //! replicas on the stand-in API server (`kube_api`).
 
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use super::common::host::{KEY_A, acquire, http, put, script_archive};
 use super::common::{Agent, eventually};
 use super::kube_api::KubeApi;
-use super::kubernetes::{claims_left, claims_within, fleet, pod_on, replica_on};
+use super::kubernetes::{Fleet, claims_left, claims_within, fleet, pod_on, replica_on};
+
+/// A fleet of one pod on loopback address `ip` (its agent on `ports`),
+/// and the stand-in API server that lists it.
+fn one_pod(dir: &Path, ip: &str, ports: (u16, u16)) -> (Fleet, Agent, KubeApi) {
+    let f = fleet(dir);
+    let pod = pod_on(ip, &f.bootstrap, ports.0, ports.1);
+    let api = KubeApi::start(dir, &[ip.to_owned()]);
+    (f, pod, api)
+}
 
 /// An owner with a cap of one sandbox fires one Acquire at each replica
 /// at once. Each replica counted the owner's claims before making its
@@ -77,10 +87,7 @@ fn an_owner_cannot_exceed_its_cap_across_two_replicas() {
 fn a_stalled_api_server_cannot_hold_an_acquire_past_the_claim_timeout() {
     const PORTS: (u16, u16) = (47210, 47211);
     let dir = tempfile::tempdir().expect("tempdir");
-    let f = fleet(dir.path());
-    let ip = "127.0.91.1".to_owned();
-    let _pod = pod_on(&ip, &f.bootstrap, PORTS.0, PORTS.1);
-    let api = KubeApi::start(dir.path(), std::slice::from_ref(&ip));
+    let (f, _pod, api) = one_pod(dir.path(), "127.0.91.1", PORTS);
     let host = replica_on(dir.path(), &f, &api, 2, PORTS, &[]);
     api.lock().stall_sandbox_gets = true;
 
@@ -112,10 +119,7 @@ fn a_stalled_api_server_cannot_hold_an_acquire_past_the_claim_timeout() {
 fn a_replica_starting_keeps_the_uploads_of_live_sandboxes() {
     const PORTS: (u16, u16) = (47220, 47221);
     let dir = tempfile::tempdir().expect("tempdir");
-    let f = fleet(dir.path());
-    let ip = "127.0.92.1".to_owned();
-    let _pod = pod_on(&ip, &f.bootstrap, PORTS.0, PORTS.1);
-    let api = KubeApi::start(dir.path(), std::slice::from_ref(&ip));
+    let (f, _pod, api) = one_pod(dir.path(), "127.0.92.1", PORTS);
     let a = replica_on(dir.path(), &f, &api, 30, PORTS, &[]);
     let acq = acquire(&a, KEY_A, r#"{"server_names": ["filesystem"]}"#);
     let id = acq["local_sandbox_id"].as_str().expect("id").to_owned();
@@ -157,10 +161,7 @@ fn an_acquire_abandoned_after_its_claim_leaks_no_claim() {
     use std::io::Write;
     const PORTS: (u16, u16) = (47230, 47231);
     let dir = tempfile::tempdir().expect("tempdir");
-    let f = fleet(dir.path());
-    let ip = "127.0.93.1".to_owned();
-    let _pod = pod_on(&ip, &f.bootstrap, PORTS.0, PORTS.1);
-    let api = KubeApi::start(dir.path(), std::slice::from_ref(&ip));
+    let (f, _pod, api) = one_pod(dir.path(), "127.0.93.1", PORTS);
     let host = replica_on(dir.path(), &f, &api, 30, PORTS, &[]);
     api.lock().stall_patches = true;
 
@@ -198,10 +199,7 @@ fn an_acquire_abandoned_after_its_claim_leaks_no_claim() {
 fn claims_left_by_a_stopped_replica_or_a_failed_delete_are_deleted() {
     const PORTS: (u16, u16) = (47240, 47241);
     let dir = tempfile::tempdir().expect("tempdir");
-    let f = fleet(dir.path());
-    let ip = "127.0.94.1".to_owned();
-    let _pod = pod_on(&ip, &f.bootstrap, PORTS.0, PORTS.1);
-    let api = KubeApi::start(dir.path(), std::slice::from_ref(&ip));
+    let (f, _pod, api) = one_pod(dir.path(), "127.0.94.1", PORTS);
     // Left acquiring by a replica killed mid-Acquire.
     plant_claim(
         &api,
