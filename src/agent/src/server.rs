@@ -263,6 +263,14 @@ async fn serve_inner(
         );
     }
     info!(version = sandbox_client::VERSION, workspace = %settings.workspace.display(), "serving");
+    tokio::spawn(
+        watch_state_root(
+            settings.effective.state_root.clone(),
+            Duration::from_millis(settings.limits.state_root_check_ms),
+            shutdown.clone(),
+        )
+        .in_current_span(),
+    );
 
     shutdown.cancelled().await;
     drain(&settings, &health, &d.lifecycle, servers, accept_tasks).await;
@@ -496,4 +504,31 @@ fn routes(
                 .max_encoding_message_size(max),
         );
     Ok(b.routes())
+}
+
+/// Shuts the agent down once its state root is deleted: the host removed
+/// the slot's directory (or its whole data dir), so no host can reach or
+/// end this agent any more, and it would hold its servers, memory and id
+/// block until the machine stops.
+async fn watch_state_root(path: std::path::PathBuf, every: Duration, shutdown: CancellationToken) {
+    use rustix::fs::{Mode, OFlags};
+    let flags = OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC;
+    let fd = match rustix::fs::open(&path, flags, Mode::empty()) {
+        Ok(fd) => fd,
+        Err(e) => {
+            warn!(path = %path.display(), error = %e, "cannot watch the state root");
+            return;
+        }
+    };
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(every) => {}
+        }
+        if rustix::fs::fstat(&fd).is_ok_and(|st| st.st_nlink == 0) {
+            warn!(path = %path.display(), "the state root was deleted (the slot's directory is gone): shutting down");
+            shutdown.cancel();
+            return;
+        }
+    }
 }

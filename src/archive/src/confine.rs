@@ -9,15 +9,12 @@
 
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::path::{Component, Path, PathBuf};
+use std::path::{Component, Path};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use rustix::fs::{Mode, OFlags, ResolveFlags};
 
 use std::ffi::OsStr;
-use std::os::unix::ffi::OsStrExt;
-
-use rustix::fs::AtFlags;
 
 use super::error::{ArchiveError, sys};
 
@@ -103,135 +100,16 @@ pub fn normalize(path: &Path) -> Result<Vec<&std::ffi::OsStr>, PathError> {
 }
 
 /// Removes `name` in `dir` (a whole tree if it is a directory), never
-/// following symlinks. Depth-first with an explicit stack (one open
-/// directory per level), so no tree is too deep for the thread's stack.
+/// following symlinks, without recursion and with a bounded number of open
+/// directories whatever the depth ([`sandbox_tree`]).
 pub fn remove_at(dir: BorrowedFd<'_>, name: &OsStr, path: &Path) -> Result<(), ArchiveError> {
-    /// A directory being emptied: its handle, path and the names left.
-    struct Level {
-        fd: OwnedFd,
-        path: PathBuf,
-        names: std::vec::IntoIter<std::ffi::OsString>,
-    }
-    let open = |parent: BorrowedFd<'_>, name: &OsStr, path: &Path| -> Result<Level, ArchiveError> {
-        let flags = OFlags::DIRECTORY | OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
-        let fd = match rustix::fs::openat(parent, name, flags, Mode::empty()) {
-            Err(rustix::io::Errno::ACCESS) => open_up(parent, name)
-                .and_then(|()| rustix::fs::openat(parent, name, flags, Mode::empty())),
-            r => r,
-        }
-        .map_err(|e| ArchiveError::io(format!("opening {}", path.display()), sys(e)))?;
-        let names = list(fd.as_fd())
-            .map_err(|e| ArchiveError::io(format!("listing {}", path.display()), e))?;
-        Ok(Level {
-            fd,
-            path: path.to_owned(),
-            names: names.into_iter(),
-        })
-    };
-    let rmdir = |parent: BorrowedFd<'_>, name: &OsStr, path: &Path| {
-        writable(parent, || {
-            rustix::fs::unlinkat(parent, name, AtFlags::REMOVEDIR)
-        })
-        .map_err(|e| ArchiveError::io(format!("removing {}", path.display()), sys(e)))
-    };
-    match rustix::fs::unlinkat(dir, name, AtFlags::empty()) {
-        Ok(()) => return Ok(()),
-        Err(rustix::io::Errno::ISDIR) | Err(rustix::io::Errno::PERM) => {}
-        Err(e) => {
-            return Err(ArchiveError::io(
-                format!("removing {}", path.display()),
-                sys(e),
-            ));
-        }
-    }
-    let mut stack = vec![open(dir, name, path)?];
-    while let Some(top) = stack.last_mut() {
-        match top.names.next() {
-            Some(n) => {
-                let p = top.path.join(&n);
-                let fd = top.fd.as_fd();
-                match writable(fd, || rustix::fs::unlinkat(fd, &n, AtFlags::empty())) {
-                    Ok(()) => {}
-                    Err(rustix::io::Errno::ISDIR) | Err(rustix::io::Errno::PERM) => {
-                        let sub = open(top.fd.as_fd(), &n, &p)?;
-                        stack.push(sub);
-                    }
-                    Err(e) => {
-                        return Err(ArchiveError::io(
-                            format!("removing {}", p.display()),
-                            sys(e),
-                        ));
-                    }
-                }
-            }
-            None => {
-                let done = stack.pop();
-                let name_of = |l: &Level| l.path.file_name().map(OsStr::to_owned);
-                match (done, stack.last()) {
-                    (Some(d), Some(parent)) => {
-                        let n = name_of(&d).unwrap_or_default();
-                        drop(d.fd);
-                        rmdir(parent.fd.as_fd(), &n, &d.path)?;
-                    }
-                    (Some(d), None) => {
-                        drop(d.fd);
-                        rmdir(dir, name, path)?;
-                    }
-                    (None, _) => {}
-                }
-            }
-        }
-    }
-    Ok(())
-}
-
-/// Runs `op` (a change inside the directory `dir`); if it is refused for
-/// want of permission, gives the owner full access to `dir` and runs it
-/// once more. A non-root agent can so remove a tree a tenant made
-/// read-only (root needs no such help).
-fn writable<T>(
-    dir: BorrowedFd<'_>,
-    op: impl Fn() -> rustix::io::Result<T>,
-) -> rustix::io::Result<T> {
-    match op() {
-        Err(rustix::io::Errno::ACCESS) => {
-            let st = rustix::fs::fstat(dir)?;
-            rustix::fs::fchmod(dir, Mode::from_raw_mode((st.st_mode | 0o700) & 0o7777))?;
-            op()
-        }
-        r => r,
-    }
-}
-
-/// Gives the owner full access to the directory `name` in `parent`, which
-/// cannot be opened for reading (mode 0 or write-only). Through the
-/// `/proc` link of an `O_PATH` handle, so a name swapped for a symlink
-/// meanwhile is never followed.
-fn open_up(parent: BorrowedFd<'_>, name: &OsStr) -> rustix::io::Result<()> {
-    let fd = rustix::fs::openat(
-        parent,
-        name,
-        OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-        Mode::empty(),
-    )?;
-    let st = rustix::fs::fstat(&fd)?;
-    let link = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&fd));
-    rustix::fs::chmod(link, Mode::from_raw_mode((st.st_mode | 0o700) & 0o7777))
+    sandbox_tree::remove_at(dir, name, path)
+        .map_err(|e| ArchiveError::io(format!("{} {}", e.what, e.path.display()), e.source))
 }
 
 /// Names in a directory, without `.` and `..`, sorted bytewise.
 pub fn list(dir: BorrowedFd<'_>) -> io::Result<Vec<std::ffi::OsString>> {
-    let mut d = rustix::fs::Dir::read_from(dir).map_err(sys)?;
-    let mut out = Vec::new();
-    while let Some(e) = d.read() {
-        let e = e.map_err(sys)?;
-        let n = e.file_name().to_bytes();
-        if n != b"." && n != b".." {
-            out.push(OsStr::from_bytes(n).to_owned());
-        }
-    }
-    out.sort_by(|a, b| a.as_bytes().cmp(b.as_bytes()));
-    Ok(out)
+    sandbox_tree::list(dir)
 }
 
 #[cfg(test)]

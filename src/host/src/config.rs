@@ -143,6 +143,12 @@ pub struct Args {
     /// on a busy machine).
     #[arg(long, value_name = "SECONDS")]
     pub slot_start_timeout: Option<u64>,
+    /// How often the host retries removing slot directories it could not
+    /// remove, and ends the slots of its data dir it holds in no list
+    /// (seen so at two passes in a row), in seconds. At least 1.
+    #[arg(long, value_name = "SECONDS", default_value_t = 60,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub reclaim_interval: u64,
     /// pids.max of each isolated sandbox (processes and threads).
     #[arg(long, default_value_t = 4096, value_name = "N")]
     pub slot_pids_max: u64,

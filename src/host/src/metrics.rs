@@ -12,6 +12,9 @@
 //! | `sandbox_host_uid_blocks` (gauge) | — (subordinate id blocks this host may use; isolated process backend only) |
 //! | `sandbox_host_uid_blocks_claimed` (gauge) | — (blocks claimed machine-wide, by any host) |
 //! | `sandbox_host_uid_blocks_exhausted_total` | — (sandbox starts refused: no free block) |
+//! | `sandbox_host_slots_reclaim_pending` (gauge) | — (slot directories whose removal failed, tried again every `--reclaim-interval`) |
+//! | `sandbox_host_slot_removals_failed_total` | — (removals of a slot directory that failed) |
+//! | `sandbox_host_slots_reclaimed_total` | — (slots ended because nothing of this host could adopt them) |
 //!
 //! Aggregates only (no ids, owners or keys), yet pool and lease counts are
 //! the operator's: on the API's address `/metrics` needs an API key
@@ -69,6 +72,9 @@ pub struct Metrics {
     blocks: Gauge,
     blocks_claimed: Gauge,
     blocks_exhausted: Counter,
+    reclaim_pending: Gauge,
+    removals_failed: Counter,
+    reclaimed: Counter,
     /// Profile labels, in the pool's order.
     profiles: Vec<String>,
     /// Whether `/metrics` is on the API's address, behind its keys (else
@@ -128,6 +134,23 @@ impl Metrics {
                 blocks_exhausted.clone(),
             );
         }
+        let (reclaim_pending, removals_failed, reclaimed) =
+            (Gauge::default(), Counter::default(), Counter::default());
+        registry.register(
+            "sandbox_host_slots_reclaim_pending",
+            "Slot directories whose removal failed, removed again at the next reclaim pass",
+            reclaim_pending.clone(),
+        );
+        registry.register(
+            "sandbox_host_slot_removals_failed",
+            "Removals of a slot directory that failed",
+            removals_failed.clone(),
+        );
+        registry.register(
+            "sandbox_host_slots_reclaimed",
+            "Slots ended because nothing of this host could adopt them",
+            reclaimed.clone(),
+        );
         let profiles: Vec<String> = pool.profiles().iter().map(|p| p.label()).collect();
         // Every label a scrape should see, at 0 until it moves.
         for p in &profiles {
@@ -146,6 +169,9 @@ impl Metrics {
             blocks,
             blocks_claimed,
             blocks_exhausted,
+            reclaim_pending,
+            removals_failed,
+            reclaimed,
             profiles,
             keyed,
         }
@@ -205,6 +231,12 @@ impl Metrics {
             self.blocks_exhausted
                 .inc_by(iso.blocks_exhausted().saturating_sub(seen));
         }
+        let r = pool.reclaim_counts();
+        self.reclaim_pending.set(r.pending as i64);
+        let seen = self.removals_failed.get();
+        self.removals_failed.inc_by(r.failed.saturating_sub(seen));
+        let seen = self.reclaimed.get();
+        self.reclaimed.inc_by(r.orphans.saturating_sub(seen));
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &self.registry)?;
         Ok(out)

@@ -173,7 +173,11 @@ impl Host {
             releases: tokio_util::task::TaskTracker::new(),
             inflight: Default::default(),
         });
-        tokio::spawn(pool.keep_warm());
+        tokio::spawn(pool.clone().keep_warm());
+        tokio::spawn(
+            pool.clone()
+                .keep_reclaiming(Duration::from_secs(args.reclaim_interval)),
+        );
         tokio::spawn(api::reap(host.clone()));
         Ok(Started {
             host,

@@ -127,6 +127,10 @@ pub struct Limits {
     /// this, else it is closed: idle or trickling clients cannot hold the
     /// `max_connections_per_listener` slots.
     pub handshake_timeout_ms: u64,
+    /// How often the agent checks that its state root still exists; once
+    /// it is deleted (the host removed the slot's directory, or its whole
+    /// data dir), no host can reach or end the agent, so it shuts down.
+    pub state_root_check_ms: u64,
 }
 
 impl Default for Limits {
@@ -140,6 +144,7 @@ impl Default for Limits {
             stream_window_bytes: 2 << 20,
             connection_window_bytes: 8 << 20,
             handshake_timeout_ms: 10_000,
+            state_root_check_ms: 5_000,
         }
     }
 }
@@ -162,6 +167,7 @@ impl Limits {
                 self.connection_window_bytes as u64,
             ),
             ("handshake_timeout_ms", self.handshake_timeout_ms),
+            ("state_root_check_ms", self.state_root_check_ms),
         ] {
             if v == 0 {
                 return Err(ConfigError::ZeroLimit(name));

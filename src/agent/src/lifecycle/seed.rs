@@ -107,23 +107,9 @@ pub fn place(ws: &Arc<Workspace>, seed: &Seed) -> Result<(), WorkspaceError> {
 /// to exist). Something else at the path (a file, a symlink) is replaced.
 pub fn wipe(path: &Path) -> std::io::Result<()> {
     match std::fs::symlink_metadata(path) {
-        Ok(m) if m.is_dir() => {
-            // Everything that can go goes; the first failure is reported.
-            let mut first = None;
-            for entry in std::fs::read_dir(path)? {
-                let r = entry.and_then(|entry| {
-                    if entry.file_type()?.is_dir() {
-                        std::fs::remove_dir_all(entry.path())
-                    } else {
-                        std::fs::remove_file(entry.path())
-                    }
-                });
-                if let Err(e) = r {
-                    first.get_or_insert(e);
-                }
-            }
-            first.map_or(Ok(()), Err)
-        }
+        // Whatever the tenant made there, however deep: no recursion, a
+        // bounded number of open directories, no link followed.
+        Ok(m) if m.is_dir() => sandbox_tree::empty_path(path).map_err(into_io),
         Ok(_) => {
             std::fs::remove_file(path)?;
             std::fs::create_dir_all(path)
@@ -131,4 +117,9 @@ pub fn wipe(path: &Path) -> std::io::Result<()> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => std::fs::create_dir_all(path),
         Err(e) => Err(e),
     }
+}
+
+/// A removal's error as an I/O error that keeps its path and cause.
+pub fn into_io(e: sandbox_tree::RemoveError) -> std::io::Error {
+    std::io::Error::new(e.source.kind(), e)
 }

@@ -214,12 +214,11 @@ impl Lifecycle {
     }
 
     async fn drop_ledgers(&self) {
-        match tokio::fs::remove_dir_all(&self.ledgers).await {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => {
-                warn!(dir = %self.ledgers.display(), error = %e, "could not remove the ledgers")
-            }
+        let dir = self.ledgers.clone();
+        match tokio::task::spawn_blocking(move || sandbox_tree::remove_path(&dir)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => warn!(error = %e, "could not remove the ledgers"),
+            Err(e) => warn!(error = %e, "the task removing the ledgers failed"),
         }
     }
 }

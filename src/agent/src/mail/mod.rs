@@ -302,11 +302,7 @@ fn base_env() -> BTreeMap<String, String> {
 async fn empty_dir(dir: &Path) -> Result<(), DataError> {
     let d = dir.to_owned();
     tokio::task::spawn_blocking(move || {
-        match std::fs::remove_dir_all(&d) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(e),
-        }
+        sandbox_tree::remove_path(&d).map_err(crate::lifecycle::seed::into_io)?;
         std::fs::create_dir_all(&d)?;
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o711))

@@ -376,13 +376,8 @@ impl Uploads {
 }
 
 fn remove(p: &Path) {
-    let r = match std::fs::symlink_metadata(p) {
-        Ok(md) if md.is_dir() => std::fs::remove_dir_all(p),
-        Ok(_) => std::fs::remove_file(p),
-        Err(_) => return,
-    };
-    if let Err(e) = r {
-        tracing::warn!(path = %p.display(), error = %e, "removing an upload");
+    if let Err(e) = sandbox_tree::remove_path(p) {
+        tracing::warn!(error = %e, "removing an upload");
     }
 }
 

@@ -29,6 +29,7 @@ mod backend;
 mod bound;
 mod error;
 pub mod isolate;
+mod reclaim;
 mod recover;
 mod slot;
 mod warm;
@@ -49,7 +50,9 @@ use backend::{VM_AGENT_PORT, VM_MCP_PORT};
 use backend::{agent_args, spawn_in_session, spawn_isolated};
 pub use error::PoolError;
 pub use slot::{Remote, Slot};
-use slot::{discard, tail};
+pub use reclaim::ReclaimCounts;
+use reclaim::Reclaim;
+use slot::tail;
 pub use warm::{Want, WarmLease, WarmProfile};
 
 /// What [`Pool::take`] hands out.
@@ -164,6 +167,8 @@ pub struct Pool {
     /// first slot that serves (every slot runs the same manifest or image).
     catalog: Mutex<Option<Vec<String>>>,
     refill: Notify,
+    /// Slot directories to remove again, and the orphans' bookkeeping.
+    reclaim: Arc<Reclaim>,
     /// Woken when a slot stops warming (ready, failed or gone) or comes
     /// idle.
     warmed: Notify,
@@ -183,6 +188,7 @@ impl Pool {
             closed: AtomicBool::new(false),
             catalog: Mutex::new(None),
             refill: Notify::new(),
+            reclaim: Default::default(),
             warmed: Notify::new(),
         }))
     }
@@ -233,18 +239,22 @@ impl Pool {
         c
     }
 
-    /// Drops idle slots whose agent died.
+    /// Drops idle slots whose agent died (their directories are removed in
+    /// the background, off the runtime).
     fn sweep(&self) {
-        let mut gone = false;
+        let mut gone = Vec::new();
         self.idle().retain(|i| {
             let ok = i.slot.alive();
             if !ok {
-                gone = true;
-                let _ = std::fs::remove_dir_all(&i.slot.dir);
+                gone.push(i.slot.clone());
             }
             ok
         });
-        if gone {
+        if !gone.is_empty() {
+            for slot in gone {
+                let r = self.reclaim.clone();
+                tokio::spawn(async move { r.discard_off_runtime(slot).await });
+            }
             // A taker may be waiting for one of them to finish warming.
             self.warmed.notify_waiters();
         }
@@ -406,7 +416,7 @@ impl Pool {
         };
         match kept {
             Ok(()) => self.refill.notify_one(),
-            Err(slot) => discard(&slot),
+            Err(slot) => self.reclaim.discard(&slot),
         }
     }
 
@@ -416,7 +426,7 @@ impl Pool {
         // Out of the list first: stopping it may block, with no lock held.
         let gone = self.leased().remove(slot_id);
         if let Some(slot) = gone {
-            discard(&slot);
+            self.reclaim.discard(&slot);
         }
         self.refill.notify_one();
     }
@@ -443,6 +453,8 @@ impl Pool {
             return Err(PoolError::Stopping);
         }
         let id = uuid::Uuid::new_v4().simple().to_string();
+        // Not an orphan for the reclaim while it is in no list yet.
+        let _making = self.reclaim.making(&id);
         let dir = self.cfg.dir.join(&id);
         std::fs::create_dir_all(&dir)
             .map_err(PoolError::io(format!("creating {}", dir.display())))?;
@@ -463,15 +475,19 @@ impl Pool {
                     let (iso, d, i) = (iso.clone(), dir.clone(), id.clone());
                     let (agent_bin, manifest) = (agent_bin.clone(), manifest.clone());
                     let env = self.cfg.agent_env.clone();
-                    tokio::task::spawn_blocking(move || {
+                    let started = tokio::task::spawn_blocking(move || {
                         spawn_isolated(&iso, &d, &i, &agent_bin, manifest.as_deref(), &env, log)
                     })
                     .await
-                    .map_err(|e| PoolError::io("the task starting a sandbox")(e.into()))?
-                    .inspect_err(|_| {
-                        let s = self.cfg.dir.join(&id);
-                        let _ = std::fs::remove_dir_all(s);
-                    })?
+                    .map_err(|e| PoolError::io("the task starting a sandbox")(e.into()));
+                    match started {
+                        Ok(Ok(pid)) => pid,
+                        Ok(Err(e)) | Err(e) => {
+                            let (r, d) = (self.reclaim.clone(), dir.clone());
+                            let _ = tokio::task::spawn_blocking(move || r.remove_dir(&d)).await;
+                            return Err(e);
+                        }
+                    }
                 }
                 None => {
                     let a = agent_args(&dir, &id, agent_bin, manifest.as_deref(), false)?;
@@ -514,8 +530,7 @@ impl Pool {
             let mut starting = self.starting();
             if self.is_closed() {
                 drop(starting);
-                let s = slot.clone();
-                let _ = tokio::task::spawn_blocking(move || discard(&s)).await;
+                self.reclaim.discard_off_runtime(slot).await;
                 return Err(PoolError::Stopping);
             }
             starting.insert(slot.id.clone(), slot.clone());
@@ -558,8 +573,7 @@ impl Pool {
             }
             if !slot.alive() || Instant::now() > deadline {
                 let log = std::fs::read_to_string(slot.dir.join("agent.log")).unwrap_or_default();
-                let s = slot.clone();
-                let _ = tokio::task::spawn_blocking(move || discard(&s)).await;
+                self.reclaim.discard_off_runtime(slot.clone()).await;
                 return Err(PoolError::NotServing {
                     backend: kind.name(),
                     log: tail(&log, 2000).to_owned(),
@@ -587,7 +601,7 @@ impl Pool {
         self.warmed.notify_waiters();
         std::thread::scope(|scope| {
             for slot in &slots {
-                scope.spawn(move || discard(slot));
+                scope.spawn(move || self.reclaim.discard(slot));
             }
         });
         slots.len()

@@ -2,7 +2,6 @@
 
 use sandbox_client::proto;
 
-use super::slot::{discard, stop};
 use super::{Idle, Kind, Pool, Slot};
 
 impl Pool {
@@ -17,6 +16,7 @@ impl Pool {
         };
         for e in entries.flatten() {
             let id = e.file_name().to_string_lossy().into_owned();
+            let id2 = id.clone();
             let dir = e.path();
             let kind = match std::fs::read_to_string(dir.join("backend")).as_deref() {
                 Ok("qemu") => Kind::Qemu,
@@ -54,15 +54,22 @@ impl Pool {
                         let _ = c.agent().release(proto::ReleaseRequest::default()).await;
                     }
                     if let Err(s) = self.put_idle(Idle::bare(s)) {
-                        let _ = tokio::task::spawn_blocking(move || discard(&s)).await;
+                        self.reclaim.discard_off_runtime(s).await;
                         gone.push(id);
                     }
                 }
                 other => {
-                    if let Some(s) = other {
-                        let _ = tokio::task::spawn_blocking(move || stop(&s)).await;
-                    }
-                    let _ = std::fs::remove_dir_all(&dir);
+                    let r = self.reclaim.clone();
+                    let removed = tokio::task::spawn_blocking(move || {
+                        match other {
+                            Some(s) => r.discard(&s),
+                            None => {
+                                super::isolate::teardown(&id2, &dir);
+                                r.remove_dir(&dir);
+                            }
+                        }
+                    });
+                    let _ = removed.await;
                     gone.push(id);
                 }
             }

@@ -168,8 +168,3 @@ fn stop_main(slot: &Slot) {
         let _ = kill(pid, Signal::SIGKILL);
     }
 }
-
-pub(super) fn discard(slot: &Slot) {
-    stop(slot);
-    let _ = std::fs::remove_dir_all(&slot.dir);
-}

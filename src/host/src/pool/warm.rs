@@ -247,7 +247,7 @@ impl Pool {
                         let placed = self.put_idle(Idle::bare(slot));
                         drop(room);
                         if let Err(surplus) = placed {
-                            let _ = tokio::task::spawn_blocking(move || discard(&surplus)).await;
+                            self.reclaim.discard_off_runtime(surplus).await;
                         }
                     }
                     Err(_) if self.is_closed() => return,

@@ -14,8 +14,8 @@ impl Isolation {
     /// claimed it (pid and start time, so a reused pid is not taken for
     /// it), so two hosts of one user (two data dirs) never give a uid to
     /// two sandboxes. A claimed block is free again when its slot directory
-    /// is gone, or when the host that claimed it is gone and no process
-    /// runs with one of its ids (the slot's agent, which outlives a host
+    /// or the host that claimed it is gone, and no process runs with one
+    /// of its ids (the slot's agent, which outlives a host
     /// restart on purpose, holds them while it lives; as PID 1 of its pid
     /// namespace, every process of the slot dies with it). The block is
     /// also recorded in `dir/uid_block`. When none is free, the log says
@@ -30,11 +30,14 @@ impl Isolation {
             let taken = match std::os::unix::fs::symlink(dir, &link) {
                 Ok(()) => true,
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                    let free = std::fs::read_link(&link).is_ok_and(|t| !t.exists())
-                        || (!owner_alive(registry, block)
-                            && !in_use
-                                .get_or_insert_with(|| self.blocks_with_processes())
-                                .contains(&block));
+                    // A slot directory removed under a running agent (its
+                    // data dir deleted) frees nothing while a process runs
+                    // with the block's ids: two sandboxes would share them.
+                    let dir_gone = std::fs::read_link(&link).is_ok_and(|t| !t.exists());
+                    let free = (dir_gone || !owner_alive(registry, block))
+                        && !in_use
+                            .get_or_insert_with(|| self.blocks_with_processes())
+                            .contains(&block);
                     free && std::fs::remove_file(&link).is_ok()
                         && std::os::unix::fs::symlink(dir, &link).is_ok()
                 }

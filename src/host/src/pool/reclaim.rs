@@ -1,0 +1,212 @@
+//! Slots that must go, and go for certain: a slot is stopped and its
+//! directory removed off the runtime with the bounded removal
+//! (`sandbox_tree`: no recursion, a bounded number of open directories,
+//! whatever tree its tenant left); a directory that could not be removed
+//! stays on the reclaim list (counted in `/metrics`) and is tried again at
+//! every reclaim pass, which also ends the slots of the data dir this pool
+//! does not know (no live lease of its own can adopt them).
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use tracing::{info, warn};
+
+use super::slot::stop;
+use super::{Kind, Pool, Slot};
+
+/// The reclaim list and its counts.
+#[derive(Default)]
+pub(super) struct Reclaim {
+    /// Slot directories whose removal failed, to be tried again.
+    pending: Mutex<BTreeSet<PathBuf>>,
+    /// Slot ids being made (their directory exists before the slot is
+    /// listed anywhere): never taken for orphans.
+    making: Mutex<BTreeSet<String>>,
+    /// Slot ids the last pass found in no list: ended if the next pass
+    /// finds them so again (a slot moving between lists is in none for a
+    /// moment, never for a whole interval).
+    suspects: Mutex<BTreeSet<String>>,
+    failed: AtomicU64,
+    orphans: AtomicU64,
+}
+
+/// What `/metrics` shows of the reclaim.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ReclaimCounts {
+    /// Slot directories waiting for another removal.
+    pub pending: usize,
+    /// Removals of a slot directory that failed, since start.
+    pub failed: u64,
+    /// Slots ended because nothing of this host could adopt them.
+    pub orphans: u64,
+}
+
+/// A slot id being made (its directory exists, the slot is in no list
+/// yet), until dropped.
+pub(super) struct Making {
+    reclaim: Arc<Reclaim>,
+    id: String,
+}
+
+impl Drop for Making {
+    fn drop(&mut self) {
+        self.reclaim.making_mut().remove(&self.id);
+    }
+}
+
+impl Reclaim {
+    fn pending_mut(&self) -> std::sync::MutexGuard<'_, BTreeSet<PathBuf>> {
+        self.pending.lock().unwrap_or_else(|p| p.into_inner())
+    }
+    fn making_mut(&self) -> std::sync::MutexGuard<'_, BTreeSet<String>> {
+        self.making.lock().unwrap_or_else(|p| p.into_inner())
+    }
+    fn suspects_mut(&self) -> std::sync::MutexGuard<'_, BTreeSet<String>> {
+        self.suspects.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Marks slot `id` as being made, until the guard drops.
+    pub(super) fn making(self: &Arc<Self>, id: &str) -> Making {
+        self.making_mut().insert(id.to_owned());
+        Making {
+            reclaim: self.clone(),
+            id: id.to_owned(),
+        }
+    }
+
+    /// Stops `slot` and removes its directory. Blocking: call it off the
+    /// runtime. A directory that cannot be removed is kept for reclaim.
+    pub(super) fn discard(&self, slot: &Slot) {
+        stop(slot);
+        self.remove_dir(&slot.dir);
+    }
+
+    /// Removes a slot directory, or keeps it for the next reclaim pass.
+    /// Blocking.
+    pub(super) fn remove_dir(&self, dir: &Path) {
+        if dir.as_os_str().is_empty() {
+            return;
+        }
+        match sandbox_tree::remove_path(dir) {
+            Ok(()) => {
+                self.pending_mut().remove(dir);
+            }
+            Err(e) => {
+                self.failed.fetch_add(1, Ordering::Relaxed);
+                warn!(error = %e, dir = %dir.display(), "a slot's directory could not be removed; it is tried again at the next reclaim pass");
+                self.pending_mut().insert(dir.to_owned());
+            }
+        }
+    }
+
+    /// Stops and removes `slot` on a blocking thread, and waits for it.
+    pub(super) async fn discard_off_runtime(self: &Arc<Self>, slot: Slot) {
+        let r = self.clone();
+        if let Err(e) = tokio::task::spawn_blocking(move || r.discard(&slot)).await {
+            warn!(error = %e, "the task discarding a slot failed");
+        }
+    }
+}
+
+impl Pool {
+    pub fn reclaim_counts(&self) -> ReclaimCounts {
+        ReclaimCounts {
+            pending: self.reclaim.pending_mut().len(),
+            failed: self.reclaim.failed.load(Ordering::Relaxed),
+            orphans: self.reclaim.orphans.load(Ordering::Relaxed),
+        }
+    }
+
+    /// One reclaim pass (blocking): the directories whose removal failed
+    /// are removed again, and every slot directory of the data dir this
+    /// pool did not hold (idle, starting, leased or being made) at this
+    /// pass nor at the one before is ended:
+    /// its agent stopped if it still runs, its cgroups and id block
+    /// released, its directory removed. Returns how many slots it ended.
+    pub fn reclaim(&self) -> usize {
+        let pending: Vec<PathBuf> = self.reclaim.pending_mut().iter().cloned().collect();
+        for dir in pending {
+            self.reclaim.remove_dir(&dir);
+        }
+        if matches!(self.cfg.backend, super::Backend::Kubernetes) {
+            return 0;
+        }
+        let Ok(entries) = std::fs::read_dir(&self.cfg.dir) else {
+            return 0;
+        };
+        let mut ended = 0;
+        let before = std::mem::take(&mut *self.reclaim.suspects_mut());
+        for e in entries.flatten() {
+            let id = e.file_name().to_string_lossy().into_owned();
+            let dir = e.path();
+            if self.holds(&id) || self.reclaim.pending_mut().contains(&dir) {
+                continue;
+            }
+            if !before.contains(&id) {
+                self.reclaim.suspects_mut().insert(id);
+                continue;
+            }
+            info!(slot = %id, "ending a slot nothing of this host can adopt");
+            match orphan(&id, &dir) {
+                Some(slot) => stop(&slot),
+                None => super::isolate::teardown(&id, &dir),
+            }
+            self.reclaim.orphans.fetch_add(1, Ordering::Relaxed);
+            self.reclaim.remove_dir(&dir);
+            ended += 1;
+        }
+        ended
+    }
+
+    /// Whether slot `id` is this pool's: idle, starting, leased or being
+    /// made.
+    fn holds(&self, id: &str) -> bool {
+        self.reclaim.making_mut().contains(id)
+            || self.leased().contains_key(id)
+            || self.starting().contains_key(id)
+            || self.idle().iter().any(|i| i.slot.id == id)
+    }
+}
+
+/// The slot a directory of the data dir describes (`None` without a pid:
+/// only the directory is left).
+fn orphan(id: &str, dir: &Path) -> Option<Slot> {
+    let kind = match std::fs::read_to_string(dir.join("backend")).as_deref() {
+        Ok("qemu") => Kind::Qemu,
+        _ => Kind::Process,
+    };
+    let pid = std::fs::read_to_string(dir.join("agent.pid"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+        .filter(|&p: &u32| p > 1)?;
+    Some(Slot {
+        id: id.to_owned(),
+        dir: dir.to_owned(),
+        pid,
+        kind,
+        remote: None,
+    })
+}
+
+impl Pool {
+    /// Runs a reclaim pass every `every` until the pool closes.
+    pub async fn keep_reclaiming(self: Arc<Self>, every: Duration) {
+        loop {
+            tokio::time::sleep(every).await;
+            if self.is_closed() {
+                return;
+            }
+            let p = self.clone();
+            match tokio::task::spawn_blocking(move || p.reclaim()).await {
+                Ok(0) => {}
+                Ok(n) => info!(ended = n, "reclaim: ended slots nothing of this host could adopt"),
+                Err(e) => warn!(error = %e, "the reclaim pass failed"),
+            }
+        }
+    }
+}
