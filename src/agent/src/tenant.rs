@@ -152,7 +152,7 @@ impl Tenant {
     /// the tenant, mode 0700. Whatever was there (a previous lease's git
     /// config, caches, planted symlinks) is gone.
     pub fn fresh_home(&self) -> io::Result<()> {
-        crate::lifecycle::seed::wipe(&self.home)?;
+        self.clear_home()?;
         for sub in [".config", ".cache", ".local/share", ".local/state", "tmp"] {
             std::fs::create_dir_all(self.home.join(sub))?;
         }
@@ -161,9 +161,26 @@ impl Tenant {
         self.own_tree(&self.home)
     }
 
-    /// Empties the home (Release): nothing of it reaches the next lease.
+    /// Replaces the home with a new, empty directory (Release): nothing of
+    /// it reaches the next lease, neither what is in it nor what the tenant
+    /// set on the directory itself (inode flags such as `chattr +S`, extended
+    /// attributes, ACLs: a new inode has none). Its parent, the state root,
+    /// is the agent's. A home that is a mount point stays, emptied and
+    /// scrubbed of flags and tenant xattrs.
     pub fn clear_home(&self) -> io::Result<()> {
-        crate::lifecycle::seed::wipe(&self.home)
+        match sandbox_tree::remove_path(&self.home) {
+            Ok(()) => {}
+            Err(e) if e.path == self.home && e.source.raw_os_error() == Some(rustix::io::Errno::BUSY.raw_os_error()) => {
+                let flags = OFlags::DIRECTORY | OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+                let fd = rustix::fs::open(&self.home, flags, Mode::empty())?;
+                crate::workspace::root::scrub(fd.as_fd()).map_err(io::Error::other)?;
+                return Ok(());
+            }
+            Err(e) => return Err(crate::lifecycle::seed::into_io(e)),
+        }
+        std::fs::create_dir_all(&self.home)?;
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&self.home, std::fs::Permissions::from_mode(0o700))
     }
 
     /// Gives `path` (not what is below it) to the tenant.

@@ -78,6 +78,11 @@ impl Lifecycle {
             // is logged and named; it does not keep the lease.
             let undeleted = self.clean_outside(&outside).await;
             self.wipe(&[], true).await?;
+            // The old tree is deleted before the Release answers: the host
+            // gives the sandbox to the next tenant only then, so no Acquire
+            // ever waits for the last tenant's trash (and one that cannot
+            // be deleted fails the Release: the host replaces the sandbox).
+            failed.extend(self.trash_gone().await);
             let unwiped = self.wipe_state(&touched).await;
             if !failed.is_empty() {
                 return Err(LcError::Cleanup { failed });
@@ -201,14 +206,12 @@ impl Lifecycle {
     ) -> Result<(), LcError> {
         self.wipe(names, true).await?;
         // The previous tenant's old trees may still be being deleted inside
-        // the workspace's state directory: a new lease starts after that.
-        let ws = self.ws.clone();
-        tokio::task::spawn_blocking(move || ws.wait_trash())
-            .await
-            .map_err(|source| LcError::Task {
-                what: "waiting for old contents to be deleted",
-                source,
-            })?;
+        // the workspace's state directory: a new lease starts after that
+        // (after a Release they are gone already; a Reset's are the lease's).
+        let failed = self.trash_gone().await;
+        if !failed.is_empty() {
+            return Err(LcError::Cleanup { failed });
+        }
         // The profile's own data first; the servers' seeds go over it.
         let profile = self
             .profile_data(benchmark)?
@@ -279,6 +282,20 @@ impl Lifecycle {
             });
         }
         Ok(Some(path.clone()))
+    }
+
+    /// Waits until the old workspace trees are deleted; returns what could
+    /// not be.
+    async fn trash_gone(&self) -> Vec<String> {
+        let ws = self.ws.clone();
+        match tokio::task::spawn_blocking(move || ws.wait_trash()).await {
+            Ok(Ok(())) => Vec::new(),
+            Ok(Err(failed)) => failed
+                .into_iter()
+                .map(|f| format!("old workspace contents: {f}"))
+                .collect(),
+            Err(e) => vec![format!("waiting for old contents to be deleted: {e}")],
+        }
     }
 
     /// Wipes the state paths of `names` and, with `workspace`, clears the

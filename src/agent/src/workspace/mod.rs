@@ -31,7 +31,7 @@ pub mod error;
 mod fence;
 mod moves;
 mod ops;
-mod root;
+pub mod root;
 mod transfer;
 pub mod txn;
 pub mod volume;

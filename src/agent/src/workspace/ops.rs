@@ -328,9 +328,10 @@ impl Workspace {
         }
     }
 
-    /// Blocks until the old contents of earlier swaps are deleted.
-    pub fn wait_trash(&self) {
-        self.txn.wait_trash();
+    /// Blocks until the old contents of earlier swaps are deleted; returns
+    /// what could not be (see [`super::txn::Txn::wait_trash`]).
+    pub fn wait_trash(&self) -> Result<(), Vec<String>> {
+        self.txn.wait_trash()
     }
 
     pub fn limits(&self) -> &ArchiveLimits {

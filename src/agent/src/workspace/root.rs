@@ -3,7 +3,9 @@
 //! The root belongs to the tenant (its servers and scripts work there), so a
 //! tenant can change the directory itself: its mode (0 locks every later
 //! server out; 1777 or an ACL shows the next tenant what it chose), its
-//! extended attributes (a message to the next lease) and its times. A Clear
+//! extended attributes (a message to the next lease), its inode flags
+//! (`chattr +S` makes every later write synchronous, `+A`, `+d`, ...) and its
+//! times. A Clear
 //! (Release, Reset) swaps or empties only what is below the root; this puts
 //! the root back as the agent found it at start, so nothing of one lease
 //! reaches the next through it.
@@ -11,7 +13,7 @@
 use std::ffi::CStr;
 use std::os::fd::BorrowedFd;
 
-use rustix::fs::{Gid, Uid};
+use rustix::fs::{Gid, IFlags, Uid};
 use rustix::fs::{Mode, Timestamps, fchmod, fchown, flistxattr, fremovexattr, fstat, futimens};
 
 use super::error::{WorkspaceError, sys};
@@ -20,29 +22,40 @@ use super::error::{WorkspaceError, sys};
 /// (the kernel's own list limit is 64 KiB).
 const XATTR_LIST_BYTES: usize = 64 << 10;
 
-/// The root's mode and owner when the agent opened it.
+/// The root's mode, owner and inode flags when the agent opened it.
 #[derive(Debug, Clone, Copy)]
 pub struct RootAttrs {
     mode: u32,
     uid: u32,
     gid: u32,
+    /// `None` on a filesystem without inode flags.
+    flags: Option<IFlags>,
 }
 
 impl RootAttrs {
     pub fn capture(root: BorrowedFd<'_>) -> Result<RootAttrs, WorkspaceError> {
         let st = fstat(root).map_err(|e| WorkspaceError::io("stat workspace", sys(e)))?;
+        let flags = match rustix::fs::ioctl_getflags(root) {
+            Ok(f) => Some(f),
+            Err(e) if no_flags(e) => None,
+            Err(e) => return Err(WorkspaceError::io("reading the workspace's inode flags", sys(e))),
+        };
         Ok(RootAttrs {
             mode: st.st_mode & 0o7777,
             uid: st.st_uid,
             gid: st.st_gid,
+            flags,
         })
     }
 
-    /// Puts the root back: owner, mode, no extended attributes a tenant can
-    /// set (`user.*`, POSIX ACLs), times now. Other attributes (a security
-    /// module's) are left as the system keeps them.
+    /// Puts the root back: owner, mode, inode flags, no extended attributes
+    /// a tenant can set (`user.*`, POSIX ACLs), times now. Other attributes
+    /// (a security module's) are left as the system keeps them.
     pub fn restore(&self, root: BorrowedFd<'_>) -> Result<(), WorkspaceError> {
         let io = |what: &'static str| move |e| WorkspaceError::io(what, sys(e));
+        if let Some(flags) = self.flags {
+            set_flags(root, flags).map_err(io("restoring the workspace's inode flags"))?;
+        }
         if rustix::process::geteuid().is_root() {
             let (uid, gid) = (Uid::from_raw(self.uid), Gid::from_raw(self.gid));
             fchown(root, Some(uid), Some(gid)).map_err(io("restoring the workspace's owner"))?;
@@ -63,6 +76,38 @@ impl RootAttrs {
         )
         .map_err(io("restoring the workspace's times"))
     }
+}
+
+/// A filesystem (or kernel) without inode flags answers so.
+fn no_flags(e: rustix::io::Errno) -> bool {
+    use rustix::io::Errno;
+    matches!(e, Errno::NOTTY | Errno::NOTSUP | Errno::INVAL | Errno::NOSYS)
+}
+
+/// Sets a directory's inode flags to `flags` unless they are so already; a
+/// filesystem without them has none to set.
+fn set_flags(dir: BorrowedFd<'_>, flags: IFlags) -> rustix::io::Result<()> {
+    match rustix::fs::ioctl_getflags(dir) {
+        Ok(now) if now == flags => Ok(()),
+        Ok(_) => rustix::fs::ioctl_setflags(dir, flags),
+        Err(e) if no_flags(e) => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Takes off a directory that outlives its tenant (a home kept because it
+/// is a mount point) what the tenant put on it: inode flags and the
+/// extended attributes of [`remove_tenant_xattrs`].
+pub fn scrub(dir: BorrowedFd<'_>) -> Result<(), WorkspaceError> {
+    let io = |e| WorkspaceError::io("clearing a directory's inode flags", sys(e));
+    match rustix::fs::ioctl_getflags(dir) {
+        // The flags `chattr` sets, off; the filesystem's own (ext4's
+        // extents, ...) stay.
+        Ok(now) => set_flags(dir, now.difference(IFlags::all())).map_err(io)?,
+        Err(e) if no_flags(e) => {}
+        Err(e) => return Err(io(e)),
+    }
+    remove_tenant_xattrs(dir)
 }
 
 /// Removes every `user.*` attribute and POSIX ACL of the root.

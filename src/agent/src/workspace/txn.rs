@@ -53,7 +53,7 @@ pub struct Txn {
     inner_state: Option<OsString>,
     /// Old trees still being deleted in the background, and a signal when
     /// that count changes.
-    trash: std::sync::Arc<(std::sync::Mutex<usize>, std::sync::Condvar)>,
+    trash: std::sync::Arc<(std::sync::Mutex<Trash>, std::sync::Condvar)>,
 }
 
 pub(super) fn ctx(what: impl Into<String>) -> impl FnOnce(io::Error) -> WorkspaceError {
@@ -384,24 +384,28 @@ impl Txn {
             }
         };
         let trash = self.trash.clone();
-        *trash.0.lock().unwrap_or_else(|p| p.into_inner()) += 1;
+        trash.0.lock().unwrap_or_else(|p| p.into_inner()).running += 1;
         let done = trash.clone();
         let spawned = std::thread::Builder::new()
             .name("ws-trash".into())
             .spawn(move || {
+                let mut failed = Vec::new();
                 for n in names {
                     if let Err(e) = remove_at(state.as_fd(), &n, Path::new(&n)) {
                         tracing::warn!(error = %e, "could not remove old workspace contents");
+                        failed.push(e.to_string());
                     }
                 }
-                let mut n = done.0.lock().unwrap_or_else(|p| p.into_inner());
-                *n = n.saturating_sub(1);
+                let mut t = done.0.lock().unwrap_or_else(|p| p.into_inner());
+                t.running = t.running.saturating_sub(1);
+                t.failed.extend(failed);
                 done.1.notify_all();
             });
         if let Err(e) = spawned {
             tracing::warn!(error = %e, "could not start the cleanup thread");
-            let mut n = trash.0.lock().unwrap_or_else(|p| p.into_inner());
-            *n = n.saturating_sub(1);
+            let mut t = trash.0.lock().unwrap_or_else(|p| p.into_inner());
+            t.running = t.running.saturating_sub(1);
+            t.failed.push(format!("could not start the cleanup thread: {e}"));
         }
     }
 
@@ -436,16 +440,30 @@ impl Txn {
     /// Blocks until every old tree scheduled for deletion is gone: with the
     /// state directory inside the workspace (a mount point), they sit where
     /// the servers can read them, so no new lease starts before.
-    pub fn wait_trash(&self) {
-        let mut n = self.trash.0.lock().unwrap_or_else(|p| p.into_inner());
-        while *n > 0 {
-            n = self.trash.1.wait(n).unwrap_or_else(|p| p.into_inner());
+    ///
+    /// Returns what could not be removed since the last call (each with
+    /// its path and cause): that old tree is still in the state directory.
+    pub fn wait_trash(&self) -> Result<(), Vec<String>> {
+        let mut t = self.trash.0.lock().unwrap_or_else(|p| p.into_inner());
+        while t.running > 0 {
+            t = self.trash.1.wait(t).unwrap_or_else(|p| p.into_inner());
+        }
+        match std::mem::take(&mut t.failed) {
+            f if f.is_empty() => Ok(()),
+            f => Err(f),
         }
     }
 
     pub fn root_path(&self) -> &Path {
         &self.root_path
     }
+}
+
+/// Old trees being deleted in the background, and what could not be.
+#[derive(Debug, Default)]
+pub struct Trash {
+    running: usize,
+    failed: Vec<String>,
 }
 
 fn unique(kind: &str) -> OsString {

@@ -50,7 +50,6 @@ use backend::{VM_AGENT_PORT, VM_MCP_PORT};
 use backend::{agent_args, spawn_in_session, spawn_isolated};
 pub use error::PoolError;
 pub use slot::{Remote, Slot};
-pub use reclaim::ReclaimCounts;
 use reclaim::Reclaim;
 use slot::tail;
 pub use warm::{Want, WarmLease, WarmProfile};
