@@ -51,6 +51,15 @@ pub struct ConnectOptions {
     pub connect_timeout: Duration,
     /// Hybrid-vsock handshake timeout and retry deadline.
     pub hvsock: HvsockOptions,
+    /// Bound on every call until the agent's answer begins (a unary
+    /// call's answer, a stream's first message headers); past it the call
+    /// fails with CANCELLED "Timeout expired" ([`is_timeout`]). `None`: no
+    /// bound.
+    pub request_timeout: Option<Duration>,
+    /// HTTP/2 keepalive: a ping this often, also while idle; a connection
+    /// whose peer does not answer one within the same time is closed and
+    /// its calls fail. `None`: no pings.
+    pub keepalive: Option<Duration>,
 }
 
 impl Default for ConnectOptions {
@@ -59,8 +68,15 @@ impl Default for ConnectOptions {
             token: None,
             connect_timeout: Duration::from_secs(5),
             hvsock: HvsockOptions::default(),
+            request_timeout: None,
+            keepalive: Some(Duration::from_secs(20)),
         }
     }
+}
+
+/// Whether `status` is a call's end by [`ConnectOptions::request_timeout`].
+pub fn is_timeout(status: &tonic::Status) -> bool {
+    status.code() == tonic::Code::Cancelled && status.message() == "Timeout expired"
 }
 
 /// Connects with default options and no token.
@@ -85,11 +101,20 @@ impl ConnectOptions {
         // The URI given to tonic only names the HTTP/2 authority; the
         // connector decides where bytes really go.
         // Large flow-control windows: workspace dumps are bulk transfers.
-        let builder = Channel::from_static("http://sandbox-agent")
+        let mut builder = Channel::from_static("http://sandbox-agent")
             .connect_timeout(self.connect_timeout)
             .initial_stream_window_size(Some(2 << 20))
             .initial_connection_window_size(Some(8 << 20))
             .tcp_nodelay(true);
+        if let Some(t) = self.request_timeout {
+            builder = builder.timeout(t);
+        }
+        if let Some(k) = self.keepalive {
+            builder = builder
+                .http2_keep_alive_interval(k)
+                .keep_alive_timeout(k)
+                .keep_alive_while_idle(true);
+        }
         let target = endpoint.clone();
         let timeout = self.connect_timeout;
         let hv = self.hvsock.clone();

@@ -38,7 +38,7 @@ pub mod proto;
 pub mod random;
 pub mod transport;
 
-pub use connect::{Client, ConnectError, ConnectOptions, connect, error_chain};
+pub use connect::{Client, ConnectError, ConnectOptions, connect, error_chain, is_timeout};
 pub use transport::Endpoint;
 
 /// Version of this workspace, reported by `GetInfo` and `--version`.

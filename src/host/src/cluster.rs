@@ -167,6 +167,7 @@ impl Cluster {
         let token = self.token_for(id)?;
         let boot = sandbox_client::ConnectOptions {
             token: Some(self.cfg.bootstrap.clone()),
+            request_timeout: Some(self.cfg.bind_within),
             ..Default::default()
         }
         .connect(&slot.agent_uri())
@@ -186,7 +187,10 @@ impl Cluster {
         match bound {
             Ok(_) => {}
             Err(s) if s.code() == tonic::Code::Unauthenticated => {
-                let c2 = slot.client().await.map_err(HostError::AgentUnreachable)?;
+                let c2 = slot
+                    .client(self.cfg.bind_within)
+                    .await
+                    .map_err(HostError::AgentUnreachable)?;
                 c2.agent()
                     .get_info(proto::GetInfoRequest {})
                     .await

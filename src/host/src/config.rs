@@ -143,6 +143,30 @@ pub struct Args {
     /// on a busy machine).
     #[arg(long, value_name = "SECONDS")]
     pub slot_start_timeout: Option<u64>,
+    /// How long the host waits for an agent's answer to a short call (the
+    /// catalog, server states, executions' status and logs, a new slot's
+    /// serving probe), in seconds; past it the call fails (504).
+    #[arg(long, value_name = "SECONDS", default_value_t = 30,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub agent_call_timeout: u64,
+    /// How long the host waits for an agent's Acquire, Narrow or Reset
+    /// (they may start servers), in seconds; past it the Acquire fails and
+    /// its sandbox is replaced, a Reset leaves the sandbox `error`.
+    #[arg(long, value_name = "SECONDS", default_value_t = 300,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub agent_acquire_timeout: u64,
+    /// How long the host waits for an agent's Release (servers stopped;
+    /// workspace, home and temp dirs deleted), in seconds; past it the
+    /// sandbox is replaced.
+    #[arg(long, value_name = "SECONDS", default_value_t = 300,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub agent_release_timeout: u64,
+    /// How long the host waits for an agent to begin answering a transfer
+    /// (workspace Initialize and Dump, per-server data, execution uploads),
+    /// in seconds.
+    #[arg(long, value_name = "SECONDS", default_value_t = 3600,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub agent_transfer_timeout: u64,
     /// How often the host retries removing slot directories it could not
     /// remove, and ends the slots of its data dir it holds in no list
     /// (seen so at two passes in a row), in seconds. At least 1.

@@ -101,7 +101,17 @@ impl HostError {
     /// The agent's gRPC failure of `what`.
     pub fn agent(what: impl Into<String>) -> impl FnOnce(tonic::Status) -> HostError {
         let what = what.into();
-        move |status| HostError::Agent { what, status }
+        move |status| {
+            // The host's own deadline on the call (`--agent-*-timeout`).
+            let status = if sandbox_client::is_timeout(&status) {
+                tonic::Status::deadline_exceeded(
+                    "the sandbox's agent did not answer in time (the host's --agent-*-timeout)",
+                )
+            } else {
+                status
+            };
+            HostError::Agent { what, status }
+        }
     }
 
     /// The one mapping from cause to HTTP status.
@@ -161,7 +171,8 @@ fn agent_status(code: tonic::Code) -> StatusCode {
         tonic::Code::Aborted => StatusCode::CONFLICT,
         tonic::Code::NotFound => StatusCode::NOT_FOUND,
         tonic::Code::Unimplemented => StatusCode::NOT_IMPLEMENTED,
-        tonic::Code::Unavailable | tonic::Code::DeadlineExceeded => StatusCode::SERVICE_UNAVAILABLE,
+        tonic::Code::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+        tonic::Code::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
         _ => StatusCode::INTERNAL_SERVER_ERROR,
     }
 }

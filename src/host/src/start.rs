@@ -118,6 +118,12 @@ impl Host {
             start_timeout: args.slot_start_timeout.map(Duration::from_secs),
             agent_env: c.agent_env,
             max_slots: args.max_slots,
+            deadlines: pool::Deadlines {
+                call: Duration::from_secs(args.agent_call_timeout),
+                acquire: Duration::from_secs(args.agent_acquire_timeout),
+                release: Duration::from_secs(args.agent_release_timeout),
+                transfer: Duration::from_secs(args.agent_transfer_timeout),
+            },
         })?;
         // Sandboxes from before a restart keep their agents; those whose
         // agent is gone are marked error.
@@ -179,6 +185,9 @@ impl Host {
                 .keep_reclaiming(Duration::from_secs(args.reclaim_interval)),
         );
         tokio::spawn(api::reap(host.clone()));
+        if host.cluster.is_none() {
+            tokio::spawn(api::probe(host.clone()));
+        }
         Ok(Started {
             host,
             listener,

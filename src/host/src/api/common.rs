@@ -4,6 +4,7 @@
 //! handler modules import from here (and from `validation`, `uploads`,
 //! `model`), never from each other.
 
+use std::time::Duration;
 use std::collections::BTreeMap;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -71,10 +72,15 @@ pub async fn sandbox_of(h: &Host, headers: &HeaderMap, id: &str) -> HostResult<S
 }
 
 /// The agent of a live sandbox, every call bound to its lease: the agent
-/// refuses them once the lease has ended (`sandbox_client::lease`).
-pub async fn agent_of(h: &Host, s: &SandboxRow) -> HostResult<sandbox_client::Client> {
+/// refuses them once the lease has ended (`sandbox_client::lease`). Each
+/// call fails past `within` (one of [`crate::pool::Deadlines`]).
+pub async fn agent_of(
+    h: &Host,
+    s: &SandboxRow,
+    within: Duration,
+) -> HostResult<sandbox_client::Client> {
     let slot = slot_of(h, s)?;
-    let c = slot.client().await.map_err(HostError::AgentUnreachable)?;
+    let c = slot.client(within).await.map_err(HostError::AgentUnreachable)?;
     Ok(c.for_lease(&s.id))
 }
 
@@ -165,7 +171,7 @@ const STATES_WITHIN: std::time::Duration = std::time::Duration::from_secs(2);
 /// it does not answer within [`STATES_WITHIN`].
 pub async fn live_states(h: &Host, s: &SandboxRow) -> BTreeMap<String, ServerState> {
     let ask = async {
-        let c = agent_of(h, s).await.ok()?;
+        let c = agent_of(h, s, STATES_WITHIN).await.ok()?;
         let list = c
             .servers()
             .list(proto::ListServersRequest {})

@@ -195,7 +195,7 @@ pub async fn execute(
     existing_name(&name, &id)?;
     let file = stored_archive(&h, &id, &name).await?;
     let up = inflight::run(&h, &s, async {
-        let c = agent_of(&h, &s).await?;
+        let c = agent_of(&h, &s, h.pool.deadlines().transfer).await?;
         let up = upload_to_agent(&c, file, &id, &name).await?;
         c.exec()
             .start(proto::ExecStartRequest {
@@ -268,7 +268,7 @@ pub async fn execution_status(
     let name = query_name(&q)?;
     let s = sandbox_of(&h, &headers, &id).await?;
     existing_name(&name, &id)?;
-    let st = agent_of(&h, &s)
+    let st = agent_of(&h, &s, h.pool.deadlines().call)
         .await?
         .exec()
         .status(proto::ExecStatusRequest {
@@ -295,7 +295,7 @@ pub async fn execution_logs(
     let cursor = query_cursor(&q)?;
     let s = sandbox_of(&h, &headers, &id).await?;
     existing_name(&name, &id)?;
-    let r = agent_of(&h, &s)
+    let r = agent_of(&h, &s, h.pool.deadlines().call)
         .await?
         .exec()
         .logs(proto::ExecLogsRequest {
@@ -328,7 +328,7 @@ pub async fn export_artifacts(
     let s = sandbox_of(&h, &headers, &id).await?;
     existing_name(&name, &id)?;
     // An unknown execution is a 404 now, not a broken download later.
-    agent_of(&h, &s)
+    agent_of(&h, &s, h.pool.deadlines().call)
         .await?
         .exec()
         .status(proto::ExecStatusRequest {
@@ -359,7 +359,7 @@ pub async fn exec_download(
     let s = check_signed(&h, &action("exec-export", &name), &id, &q).await?;
     let token = inflight::admit(&h, &s).await?;
     let stream = inflight::run(&h, &s, async {
-        agent_of(&h, &s)
+        agent_of(&h, &s, h.pool.deadlines().call)
             .await?
             .exec()
             .export(proto::ExecExportRequest {

@@ -66,7 +66,7 @@ pub async fn lease(h: &Shared, who: String, req: &AcquireBody) -> HostResult<New
         return Err(e);
     }
     let lazy = h.server_start.lazy(req.many);
-    let mut leased = match lease_slot(&slot, taken, req, &id, lazy).await {
+    let mut leased = match lease_slot(&slot, taken, req, &id, lazy, h.pool.deadlines()).await {
         Ok(l) => l,
         Err(e) => {
             h.metrics.failed();
@@ -188,7 +188,7 @@ pub async fn reset(h: &Shared, s: SandboxRow) -> HostResult<SandboxRow> {
     // the Reset runs (ended again after it): nothing admitted before the
     // Reset is done lands after it.
     h.inflight.end(&s.id);
-    let r = agent_of(h, &s)
+    let r = agent_of(h, &s, h.pool.deadlines().acquire)
         .await?
         .agent()
         .reset(proto::ResetRequest {
@@ -243,7 +243,7 @@ fn check_servers_known(h: &Shared, req: &AcquireBody) -> HostResult<()> {
 fn settle_failed_lease(h: &Shared, slot: Slot) {
     let pool = h.pool.clone();
     tokio::spawn(async move {
-        let idle = match slot.client().await {
+        let idle = match slot.client(pool.deadlines().release).await {
             Ok(c) => c
                 .agent()
                 .release(proto::ReleaseRequest::default())
@@ -383,8 +383,12 @@ async fn lease_slot(
     req: &AcquireBody,
     id: &str,
     lazy: bool,
+    deadlines: crate::pool::Deadlines,
 ) -> HostResult<Leased> {
-    let c = slot.client().await.map_err(HostError::AgentUnreachable)?;
+    let c = slot
+        .client(deadlines.acquire)
+        .await
+        .map_err(HostError::AgentUnreachable)?;
     let mut miss = taken.miss;
     let to_end = match taken.warm {
         Some(w) if taken.covers => {
@@ -539,7 +543,7 @@ fn release_claim_in_background(h: &Shared, s: &SandboxRow, is_ttl: bool) {
         };
         let released = async {
             let slot = cluster.slot_of(&s).map_err(|e| e.to_string())?;
-            release_on(&slot, &s.id, is_ttl).await
+            release_on(&slot, &s.id, is_ttl, h.pool.deadlines().release).await
         };
         match tokio::time::timeout(cluster.release_within(), released).await {
             Ok(Ok(())) => info!(sandbox = %s.id, is_ttl, "released"),
@@ -556,12 +560,17 @@ async fn release_lease(h: &Shared, id: &str, slot_id: &str, is_ttl: bool) -> Res
         .pool
         .leased_slot(slot_id)
         .ok_or_else(|| "its agent is gone".to_owned())?;
-    release_on(&slot, id, is_ttl).await
+    release_on(&slot, id, is_ttl, h.pool.deadlines().release).await
 }
 
 /// The Release of lease `id` by the agent of `slot`.
-async fn release_on(slot: &Slot, id: &str, is_ttl: bool) -> Result<(), String> {
-    let c = slot.client().await.map_err(|e| e.to_string())?;
+async fn release_on(
+    slot: &Slot,
+    id: &str,
+    is_ttl: bool,
+    within: std::time::Duration,
+) -> Result<(), String> {
+    let c = slot.client(within).await.map_err(|e| e.to_string())?;
     c.agent()
         .release(proto::ReleaseRequest {
             lease_id: id.to_owned(),

@@ -23,7 +23,7 @@
 //! - `uploads`: the bounded store of uploaded archives.
 //! - `inflight`: requests in flight per sandbox, stopped when its lease
 //!   ends or is reset.
-//! - `reaper`: TTL expiry and dead agents.
+//! - `reaper`: TTL expiry, dead agents, and mute ones (`probe`).
 //!
 //! Errors are `crate::error::HostError`, whose one `status()` decides
 //! every answer's status.
@@ -56,7 +56,7 @@ use crate::signed::Signer;
 use crate::store::Store;
 
 pub use common::{MCP_TOKEN_ACTION, MCP_TOKEN_PARAM, sandbox_of, slot_of, timestamp};
-pub use reaper::reap;
+pub use reaper::{probe, reap};
 pub use uploads::{UploadError, UploadLimits, Uploads};
 
 /// The largest per-server data document (`POST /local-sandbox/{server}/{id}/initialize`)

@@ -1,6 +1,7 @@
 //! The TTL reaper: releases sandboxes whose TTL passed, and marks those
-//! whose agent died.
+//! whose agent died; the prober marks those whose agent went mute.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use tracing::{info, warn};
@@ -25,14 +26,54 @@ pub async fn reap(h: Shared) {
             Err(e) => warn!(error = %e, "TTL reaper"),
         }
         for slot in h.pool.dead_leased() {
-            if let Ok(rows) = h.store.list(None).await {
-                for s in rows.iter().filter(|s| s.slot == slot) {
-                    warn!(sandbox = %s.id, "its agent died; marked error");
-                    let _ = h.store.set_status(&s.id, Status::Error, &timestamp()).await;
-                }
-            }
-            let pool = h.pool.clone();
-            let _ = tokio::task::spawn_blocking(move || pool.drop_slot(&slot)).await;
+            end_slot(&h, slot, "its agent died; marked error").await;
         }
+    }
+}
+
+/// Marks the sandboxes of `slot` error and replaces it.
+async fn end_slot(h: &Shared, slot: String, why: &str) {
+    if let Ok(rows) = h.store.list(None).await {
+        for s in rows.iter().filter(|s| s.slot == slot) {
+            warn!(sandbox = %s.id, "{why}");
+            let _ = h.store.set_status(&s.id, Status::Error, &timestamp()).await;
+        }
+    }
+    let pool = h.pool.clone();
+    let _ = tokio::task::spawn_blocking(move || pool.drop_slot(&slot)).await;
+}
+
+/// Every `--agent-call-timeout`, asks each leased slot's agent whether it
+/// serves, all at once, each bounded by that timeout. An agent that fails
+/// two probes in a row (it takes the connection and never answers: a hung
+/// VM, a stopped process) has its sandboxes marked `error` and its slot
+/// replaced, instead of every later call waiting on it.
+pub async fn probe(h: Shared) {
+    let every = h.pool.deadlines().call;
+    let mut failed: HashMap<String, u32> = HashMap::new();
+    loop {
+        tokio::time::sleep(every).await;
+        let slots = h.pool.leased_slots();
+        let answers = futures_util::future::join_all(slots.iter().map(|slot| async move {
+            let ok = match slot.client(every).await {
+                Ok(c) => c.serving().await.is_ok_and(|s| s),
+                Err(_) => false,
+            };
+            (slot.id.clone(), ok)
+        }))
+        .await;
+        let mut now = HashMap::new();
+        for (id, ok) in answers {
+            if ok {
+                continue;
+            }
+            let n = failed.get(&id).copied().unwrap_or(0) + 1;
+            if n >= 2 && h.pool.leased_slot(&id).is_some() {
+                end_slot(&h, id, "its agent does not answer; marked error").await;
+            } else {
+                now.insert(id, n);
+            }
+        }
+        failed = now;
     }
 }

@@ -81,7 +81,7 @@ pub async fn initialize(
     check_server(&server, &s)?;
     let default_data = validation::query_bool(&q, "init_default_data")?;
     let data = data_of(&server, &body, default_data)?;
-    let c = agent_of(&h, &s).await?;
+    let c = agent_of(&h, &s, h.pool.deadlines().transfer).await?;
     let r = c
         .servers()
         .load_data(proto::LoadDataRequest {
@@ -109,7 +109,7 @@ pub async fn dump(
     let server = names::ours(&asked).to_owned();
     let s = sandbox_of(&h, &headers, &id).await?;
     check_server(&server, &s)?;
-    let c = agent_of(&h, &s).await?;
+    let c = agent_of(&h, &s, h.pool.deadlines().transfer).await?;
     let r = c
         .servers()
         .max_decoding_message_size(MAX_DUMP_BYTES)

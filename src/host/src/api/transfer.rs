@@ -110,7 +110,7 @@ pub async fn initialize(
     let r = inflight::run(&h, &s, async {
         if multipart {
             let archive = files_archive(req, h.uploads.limits().multipart_bytes).await?;
-            let c = agent_of(&h, &s).await?;
+            let c = agent_of(&h, &s, h.pool.deadlines().transfer).await?;
             let (chunks, failure) = chunked(archive);
             send_archive(&c, chunks, failure).await
         } else {
@@ -121,7 +121,7 @@ pub async fn initialize(
                         .into(),
                 )
             })?;
-            let c = agent_of(&h, &s).await?;
+            let c = agent_of(&h, &s, h.pool.deadlines().transfer).await?;
             let (chunks, failure) = stored_chunks(file);
             send_archive(&c, chunks, failure).await
         }
@@ -234,7 +234,7 @@ pub async fn download(
     let s = check_signed(&h, "dump", &id, &q).await?;
     let token = inflight::admit(&h, &s).await?;
     let dump = async {
-        agent_of(&h, &s)
+        agent_of(&h, &s, h.pool.deadlines().transfer)
             .await?
             .workspace()
             .dump(proto::DumpRequest {

@@ -49,7 +49,7 @@ pub use backend::{Backend, Kind, probe_accel, slots_dir};
 use backend::{VM_AGENT_PORT, VM_MCP_PORT};
 use backend::{agent_args, spawn_in_session, spawn_isolated};
 pub use error::PoolError;
-pub use slot::{Remote, Slot};
+pub use slot::{Deadlines, Remote, Slot};
 use reclaim::Reclaim;
 use slot::tail;
 pub use warm::{Want, WarmLease, WarmProfile};
@@ -133,6 +133,8 @@ pub struct PoolConfig {
     /// At most this many slots at once, idle, starting and leased
     /// (`--max-slots`; `None`: no bound but `size` and the leases).
     pub max_slots: Option<usize>,
+    /// How long calls to the agents may take, per class.
+    pub deadlines: Deadlines,
 }
 
 /// What happens to a sandbox once its tenant released it.
@@ -216,6 +218,11 @@ impl Pool {
         Ok(())
     }
 
+    /// How long calls to the agents may take, per class.
+    pub fn deadlines(&self) -> Deadlines {
+        self.cfg.deadlines
+    }
+
     pub fn profiles(&self) -> &[WarmProfile] {
         &self.cfg.warm
     }
@@ -296,7 +303,7 @@ impl Pool {
         {
             return;
         }
-        let listed = match slot.client().await {
+        let listed = match slot.client(self.cfg.deadlines.call).await {
             Ok(c) => c.servers().list(proto::ListServersRequest {}).await,
             Err(_) => return,
         };
@@ -400,6 +407,11 @@ impl Pool {
 
     pub fn leased_slot(&self, id: &str) -> Option<Slot> {
         self.leased().get(id).cloned()
+    }
+
+    /// Every leased slot, at this moment.
+    pub fn leased_slots(&self) -> Vec<Slot> {
+        self.leased().values().cloned().collect()
     }
 
     /// A released slot: back to the pool, or stopped when it is full.
@@ -565,7 +577,8 @@ impl Pool {
         let kind = slot.kind;
         let deadline = Instant::now() + self.start_deadline();
         loop {
-            if let Ok(c) = slot.client().await
+            let within = self.cfg.deadlines.call.min(deadline.saturating_duration_since(Instant::now()));
+            if let Ok(c) = slot.client(within.max(Duration::from_millis(100))).await
                 && let Ok(true) = c.serving().await
             {
                 break;

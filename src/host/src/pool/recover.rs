@@ -50,7 +50,7 @@ impl Pool {
                     // An agent nobody leases may still hold a warm lease, or
                     // the lease of a sandbox released while the host was
                     // down.
-                    if let Ok(c) = s.client().await {
+                    if let Ok(c) = s.client(self.cfg.deadlines.release).await {
                         let _ = c.agent().release(proto::ReleaseRequest::default()).await;
                     }
                     if let Err(s) = self.put_idle(Idle::bare(s)) {

@@ -43,6 +43,34 @@ impl Slot {
     }
 }
 
+/// How long the host waits for an agent's answer, per class of call
+/// (`--agent-*-timeout`): a slot, VM or pod that takes the connection and
+/// never answers makes an error within these, never a hang.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Deadlines {
+    /// Short calls: the catalog, states, executions' status and logs, a
+    /// new slot's serving probe, a token bind.
+    pub call: Duration,
+    /// Acquire, Narrow, Reset (they may start servers).
+    pub acquire: Duration,
+    /// Release (servers stopped; workspace, home and temp dirs deleted).
+    pub release: Duration,
+    /// Workspace and server-data transfers, execution uploads: until the
+    /// agent's answer begins.
+    pub transfer: Duration,
+}
+
+impl Default for Deadlines {
+    fn default() -> Self {
+        Deadlines {
+            call: Duration::from_secs(30),
+            acquire: Duration::from_secs(300),
+            release: Duration::from_secs(300),
+            transfer: Duration::from_secs(3600),
+        }
+    }
+}
+
 impl Slot {
     pub fn agent_uri(&self) -> String {
         if let Some(r) = &self.remote {
@@ -80,9 +108,15 @@ impl Slot {
     pub fn mcp_token(&self) -> Option<&str> {
         self.remote.as_ref().map(|r| r.token.expose())
     }
-    pub async fn client(&self) -> Result<sandbox_client::Client, super::PoolError> {
+    /// A connection to the slot's agent whose calls fail when the agent
+    /// has not begun to answer within `within` (see [`Deadlines`]).
+    pub async fn client(
+        &self,
+        within: Duration,
+    ) -> Result<sandbox_client::Client, super::PoolError> {
         let options = sandbox_client::ConnectOptions {
             token: self.remote.as_ref().map(|r| r.token.clone()),
+            request_timeout: Some(within),
             ..Default::default()
         };
         options

@@ -186,6 +186,7 @@ pub(super) async fn pre_acquire(
     slot: &Slot,
     profile: &WarmProfile,
     index: usize,
+    deadlines: super::Deadlines,
 ) -> Result<WarmLease, super::PoolError> {
     let lease_id = uuid::Uuid::new_v4().to_string();
     let (names, all) = match &profile.servers {
@@ -193,7 +194,7 @@ pub(super) async fn pre_acquire(
         WarmServers::Names(n) => (n.clone(), false),
     };
     let r = slot
-        .client()
+        .client(deadlines.acquire)
         .await?
         .agent()
         .acquire(proto::AcquireRequest {
@@ -273,7 +274,7 @@ impl Pool {
             };
             if let Some((k, slot)) = next {
                 let profile = &self.cfg.warm[k];
-                let lease = pre_acquire(&slot, profile, k).await;
+                let lease = pre_acquire(&slot, profile, k, self.cfg.deadlines).await;
                 let failed = {
                     let mut idle = self.idle();
                     // Gone: closed, or found dead by a sweep.
