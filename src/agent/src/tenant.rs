@@ -526,10 +526,25 @@ mod tests {
         assert!(!env.contains_key("XDG_RUNTIME_DIR"));
     }
 
+    /// Whether this runs as root; if not, says that `what` is skipped, and
+    /// under `CI=true` fails instead: CI runs the tests as root, so a skip
+    /// there would leave the test's claim untested without a word.
+    fn root_or_skip(what: &str) -> bool {
+        let root = rustix::process::geteuid().is_root();
+        if !root {
+            let ci = std::env::var("CI").is_ok_and(|v| v.eq_ignore_ascii_case("true") || v == "1");
+            assert!(
+                !ci,
+                "{what} needs root, and CI=true: the test command must run as root in CI"
+            );
+            eprintln!("skipped: {what} needs root");
+        }
+        root
+    }
+
     #[test]
     fn chown_tree_does_not_follow_symlinks() {
-        if !rustix::process::geteuid().is_root() {
-            eprintln!("skipped: needs root");
+        if !root_or_skip("giving a tree to another user") {
             return;
         }
         use std::os::unix::fs::MetadataExt;

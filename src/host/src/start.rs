@@ -61,6 +61,7 @@ impl Host {
         }
         let uploads = private_dirs(&args.data_dir)?;
         let backend = config::backend(args)?;
+        check_data_dir(&args.data_dir, &backend)?;
         // The port asked for (0: the kernel's choice, which a forward of a
         // fixed port is checked against once bound).
         let api_port = args
@@ -70,6 +71,9 @@ impl Host {
             .and_then(|p| p.parse::<u16>().ok())
             .unwrap_or(0);
         let isolation = config::isolation(args, &backend, api_port)?;
+        if let Some(iso) = &isolation {
+            check_blocks(args, iso.block_counts().1)?;
+        }
         let agent_env = config::agent_env(args, &backend)?;
         let warm = config::warm_profiles(args)?;
         let cluster = config::cluster(args)?;
@@ -259,6 +263,69 @@ fn check_limits(args: &Args) -> anyhow::Result<()> {
         args.header_timeout_ms > 0,
         "--header-timeout-ms must be at least 1"
     );
+    Ok(())
+}
+
+/// The longest unix socket path the kernel takes (`sun_path` less its NUL).
+const MAX_SOCKET_PATH: usize = 107;
+
+/// The data dir can hold slots: the sockets the host dials in a slot's
+/// directory fit in a unix socket address, and the host can write there.
+fn check_data_dir(data: &std::path::Path, backend: &pool::Backend) -> anyhow::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let slots = pool::slots_dir(data);
+    // A slot's directory is named by 32 hex digits.
+    let slot = slots.join("0".repeat(32));
+    let sockets: &[&str] = match backend.kind() {
+        pool::Kind::Process => &["run/agent.sock", "run/mcp.sock"],
+        pool::Kind::Qemu => &["vsock.sock"],
+        pool::Kind::Kubernetes => &[],
+    };
+    for s in sockets {
+        let p = slot.join(s);
+        let len = p.as_os_str().as_bytes().len();
+        anyhow::ensure!(
+            len <= MAX_SOCKET_PATH,
+            "--data-dir {} is too long for this backend's sockets: a slot's {} would be {} ({len} bytes),              past the {MAX_SOCKET_PATH}-byte limit of a unix socket path; use a data dir of at most {} bytes",
+            data.display(),
+            s,
+            p.display(),
+            data.as_os_str().as_bytes().len() - (len - MAX_SOCKET_PATH),
+        );
+    }
+    if sockets.is_empty() {
+        return Ok(());
+    }
+    std::fs::create_dir_all(&slots)
+        .with_context(|| format!("--data-dir: creating {}", slots.display()))?;
+    let probe = slots.join(format!(".probe-{}", std::process::id()));
+    std::fs::create_dir(&probe)
+        .and_then(|()| std::fs::remove_dir(&probe))
+        .with_context(|| {
+            format!(
+                "--data-dir {}: the host cannot make a slot's directory in {}",
+                data.display(),
+                slots.display()
+            )
+        })
+}
+
+/// The pool fits in the subordinate id blocks this host may use (one per
+/// slot).
+fn check_blocks(args: &Args, blocks: u32) -> anyhow::Result<()> {
+    let blocks = blocks as usize;
+    anyhow::ensure!(
+        args.pool_size <= blocks,
+        "--pool-size {} needs {} subordinate id blocks (one per isolated sandbox); this host may use {blocks}          (65,536 ids each, from /etc/subuid and /etc/subgid): lower --pool-size or grant more ids",
+        args.pool_size,
+        args.pool_size
+    );
+    if let Some(m) = args.max_slots {
+        anyhow::ensure!(
+            m <= blocks,
+            "--max-slots {m} is more than the {blocks} subordinate id blocks this host may use (one per isolated              sandbox): lower --max-slots or grant more ids in /etc/subuid and /etc/subgid"
+        );
+    }
     Ok(())
 }
 

@@ -36,7 +36,7 @@ pub enum Backend {
 }
 
 impl Backend {
-    pub(super) fn kind(&self) -> Kind {
+    pub fn kind(&self) -> Kind {
         match self {
             Backend::Process { .. } => Kind::Process,
             Backend::Qemu { .. } => Kind::Qemu,

@@ -26,8 +26,14 @@ pub enum PoolError {
     Setup { error: Box<PoolError>, log: String },
     /// The agent or VM died, or did not serve within the start deadline
     /// (`--slot-start-timeout`).
-    #[error("the {backend} sandbox did not start serving: {log}")]
-    NotServing { backend: &'static str, log: String },
+    #[error("the {backend} sandbox did not start serving ({why}); its log ends: {log}")]
+    NotServing {
+        backend: &'static str,
+        /// What the last probe met (the agent gone, the deadline passed,
+        /// the connect's error).
+        why: String,
+        log: String,
+    },
     /// The slot's agent does not answer.
     #[error("agent of slot {slot}: {source}")]
     Connect {
