@@ -113,7 +113,10 @@ fn split(path: &Path) -> Result<(&Path, &OsStr), RemoveError> {
     let bad = || RemoveError {
         what: "removing",
         path: path.to_owned(),
-        source: io::Error::new(io::ErrorKind::InvalidInput, "not a path to a removable name"),
+        source: io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "not a path to a removable name",
+        ),
     };
     let name = path.file_name().ok_or_else(bad)?;
     let parent = match path.parent() {
@@ -170,10 +173,11 @@ struct Entry {
 }
 
 impl Remover {
-    /// A remover that holds at most `max_open` directories open (at least 1).
+    /// A remover that holds at most `max_open` directories open (at least
+    /// 2: the top one, where deeper ones move, and one below it).
     pub fn with_max_open(max_open: usize) -> Remover {
         Remover {
-            max_open: max_open.max(1),
+            max_open: max_open.max(2),
         }
     }
 
@@ -228,6 +232,8 @@ impl Remover {
         let mut stack =
             vec![Level::new(root, name).map_err(|e| RemoveError::new("reading", path.into(), e))?];
         let mut moved = 0u64;
+        // Moving up from the top level itself would go round for ever.
+        let max_open = self.max_open.max(2);
         loop {
             let depth = stack.len();
             let Some(top) = stack.last_mut() else {
@@ -255,10 +261,8 @@ impl Remover {
                     let fd = stack[depth - 1]
                         .fd()
                         .map_err(|err| RemoveError::new("reading", at(&stack, &e.name), err))?;
-                    if !e.dir || depth >= self.max_open {
-                        match writable(fd, || {
-                            rustix::fs::unlinkat(fd, &e.name, AtFlags::empty())
-                        }) {
+                    if !e.dir || depth >= max_open {
+                        match writable(fd, || rustix::fs::unlinkat(fd, &e.name, AtFlags::empty())) {
                             Ok(()) | Err(Errno::NOENT) => continue,
                             Err(Errno::ISDIR) | Err(Errno::PERM) => {}
                             Err(err) => {
@@ -266,7 +270,7 @@ impl Remover {
                             }
                         }
                     }
-                    if depth >= self.max_open {
+                    if depth >= max_open {
                         // Too deep to hold one more level: up to the top it
                         // goes, to be walked from there.
                         move_up(&stack, &e.name, &mut moved)
@@ -325,17 +329,17 @@ impl Remover {
                     let pfd = parent
                         .fd()
                         .map_err(|err| RemoveError::new("reading", at(&stack, &name), err))?;
-                    match writable(pfd, || {
-                        rustix::fs::unlinkat(pfd, &name, AtFlags::REMOVEDIR)
-                    }) {
+                    match writable(pfd, || rustix::fs::unlinkat(pfd, &name, AtFlags::REMOVEDIR)) {
                         Ok(()) | Err(Errno::NOENT) => {}
                         Err(Errno::NOTEMPTY) if rewalks < MAX_REWALKS => {
                             // Something wrote into it while it was walked:
                             // walk it again.
-                            let sub = open_dir(pfd, &name)
-                                .map_err(|err| RemoveError::new("opening", at(&stack, &name), err))?;
-                            let mut l = Level::new(sub, name.clone())
-                                .map_err(|err| RemoveError::new("reading", at(&stack, &name), err))?;
+                            let sub = open_dir(pfd, &name).map_err(|err| {
+                                RemoveError::new("opening", at(&stack, &name), err)
+                            })?;
+                            let mut l = Level::new(sub, name.clone()).map_err(|err| {
+                                RemoveError::new("reading", at(&stack, &name), err)
+                            })?;
                             l.rewalks = rewalks + 1;
                             stack.push(l);
                         }

@@ -23,7 +23,10 @@ fn never_opens_a_fifo_nor_follows_a_link() {
     std::os::unix::fs::symlink(&outside, tree.join("top-link")).expect("link");
     remove_at(dir_fd(t.path()).as_fd(), OsStr::new("tree"), &tree).expect("remove");
     assert!(!tree.exists());
-    assert_eq!(std::fs::read_to_string(outside.join("keep")).expect("read"), "keep");
+    assert_eq!(
+        std::fs::read_to_string(outside.join("keep")).expect("read"),
+        "keep"
+    );
 }
 
 /// A link given as the tree itself is removed, not followed.

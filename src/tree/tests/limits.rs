@@ -45,7 +45,13 @@ fn node() -> impl Strategy<Value = Node> {
 
 /// Makes `n` as `name` in `at`; directories' modes are set after their
 /// children.
-fn make(at: &Path, name: &str, n: &Node, outside: &Path, keep: &mut Vec<std::os::unix::net::UnixListener>) {
+fn make(
+    at: &Path,
+    name: &str,
+    n: &Node,
+    outside: &Path,
+    keep: &mut Vec<std::os::unix::net::UnixListener>,
+) {
     let p = at.join(name);
     match n {
         Node::File { sparse } => {
@@ -55,7 +61,11 @@ fn make(at: &Path, name: &str, n: &Node, outside: &Path, keep: &mut Vec<std::os:
             }
         }
         Node::Link { outside: o } => {
-            let to = if *o { outside.to_owned() } else { PathBuf::from("..") };
+            let to = if *o {
+                outside.to_owned()
+            } else {
+                PathBuf::from("..")
+            };
             std::os::unix::fs::symlink(to, &p).expect("link");
         }
         Node::Fifo => rustix::fs::mkfifoat(rustix::fs::CWD, &p, Mode::RWXU).expect("fifo"),
@@ -84,10 +94,16 @@ fn make(at: &Path, name: &str, n: &Node, outside: &Path, keep: &mut Vec<std::os:
 fn chain(root: &Path, name: &str, depth: usize) {
     let dir = |fd: &OwnedFd, n: &str| {
         rustix::fs::mkdirat(fd, n, Mode::RWXU).expect("mkdir");
-        rustix::fs::openat(fd, n, OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty())
-            .expect("open")
+        rustix::fs::openat(
+            fd,
+            n,
+            OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .expect("open")
     };
-    let top = rustix::fs::open(root, OFlags::DIRECTORY | OFlags::RDONLY, Mode::empty()).expect("open");
+    let top =
+        rustix::fs::open(root, OFlags::DIRECTORY | OFlags::RDONLY, Mode::empty()).expect("open");
     let mut cur = dir(&top, name);
     for _ in 0..depth {
         cur = dir(&cur, "d");
@@ -96,7 +112,9 @@ fn chain(root: &Path, name: &str, depth: usize) {
 }
 
 fn open_fds() -> usize {
-    std::fs::read_dir("/proc/self/fd").map(|d| d.count()).unwrap_or(0)
+    std::fs::read_dir("/proc/self/fd")
+        .map(|d| d.count())
+        .unwrap_or(0)
 }
 
 /// Runs `f` on a thread with a 64 KiB stack.
@@ -133,7 +151,8 @@ fn any_tree_goes_under_a_descriptor_limit_on_a_small_stack() {
     chain(t.path(), "chain", 100_000);
     let dir = t.path().to_owned();
     small_stack(move || {
-        let fd = rustix::fs::open(&dir, OFlags::DIRECTORY | OFlags::RDONLY, Mode::empty()).expect("open");
+        let fd = rustix::fs::open(&dir, OFlags::DIRECTORY | OFlags::RDONLY, Mode::empty())
+            .expect("open");
         remove_at(fd.as_fd(), OsStr::new("chain"), &dir.join("chain")).expect("remove the chain");
     });
     assert!(!t.path().join("chain").exists());
@@ -160,7 +179,8 @@ fn any_tree_goes_under_a_descriptor_limit_on_a_small_stack() {
             });
             prop_assert!(r.is_ok(), "{:?}", r);
             prop_assert!(!base.join("tree").exists());
-            prop_assert_eq!(std::fs::read_to_string(outside2.join("keep")).ok().as_deref(), Some("keep"));
+            let kept = std::fs::read_to_string(outside2.join("keep")).ok();
+            prop_assert_eq!(kept.as_deref(), Some("keep"));
             Ok(())
         })
         .expect("every generated tree is removed");
