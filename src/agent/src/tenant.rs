@@ -170,7 +170,10 @@ impl Tenant {
     pub fn clear_home(&self) -> io::Result<()> {
         match sandbox_tree::remove_path(&self.home) {
             Ok(()) => {}
-            Err(e) if e.path == self.home && e.source.raw_os_error() == Some(rustix::io::Errno::BUSY.raw_os_error()) => {
+            Err(e)
+                if e.path == self.home
+                    && e.source.raw_os_error() == Some(rustix::io::Errno::BUSY.raw_os_error()) =>
+            {
                 let flags = OFlags::DIRECTORY | OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
                 let fd = rustix::fs::open(&self.home, flags, Mode::empty())?;
                 crate::workspace::root::scrub(fd.as_fd()).map_err(io::Error::other)?;

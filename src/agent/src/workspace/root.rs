@@ -38,7 +38,12 @@ impl RootAttrs {
         let flags = match rustix::fs::ioctl_getflags(root) {
             Ok(f) => Some(f),
             Err(e) if no_flags(e) => None,
-            Err(e) => return Err(WorkspaceError::io("reading the workspace's inode flags", sys(e))),
+            Err(e) => {
+                return Err(WorkspaceError::io(
+                    "reading the workspace's inode flags",
+                    sys(e),
+                ));
+            }
         };
         Ok(RootAttrs {
             mode: st.st_mode & 0o7777,
@@ -81,7 +86,10 @@ impl RootAttrs {
 /// A filesystem (or kernel) without inode flags answers so.
 fn no_flags(e: rustix::io::Errno) -> bool {
     use rustix::io::Errno;
-    matches!(e, Errno::NOTTY | Errno::NOTSUP | Errno::INVAL | Errno::NOSYS)
+    matches!(
+        e,
+        Errno::NOTTY | Errno::NOTSUP | Errno::INVAL | Errno::NOSYS
+    )
 }
 
 /// Sets a directory's inode flags to `flags` unless they are so already; a

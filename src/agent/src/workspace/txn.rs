@@ -405,7 +405,8 @@ impl Txn {
             tracing::warn!(error = %e, "could not start the cleanup thread");
             let mut t = trash.0.lock().unwrap_or_else(|p| p.into_inner());
             t.running = t.running.saturating_sub(1);
-            t.failed.push(format!("could not start the cleanup thread: {e}"));
+            t.failed
+                .push(format!("could not start the cleanup thread: {e}"));
         }
     }
 

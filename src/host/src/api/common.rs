@@ -4,8 +4,8 @@
 //! handler modules import from here (and from `validation`, `uploads`,
 //! `model`), never from each other.
 
-use std::time::Duration;
 use std::collections::BTreeMap;
+use std::time::Duration;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::body::Body;
@@ -80,7 +80,10 @@ pub async fn agent_of(
     within: Duration,
 ) -> HostResult<sandbox_client::Client> {
     let slot = slot_of(h, s)?;
-    let c = slot.client(within).await.map_err(HostError::AgentUnreachable)?;
+    let c = slot
+        .client(within)
+        .await
+        .map_err(HostError::AgentUnreachable)?;
     Ok(c.for_lease(&s.id))
 }
 

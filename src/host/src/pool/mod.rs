@@ -49,9 +49,9 @@ pub use backend::{Backend, Kind, probe_accel, slots_dir};
 use backend::{VM_AGENT_PORT, VM_MCP_PORT};
 use backend::{agent_args, spawn_in_session, spawn_isolated};
 pub use error::PoolError;
-pub use slot::{Deadlines, Remote, Slot};
 use reclaim::Reclaim;
 use slot::tail;
+pub use slot::{Deadlines, Remote, Slot};
 pub use warm::{Want, WarmLease, WarmProfile};
 
 /// What [`Pool::take`] hands out.

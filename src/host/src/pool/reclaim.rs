@@ -8,8 +8,8 @@
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tracing::{info, warn};
@@ -204,7 +204,10 @@ impl Pool {
             let p = self.clone();
             match tokio::task::spawn_blocking(move || p.reclaim()).await {
                 Ok(0) => {}
-                Ok(n) => info!(ended = n, "reclaim: ended slots nothing of this host could adopt"),
+                Ok(n) => info!(
+                    ended = n,
+                    "reclaim: ended slots nothing of this host could adopt"
+                ),
                 Err(e) => warn!(error = %e, "the reclaim pass failed"),
             }
         }

@@ -60,13 +60,11 @@ impl Pool {
                 }
                 other => {
                     let r = self.reclaim.clone();
-                    let removed = tokio::task::spawn_blocking(move || {
-                        match other {
-                            Some(s) => r.discard(&s),
-                            None => {
-                                super::isolate::teardown(&id2, &dir);
-                                r.remove_dir(&dir);
-                            }
+                    let removed = tokio::task::spawn_blocking(move || match other {
+                        Some(s) => r.discard(&s),
+                        None => {
+                            super::isolate::teardown(&id2, &dir);
+                            r.remove_dir(&dir);
                         }
                     });
                     let _ = removed.await;
