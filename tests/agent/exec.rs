@@ -488,22 +488,87 @@ pub(crate) async fn run_to_end(
 /// A root agent runs scripts unprivileged, each lease in a home of its
 /// own: a lease's global git config, files in its home and a process that
 /// left its session and tried to leave its cgroup are all gone when the
-/// next lease starts (the attack of issue 27, findings 3 and 4).
+/// next lease starts (the attack of issue 27, findings 3 and 4). The
+/// ghost is seen running, its heartbeat going, until the Release; after
+/// it, it is gone and its heartbeat stopped. Here its script runs until
+/// the Release.
 #[tokio::test]
 async fn nothing_of_a_lease_reaches_the_next_one() {
     if !root_or_skip("tenants run as uid 1000") {
         return;
     }
-    let agent = agent_with("", "");
+    nothing_reaches_the_next_lease("", Script::RunsOn).await;
+}
+
+/// The same without cgroups, the script ending at once: the ghost, out of
+/// its session and process group, outlives its execution (no tree kill
+/// finds it), and only the Release, which kills every process of the
+/// tenant below the agent, ends it.
+#[tokio::test]
+async fn a_ghost_that_outlived_its_execution_dies_at_release() {
+    if !root_or_skip("tenants run as uid 1000") {
+        return;
+    }
+    nothing_reaches_the_next_lease("[supervisor]\ncgroup = \"off\"\n", Script::Ends).await;
+}
+
+/// Whether the script that leaves the ghost ends, or runs until the Release.
+#[derive(PartialEq)]
+enum Script {
+    Ends,
+    RunsOn,
+}
+
+/// The ghost's heartbeat: (its pid, its count of beats), once it beats.
+fn heartbeat(file: &std::path::Path) -> Option<(u32, u64)> {
+    let text = std::fs::read_to_string(file).ok()?;
+    let (pid, beats) = text.trim().split_once(' ')?;
+    Some((pid.parse().ok()?, beats.parse().ok()?))
+}
+
+/// Waits until the ghost beats again after `beats`; its pid.
+fn beats_after(file: &std::path::Path, beats: u64) -> u32 {
+    eventually(
+        Duration::from_secs(60),
+        "the ghost's heartbeat",
+        || match heartbeat(file) {
+            Some((pid, n)) if n > beats => Ok(pid),
+            other => Err(format!("{other:?}")),
+        },
+    )
+}
+
+async fn nothing_reaches_the_next_lease(config: &str, script: Script) {
+    let agent = agent_with("", config);
     let c = client(&agent).await;
     acquire(&c, "lease-1").await;
-    let marker = format!("ghost-{}", std::process::id());
+    let marker = format!("ghost-{}-{}", std::process::id(), config.len());
+    // Where the ghost beats: a directory of the test's, the tenant's to
+    // write (outside the lease's home, so the test still reads it after).
+    let beat_dir = agent.dir.path().join("heartbeat");
+    std::fs::create_dir(&beat_dir).expect("heartbeat dir");
+    std::fs::set_permissions(&beat_dir, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+    let beat = beat_dir.join("beat");
+    let then = match script {
+        Script::Ends => "time.sleep(0.5)",
+        Script::RunsOn => "time.sleep(3600)",
+    };
     let plant = format!(
         r#"
 import os, subprocess, sys, time
 print("uid:", os.getuid())
 subprocess.run(["git", "config", "--global", "core.fsmonitor", "touch /tmp/pwned"], check=True)
 open(os.path.join(os.environ["HOME"], "left-by-lease-1"), "w").write("x")
+BEAT = """
+import os, sys, time
+n = 0
+while True:
+    n += 1
+    with open(sys.argv[1] + ".new", "w") as f:
+        f.write(f"{{os.getpid()}} {{n}}")
+    os.rename(sys.argv[1] + ".new", sys.argv[1])
+    time.sleep(0.05)
+"""
 if os.fork() == 0:
     os.setsid()
     for f in ("/sys/fs/cgroup/cgroup.procs", "/sys/fs/cgroup/unified/cgroup.procs"):
@@ -512,19 +577,53 @@ if os.fork() == 0:
         except OSError:
             pass
     if os.fork() == 0:
-        os.execv(sys.executable, [sys.executable, "-c", "import time; time.sleep(3600)", "{marker}"])
+        os.execv(sys.executable, [sys.executable, "-c", BEAT, "{beat}", "{marker}"])
     os._exit(0)
-time.sleep(0.5)
-"#
+{then}
+"#,
+        beat = beat.display(),
     );
-    let (status, log) = run_to_end(&c, "plant", &plant).await;
-    assert_eq!(status, "completed", "{log}");
-    assert!(log.contains("uid: 1000"), "{log}");
+    upload(&c, "plant", targz(&[("main.py", &plant)]))
+        .await
+        .expect("Upload");
+    start(&c, "plant").await;
+    if script == Script::Ends {
+        let (log, _, status) = read_all(&c, "plant", 1 << 20).await;
+        assert_eq!(status, "completed", "{log}");
+        assert!(log.contains("uid: 1000"), "{log}");
+    }
+    // The ghost lives before the Release (after its execution ended, when
+    // it did): it beats, and it runs as the tenant.
+    let seen = beats_after(&beat, 0);
+    let (_, n) = heartbeat(&beat).expect("a beat");
+    let pid = beats_after(&beat, n);
+    assert_eq!(pid, seen, "one ghost");
+    assert_eq!(
+        with_marker(&marker),
+        [pid],
+        "the ghost, by its command line"
+    );
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("the ghost");
+    assert!(
+        status.lines().any(|l| l.starts_with("Uid:\t1000\t")),
+        "the ghost runs as the tenant: {status}"
+    );
+    if script == Script::RunsOn {
+        assert_eq!(status_of(&c, "plant").await, "running");
+    }
     release(&c, "lease-1").await;
     assert!(
         with_marker(&marker).is_empty(),
         "left running after Release: {:?}",
         with_marker(&marker)
+    );
+    // Its heartbeat stopped with it.
+    let last = heartbeat(&beat);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        heartbeat(&beat),
+        last,
+        "the ghost still beats after Release"
     );
     acquire(&c, "lease-2").await;
     let check = r#"
@@ -537,6 +636,21 @@ print("home left:", os.path.exists(os.path.join(os.environ["HOME"], "left-by-lea
     assert_eq!(status, "completed", "{log}");
     assert!(log.contains("inherited config: ''"), "{log}");
     assert!(log.contains("home left: False"), "{log}");
+}
+
+/// The Klavis status of execution `name` now.
+async fn status_of(c: &sandbox_client::Client, name: &str) -> String {
+    c.exec()
+        .logs(proto::ExecLogsRequest {
+            execution_name: name.into(),
+            cursor: 0,
+            max_bytes: 1,
+            ..Default::default()
+        })
+        .await
+        .expect("Logs")
+        .into_inner()
+        .klavis_status
 }
 
 /// The scripts' data-plane token is the lease's: after a Release, the

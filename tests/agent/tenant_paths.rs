@@ -862,9 +862,11 @@ async fn without_uv_the_tenant_makes_its_venv_in_the_agents_directory() {
 }
 
 /// The workspace root is the tenant's, so a tenant can change the directory
-/// itself: mode 0 locked every later server out of it, 1777 and a `user.*`
-/// attribute carried a message to the next lease, its times survived.
-/// Release and Reset put the root back as the agent found it.
+/// itself: mode 0 locked every later server out of it, 1777, a `user.*`
+/// attribute and POSIX ACLs (an access ACL granting another user, a
+/// default ACL every new file would inherit) carried a message to the next
+/// lease, its times survived. Release and Reset put the root back as the
+/// agent found it.
 #[tokio::test]
 async fn the_workspace_root_itself_is_put_back_at_release_and_reset() {
     if !root_or_skip("the agent as PID 1 of its own namespaces") {
@@ -876,14 +878,41 @@ async fn the_workspace_root_itself_is_put_back_at_release_and_reset() {
     let agent = Agent::start_pid1(dir, &[]);
     let c = client(&agent).await;
     let before = std::fs::metadata(&ws).expect("workspace");
+    // The ACLs in the kernel's xattr form (version 2; entries of tag,
+    // permissions, id): user 4242 may do anything there.
     let script = r#"
-import os
+import os, struct
 ws = os.environ["AGENT_WORKSPACE"]
+NO_ID = 0xffffffff
+def acl(entries):
+    return struct.pack("<I", 2) + b"".join(struct.pack("<HHI", *e) for e in entries)
+granted = acl([(0x01, 7, NO_ID), (0x02, 7, 4242), (0x04, 7, NO_ID), (0x10, 7, NO_ID), (0x20, 7, NO_ID)])
 os.chmod(ws, 0o1777)
 os.setxattr(ws, "user.msg", b"from the last lease")
+os.setxattr(ws, "system.posix_acl_access", granted)
+os.setxattr(ws, "system.posix_acl_default", granted)
 os.utime(ws, (946684800, 946684800))
 print("changed")
 "#;
+    let tenants = [
+        "system.posix_acl_access",
+        "system.posix_acl_default",
+        "user.msg",
+    ];
+    // What the script did is there: the checks below are not vacuous.
+    let changed = || {
+        let m = std::fs::metadata(&ws).expect("ws");
+        assert_eq!(
+            m.permissions().mode() & 0o7777,
+            0o1777,
+            "the script changed the root's mode"
+        );
+        assert_eq!(m.mtime(), 946684800, "the script changed the root's times");
+        let names = xattrs(&ws);
+        for name in tenants {
+            assert!(names.iter().any(|n| n == name), "{name} set: {names:?}");
+        }
+    };
     let check = |when: &str| {
         let m = std::fs::metadata(&ws).expect("workspace");
         assert_eq!(
@@ -893,28 +922,39 @@ print("changed")
         );
         assert_eq!((m.uid(), m.gid()), (before.uid(), before.gid()), "{when}");
         assert!(m.mtime() > 946684800, "{when}: the times");
-        let mut buf = [0u8; 4096];
-        let dirf = std::fs::File::open(&ws).expect("open");
-        let n = rustix::fs::flistxattr(&dirf, &mut buf[..]).unwrap_or(0);
-        assert!(
-            !String::from_utf8_lossy(&buf[..n]).contains("user.msg"),
-            "{when}: the tenant's xattr"
-        );
+        let names = xattrs(&ws);
+        for name in tenants {
+            assert!(
+                !names.iter().any(|n| n == name),
+                "{when}: the tenant's {name} is left: {names:?}"
+            );
+        }
     };
     crate::exec::acquire_bare(&c, "lease-r1").await;
     let (st, log) = run_to_end(&c, "root1", script).await;
     assert_eq!(st, "completed", "{log}");
-    assert_eq!(
-        std::fs::metadata(&ws).expect("ws").permissions().mode() & 0o7777,
-        0o1777,
-        "the script changed the root"
-    );
+    changed();
     release(&c, "lease-r1").await;
     check("after Release");
     crate::exec::acquire_bare(&c, "lease-r2").await;
     let (st, log) = run_to_end(&c, "root2", script).await;
     assert_eq!(st, "completed", "{log}");
+    changed();
     reset(&c, "lease-r2").await;
     check("after Reset");
     release(&c, "lease-r2").await;
+}
+
+/// The names of `dir`'s extended attributes; failing to list them fails
+/// the test (an error is no proof that none is there).
+fn xattrs(dir: &std::path::Path) -> Vec<String> {
+    let f = std::fs::File::open(dir).expect("open");
+    let mut buf = vec![0u8; 64 << 10];
+    let n = rustix::fs::flistxattr(&f, &mut buf[..])
+        .unwrap_or_else(|e| panic!("listing the xattrs of {}: {e}", dir.display()));
+    buf[..n]
+        .split(|b| *b == 0)
+        .filter(|n| !n.is_empty())
+        .map(|n| String::from_utf8_lossy(n).into_owned())
+        .collect()
 }

@@ -332,6 +332,22 @@ fn root_or_skip_in(what: &str, root: bool, ci: bool) -> bool {
     root
 }
 
+/// Whether this machine has what `what` needs (`needs` says what: an
+/// address, a tool, data); if not, says on stderr that `what` is skipped
+/// and why. Under `CI=true` it fails instead, as [`root_or_skip`] does: a
+/// skip there would leave a claim untested without a word.
+pub fn have_or_skip(have: bool, what: &str, needs: &str) -> bool {
+    have_or_skip_in(have, what, needs, ci())
+}
+
+fn have_or_skip_in(have: bool, what: &str, needs: &str, ci: bool) -> bool {
+    if !have {
+        assert!(!ci, "{what} needs {needs}, and CI=true: CI must provide it");
+        eprintln!("skipped: {what} needs {needs}");
+    }
+    have
+}
+
 /// How often [`eventually`] looks again.
 pub const POLL: Duration = Duration::from_millis(50);
 
@@ -447,11 +463,14 @@ pub fn as_tenant(workspace: &Path, path: &Path) {
     assert!(st.success(), "chown -R {}", path.display());
 }
 
-/// Under CI a test that needs root fails when not root; elsewhere it
-/// skips, saying so.
+/// Under CI a test that needs root (or anything else it does not find)
+/// fails; elsewhere it skips, saying so.
 #[test]
 fn a_root_test_fails_in_ci_when_not_root() {
     assert!(std::panic::catch_unwind(|| root_or_skip_in("a test", false, true)).is_err());
     assert!(!root_or_skip_in("a test", false, false));
     assert!(root_or_skip_in("a test", true, true));
+    assert!(std::panic::catch_unwind(|| have_or_skip_in(false, "a test", "a tool", true)).is_err());
+    assert!(!have_or_skip_in(false, "a test", "a tool", false));
+    assert!(have_or_skip_in(true, "a test", "a tool", true));
 }

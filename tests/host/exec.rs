@@ -387,9 +387,12 @@ fn stored_bytes_are_capped_per_sandbox_and_per_key_and_freed_at_release() {
 /// Executes of one name racing Resets of their sandbox (issue 35): each
 /// answer says what happened (200, or 4xx: replaced, released or reset
 /// meanwhile), never a 500, and every Reset succeeds and leaves the
-/// sandbox usable: occupied, its executions admitted again.
+/// sandbox usable: occupied, its executions admitted again. The race is
+/// checked to have run: executes were answered while a Reset was under
+/// way, admitted ones among them.
 #[test]
 fn executes_racing_resets_never_fail_the_sandbox() {
+    use std::time::Instant;
     let dir = tempfile::tempdir().expect("tempdir");
     let host = Host::start(dir.path(), &[]);
     let a = acquire(&host, KEY_A, r#"{"server_names": []}"#);
@@ -415,23 +418,51 @@ fn executes_racing_resets_never_fail_the_sandbox() {
                             &script_archive("print(1)\n"),
                         );
                     }
+                    let asked = Instant::now();
                     let (code, v) = http("POST", &format!("{b}/execute"), Some(KEY_A), Some(body));
-                    seen.push((code, v.to_string()));
+                    seen.push((asked, Instant::now(), code, v.to_string()));
                 }
                 seen
             })
         })
         .collect();
+    let mut resets = Vec::new();
     for round in 0..30 {
+        let asked = Instant::now();
         let (code, v) = http("POST", &format!("{b}/reset"), Some(KEY_A), None);
         assert_eq!(code, 200, "reset {round}: {v}");
+        resets.push((asked, Instant::now()));
     }
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
-    for r in racers {
-        for (code, v) in r.join().expect("racer") {
-            assert!(code < 500, "an execute answered {code}: {v}");
-        }
+    let executes: Vec<_> = racers
+        .into_iter()
+        .flat_map(|r| r.join().expect("racer"))
+        .collect();
+    for (_, _, code, v) in &executes {
+        assert!(*code < 500, "an execute answered {code}: {v}");
     }
+    // The race ran: executes admitted (200) while a Reset was under way,
+    // and executes in flight when a Reset ended them (the host's 409).
+    let during_a_reset = |asked: &Instant, answered: &Instant| {
+        resets
+            .iter()
+            .any(|(r_asked, r_answered)| asked < r_answered && r_asked < answered)
+    };
+    let admitted = executes
+        .iter()
+        .filter(|(asked, answered, code, _)| *code == 200 && during_a_reset(asked, answered))
+        .count();
+    let stopped = executes
+        .iter()
+        .filter(|(_, _, code, v)| {
+            *code == 409 && v.contains("reset while this request was in flight")
+        })
+        .count();
+    let codes: Vec<u16> = executes.iter().map(|e| e.2).collect();
+    assert!(
+        admitted > 0 && stopped > 0,
+        "{admitted} executes admitted while a Reset ran, {stopped} stopped by one: {codes:?}"
+    );
     let (code, v) = http("GET", &b, Some(KEY_A), None);
     assert_eq!((code, v["status"].as_str()), (200, Some("occupied")), "{v}");
     let (status, log) =

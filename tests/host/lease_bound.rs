@@ -276,7 +276,10 @@ fn a_stalled_initialize_never_replaces_the_next_leases_workspace() {
     );
     let b = lease_b_after(&host, &a, &a_slot);
     let (code, answer) = stalled.finish();
-    assert_ne!(code, 200, "A's stalled initialize succeeded: {answer}");
+    assert_eq!(
+        code, 409,
+        "A's stalled initialize must be stopped by A's Release: {answer}"
+    );
     let listing = terminal(&b, "ls -a");
     assert!(
         listing.lines().any(|l| l == "b-secret.txt")
