@@ -53,7 +53,8 @@ fn unreadable_and_read_only_directories_go() {
     std::fs::write(tree.join("a/b/c/f"), "x").expect("write");
     std::fs::set_permissions(tree.join("a/b/c"), std::fs::Permissions::from_mode(0o500))
         .expect("chmod");
-    std::fs::set_permissions(tree.join("a/b"), std::fs::Permissions::from_mode(0)).expect("chmod");
+    std::fs::set_permissions(tree.join("a/b"), std::fs::Permissions::from_mode(0o000))
+        .expect("chmod");
     Remover::with_max_open(2)
         .remove_at(dir_fd(t.path()).as_fd(), OsStr::new("tree"), &tree)
         .expect("remove");

@@ -66,6 +66,7 @@ mod tests {
             start_timeout: None,
             agent_env: AgentEnv::default(),
             max_slots: Some(1),
+            deadlines: Default::default(),
         })
         .expect("pool");
         let slot = Slot {

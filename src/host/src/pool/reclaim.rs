@@ -213,3 +213,124 @@ impl Pool {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pool::{AgentEnv, Backend, OnRelease, PoolConfig};
+
+    fn pool(dir: &Path) -> Arc<Pool> {
+        Pool::new(PoolConfig {
+            backend: Backend::Process {
+                agent_bin: "/nonexistent/sandbox-agent".into(),
+                manifest: None,
+            },
+            dir: dir.to_path_buf(),
+            size: 0,
+            warm: vec![],
+            on_release: OnRelease::Recycle,
+            isolation: None,
+            start_timeout: None,
+            agent_env: AgentEnv::default(),
+            max_slots: None,
+            deadlines: Default::default(),
+        })
+        .expect("pool")
+    }
+
+    /// A chain of `depth` directories below `dir`, made by handles.
+    fn chain(dir: &Path, depth: usize) {
+        use nix::fcntl::{OFlag, open, openat};
+        use nix::sys::stat::{Mode, mkdirat};
+        let flags = OFlag::O_DIRECTORY | OFlag::O_RDONLY | OFlag::O_CLOEXEC;
+        let mut cur = open(dir, flags, Mode::empty()).expect("open");
+        for _ in 0..depth {
+            mkdirat(&cur, "d", Mode::S_IRWXU).expect("mkdir");
+            cur = openat(&cur, "d", flags, Mode::empty()).expect("open");
+        }
+    }
+
+    /// A slot directory nobody holds, its process running, is ended at the
+    /// second pass that finds it so: the process killed, the directory
+    /// (a 20,000-level tree in it) removed, and counted.
+    #[test]
+    fn a_slot_held_in_no_list_is_ended_at_the_second_pass() {
+        let t = tempfile::tempdir().expect("tempdir");
+        let p = pool(t.path());
+        let id = "0123456789abcdef0123456789abcdef";
+        let dir = t.path().join(id);
+        std::fs::create_dir(&dir).expect("mkdir");
+        chain(&dir, 20_000);
+        // A process whose command line names the slot, as an agent's does.
+        use std::os::unix::process::CommandExt;
+        let mut cmd = std::process::Command::new("sleep");
+        cmd.arg0(id).arg("60");
+        // SAFETY: only an async-signal-safe call between fork and exec:
+        // SIGTERM's default action back (a test runner may ignore it).
+        unsafe {
+            cmd.pre_exec(|| {
+                use nix::sys::signal::{SigHandler, Signal, signal};
+                signal(Signal::SIGTERM, SigHandler::SigDfl)
+                    .map(|_| ())
+                    .map_err(std::io::Error::from)
+            });
+        }
+        let mut child = cmd.spawn().expect("sleep");
+        std::fs::write(dir.join("agent.pid"), child.id().to_string()).expect("pid");
+        let probe = orphan(id, &dir).expect("slot");
+        assert!(probe.alive(), "the stand-in agent runs");
+        assert_eq!(p.reclaim(), 0, "one pass only suspects it");
+        assert!(dir.exists());
+        assert_eq!(p.reclaim(), 1);
+        assert!(!dir.exists(), "the slot's directory is gone");
+        let status = child.wait().expect("wait");
+        assert!(!status.success(), "the slot's process was ended: {status}");
+        let c = p.reclaim_counts();
+        assert_eq!((c.orphans, c.pending, c.failed), (1, 0, 0));
+    }
+
+    /// A directory that cannot be removed stays on the list (counted) and
+    /// goes at the next pass that can remove it.
+    #[test]
+    fn a_failed_removal_is_kept_and_retried() {
+        let t = tempfile::tempdir().expect("tempdir");
+        let p = pool(t.path().join("slots").as_path());
+        let dir = t.path().join("slots/stuck");
+        std::fs::create_dir_all(dir.join("a")).expect("mkdir");
+        // It cannot be removed, even by root: a read-only bind mount of
+        // itself (unmounted however the test ends).
+        use nix::mount::{MntFlags, MsFlags, mount, umount2};
+        struct Unmount<'a>(&'a Path);
+        impl Drop for Unmount<'_> {
+            fn drop(&mut self) {
+                let _ = umount2(self.0, MntFlags::MNT_DETACH);
+            }
+        }
+        let none: Option<&str> = None;
+        let ro = mount(Some(&dir), &dir, none, MsFlags::MS_BIND, none).and_then(|()| {
+            mount(
+                none,
+                &dir,
+                none,
+                MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY,
+                none,
+            )
+        });
+        let mounted = Unmount(&dir);
+        if let Err(e) = ro {
+            assert!(
+                std::env::var("CI").as_deref() != Ok("true"),
+                "CI=true: this test needs root (a read-only bind mount): {e}"
+            );
+            eprintln!("SKIPPED: a read-only bind mount needs root: {e}");
+            return;
+        }
+        p.reclaim.remove_dir(&dir);
+        assert_eq!(p.reclaim_counts().pending, 1);
+        assert_eq!(p.reclaim_counts().failed, 1);
+        drop(mounted);
+        p.reclaim();
+        assert!(!dir.exists());
+        assert_eq!(p.reclaim_counts().pending, 0);
+    }
+}
