@@ -59,7 +59,12 @@ impl Host {
             keys.insert(k.expose().to_owned(), config::owner_of_key(k.expose()));
             generated_key = Some(k.expose().to_owned());
         }
-        let uploads = private_dirs(&args.data_dir)?;
+        let uploads = private_dirs(&args.data_dir).with_context(|| {
+            format!(
+                "--data-dir {}: the host cannot use it",
+                args.data_dir.display()
+            )
+        })?;
         let backend = config::backend(args)?;
         check_data_dir(&args.data_dir, &backend)?;
         // The port asked for (0: the kernel's choice, which a forward of a
@@ -286,7 +291,7 @@ fn check_data_dir(data: &std::path::Path, backend: &pool::Backend) -> anyhow::Re
         let len = p.as_os_str().as_bytes().len();
         anyhow::ensure!(
             len <= MAX_SOCKET_PATH,
-            "--data-dir {} is too long for this backend's sockets: a slot's {} would be {} ({len} bytes),              past the {MAX_SOCKET_PATH}-byte limit of a unix socket path; use a data dir of at most {} bytes",
+            "--data-dir {} is too long for this backend's sockets: a slot's {} would be {} ({len} bytes), past the {MAX_SOCKET_PATH}-byte limit of a unix socket path; use a data dir of at most {} bytes",
             data.display(),
             s,
             p.display(),
@@ -316,14 +321,14 @@ fn check_blocks(args: &Args, blocks: u32) -> anyhow::Result<()> {
     let blocks = blocks as usize;
     anyhow::ensure!(
         args.pool_size <= blocks,
-        "--pool-size {} needs {} subordinate id blocks (one per isolated sandbox); this host may use {blocks}          (65,536 ids each, from /etc/subuid and /etc/subgid): lower --pool-size or grant more ids",
+        "--pool-size {} needs {} subordinate id blocks (one per isolated sandbox); this host may use {blocks} (65,536 ids each, from /etc/subuid and /etc/subgid): lower --pool-size or grant more ids",
         args.pool_size,
         args.pool_size
     );
     if let Some(m) = args.max_slots {
         anyhow::ensure!(
             m <= blocks,
-            "--max-slots {m} is more than the {blocks} subordinate id blocks this host may use (one per isolated              sandbox): lower --max-slots or grant more ids in /etc/subuid and /etc/subgid"
+            "--max-slots {m} is more than the {blocks} subordinate id blocks this host may use (one per isolated sandbox): lower --max-slots or grant more ids in /etc/subuid and /etc/subgid"
         );
     }
     Ok(())

@@ -158,7 +158,31 @@ impl Pool {
             self.reclaim.remove_dir(&dir);
             ended += 1;
         }
+        if self.cfg.isolation.is_some() {
+            self.end_strays(&before);
+        }
         ended
+    }
+
+    /// What isolated slots no host ends left outside their namespaces:
+    /// pastas whose agent is gone, and slot cgroups that are empty and held
+    /// by nothing of this pool at this pass and the one before.
+    fn end_strays(&self, before: &BTreeSet<String>) {
+        super::isolate::end_stray_pastas();
+        for (id, group) in super::isolate::empty_slot_groups() {
+            if self.holds(&id) {
+                continue;
+            }
+            let key = format!("cgroup:{id}");
+            if !before.contains(&key) {
+                self.reclaim.suspects_mut().insert(key);
+                continue;
+            }
+            match super::isolate::remove_empty_group(&group) {
+                Ok(()) => info!(slot = %id, "removed the empty cgroup of a slot nothing holds"),
+                Err(e) => warn!(slot = %id, error = %e, "cannot remove an empty slot cgroup"),
+            }
+        }
     }
 
     /// Whether slot `id` is this pool's: idle, starting, leased or being
@@ -194,10 +218,10 @@ fn orphan(id: &str, dir: &Path) -> Option<Slot> {
 }
 
 impl Pool {
-    /// Runs a reclaim pass every `every` until the pool closes.
+    /// Runs a reclaim pass now and then every `every`, until the pool
+    /// closes.
     pub async fn keep_reclaiming(self: Arc<Self>, every: Duration) {
         loop {
-            tokio::time::sleep(every).await;
             if self.is_closed() {
                 return;
             }
@@ -210,6 +234,7 @@ impl Pool {
                 ),
                 Err(e) => warn!(error = %e, "the reclaim pass failed"),
             }
+            tokio::time::sleep(every).await;
         }
     }
 }

@@ -26,7 +26,7 @@ impl Isolation {
 /// delegation, and where the limits can be set (v2 controllers, else the
 /// v1 `memory` and `pids` hierarchies).
 #[derive(Debug, Clone, Default)]
-pub(super) struct CgroupLayout {
+pub(in crate::pool) struct CgroupLayout {
     /// `<v2 mount><own group>/sandbox-slots`
     v2: Option<PathBuf>,
     v2_limits: bool,
@@ -208,7 +208,7 @@ pub(in crate::pool) fn teardown(id: &str, dir: &Path) {
 
 impl CgroupLayout {
     /// The bases that exist (without creating any), for teardown.
-    fn detect_existing() -> Vec<PathBuf> {
+    pub(super) fn detect_existing() -> Vec<PathBuf> {
         let own = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
         let mut out = Vec::new();
         for l in own.lines() {
@@ -261,7 +261,7 @@ fn kill_group(d: &Path) {
 }
 
 /// Removes a group and the groups below it, deepest first.
-fn remove_group(d: &Path) -> std::io::Result<()> {
+pub(super) fn remove_group(d: &Path) -> std::io::Result<()> {
     let mut all = vec![d.to_owned()];
     let mut i = 0;
     while i < all.len() {

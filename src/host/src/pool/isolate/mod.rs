@@ -40,9 +40,11 @@ use std::process::Command;
 mod cgroups;
 mod ids;
 mod network;
+mod strays;
 
 use cgroups::CgroupLayout;
 pub(super) use cgroups::{SlotCgroups, teardown};
+pub(super) use strays::{empty_slot_groups, end_stray_pastas, remove_empty_group};
 use ids::subids;
 
 /// Ids per slot: one whole 16-bit id space, as a VM has.
