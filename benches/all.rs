@@ -15,13 +15,14 @@ mod lifecycle;
 mod workspace;
 
 fn main() {
-    let benches: [(&str, fn()); 7] = [
+    let benches: [(&str, fn()); 8] = [
         ("agent", agent::main),
         ("workspace", workspace::main),
         ("lifecycle", lifecycle::main),
         ("gateway", gateway::main),
         ("host", host::main),
         ("burst", host::burst_main),
+        ("recycle", host::recycle_main),
         ("exec", host::exec_main),
     ];
     // cargo passes `--bench`; other words name benchmarks.

@@ -13,6 +13,9 @@
 //!   the memory of a warm sandbox;
 //! - the qemu backend (full mode): Acquire from a VM booted ahead with
 //!   warm servers, from one without, and from a fresh VM;
+//! - a recycled slot's next Acquire after a tenant that left 30,000
+//!   directories or a deep chain, beside one after a clean lease
+//!   (`recycle`);
 //! - executions: execute → `completed` of a trivial script (polling the
 //!   log), beside `python3 main.py` run directly, and one execution-logs
 //!   poll beside one `GET /local-sandbox/{id}`.
@@ -32,6 +35,8 @@ mod burst;
 mod memory;
 #[path = "host/profiles.rs"]
 mod profiles;
+#[path = "host/recycle.rs"]
+mod recycle;
 #[path = "host/vm.rs"]
 mod vm;
 #[path = "host/warm.rs"]
@@ -514,6 +519,14 @@ pub fn main() {
             None => println!("(qemu backend: skipped in short mode, or QEMU / vhost-device-vsock missing)"),
         }
     });
+}
+
+/// A recycled slot's next Acquire after a clean lease and after a tenant
+/// that left deep or wide trees (`host/recycle.rs`).
+pub fn recycle_main() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(recycle::run_all(dir.path()));
 }
 
 /// The benchmarks' pattern on `local_dev`, lazy beside eager

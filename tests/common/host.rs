@@ -471,3 +471,80 @@ pub fn process_tree(root: i32) -> Vec<i32> {
     }
     tree
 }
+
+impl Host {
+    /// [`Host::start`] with its data dir at `data` instead of `<dir>/data`
+    /// (the later `--data-dir` wins).
+    pub fn start_at(dir: &Path, data: &Path, extra: &[&str]) -> Host {
+        let data_arg = data.display().to_string();
+        let mut args = vec!["--data-dir", data_arg.as_str()];
+        args.extend_from_slice(extra);
+        let mut host = Host::start(dir, &args);
+        host.data = data.to_owned();
+        host
+    }
+}
+
+/// Starts the host as [`Host::start_at`] would, expecting it to refuse to
+/// start: its exit status, its stderr and how long it ran. It fails the
+/// test when the host prints its base URL or still runs after `within`.
+pub fn start_refused(
+    dir: &Path,
+    data: &Path,
+    extra: &[&str],
+    within: std::time::Duration,
+) -> (std::process::ExitStatus, String, std::time::Duration) {
+    use std::io::Read;
+    let manifest = dir.join("servers.toml");
+    if !manifest.exists() {
+        std::fs::write(&manifest, shipped_manifest(Path::new("${state_root}"))).expect("manifest");
+    }
+    let keys = dir.join("keys");
+    std::fs::write(&keys, format!("{KEY_A} alice\n{KEY_B} bob\n")).expect("keys");
+    let started = std::time::Instant::now();
+    let mut child = Command::new(&*HOST)
+        .args(["--listen", "127.0.0.1:0", "--pool-size", "1"])
+        .args(sandbox_read_only())
+        .arg("--data-dir")
+        .arg(data)
+        .arg("--api-key-file")
+        .arg(&keys)
+        .arg("--agent-bin")
+        .arg(&*AGENT)
+        .arg("--manifest")
+        .arg(&manifest)
+        .args(extra)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("sandbox-host");
+    let status = loop {
+        if let Some(st) = child.try_wait().expect("waiting for sandbox-host") {
+            break st;
+        }
+        if started.elapsed() > within {
+            let _ = child.kill();
+            let _ = child.wait();
+            super::slots::end_all(data);
+            panic!(
+                "sandbox-host with --data-dir {} still runs after {within:?}: it must refuse at start",
+                data.display()
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    let took = started.elapsed();
+    let (mut out, mut err) = (String::new(), String::new());
+    if let Some(mut o) = child.stdout.take() {
+        let _ = o.read_to_string(&mut out);
+    }
+    if let Some(mut e) = child.stderr.take() {
+        let _ = e.read_to_string(&mut err);
+    }
+    assert!(
+        !out.contains("sandbox-host: base URL"),
+        "sandbox-host with --data-dir {} started ({out:?}) before it exited: {err}",
+        data.display()
+    );
+    (status, err, took)
+}
