@@ -104,7 +104,9 @@ pub async fn run_all(dir: &std::path::Path) {
         crate::common::pick(5, 2),
         crate::common::mode()
     );
-    println!("| the last tenant left | next Acquire | vs after a clean lease | DELETE → slot idle |");
+    println!(
+        "| the last tenant left | next Acquire | vs after a clean lease | DELETE → slot idle |"
+    );
     println!("|---|---|---|---|");
     for (what, (a, r)) in [
         ("nothing (reference)", clean),
@@ -117,9 +119,6 @@ pub async fn run_all(dir: &std::path::Path) {
             chain,
         ),
     ] {
-        println!(
-            "| {what} | {a:.1} ms | {:.2}x | {r:.0} ms |",
-            a / clean.0
-        );
+        println!("| {what} | {a:.1} ms | {:.2}x | {r:.0} ms |", a / clean.0);
     }
 }

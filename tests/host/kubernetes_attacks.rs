@@ -37,7 +37,9 @@ fn an_owner_cannot_exceed_its_cap_across_two_replicas() {
     let cap = ["--max-sandboxes-per-key", "1"];
     let a = replica_on(dir.path(), &f, &api, 30, PORTS, &cap);
     let b = replica_on(dir.path(), &f, &api, 30, PORTS, &cap);
-    api.lock().list_delay_ms = 1500;
+    // Each replica's first count waits this long: both are in flight
+    // before either claims, even on a loaded machine.
+    api.lock().list_delay_ms = 5000;
 
     let body = r#"{"server_names": ["filesystem"]}"#;
     let answers: Vec<(u16, serde_json::Value)> = std::thread::scope(|s| {
@@ -88,6 +90,11 @@ fn an_owner_cannot_exceed_its_cap_across_two_replicas() {
     }
     if won == 0 {
         claims_left(&api, 0);
+        // Both refused Acquires used up a pod (agent-sandbox replaces a
+        // deleted sandbox's pod; here a fresh one stands in for it).
+        let ip = "127.0.90.3".to_owned();
+        let _fresh = pod_on(&ip, &f.bootstrap, PORTS.0, PORTS.1);
+        api.lock().free_pods.push(ip);
         let (code, v) = http(
             "POST",
             &format!("{}/local-sandbox", a.base),

@@ -44,8 +44,8 @@ mod strays;
 
 use cgroups::CgroupLayout;
 pub(super) use cgroups::{SlotCgroups, teardown};
-pub(super) use strays::{empty_slot_groups, end_stray_pastas, remove_empty_group};
 use ids::subids;
+pub(super) use strays::{empty_slot_groups, end_stray_pastas, remove_empty_group};
 
 /// Ids per slot: one whole 16-bit id space, as a VM has.
 pub const IDS_PER_SLOT: u32 = 65_536;

@@ -109,8 +109,9 @@ pub(in crate::pool) fn empty_slot_groups() -> Vec<(String, PathBuf)> {
 fn unpopulated(group: &Path) -> bool {
     match std::fs::read_to_string(group.join("cgroup.events")) {
         Ok(ev) => ev.lines().any(|l| l.trim() == "populated 0"),
-        Err(_) => std::fs::read_to_string(group.join("cgroup.procs"))
-            .is_ok_and(|p| p.trim().is_empty()),
+        Err(_) => {
+            std::fs::read_to_string(group.join("cgroup.procs")).is_ok_and(|p| p.trim().is_empty())
+        }
     }
 }
 
@@ -133,11 +134,15 @@ mod tests {
         ));
         assert_eq!(pasta_of(&a), Some((slot.to_owned(), 42)));
         // Another program, another pid file, no slot id: none.
-        let b = args(&format!("/usr/bin/passt --pid /d/slots/{slot}/pasta.pid --netns /proc/42/ns/net"));
+        let b = args(&format!(
+            "/usr/bin/passt --pid /d/slots/{slot}/pasta.pid --netns /proc/42/ns/net"
+        ));
         assert_eq!(pasta_of(&b), None);
         let c = args("/usr/bin/pasta --pid /run/pasta.pid --netns /proc/42/ns/net");
         assert_eq!(pasta_of(&c), None);
-        let d = args(&format!("pasta --pid /d/{slot}/pasta.pid --netns /var/run/netns/x"));
+        let d = args(&format!(
+            "pasta --pid /d/{slot}/pasta.pid --netns /var/run/netns/x"
+        ));
         assert_eq!(pasta_of(&d), None);
     }
 }
