@@ -79,6 +79,7 @@ async fn connect(args: &Args) -> anyhow::Result<Client> {
             retry_deadline: timeout,
             ..HvsockOptions::default()
         },
+        ..ConnectOptions::default()
     };
     Ok(opts.connect(uri).await?)
 }
