@@ -7,6 +7,8 @@ mod common;
 
 mod benchmark_tasks;
 mod canvas;
+mod cleanup;
+mod deadlines;
 mod exec;
 mod first_day;
 mod google_cloud;
