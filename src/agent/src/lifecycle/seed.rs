@@ -1,5 +1,6 @@
 //! Placing benchmark seed data and wiping server state paths. Blocking.
 
+use rustix::fs::{Mode, OFlags};
 use std::io::Read;
 use std::os::fd::AsFd;
 use std::path::Path;
@@ -108,8 +109,20 @@ pub fn place(ws: &Arc<Workspace>, seed: &Seed) -> Result<(), WorkspaceError> {
 pub fn wipe(path: &Path) -> std::io::Result<()> {
     match std::fs::symlink_metadata(path) {
         // Whatever the tenant made there, however deep: no recursion, a
-        // bounded number of open directories, no link followed.
-        Ok(m) if m.is_dir() => sandbox_tree::empty_path(path).map_err(into_io),
+        // bounded number of open directories, no link followed. Everything
+        // that can go goes; the first failure is reported.
+        Ok(m) if m.is_dir() => {
+            let flags = OFlags::DIRECTORY | OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+            let dir = rustix::fs::open(path, flags, Mode::empty())?;
+            let mut first = None;
+            for name in sandbox_tree::list(dir.as_fd())? {
+                let at = path.join(&name);
+                if let Err(e) = sandbox_tree::remove_at(dir.as_fd(), &name, &at) {
+                    first.get_or_insert(into_io(e));
+                }
+            }
+            first.map_or(Ok(()), Err)
+        }
         Ok(_) => {
             std::fs::remove_file(path)?;
             std::fs::create_dir_all(path)
