@@ -280,7 +280,13 @@ mod tests {
     /// (a 20,000-level tree in it) removed, and counted.
     #[test]
     fn a_slot_held_in_no_list_is_ended_at_the_second_pass() {
-        let t = tempfile::tempdir().expect("tempdir");
+        let shm = Path::new("/dev/shm");
+        let t = if shm.is_dir() {
+            tempfile::tempdir_in(shm)
+        } else {
+            tempfile::tempdir()
+        }
+        .expect("tempdir");
         let p = pool(t.path());
         let id = "0123456789abcdef0123456789abcdef";
         let dir = t.path().join(id);
