@@ -221,92 +221,20 @@ impl Remover {
 
     /// Empties the directory `root` (named `path`), leaving it.
     fn walk(&self, root: OwnedFd, name: OsString, path: &Path) -> Result<(), RemoveError> {
-        let at = |stack: &[Level], n: &OsStr| -> PathBuf {
-            let mut p = path.to_owned();
-            for l in stack.iter().skip(1) {
-                p.push(&l.name);
-            }
-            p.push(n);
-            p
+        let top =
+            Level::new(root, name).map_err(|e| RemoveError::new("reading", path.into(), e))?;
+        let mut w = Walk {
+            stack: vec![top],
+            path,
+            moved: 0,
+            // Moving up from the top level itself would go round for ever.
+            max_open: self.max_open.max(2),
         };
-        let mut stack =
-            vec![Level::new(root, name).map_err(|e| RemoveError::new("reading", path.into(), e))?];
-        let mut moved = 0u64;
-        // Moving up from the top level itself would go round for ever.
-        let max_open = self.max_open.max(2);
         loop {
-            let depth = stack.len();
-            let Some(top) = stack.last_mut() else {
-                return Ok(());
-            };
-            let entry = match top.dir.read() {
-                None => None,
-                Some(Ok(e)) => {
-                    let n = e.file_name().to_bytes();
-                    if n == b"." || n == b".." {
-                        continue;
-                    }
-                    Some(Entry {
-                        name: OsStr::from_bytes(n).to_owned(),
-                        dir: matches!(e.file_type(), FileType::Directory | FileType::Unknown),
-                    })
-                }
-                Some(Err(e)) => {
-                    let p = at(&stack[..depth - 1], OsStr::new(""));
-                    return Err(RemoveError::new("listing", p, e));
-                }
-            };
-            match entry {
-                Some(e) => {
-                    let fd = stack[depth - 1]
-                        .fd()
-                        .map_err(|err| RemoveError::new("reading", at(&stack, &e.name), err))?;
-                    if !e.dir || depth >= max_open {
-                        match writable(fd, || rustix::fs::unlinkat(fd, &e.name, AtFlags::empty())) {
-                            Ok(()) | Err(Errno::NOENT) => continue,
-                            Err(Errno::ISDIR) | Err(Errno::PERM) => {}
-                            Err(err) => {
-                                return Err(RemoveError::new("removing", at(&stack, &e.name), err));
-                            }
-                        }
-                    }
-                    if depth >= max_open {
-                        // Too deep to hold one more level: up to the top it
-                        // goes, to be walked from there.
-                        move_up(&stack, &e.name, &mut moved)
-                            .map_err(|err| RemoveError::new("moving", at(&stack, &e.name), err))?;
-                        stack[0].moved_in = true;
-                        continue;
-                    }
-                    match open_dir(fd, &e.name) {
-                        Ok(sub) => {
-                            let l = Level::new(sub, e.name.clone()).map_err(|err| {
-                                RemoveError::new("reading", at(&stack, &e.name), err)
-                            })?;
-                            stack.push(l);
-                        }
-                        Err(Errno::NOENT) => {}
-                        // Not a directory after all (d_type unknown, or
-                        // swapped meanwhile): its name goes.
-                        Err(Errno::NOTDIR) | Err(Errno::LOOP) => {
-                            match rustix::fs::unlinkat(fd, &e.name, AtFlags::empty()) {
-                                Ok(()) | Err(Errno::NOENT) => {}
-                                Err(err) => {
-                                    return Err(RemoveError::new(
-                                        "removing",
-                                        at(&stack, &e.name),
-                                        err,
-                                    ));
-                                }
-                            }
-                        }
-                        Err(err) => {
-                            return Err(RemoveError::new("opening", at(&stack, &e.name), err));
-                        }
-                    }
-                }
-                None if depth == 1 => {
-                    let top = &mut stack[0];
+            match w.next_entry()? {
+                Some(e) => w.take(e)?,
+                None if w.stack.len() == 1 => {
+                    let top = &mut w.stack[0];
                     if !top.moved_in {
                         return Ok(());
                     }
@@ -315,40 +243,134 @@ impl Remover {
                     top.moved_in = false;
                     top.dir.rewind();
                 }
-                None => {
-                    let Some(done) = stack.pop() else {
-                        return Ok(());
-                    };
-                    let Level {
-                        dir, name, rewalks, ..
-                    } = done;
-                    drop(dir);
-                    let Some(parent) = stack.last() else {
-                        return Ok(());
-                    };
-                    let pfd = parent
-                        .fd()
-                        .map_err(|err| RemoveError::new("reading", at(&stack, &name), err))?;
-                    match writable(pfd, || rustix::fs::unlinkat(pfd, &name, AtFlags::REMOVEDIR)) {
-                        Ok(()) | Err(Errno::NOENT) => {}
-                        Err(Errno::NOTEMPTY) if rewalks < MAX_REWALKS => {
-                            // Something wrote into it while it was walked:
-                            // walk it again.
-                            let sub = open_dir(pfd, &name).map_err(|err| {
-                                RemoveError::new("opening", at(&stack, &name), err)
-                            })?;
-                            let mut l = Level::new(sub, name.clone()).map_err(|err| {
-                                RemoveError::new("reading", at(&stack, &name), err)
-                            })?;
-                            l.rewalks = rewalks + 1;
-                            stack.push(l);
-                        }
-                        Err(err) => {
-                            return Err(RemoveError::new("removing", at(&stack, &name), err));
-                        }
+                None => w.close_level()?,
+            }
+        }
+    }
+}
+
+/// One removal in progress: the open levels, top first.
+struct Walk<'a> {
+    stack: Vec<Level>,
+    path: &'a Path,
+    moved: u64,
+    max_open: usize,
+}
+
+impl Walk<'_> {
+    /// The path of `n` in the first `levels` levels (for errors).
+    fn at_in(&self, levels: usize, n: &OsStr) -> PathBuf {
+        let mut p = self.path.to_owned();
+        for l in self.stack[..levels].iter().skip(1) {
+            p.push(&l.name);
+        }
+        p.push(n);
+        p
+    }
+
+    /// The path of `n` in the deepest level (for errors).
+    fn at(&self, n: &OsStr) -> PathBuf {
+        self.at_in(self.stack.len(), n)
+    }
+
+    /// The deepest level's next entry (`None`: it is exhausted).
+    fn next_entry(&mut self) -> Result<Option<Entry>, RemoveError> {
+        let depth = self.stack.len();
+        loop {
+            let Some(top) = self.stack.last_mut() else {
+                return Ok(None);
+            };
+            return match top.dir.read() {
+                None => Ok(None),
+                Some(Ok(e)) => {
+                    let n = e.file_name().to_bytes();
+                    if n == b"." || n == b".." {
+                        continue;
                     }
+                    Ok(Some(Entry {
+                        name: OsStr::from_bytes(n).to_owned(),
+                        dir: matches!(e.file_type(), FileType::Directory | FileType::Unknown),
+                    }))
+                }
+                Some(Err(e)) => {
+                    let p = self.at_in(depth - 1, OsStr::new(""));
+                    Err(RemoveError::new("listing", p, e))
+                }
+            };
+        }
+    }
+
+    /// Removes entry `e` of the deepest level: unlinked when it is not a
+    /// directory, moved up when the bound is reached, else opened as the
+    /// next level.
+    fn take(&mut self, e: Entry) -> Result<(), RemoveError> {
+        let depth = self.stack.len();
+        let fd = self.stack[depth - 1]
+            .fd()
+            .map_err(|err| RemoveError::new("reading", self.at(&e.name), err))?;
+        if !e.dir || depth >= self.max_open {
+            match writable(fd, || rustix::fs::unlinkat(fd, &e.name, AtFlags::empty())) {
+                Ok(()) | Err(Errno::NOENT) => return Ok(()),
+                Err(Errno::ISDIR) | Err(Errno::PERM) => {}
+                Err(err) => return Err(RemoveError::new("removing", self.at(&e.name), err)),
+            }
+        }
+        if depth >= self.max_open {
+            // Too deep to hold one more level: up to the top it goes, to be
+            // walked from there.
+            move_up(&self.stack, &e.name, &mut self.moved)
+                .map_err(|err| RemoveError::new("moving", self.at(&e.name), err))?;
+            self.stack[0].moved_in = true;
+            return Ok(());
+        }
+        match open_dir(fd, &e.name) {
+            Ok(sub) => {
+                let l = Level::new(sub, e.name.clone())
+                    .map_err(|err| RemoveError::new("reading", self.at(&e.name), err))?;
+                self.stack.push(l);
+                Ok(())
+            }
+            Err(Errno::NOENT) => Ok(()),
+            // Not a directory after all (d_type unknown, or swapped
+            // meanwhile): its name goes.
+            Err(Errno::NOTDIR) | Err(Errno::LOOP) => {
+                match rustix::fs::unlinkat(fd, &e.name, AtFlags::empty()) {
+                    Ok(()) | Err(Errno::NOENT) => Ok(()),
+                    Err(err) => Err(RemoveError::new("removing", self.at(&e.name), err)),
                 }
             }
+            Err(err) => Err(RemoveError::new("opening", self.at(&e.name), err)),
+        }
+    }
+
+    /// The deepest level is exhausted: closed and removed from its parent,
+    /// or walked again when something wrote into it meanwhile.
+    fn close_level(&mut self) -> Result<(), RemoveError> {
+        let Some(done) = self.stack.pop() else {
+            return Ok(());
+        };
+        let Level {
+            dir, name, rewalks, ..
+        } = done;
+        drop(dir);
+        let Some(parent) = self.stack.last() else {
+            return Ok(());
+        };
+        let pfd = parent
+            .fd()
+            .map_err(|err| RemoveError::new("reading", self.at(&name), err))?;
+        match writable(pfd, || rustix::fs::unlinkat(pfd, &name, AtFlags::REMOVEDIR)) {
+            Ok(()) | Err(Errno::NOENT) => Ok(()),
+            Err(Errno::NOTEMPTY) if rewalks < MAX_REWALKS => {
+                let sub = open_dir(pfd, &name)
+                    .map_err(|err| RemoveError::new("opening", self.at(&name), err))?;
+                let mut l = Level::new(sub, name.clone())
+                    .map_err(|err| RemoveError::new("reading", self.at(&name), err))?;
+                l.rewalks = rewalks + 1;
+                self.stack.push(l);
+                Ok(())
+            }
+            Err(err) => Err(RemoveError::new("removing", self.at(&name), err)),
         }
     }
 }
