@@ -31,6 +31,7 @@ mod error;
 pub mod isolate;
 mod reclaim;
 mod recover;
+mod serving;
 mod slot;
 mod warm;
 
@@ -38,7 +39,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use sandbox_client::proto;
 use tokio::sync::Notify;
@@ -50,7 +51,6 @@ use backend::{VM_AGENT_PORT, VM_MCP_PORT};
 use backend::{agent_args, spawn_in_session, spawn_isolated};
 pub use error::PoolError;
 use reclaim::Reclaim;
-use slot::tail;
 pub use slot::{Deadlines, Remote, Slot};
 pub use warm::{Want, WarmLease, WarmProfile};
 
@@ -569,50 +569,6 @@ impl Pool {
 
     fn starting(&self) -> std::sync::MutexGuard<'_, HashMap<String, Slot>> {
         self.starting.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Waits until a new slot's agent reports SERVING; discards it when it
-    /// dies or the backend's deadline passes.
-    async fn wait_serving(&self, slot: &Slot) -> Result<(), PoolError> {
-        let kind = slot.kind;
-        let deadline = Instant::now() + self.start_deadline();
-        loop {
-            let within = self
-                .cfg
-                .deadlines
-                .call
-                .min(deadline.saturating_duration_since(Instant::now()))
-                .max(Duration::from_millis(100));
-            let last = match slot.client(within).await {
-                Ok(c) => match c.serving().await {
-                    Ok(true) => break,
-                    Ok(false) => "its agent answers NOT_SERVING".to_owned(),
-                    Err(s) => format!("its health check failed: {}", s.message()),
-                },
-                Err(e) => sandbox_client::error_chain(&e),
-            };
-            let why = if !slot.alive() {
-                Some(format!("its process exited; last probe: {last}"))
-            } else if Instant::now() > deadline {
-                Some(format!(
-                    "not serving within {} s; last probe: {last}",
-                    self.start_deadline().as_secs()
-                ))
-            } else {
-                None
-            };
-            if let Some(why) = why {
-                let log = std::fs::read_to_string(slot.dir.join("agent.log")).unwrap_or_default();
-                self.reclaim.discard_off_runtime(slot.clone()).await;
-                return Err(PoolError::NotServing {
-                    backend: kind.name(),
-                    why,
-                    log: tail(&log, 2000).to_owned(),
-                });
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        Ok(())
     }
 
     /// Closes the pool: from now on nothing is started or kept idle, and
