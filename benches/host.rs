@@ -98,6 +98,9 @@ fn spawn_host(dir: &Path, name: &str, args: &[&str]) -> Host {
         .args(common::slots::sandbox_read_only(
             common::bench_data::prefix(),
         ))
+        // Only the start-of-task cases use catalogs (a later --catalogs
+        // wins); recording them takes both cores for a minute.
+        .args(["--catalogs", "off"])
         .args(args)
         .arg("--data-dir")
         .arg(&data)

@@ -67,6 +67,10 @@ impl Host {
         let mut child = Command::new(&*HOST)
             .args(["--listen", "127.0.0.1:0", "--pool-size", "1"])
             .args(sandbox_read_only())
+            // Recording catalogs starts every server once (a minute of
+            // both cores): only the tests of catalogs ask for it (a later
+            // --catalogs wins).
+            .args(["--catalogs", "off"])
             .arg("--data-dir")
             .arg(&data)
             .arg("--api-key-file")
@@ -505,6 +509,7 @@ pub fn start_refused(
     let mut child = Command::new(&*HOST)
         .args(["--listen", "127.0.0.1:0", "--pool-size", "1"])
         .args(sandbox_read_only())
+        .args(["--catalogs", "off"])
         .arg("--data-dir")
         .arg(data)
         .arg("--api-key-file")

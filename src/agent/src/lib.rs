@@ -19,6 +19,7 @@
 //! `ARCHITECTURE.md` for how the crates fit together.
 
 pub mod agent_token;
+pub mod catalog;
 pub mod config;
 pub mod exec;
 pub mod gateway;

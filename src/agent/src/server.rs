@@ -469,7 +469,8 @@ fn routes(
         .mail
         .as_ref()
         .map_or(0, |m| m.max_data_bytes)
-        .max(settings.lifecycle.server_data_max_bytes);
+        .max(settings.lifecycle.server_data_max_bytes)
+        .max(settings.lifecycle.catalog.max_bytes as u64);
     let data_max = max.max(usize::try_from(data_bytes).unwrap_or(usize::MAX) + (64 << 10));
     let mut b = Routes::builder();
     b.add_service(health)

@@ -100,6 +100,16 @@ pub struct Args {
     /// A warm lease covering the request is used either way.
     #[arg(long, value_enum, default_value = "auto")]
     pub server_start: ServerStart,
+    /// Discovery catalogs (what each server answers to initialize and its
+    /// listings, recorded from a sandbox no tenant used), from which the
+    /// agents answer an idle server's discovery without starting it:
+    /// `record` (at start, in the background, what --catalog-dir lacks or
+    /// holds under an old key), `use` (only what it holds), `off`.
+    #[arg(long, value_enum, default_value = "record")]
+    pub catalogs: pool::CatalogMode,
+    /// Where the discovery catalogs are kept. Default: DATA_DIR/catalogs.
+    #[arg(long, value_name = "DIR")]
+    pub catalog_dir: Option<PathBuf>,
     /// Multiplies every TTL (0.05 makes 60 s last 3 s; for tests).
     #[arg(long, default_value_t = 1.0)]
     pub time_scale: f64,

@@ -116,6 +116,7 @@ impl Host {
             (None, Some(k)) => store::Store::Cluster(k.clone()),
             (None, None) => anyhow::bail!("no state store"),
         };
+        let discovery = discovery(args, cluster.is_some())?;
         let pool = pool::Pool::new(pool::PoolConfig {
             backend: c.backend,
             dir: pool::slots_dir(&args.data_dir),
@@ -133,6 +134,7 @@ impl Host {
                 release: Duration::from_secs(args.agent_release_timeout),
                 transfer: Duration::from_secs(args.agent_transfer_timeout),
             },
+            discovery,
         })?;
         // Sandboxes from before a restart keep their agents; those whose
         // agent is gone are marked error.
@@ -188,6 +190,9 @@ impl Host {
             releases: tokio_util::task::TaskTracker::new(),
             inflight: Default::default(),
         });
+        if args.catalogs == pool::CatalogMode::Record && host.cluster.is_none() {
+            tokio::spawn(pool.clone().record_catalogs());
+        }
         tokio::spawn(pool.clone().keep_warm());
         tokio::spawn(
             pool.clone()
@@ -276,6 +281,22 @@ const MAX_SOCKET_PATH: usize = 107;
 
 /// The data dir can hold slots: the sockets the host dials in a slot's
 /// directory fit in a unix socket address, and the host can write there.
+/// The discovery catalogs the agents get (`--catalogs`, `--catalog-dir`).
+/// None on the kubernetes backend: its pods are claimed per lease from
+/// the cluster's warm pools, never started by the pool that gives them.
+fn discovery(args: &Args, cluster: bool) -> anyhow::Result<Option<Arc<pool::Discovery>>> {
+    if args.catalogs == pool::CatalogMode::Off || cluster {
+        return Ok(None);
+    }
+    let dir = args
+        .catalog_dir
+        .clone()
+        .unwrap_or_else(|| args.data_dir.join("catalogs"));
+    let d = pool::Discovery::open(&dir)
+        .with_context(|| format!("opening the catalog dir {} (--catalog-dir)", dir.display()))?;
+    Ok(Some(Arc::new(d)))
+}
+
 fn check_data_dir(data: &std::path::Path, backend: &pool::Backend) -> anyhow::Result<()> {
     use std::os::unix::ffi::OsStrExt;
     let slots = pool::slots_dir(data);

@@ -34,6 +34,7 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info};
 
+use crate::catalog::Catalog;
 use crate::lifecycle::Lifecycle;
 use crate::supervisor::manifest::Manifest;
 use crate::supervisor::manifest::Transport;
@@ -278,11 +279,16 @@ impl Gateway {
         let span = tracing::debug_span!("mcp", server = %name);
         async {
             // A lazy lease's server starts on its first request, which
-            // waits for it; one that cannot start answers with why.
-            if let Err(e) = self.lc.start_on_use(&name, &lease).await {
+            // waits for it; one that cannot start answers with why. With
+            // a catalog, discovery does not start it: the first request
+            // beyond discovery does.
+            let catalog = self.idle_catalog(&name, &lease);
+            if catalog.is_none()
+                && let Err(e) = self.lc.start_on_use(&name, &lease).await
+            {
                 return http_error(StatusCode::SERVICE_UNAVAILABLE, e.to_string());
             }
-            self.handle_server(req, &name, &lease).await
+            self.handle_server(req, &name, &lease, catalog).await
         }
         .instrument(span)
         .await
@@ -324,12 +330,27 @@ impl Gateway {
         req: http::Request<Incoming>,
         name: &str,
         lease: &str,
+        catalog: Option<Arc<Catalog>>,
     ) -> Response<Body> {
         let transport = self.manifest.get(name).map(|d| d.transport.clone());
         match transport {
             Some(Transport::Http { port, path }) => self.proxy(req, name, lease, port, &path).await,
-            _ => self.stdio(req, name, lease).await,
+            _ => self.stdio(req, name, lease, catalog).await,
         }
+    }
+
+    /// The catalog of an idle stdio server of the lease, when one was
+    /// recorded from the launch the lease runs.
+    fn idle_catalog(&self, name: &str, lease: &str) -> Option<Arc<Catalog>> {
+        let stdio = self
+            .manifest
+            .get(name)
+            .is_some_and(|d| matches!(d.transport, Transport::Stdio));
+        let idle = self.sup.status(name).is_ok_and(|s| s.state == State::Idle);
+        if !(stdio && idle) {
+            return None;
+        }
+        self.lc.catalog_for(name, lease)
     }
 
     /// A request's body, within `gateway.max_body_bytes` (413 beyond it).

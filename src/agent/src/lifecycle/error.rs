@@ -76,6 +76,9 @@ pub enum LcError {
     },
     #[error(transparent)]
     Launch(#[from] LaunchError),
+    // ---- a catalog the host gave is not one (INVALID_ARGUMENT)
+    #[error(transparent)]
+    Catalog(#[from] crate::catalog::CatalogError),
     /// Every server of the request that lacks credentials, each by name.
     #[error("{}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n"))]
     MissingCredentials(Vec<LaunchError>),

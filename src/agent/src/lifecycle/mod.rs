@@ -15,6 +15,7 @@
 //! never wait for them.
 
 mod acquire;
+mod catalog;
 mod error;
 mod narrow;
 mod release;
@@ -36,6 +37,7 @@ use crate::supervisor::{State, Supervisor};
 use crate::workspace::{Fence, Workspace};
 
 pub use acquire::{AcquireParams, Selection, Ttl};
+pub use catalog::{Recorded, catalog_label};
 pub use error::{LcError, MAX_LEASE_ID_LEN, ReadyError};
 pub use narrow::{NarrowParams, Trim};
 pub use servers::ServerView;
@@ -64,6 +66,8 @@ pub struct LifecycleConfig {
     pub server_data_max_bytes: u64,
     /// How long one load or dump by a data_command may take.
     pub server_data_timeout_ms: u64,
+    /// `[lifecycle.catalog]`: the discovery catalogs' bounds.
+    pub catalog: crate::catalog::CatalogConfig,
 }
 
 impl Default for LifecycleConfig {
@@ -76,6 +80,7 @@ impl Default for LifecycleConfig {
             workspace_wait_ms: 30_000,
             server_data_max_bytes: 16 << 20,
             server_data_timeout_ms: 120_000,
+            catalog: crate::catalog::CatalogConfig::default(),
         }
     }
 }
@@ -91,6 +96,7 @@ impl LifecycleConfig {
         if self.ready_deadline_ms == 0
             || self.workspace_wait_ms == 0
             || self.server_data_timeout_ms == 0
+            || self.catalog.record_timeout_ms == 0
         {
             return Err(LifecycleConfigError::ZeroWait);
         }
@@ -109,7 +115,7 @@ pub enum LifecycleConfigError {
     #[error("lifecycle.default_ttl_seconds must lie between min_ttl_seconds and max_ttl_seconds")]
     DefaultTtl,
     #[error(
-        "lifecycle.ready_deadline_ms, workspace_wait_ms and server_data_timeout_ms must be greater than 0"
+        "lifecycle.ready_deadline_ms, workspace_wait_ms, server_data_timeout_ms and catalog.record_timeout_ms must be greater than 0"
     )]
     ZeroWait,
     #[error("lifecycle.server_data_max_bytes must be 1..={SERVER_DATA_MAX_BYTES_LIMIT}")]
@@ -205,6 +211,8 @@ pub struct Lifecycle {
     op: tokio::sync::Mutex<()>,
     current: Mutex<Option<Current>>,
     last_release: Mutex<Option<ReleaseRecord>>,
+    /// What idle servers answer to discovery, as the host gave them.
+    catalogs: crate::catalog::Catalogs,
     me: Weak<Lifecycle>,
 }
 
@@ -243,6 +251,7 @@ impl Lifecycle {
             op: tokio::sync::Mutex::new(()),
             current: Mutex::new(None),
             last_release: Mutex::new(None),
+            catalogs: crate::catalog::Catalogs::default(),
             me: me.clone(),
         })
     }

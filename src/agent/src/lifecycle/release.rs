@@ -335,7 +335,7 @@ impl Lifecycle {
 
     /// Empties the state paths of `names` as far as it can; returns what
     /// could not be emptied, each with its error, and logs it.
-    async fn wipe_state(&self, names: &[String]) -> Vec<String> {
+    pub(super) async fn wipe_state(&self, names: &[String]) -> Vec<String> {
         let paths: Vec<_> = names
             .iter()
             .filter_map(|n| self.manifest.get(n))

@@ -176,7 +176,11 @@ impl Lifecycle {
         }
     }
 
-    async fn wait_ready(&self, name: &str, deadline: Duration) -> Result<(), ReadyError> {
+    pub(super) async fn wait_ready(
+        &self,
+        name: &str,
+        deadline: Duration,
+    ) -> Result<(), ReadyError> {
         let settled = self.sup.wait_settled(name, deadline).await?;
         match settled {
             Some(s) if s.state == State::Ready => Ok(()),

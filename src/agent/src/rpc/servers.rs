@@ -144,4 +144,50 @@ impl proto::servers_server::Servers for ServersService {
             dumped_at_ms: crate::supervisor::now_ms(),
         }))
     }
+
+    async fn record_catalogs(
+        &self,
+        req: Request<proto::RecordCatalogsRequest>,
+    ) -> Result<Response<proto::RecordCatalogsResponse>, Status> {
+        let known = req.into_inner().known.into_iter().collect();
+        let r = self.lc.record_catalogs(&known).await.map_err(lc_status)?;
+        let mut catalogs = Vec::new();
+        for c in r.catalogs {
+            let json = serde_json::to_vec(&c).map_err(|e| {
+                Status::internal(format!("writing the catalog of {}: {e}", c.server))
+            })?;
+            let label = crate::lifecycle::catalog_label(&c);
+            catalogs.push(proto::ServerCatalog {
+                label,
+                key: c.key,
+                json: json.into(),
+            });
+        }
+        let skipped = r
+            .skipped
+            .into_iter()
+            .map(|(label, why)| proto::SkippedCatalog { label, why })
+            .collect();
+        Ok(Response::new(proto::RecordCatalogsResponse {
+            catalogs,
+            skipped,
+            unchanged: u32::try_from(r.unchanged).unwrap_or(u32::MAX),
+        }))
+    }
+
+    async fn put_catalogs(
+        &self,
+        req: Request<proto::PutCatalogsRequest>,
+    ) -> Result<Response<proto::PutCatalogsResponse>, Status> {
+        let given: Vec<Vec<u8>> = req
+            .into_inner()
+            .catalogs
+            .into_iter()
+            .map(|b| b.to_vec())
+            .collect();
+        let taken = self.lc.put_catalogs(&given).map_err(lc_status)?;
+        Ok(Response::new(proto::PutCatalogsResponse {
+            taken: u32::try_from(taken).unwrap_or(u32::MAX),
+        }))
+    }
 }

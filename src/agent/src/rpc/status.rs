@@ -102,7 +102,8 @@ pub(super) fn lc_status(e: LcError) -> Status {
         | LcError::UnknownServers { .. }
         | LcError::NotInstalled(_)
         | LcError::TtlOutOfRange { .. }
-        | LcError::CredentialsForOther { .. } => Status::invalid_argument(message),
+        | LcError::CredentialsForOther { .. }
+        | LcError::Catalog(_) => Status::invalid_argument(message),
         LcError::AlreadyLeased { .. }
         | LcError::NotLeased
         | LcError::NotNarrowable { .. }

@@ -67,6 +67,7 @@ mod tests {
             agent_env: AgentEnv::default(),
             max_slots: Some(1),
             deadlines: Default::default(),
+            discovery: None,
         })
         .expect("pool");
         let slot = Slot {

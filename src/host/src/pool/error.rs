@@ -44,6 +44,10 @@ pub enum PoolError {
     /// The agent refused a warm pre-acquire.
     #[error("pre-acquiring the warm servers: {0}")]
     Warm(String),
+    /// The agent refused to record or take discovery catalogs (logged
+    /// only: discovery then starts the servers).
+    #[error("discovery catalogs: {0}")]
+    Catalogs(String),
     /// `run-qemu.sh --probe-accel` failed.
     #[error("{0}")]
     Probe(String),

@@ -27,6 +27,7 @@
 mod agent_env;
 mod backend;
 mod bound;
+mod discovery;
 mod error;
 pub mod isolate;
 mod reclaim;
@@ -49,6 +50,7 @@ pub use agent_env::{AgentEnv, manifest_pass_env};
 pub use backend::{Backend, Kind, probe_accel, slots_dir};
 use backend::{VM_AGENT_PORT, VM_MCP_PORT};
 use backend::{agent_args, spawn_in_session, spawn_isolated};
+pub use discovery::{CatalogMode, Discovery};
 pub use error::PoolError;
 use reclaim::Reclaim;
 pub use slot::{Deadlines, Remote, Slot};
@@ -135,6 +137,9 @@ pub struct PoolConfig {
     pub max_slots: Option<usize>,
     /// How long calls to the agents may take, per class.
     pub deadlines: Deadlines,
+    /// The discovery catalogs given to every agent (`None`: `--catalogs
+    /// off`).
+    pub discovery: Option<Arc<Discovery>>,
 }
 
 /// What happens to a sandbox once its tenant released it.
@@ -551,6 +556,7 @@ impl Pool {
         let ready = self.wait_serving(&slot).await;
         if ready.is_ok() {
             self.learn_catalog(&slot).await;
+            self.give_catalogs(&slot).await;
         }
         let still_ours = self.starting().remove(&slot.id).is_some();
         ready?;

@@ -259,6 +259,7 @@ mod tests {
             agent_env: AgentEnv::default(),
             max_slots: None,
             deadlines: Default::default(),
+            discovery: None,
         })
         .expect("pool")
     }

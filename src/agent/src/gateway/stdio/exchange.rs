@@ -97,7 +97,7 @@ pub(super) async fn call_child(
         Ok(mut answer) => {
             answer["id"] = id;
             if x.modern {
-                complete_result(&mut answer, &method, &x.conn);
+                complete_result(&mut answer, &method, x.conn.init_result());
             }
             answer
         }

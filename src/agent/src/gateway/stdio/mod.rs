@@ -20,6 +20,7 @@
 //! - `revision`: what differs between protocol revisions (the session-less
 //!   envelope, `initialize` and `server/discover` answers).
 
+mod catalog;
 mod exchange;
 mod revision;
 
@@ -37,6 +38,7 @@ use tracing::debug;
 
 use super::router::Out;
 use super::{Body, Gateway, full, http_error, json_response, rpc_error, session, sse};
+use crate::catalog::Catalog;
 
 use sandbox_client::mcp::{
     self, HANDSHAKE_VERSIONS, SESSIONLESS_VERSIONS as MODERN_VERSIONS, code, header as mcp_header,
@@ -61,11 +63,14 @@ fn not_allowed(allow: &'static str, message: &str) -> Response<Body> {
 }
 
 impl Gateway {
+    /// `catalog`: the idle server's, answering its discovery without
+    /// starting it ([`catalog`]).
     pub(super) async fn stdio(
         self: &Arc<Self>,
         req: http::Request<Incoming>,
         name: &str,
         lease: &str,
+        catalog: Option<Arc<Catalog>>,
     ) -> Response<Body> {
         let modern = match header_str(req.headers(), mcp_header::PROTOCOL_VERSION) {
             None => false,
@@ -93,7 +98,14 @@ impl Gateway {
             .then(|| header_str(req.headers(), mcp_header::SESSION).map(str::to_owned))
             .flatten();
         match (req.method().clone(), modern) {
-            (Method::POST, _) => self.post(req, name, lease, session, modern).await,
+            (Method::POST, _) => {
+                let at = Target {
+                    name,
+                    lease,
+                    catalog,
+                };
+                self.post(req, at, session, modern).await
+            }
             (_, true) => not_allowed(
                 "POST",
                 "protocol 2026-07-28 is session-less: every request is a POST",
@@ -174,11 +186,11 @@ impl Gateway {
     async fn post(
         self: &Arc<Self>,
         req: http::Request<Incoming>,
-        name: &str,
-        lease: &str,
+        at: Target<'_>,
         session: Option<String>,
         modern: bool,
     ) -> Response<Body> {
+        let (name, lease) = (at.name, at.lease);
         let headers = req.headers().clone();
         let accept = Accept::of(&headers);
         let body = match self.read_body(req.into_body()).await {
@@ -198,6 +210,19 @@ impl Gateway {
             && !self.admit(id, name, lease)
         {
             return unknown_session();
+        }
+        if let Some(cat) = at.catalog {
+            if let Some(c) = self.answer_from_catalog(&cat, &messages, name, lease, modern) {
+                if let Some(refused) = self.lease_ended(name, lease) {
+                    return refused;
+                }
+                return self.reply(c.answers, batch, accept.json, c.new_session, modern);
+            }
+            // Beyond discovery: the server starts now, and the session the
+            // catalog opened goes on with it.
+            if let Err(e) = self.lc.start_on_use(name, lease).await {
+                return http_error(StatusCode::SERVICE_UNAVAILABLE, e.to_string());
+            }
         }
         let conn = match self.conn(name).await {
             Ok(c) => c,
@@ -248,13 +273,16 @@ impl Gateway {
             let id = m.get("id").cloned();
             match (method_of(&m), id) {
                 (Some("initialize"), Some(id)) if !x.modern => {
-                    let (answer, sid) = self.open_session(x, &m, &id, name, lease);
+                    let init = x.conn.init_result();
+                    let (answer, sid) = self.open_session(init, &m, &id, name, lease);
                     s.local.push(answer);
                     if sid.is_some() {
                         s.new_session = sid;
                     }
                 }
-                (Some("server/discover"), Some(id)) => s.local.push(discover(&x.conn, &id)),
+                (Some("server/discover"), Some(id)) => {
+                    s.local.push(discover(x.conn.init_result(), &id))
+                }
                 (Some("subscriptions/listen"), Some(id)) => s.local.push(rpc_error(
                     &id,
                     code::METHOD_NOT_FOUND,
@@ -286,13 +314,13 @@ impl Gateway {
     /// with a new session (its id second).
     fn open_session(
         &self,
-        x: &Exchange,
+        init: Option<&Value>,
         m: &Value,
         id: &Value,
         name: &str,
         lease: &str,
     ) -> (Value, Option<String>) {
-        let Some(answer) = initialize(&x.conn, m, id) else {
+        let Some(answer) = initialize(init, m, id) else {
             let why = "the MCP server has not finished initializing";
             return (rpc_error(id, code::INTERNAL_ERROR, why), None);
         };
@@ -441,6 +469,14 @@ impl Gateway {
         }
         r
     }
+}
+
+/// The server a POST is for.
+struct Target<'a> {
+    name: &'a str,
+    lease: &'a str,
+    /// Its catalog, while it is idle.
+    catalog: Option<Arc<Catalog>>,
 }
 
 /// What a POST's Accept header allows.

@@ -9,7 +9,6 @@ use serde_json::{Value, json};
 
 use super::{header_str, method_of};
 use crate::gateway::rpc_error;
-use crate::supervisor::mcp::StdioConn;
 
 use sandbox_client::mcp::{
     self, HANDSHAKE_VERSIONS, SESSIONLESS_VERSIONS as MODERN_VERSIONS, code, header as mcp_header,
@@ -46,7 +45,7 @@ pub(super) fn strip_envelope(params: &mut Value) {
 }
 
 /// What a 2026-07-28 result must carry that older servers do not write.
-pub(super) fn complete_result(answer: &mut Value, method: &str, conn: &StdioConn) {
+pub(super) fn complete_result(answer: &mut Value, method: &str, init: Option<&Value>) {
     let Some(result) = answer.get_mut("result").and_then(Value::as_object_mut) else {
         return;
     };
@@ -59,7 +58,7 @@ pub(super) fn complete_result(answer: &mut Value, method: &str, conn: &StdioConn
             .entry("cacheScope")
             .or_insert_with(|| json!("private"));
     }
-    if let Some(info) = conn.init_result().and_then(|i| i.get("serverInfo")) {
+    if let Some(info) = init.and_then(|i| i.get("serverInfo")) {
         let meta = result.entry("_meta").or_insert_with(|| json!({}));
         if let Some(m) = meta.as_object_mut() {
             m.entry(meta::SERVER_INFO).or_insert_with(|| info.clone());
@@ -164,8 +163,8 @@ fn decode_header(v: Option<&str>) -> Option<String> {
 /// The `server/discover` answer, from the child's own handshake. Change
 /// notifications need `subscriptions/listen`, which the gateway does not
 /// serve, so they are not advertised.
-pub(super) fn discover(conn: &StdioConn, id: &Value) -> Value {
-    let Some(init) = conn.init_result() else {
+pub(super) fn discover(init: Option<&Value>, id: &Value) -> Value {
+    let Some(init) = init else {
         return rpc_error(
             id,
             code::INTERNAL_ERROR,
@@ -189,14 +188,15 @@ pub(super) fn discover(conn: &StdioConn, id: &Value) -> Value {
         result["instructions"] = i.clone();
     }
     let mut answer = mcp::result(id, result);
-    complete_result(&mut answer, "server/discover", conn);
+    complete_result(&mut answer, "server/discover", Some(init));
     answer
 }
 
-/// Answers `initialize` from the child's single handshake: its capabilities
-/// and server info, with the protocol version negotiated for this client.
-pub(super) fn initialize(conn: &StdioConn, msg: &Value, id: &Value) -> Option<Value> {
-    let result = conn.init_result()?;
+/// Answers `initialize` from the child's single handshake (or its
+/// catalog's record of it): its capabilities and server info, with the
+/// protocol version negotiated for this client.
+pub(super) fn initialize(init: Option<&Value>, msg: &Value, id: &Value) -> Option<Value> {
+    let result = init?;
     let requested = msg
         .pointer("/params/protocolVersion")
         .and_then(Value::as_str)

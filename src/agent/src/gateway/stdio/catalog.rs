@@ -1,0 +1,124 @@
+//! Discovery of an idle server answered from its catalog: the handshake
+//! (`initialize`, `server/discover`), the listings with their pages, and
+//! `ping`, exactly as the server answered them when recorded, without
+//! starting it. A POST with anything else (a call, a read, a cursor the
+//! catalog never saw, a notification the server should hear) goes to the
+//! server, which starts first; the session the catalog opened goes on.
+
+use serde_json::Value;
+
+use super::method_of;
+use super::revision::{complete_result, discover};
+use crate::catalog::Catalog;
+use crate::gateway::Gateway;
+
+use sandbox_client::mcp;
+
+/// A POST's answers made from a catalog.
+pub(super) struct FromCatalog {
+    pub answers: Vec<Value>,
+    /// The session an `initialize` opened.
+    pub new_session: Option<String>,
+}
+
+/// Whether `cat` answers message `m` by itself.
+fn answerable(cat: &Catalog, m: &Value, modern: bool) -> bool {
+    let params = m.get("params");
+    match (method_of(m), m.get("id")) {
+        (Some("initialize"), Some(_)) => !modern,
+        (Some(method), Some(_)) => cat.answers_method(method, params),
+        // Nothing of the handshake reaches a child: the gateway made it.
+        (Some("notifications/initialized"), None) => true,
+        // Nothing is in flight on a server that has not started.
+        (Some("notifications/cancelled"), None) => true,
+        _ => false,
+    }
+}
+
+impl Gateway {
+    /// The answers to `messages` from `cat`, when it answers every one;
+    /// `None` (and nothing done) otherwise.
+    pub(super) fn answer_from_catalog(
+        &self,
+        cat: &Catalog,
+        messages: &[Value],
+        name: &str,
+        lease: &str,
+        modern: bool,
+    ) -> Option<FromCatalog> {
+        if !messages.iter().all(|m| answerable(cat, m, modern)) {
+            return None;
+        }
+        let init = Some(&cat.init);
+        let mut out = FromCatalog {
+            answers: Vec::new(),
+            new_session: None,
+        };
+        for m in messages {
+            let Some(id) = m.get("id") else { continue };
+            let method = method_of(m).unwrap_or_default();
+            let answer = match method {
+                "initialize" => {
+                    let (answer, sid) = self.open_session(init, m, id, name, lease);
+                    if sid.is_some() {
+                        out.new_session = sid;
+                    }
+                    answer
+                }
+                "server/discover" => discover(init, id),
+                _ => {
+                    let recorded = cat.answer(method, m.get("params"))?;
+                    let mut answer = mcp::result(id, Value::Null);
+                    if let (Some(a), Some(r)) = (answer.as_object_mut(), recorded.as_object()) {
+                        a.remove("result");
+                        a.extend(r.clone());
+                    }
+                    if modern {
+                        complete_result(&mut answer, method, init);
+                    }
+                    answer
+                }
+            };
+            out.answers.push(answer);
+        }
+        Some(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+    use std::collections::BTreeMap;
+
+    #[test]
+    fn only_discovery_and_the_handshakes_notifications_are_answerable() {
+        let cat = Catalog {
+            format: crate::catalog::FORMAT,
+            key: "k".into(),
+            server: "s".into(),
+            benchmark: None,
+            init: json!({}),
+            answers: BTreeMap::from([(
+                "tools/list".to_owned(),
+                vec![crate::catalog::Page {
+                    cursor: None,
+                    answer: json!({"result": {"tools": []}}),
+                }],
+            )]),
+        };
+        let req = |m: &str| json!({"jsonrpc": "2.0", "id": 1, "method": m});
+        assert!(answerable(&cat, &req("initialize"), false));
+        assert!(!answerable(&cat, &req("initialize"), true));
+        assert!(answerable(&cat, &req("tools/list"), false));
+        assert!(!answerable(&cat, &req("tools/call"), false));
+        assert!(
+            !answerable(&cat, &req("prompts/list"), false),
+            "never recorded"
+        );
+        let note = json!({"jsonrpc": "2.0", "method": "notifications/roots/list_changed"});
+        assert!(!answerable(&cat, &note, false), "the server must hear it");
+        let answer = json!({"jsonrpc": "2.0", "id": 4, "result": {}});
+        assert!(!answerable(&cat, &answer, false));
+    }
+}
