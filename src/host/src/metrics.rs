@@ -15,6 +15,8 @@
 //! | `sandbox_host_slots_reclaim_pending` (gauge) | — (slot directories whose removal failed, tried again every `--reclaim-interval`) |
 //! | `sandbox_host_slot_removals_failed_total` | — (removals of a slot directory that failed) |
 //! | `sandbox_host_slots_reclaimed_total` | — (slots ended because nothing of this host could adopt them) |
+//! | `sandbox_host_discovery_catalogs` (gauge) | — (discovery catalogs held and given to every agent) |
+//! | `sandbox_host_discovery_recording` (gauge) | — (1 until the recording at start has ended) |
 //!
 //! Aggregates only (no ids, owners or keys), yet pool and lease counts are
 //! the operator's: on the API's address `/metrics` needs an API key
@@ -75,6 +77,8 @@ pub struct Metrics {
     reclaim_pending: Gauge,
     removals_failed: Counter,
     reclaimed: Counter,
+    catalogs: Gauge,
+    recording: Gauge,
     /// Profile labels, in the pool's order.
     profiles: Vec<String>,
     /// Whether `/metrics` is on the API's address, behind its keys (else
@@ -151,6 +155,17 @@ impl Metrics {
             "Slots ended because nothing of this host could adopt them",
             reclaimed.clone(),
         );
+        let (catalogs, recording) = (Gauge::default(), Gauge::default());
+        registry.register(
+            "sandbox_host_discovery_catalogs",
+            "Discovery catalogs held and given to every agent",
+            catalogs.clone(),
+        );
+        registry.register(
+            "sandbox_host_discovery_recording",
+            "1 until the recording of discovery catalogs at start has ended",
+            recording.clone(),
+        );
         let profiles: Vec<String> = pool.profiles().iter().map(|p| p.label()).collect();
         // Every label a scrape should see, at 0 until it moves.
         for p in &profiles {
@@ -172,6 +187,8 @@ impl Metrics {
             reclaim_pending,
             removals_failed,
             reclaimed,
+            catalogs,
+            recording,
             profiles,
             keyed,
         }
@@ -237,6 +254,9 @@ impl Metrics {
         self.removals_failed.inc_by(r.failed.saturating_sub(seen));
         let seen = self.reclaimed.get();
         self.reclaimed.inc_by(r.orphans.saturating_sub(seen));
+        let (held, recording) = pool.discovery_counts();
+        self.catalogs.set(held as i64);
+        self.recording.set(i64::from(recording));
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &self.registry)?;
         Ok(out)

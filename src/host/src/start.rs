@@ -292,7 +292,8 @@ fn discovery(args: &Args, cluster: bool) -> anyhow::Result<Option<Arc<pool::Disc
         .catalog_dir
         .clone()
         .unwrap_or_else(|| args.data_dir.join("catalogs"));
-    let d = pool::Discovery::open(&dir)
+    let record = args.catalogs == pool::CatalogMode::Record;
+    let d = pool::Discovery::open(&dir, record)
         .with_context(|| format!("opening the catalog dir {} (--catalog-dir)", dir.display()))?;
     Ok(Some(Arc::new(d)))
 }

@@ -12,6 +12,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 
 use bytes::Bytes;
@@ -39,6 +40,9 @@ const MAX_FILE_BYTES: u64 = 16 << 20;
 pub struct Discovery {
     dir: PathBuf,
     by_label: RwLock<BTreeMap<String, (String, Bytes)>>,
+    /// Set from the start until [`Pool::record_catalogs`] ends, when the
+    /// host records (`/metrics`: `sandbox_host_discovery_recording`).
+    recording: AtomicBool,
 }
 
 /// The part of a catalog document the host reads.
@@ -59,7 +63,7 @@ fn label_of(h: &Head) -> String {
 impl Discovery {
     /// The catalogs kept in `dir` (made 0700 if absent); a file that is
     /// not one is skipped with a warning (the next recording replaces it).
-    pub fn open(dir: &Path) -> std::io::Result<Discovery> {
+    pub fn open(dir: &Path, will_record: bool) -> std::io::Result<Discovery> {
         std::fs::create_dir_all(dir)?;
         let mut by_label = BTreeMap::new();
         for e in std::fs::read_dir(dir)? {
@@ -78,7 +82,13 @@ impl Discovery {
         Ok(Discovery {
             dir: dir.to_owned(),
             by_label: RwLock::new(by_label),
+            recording: AtomicBool::new(will_record),
         })
+    }
+
+    /// Catalogs held, and whether a recording is still to end.
+    pub fn counts(&self) -> (usize, bool) {
+        (self.read().len(), self.recording.load(Ordering::SeqCst))
     }
 
     /// Label → key of every catalog held.
@@ -139,6 +149,12 @@ fn read_catalog(path: &Path) -> Result<(Head, Bytes), String> {
 }
 
 impl Pool {
+    /// Catalogs held and whether they are being recorded (`(0, false)`
+    /// with `--catalogs off`).
+    pub fn discovery_counts(&self) -> (usize, bool) {
+        self.cfg.discovery.as_ref().map_or((0, false), |d| d.counts())
+    }
+
     /// Gives `slot`'s agent the catalogs held (nothing when there are
     /// none). A failure is logged: that agent's discovery starts servers.
     pub async fn give_catalogs(&self, slot: &Slot) {
@@ -240,7 +256,7 @@ mod tests {
     #[test]
     fn kept_catalogs_are_read_back_and_junk_is_skipped() {
         let dir = tempfile::tempdir().unwrap();
-        let d = Discovery::open(dir.path()).unwrap();
+        let d = Discovery::open(dir.path(), false).unwrap();
         let json = br#"{"format":1,"key":"k1","server":"git","benchmark":"MCP_Atlas","init":{},"answers":{}}"#;
         d.keep(&proto::ServerCatalog {
             label: "git@MCP_Atlas".into(),
@@ -249,7 +265,7 @@ mod tests {
         })
         .unwrap();
         std::fs::write(dir.path().join("junk.json"), b"{").unwrap();
-        let again = Discovery::open(dir.path()).unwrap();
+        let again = Discovery::open(dir.path(), false).unwrap();
         assert_eq!(
             again.known(),
             HashMap::from([("git@MCP_Atlas".to_owned(), "k1".to_owned())])
