@@ -7,6 +7,7 @@ mod common;
 
 mod benchmark_tasks;
 mod canvas;
+mod catalog;
 mod cleanup;
 mod deadlines;
 mod exec;

@@ -186,9 +186,26 @@ impl Lifecycle {
         self.record_launch(w).instrument(span).await
     }
 
+    /// Records a launch from two starts of it, and keeps the record only
+    /// when both answered the same: a server whose discovery changes from
+    /// one start to the next (a set printed in a description, a time)
+    /// has no answer a catalog could give for it.
     async fn record_launch(&self, w: Wanted) -> Result<Catalog, String> {
+        let first = self.record_start(&w).await?;
+        let second = self.record_start(&w).await?;
+        if first != second {
+            return Err(
+                "its discovery answers differ from one start to the next (say, a set printed in a description): it starts on its first listing"
+                    .to_owned(),
+            );
+        }
+        Ok(first)
+    }
+
+    /// One start of a launch: started, asked, stopped.
+    async fn record_start(&self, w: &Wanted) -> Result<Catalog, String> {
         let name = w.spec.name.clone();
-        self.sup.start(w.spec).await.map_err(|e| e.to_string())?;
+        self.sup.start(w.spec.clone()).await.map_err(|e| e.to_string())?;
         let deadline = Duration::from_millis(self.cfg.ready_deadline_ms);
         let ready = self.wait_ready(&name, deadline).await;
         let recorded = match (ready, self.sup.conn(&name)) {
@@ -196,7 +213,7 @@ impl Lifecycle {
                 let cfg = &self.cfg.catalog;
                 record(
                     &conn,
-                    w.key,
+                    w.key.clone(),
                     &name,
                     w.bench.map(|b| b.as_str().to_owned()),
                     cfg.max_pages,

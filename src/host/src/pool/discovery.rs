@@ -123,6 +123,15 @@ impl Discovery {
     }
 }
 
+/// Clears the recording flag however the recording ends.
+struct Ended<'a>(&'a AtomicBool);
+
+impl Drop for Ended<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::SeqCst);
+    }
+}
+
 /// A label as a file name: labels are manifest names and profiles
 /// (`[A-Za-z0-9_.@-]`); anything else becomes `_`.
 fn file_name(label: &str) -> String {
@@ -183,6 +192,7 @@ impl Pool {
         let Some(d) = self.cfg.discovery.clone() else {
             return;
         };
+        let _ended = Ended(&d.recording);
         let Some(room) = self.reserve() else {
             warn!("no room for a sandbox to record discovery catalogs in (--max-slots)");
             return;

@@ -1,0 +1,226 @@
+//! Discovery catalogs through `sandbox-host`, as a benchmark's client meets
+//! a lazy sandbox: every server listed one after another, with the
+//! official MCP SDKs 1.x and 2.x. The listing starts no server (the slot's
+//! process list says so), what the catalog answers is what the started
+//! server answers (field for field, every page, both SDKs), a call in the
+//! same session after a catalog-served listing reaches the started
+//! server, and a catalog whose key no longer matches is not used.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::common::host::{Host, KEY_A, acquire, metric, process_tree, wait_metric};
+use crate::common::mcp::servers_dir;
+
+const CLIENT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/clients/discovery.py");
+const RECORDING: &str = "sandbox_host_discovery_recording";
+/// Servers whose launch carries a lease's secret: never catalogued.
+const UNCATALOGUED: [&str; 3] = ["poste_email_toolathlon", "canvas", "google_cloud"];
+/// A tool no server has: calling it starts the server, whose error
+/// answer proves the session reached it.
+const NO_SUCH_TOOL: &str = "sandbox-test-no-such-tool";
+
+/// The tests' catalogs, recorded once (a host with `--catalogs record`
+/// until `/metrics` says the recording ended).
+fn recorded() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let root = tempfile::Builder::new()
+            .prefix("sandbox-suite-catalogs")
+            .tempdir()
+            .expect("tempdir")
+            .keep();
+        let catalogs = root.join("catalogs");
+        let dir = root.join("recorder");
+        std::fs::create_dir_all(&dir).expect("dir");
+        let host = Host::start(
+            &dir,
+            &["--catalogs", "record", "--catalog-dir", &catalogs.display().to_string()],
+        );
+        wait_metric(&host, RECORDING, 0.0, Duration::from_secs(900));
+        let held = metric(&host, "sandbox_host_discovery_catalogs");
+        assert!(held >= 20.0, "only {held} catalogs recorded");
+        catalogs
+    })
+}
+
+/// A lazy host answering from the recorded catalogs.
+fn host_with_catalogs(dir: &Path, extra: &[&str]) -> Host {
+    let catalogs = recorded().display().to_string();
+    let mut args = vec!["--catalogs", "use", "--catalog-dir", &catalogs];
+    args.extend_from_slice(extra);
+    Host::start(dir, &args)
+}
+
+/// Every server of an Acquire of ALL under `benchmark`: (name, URL).
+fn acquire_all(host: &Host, benchmark: Option<&str>) -> Vec<(String, String)> {
+    let body = match benchmark {
+        Some(b) => format!(r#"{{"server_names": "ALL", "benchmark": "{b}"}}"#),
+        None => r#"{"server_names": "ALL"}"#.to_owned(),
+    };
+    let a = acquire(host, KEY_A, &body);
+    a["servers"]
+        .as_array()
+        .expect("servers")
+        .iter()
+        .map(|s| {
+            let name = s["server_name"].as_str().expect("name").to_owned();
+            let url = s["mcp_server_url"].as_str().expect("url").to_owned();
+            (name, url)
+        })
+        .collect()
+}
+
+/// `discovery.py` under SDK 1.x (`python3`) or 2.x (the mcp2 venv).
+fn discover(sdk2: bool, targets: &[String]) -> Value {
+    let python = if sdk2 {
+        std::env::var("SANDBOX_AGENT_MCP2_PYTHON")
+            .unwrap_or_else(|_| "/opt/sandbox-agent/clients/mcp2/bin/python".into())
+    } else {
+        "python3".to_owned()
+    };
+    let out = Command::new(&python)
+        .arg(CLIENT)
+        .args(targets)
+        .output()
+        .unwrap_or_else(|e| panic!("{python}: {e} (.ci/test-all.sh installs the clients)"));
+    assert!(
+        out.status.success(),
+        "discovery.py ({python}): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("discovery.py's JSON")
+}
+
+/// The command lines of the MCP servers running in the host's slots (the
+/// mail service an Acquire starts for a mail server is not one).
+fn server_processes(host: &Host) -> Vec<String> {
+    let install = servers_dir();
+    host.agents()
+        .into_iter()
+        .flat_map(process_tree)
+        .filter_map(|pid| std::fs::read(format!("/proc/{pid}/cmdline")).ok())
+        .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+        .filter(|c| c.contains(&install) && !c.contains("sandbox-mail serve"))
+        .collect()
+}
+
+/// Under `benchmark`: every catalogued server of ALL listed one after
+/// another through its catalog (both SDKs) starts nothing; then a call in
+/// the same session starts it and is answered by it; then the started
+/// server's own listing equals the catalog's, field for field.
+fn catalog_answers_as_the_server(benchmark: Option<&str>) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let host = host_with_catalogs(dir.path(), &[]);
+    let servers: Vec<(String, String)> = acquire_all(&host, benchmark)
+        .into_iter()
+        .filter(|(n, _)| !UNCATALOGUED.contains(&n.as_str()))
+        .collect();
+    assert!(servers.len() >= 10, "{servers:?}");
+    let urls: Vec<String> = servers.iter().map(|(_, u)| u.clone()).collect();
+    let by_catalog = [discover(false, &urls), discover(true, &urls)];
+    let running = server_processes(&host);
+    assert!(
+        running.is_empty(),
+        "listing {} servers through their catalogs started: {running:?}",
+        urls.len()
+    );
+    // In one session: the listing (still the catalog's), then a call.
+    let calls: Vec<String> = urls.iter().map(|u| format!("{u}|{NO_SUCH_TOOL}")).collect();
+    let called = discover(false, &calls);
+    for (name, url) in &servers {
+        let c = &called[url];
+        assert_eq!(c["tools"], by_catalog[0][url]["tools"], "{name}: {c}");
+        // The server's own answer to a tool it lacks: an error result, or
+        // a JSON-RPC error the SDK raises; never a transport failure.
+        let call = &c["call"];
+        let answered = call.get("is_error").is_some()
+            || call["error"]
+                .as_str()
+                .is_some_and(|e| e.starts_with("McpError"));
+        assert!(
+            answered,
+            "{name}: the call after the catalog's listing was not answered by the server: {call}"
+        );
+    }
+    assert!(
+        server_processes(&host).len() >= servers.len(),
+        "the calls started the servers: {:?}",
+        server_processes(&host)
+    );
+    let live = [discover(false, &urls), discover(true, &urls)];
+    for (sdk, (cat, live)) in by_catalog.iter().zip(&live).enumerate() {
+        for (name, url) in &servers {
+            assert!(
+                cat[url].get("error").is_none() && cat[url]["init"].is_object(),
+                "{name} (SDK {}.x): {}",
+                sdk + 1,
+                cat[url]
+            );
+            assert_eq!(
+                cat[url],
+                live[url],
+                "{name} under {benchmark:?}, SDK {}.x: the catalog's discovery differs from the server's",
+                sdk + 1
+            );
+        }
+    }
+}
+
+#[test]
+fn the_catalog_answers_as_the_server_would_without_starting_it() {
+    catalog_answers_as_the_server(None);
+}
+
+#[test]
+fn mcp_atlas_profile_catalogs_answer_as_its_servers() {
+    catalog_answers_as_the_server(Some("MCP_Atlas"));
+}
+
+#[test]
+fn toolathlon_profile_catalogs_answer_as_its_servers() {
+    catalog_answers_as_the_server(Some("Toolathlon"));
+}
+
+#[test]
+fn mcp_mark_profile_catalogs_answer_as_its_servers() {
+    catalog_answers_as_the_server(Some("MCP_Mark"));
+}
+
+/// A new version of a server (the manifest says so) makes its catalog's
+/// key stale: listing it starts it; an unchanged server's does not.
+#[test]
+fn a_catalog_whose_key_no_longer_matches_is_not_used() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let manifest = crate::common::mcp::shipped_manifest(Path::new("${state_root}"));
+    let old = r#"version = "2026.8.31""#;
+    assert!(manifest.contains(old), "the filesystem server's version moved");
+    std::fs::write(
+        dir.path().join("servers.toml"),
+        manifest.replace(old, r#"version = "2026.8.32""#),
+    )
+    .expect("manifest");
+    let host = host_with_catalogs(dir.path(), &[]);
+    let servers = acquire_all(&host, None);
+    let url = |n: &str| {
+        servers
+            .iter()
+            .find(|(s, _)| s == n)
+            .map(|(_, u)| u.clone())
+            .expect(n)
+    };
+    discover(false, &[url("git")]);
+    let running = server_processes(&host);
+    assert!(running.is_empty(), "git's catalog still matches: {running:?}");
+    let fs = discover(false, &[url("filesystem")]);
+    assert!(fs[url("filesystem")]["tools"].is_array(), "{fs}");
+    let running = server_processes(&host);
+    assert!(
+        running.iter().any(|c| c.contains("server-filesystem")),
+        "a stale catalog answered filesystem's discovery: {running:?}"
+    );
+}
