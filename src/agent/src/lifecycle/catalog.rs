@@ -82,17 +82,35 @@ impl Lifecycle {
         }
         let mut out = Recorded::default();
         // Per profile, as an Acquire under it prepares the sandbox (its
-        // data, seeds, directories, a fresh home), each server once.
+        // data, seeds, directories, a fresh home), each launch once: a
+        // profile that changes nothing of a server's launch shares its key
+        // and its catalog.
         let mut by_profile: BTreeMap<Option<Benchmark>, Vec<Wanted>> = BTreeMap::new();
+        let mut first: BTreeMap<String, String> = BTreeMap::new();
+        let mut aliases = Vec::new();
         for w in self.wanted(&mut out) {
             if known.get(&w.label) == Some(&w.key) {
                 out.unchanged += 1;
+            } else if let Some(label) = first.get(&w.key) {
+                aliases.push((w, label.clone()));
             } else {
+                first.insert(w.key.clone(), w.label.clone());
                 by_profile.entry(w.bench).or_default().push(w);
             }
         }
         for (bench, wanted) in by_profile {
             self.record_profile(bench, wanted, &mut out).await;
+        }
+        for (w, label) in aliases {
+            match out.catalogs.iter().find(|c| c.key == w.key).cloned() {
+                Some(mut c) => {
+                    c.benchmark = w.bench.map(|b| b.as_str().to_owned());
+                    out.catalogs.push(c);
+                }
+                None => out
+                    .skipped
+                    .push((w.label, format!("its launch is {label}'s, not catalogued"))),
+            }
         }
         info!(
             recorded = out.catalogs.len(),
@@ -205,7 +223,10 @@ impl Lifecycle {
     /// One start of a launch: started, asked, stopped.
     async fn record_start(&self, w: &Wanted) -> Result<Catalog, String> {
         let name = w.spec.name.clone();
-        self.sup.start(w.spec.clone()).await.map_err(|e| e.to_string())?;
+        self.sup
+            .start(w.spec.clone())
+            .await
+            .map_err(|e| e.to_string())?;
         let deadline = Duration::from_millis(self.cfg.ready_deadline_ms);
         let ready = self.wait_ready(&name, deadline).await;
         let recorded = match (ready, self.sup.conn(&name)) {
