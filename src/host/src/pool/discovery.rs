@@ -161,7 +161,10 @@ impl Pool {
     /// Catalogs held and whether they are being recorded (`(0, false)`
     /// with `--catalogs off`).
     pub fn discovery_counts(&self) -> (usize, bool) {
-        self.cfg.discovery.as_ref().map_or((0, false), |d| d.counts())
+        self.cfg
+            .discovery
+            .as_ref()
+            .map_or((0, false), |d| d.counts())
     }
 
     /// Gives `slot`'s agent the catalogs held (nothing when there are
