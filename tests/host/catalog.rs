@@ -39,7 +39,12 @@ fn recorded() -> &'static Path {
         std::fs::create_dir_all(&dir).expect("dir");
         let host = Host::start(
             &dir,
-            &["--catalogs", "record", "--catalog-dir", &catalogs.display().to_string()],
+            &[
+                "--catalogs",
+                "record",
+                "--catalog-dir",
+                &catalogs.display().to_string(),
+            ],
         );
         wait_metric(&host, RECORDING, 0.0, Duration::from_secs(900));
         let held = metric(&host, "sandbox_host_discovery_catalogs");
@@ -198,7 +203,10 @@ fn a_catalog_whose_key_no_longer_matches_is_not_used() {
     let dir = tempfile::tempdir().expect("tempdir");
     let manifest = crate::common::mcp::shipped_manifest(Path::new("${state_root}"));
     let old = r#"version = "2026.8.31""#;
-    assert!(manifest.contains(old), "the filesystem server's version moved");
+    assert!(
+        manifest.contains(old),
+        "the filesystem server's version moved"
+    );
     std::fs::write(
         dir.path().join("servers.toml"),
         manifest.replace(old, r#"version = "2026.8.32""#),
@@ -215,7 +223,10 @@ fn a_catalog_whose_key_no_longer_matches_is_not_used() {
     };
     discover(false, &[url("git")]);
     let running = server_processes(&host);
-    assert!(running.is_empty(), "git's catalog still matches: {running:?}");
+    assert!(
+        running.is_empty(),
+        "git's catalog still matches: {running:?}"
+    );
     let fs = discover(false, &[url("filesystem")]);
     assert!(fs[url("filesystem")]["tools"].is_array(), "{fs}");
     let running = server_processes(&host);
