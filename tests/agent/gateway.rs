@@ -574,8 +574,7 @@ async fn mcp_proxy_exposes_the_data_plane_on_the_host() {
 /// the 1.x client): `SANDBOX_AGENT_MCP2_PYTHON`, installed by the README's
 /// test command.
 fn sdk2(agent: &Agent, args: &[&str]) -> serde_json::Value {
-    let py = std::env::var("SANDBOX_AGENT_MCP2_PYTHON")
-        .unwrap_or_else(|_| "/opt/sandbox-agent/clients/mcp2/bin/python".into());
+    let py = crate::common::mcp::mcp2_python();
     assert!(
         Path::new(&py).exists(),
         "{py} is missing: run .ci/test-all.sh (it installs tests/clients/mcp2/requirements.txt) or set SANDBOX_AGENT_MCP2_PYTHON"

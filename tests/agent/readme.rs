@@ -131,8 +131,7 @@ fn run_document(doc: &str, blocks: &[(String, String)]) {
         .env_remove("SANDBOX_AGENT_CONFIG");
     let agent = Agent::spawn(cmd, dir, d.join("sandbox-agent.sock"));
 
-    let mcp2 = std::env::var("SANDBOX_AGENT_MCP2_PYTHON")
-        .unwrap_or_else(|_| "/opt/sandbox-agent/clients/mcp2/bin/python".to_owned());
+    let mcp2 = crate::common::mcp::mcp2_python();
     for (n, (kind, body)) in blocks.iter().enumerate() {
         match kind.as_str() {
             "console" => run_console(doc, n, body, &d, &path),

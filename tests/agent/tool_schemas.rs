@@ -177,8 +177,7 @@ fn every_tool_of_every_shipped_server_has_an_object_schema() {
         all.servers.len() > absent.len(),
         "no shipped server installed"
     );
-    let py2 = std::env::var("SANDBOX_AGENT_MCP2_PYTHON")
-        .unwrap_or_else(|_| "/opt/sandbox-agent/clients/mcp2/bin/python".into());
+    let py2 = crate::common::mcp::mcp2_python();
     assert!(
         Path::new(&py2).exists(),
         "{py2} is missing: run .ci/test-all.sh"

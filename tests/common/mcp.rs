@@ -84,6 +84,14 @@ pub fn shipped_manifest(state: &Path) -> String {
     )
 }
 
+/// The Python of the MCP SDK 2.x client, in a venv of its own (it cannot
+/// share one with the 1.x client): `SANDBOX_AGENT_MCP2_PYTHON`, else where
+/// the README's test command installs it (`tests/clients/mcp2`).
+pub fn mcp2_python() -> String {
+    std::env::var("SANDBOX_AGENT_MCP2_PYTHON")
+        .unwrap_or_else(|_| "/opt/sandbox-agent/clients/mcp2/bin/python".to_owned())
+}
+
 /// Path of the memory server's entry point, for test entries that wrap it.
 pub fn memory_js() -> String {
     format!(

@@ -83,8 +83,7 @@ fn acquire_all(host: &Host, benchmark: Option<&str>) -> Vec<(String, String)> {
 /// `discovery.py` under SDK 1.x (`python3`) or 2.x (the mcp2 venv).
 fn discover(sdk2: bool, targets: &[String]) -> Value {
     let python = if sdk2 {
-        std::env::var("SANDBOX_AGENT_MCP2_PYTHON")
-            .unwrap_or_else(|_| "/opt/sandbox-agent/clients/mcp2/bin/python".into())
+        crate::common::mcp::mcp2_python()
     } else {
         "python3".to_owned()
     };
