@@ -15,13 +15,14 @@ mod lifecycle;
 mod workspace;
 
 fn main() {
-    let benches: [(&str, fn()); 8] = [
+    let benches: [(&str, fn()); 9] = [
         ("agent", agent::main),
         ("workspace", workspace::main),
         ("lifecycle", lifecycle::main),
         ("gateway", gateway::main),
         ("host", host::main),
         ("burst", host::burst_main),
+        ("first-minute", host::first_minute::main),
         ("recycle", host::recycle_main),
         ("exec", host::exec_main),
     ];

@@ -16,6 +16,8 @@
 //! - a recycled slot's next Acquire after a tenant that left 30,000
 //!   directories or a deep chain, beside one after a clean lease
 //!   (`recycle`);
+//! - the benchmarks' start of a task, lazy with discovery catalogs beside
+//!   eager (`first-minute`, `host/first_minute.rs`);
 //! - executions: execute → `completed` of a trivial script (polling the
 //!   log), beside `python3 main.py` run directly, and one execution-logs
 //!   poll beside one `GET /local-sandbox/{id}`.
@@ -31,6 +33,8 @@ use serde_json::Value;
 use crate::common;
 #[path = "host/burst.rs"]
 mod burst;
+#[path = "host/first_minute.rs"]
+pub mod first_minute;
 #[path = "host/memory.rs"]
 mod memory;
 #[path = "host/profiles.rs"]

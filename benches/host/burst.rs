@@ -63,7 +63,10 @@ async fn acquires(h: &Host, rounds: usize) -> f64 {
 }
 
 /// Samples the PSS of every sandbox together until `stop`; the peak in MiB.
-fn sample_peak(data: std::path::PathBuf, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<f64> {
+pub(super) fn sample_peak(
+    data: std::path::PathBuf,
+    stop: Arc<AtomicBool>,
+) -> std::thread::JoinHandle<f64> {
     std::thread::spawn(move || {
         let mut peak: f64 = 0.0;
         while !stop.load(Ordering::Relaxed) {
