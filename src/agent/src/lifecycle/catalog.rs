@@ -44,7 +44,7 @@ pub fn catalog_label(c: &Catalog) -> String {
 
 impl Lifecycle {
     /// Takes the host's catalogs in place of the ones held (all or none).
-    pub fn put_catalogs(&self, given: &[Vec<u8>]) -> Result<usize, LcError> {
+    pub fn put_catalogs(&self, given: &[bytes::Bytes]) -> Result<usize, LcError> {
         Ok(self.catalogs.replace(given, &self.cfg.catalog)?)
     }
 

@@ -179,12 +179,7 @@ impl proto::servers_server::Servers for ServersService {
         &self,
         req: Request<proto::PutCatalogsRequest>,
     ) -> Result<Response<proto::PutCatalogsResponse>, Status> {
-        let given: Vec<Vec<u8>> = req
-            .into_inner()
-            .catalogs
-            .into_iter()
-            .map(|b| b.to_vec())
-            .collect();
+        let given = req.into_inner().catalogs;
         let taken = self.lc.put_catalogs(&given).map_err(lc_status)?;
         Ok(Response::new(proto::PutCatalogsResponse {
             taken: u32::try_from(taken).unwrap_or(u32::MAX),
