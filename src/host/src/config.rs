@@ -100,11 +100,9 @@ pub struct Args {
     /// A warm lease covering the request is used either way.
     #[arg(long, value_enum, default_value = "auto")]
     pub server_start: ServerStart,
-    /// Discovery catalogs (what each server answers to initialize and its
-    /// listings, recorded from a sandbox no tenant used), from which the
-    /// agents answer an idle server's discovery without starting it:
-    /// `record` (at start, in the background, what --catalog-dir lacks or
-    /// holds under an old key), `use` (only what it holds), `off`.
+    /// Discovery catalogs, from which agents answer an idle server's
+    /// discovery without starting it (docs/host.md): `record` (at start,
+    /// what --catalog-dir lacks or holds under an old key), `use`, `off`.
     #[arg(long, value_enum, default_value = "record")]
     pub catalogs: pool::CatalogMode,
     /// Where the discovery catalogs are kept. Default: DATA_DIR/catalogs.

@@ -137,8 +137,7 @@ pub struct PoolConfig {
     pub max_slots: Option<usize>,
     /// How long calls to the agents may take, per class.
     pub deadlines: Deadlines,
-    /// The discovery catalogs given to every agent (`None`: `--catalogs
-    /// off`).
+    /// Discovery catalogs for every agent (`None`: `--catalogs off`).
     pub discovery: Option<Arc<Discovery>>,
 }
 
@@ -175,8 +174,7 @@ pub struct Pool {
     refill: Notify,
     /// Slot directories to remove again, and the orphans' bookkeeping.
     reclaim: Arc<Reclaim>,
-    /// Woken when a slot stops warming (ready, failed or gone) or comes
-    /// idle.
+    /// Woken when a slot stops warming (ready, failed, gone) or comes idle.
     warmed: Notify,
 }
 

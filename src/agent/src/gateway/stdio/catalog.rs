@@ -5,14 +5,35 @@
 //! catalog never saw, a notification the server should hear) goes to the
 //! server, which starts first; the session the catalog opened goes on.
 
+use std::sync::Arc;
+
+use http::{Response, StatusCode};
 use serde_json::Value;
 
 use super::method_of;
 use super::revision::{complete_result, discover};
 use crate::catalog::Catalog;
-use crate::gateway::Gateway;
+use crate::gateway::{Body, Gateway, http_error};
 
 use sandbox_client::mcp;
+
+/// The server a POST is for.
+pub(super) struct Target<'a> {
+    pub name: &'a str,
+    pub lease: &'a str,
+    /// Its catalog, while it is idle.
+    pub catalog: Option<Arc<Catalog>>,
+}
+
+impl<'a> Target<'a> {
+    pub fn new(name: &'a str, lease: &'a str, catalog: Option<Arc<Catalog>>) -> Self {
+        Target {
+            name,
+            lease,
+            catalog,
+        }
+    }
+}
 
 /// A POST's answers made from a catalog.
 pub(super) struct FromCatalog {
@@ -36,6 +57,28 @@ fn answerable(cat: &Catalog, m: &Value, modern: bool) -> bool {
 }
 
 impl Gateway {
+    /// A POST to an idle server with a catalog: its answer when the
+    /// catalog answers every message; else (`None`) the server is started
+    /// and the POST goes on to it in the same session, or the answer says
+    /// why it could not start.
+    pub(super) async fn discovery(
+        &self,
+        cat: &Catalog,
+        messages: &[Value],
+        (name, lease): (&str, &str),
+        (batch, wants_json, modern): (bool, bool, bool),
+    ) -> Option<Response<Body>> {
+        if let Some(c) = self.answer_from_catalog(cat, messages, name, lease, modern) {
+            return Some(self.lease_ended(name, lease).unwrap_or_else(|| {
+                self.reply(c.answers, batch, wants_json, c.new_session, modern)
+            }));
+        }
+        let started = self.lc.start_on_use(name, lease).await;
+        started
+            .err()
+            .map(|e| http_error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()))
+    }
+
     /// The answers to `messages` from `cat`, when it answers every one;
     /// `None` (and nothing done) otherwise.
     pub(super) fn answer_from_catalog(

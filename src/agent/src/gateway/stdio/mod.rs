@@ -39,6 +39,7 @@ use tracing::debug;
 use super::router::Out;
 use super::{Body, Gateway, full, http_error, json_response, rpc_error, session, sse};
 use crate::catalog::Catalog;
+use catalog::Target;
 
 use sandbox_client::mcp::{
     self, HANDSHAKE_VERSIONS, SESSIONLESS_VERSIONS as MODERN_VERSIONS, code, header as mcp_header,
@@ -63,8 +64,7 @@ fn not_allowed(allow: &'static str, message: &str) -> Response<Body> {
 }
 
 impl Gateway {
-    /// `catalog`: the idle server's, answering its discovery without
-    /// starting it ([`catalog`]).
+    /// `catalog`: an idle server's, for its discovery ([`catalog`]).
     pub(super) async fn stdio(
         self: &Arc<Self>,
         req: http::Request<Incoming>,
@@ -99,11 +99,7 @@ impl Gateway {
             .flatten();
         match (req.method().clone(), modern) {
             (Method::POST, _) => {
-                let at = Target {
-                    name,
-                    lease,
-                    catalog,
-                };
+                let at = Target::new(name, lease, catalog);
                 self.post(req, at, session, modern).await
             }
             (_, true) => not_allowed(
@@ -211,18 +207,12 @@ impl Gateway {
         {
             return unknown_session();
         }
-        if let Some(cat) = at.catalog {
-            if let Some(c) = self.answer_from_catalog(&cat, &messages, name, lease, modern) {
-                if let Some(refused) = self.lease_ended(name, lease) {
-                    return refused;
-                }
-                return self.reply(c.answers, batch, accept.json, c.new_session, modern);
-            }
-            // Beyond discovery: the server starts now, and the session the
-            // catalog opened goes on with it.
-            if let Err(e) = self.lc.start_on_use(name, lease).await {
-                return http_error(StatusCode::SERVICE_UNAVAILABLE, e.to_string());
-            }
+        if let Some(cat) = at.catalog
+            && let Some(answer) = self
+                .discovery(&cat, &messages, (name, lease), (batch, accept.json, modern))
+                .await
+        {
+            return answer;
         }
         let conn = match self.conn(name).await {
             Ok(c) => c,
@@ -469,14 +459,6 @@ impl Gateway {
         }
         r
     }
-}
-
-/// The server a POST is for.
-struct Target<'a> {
-    name: &'a str,
-    lease: &'a str,
-    /// Its catalog, while it is idle.
-    catalog: Option<Arc<Catalog>>,
 }
 
 /// What a POST's Accept header allows.
