@@ -26,6 +26,7 @@
 //! `ops` and `error` are the agent's own.
 
 pub use sandbox_archive::{codec, confine, extract, limits, pack, stream};
+mod clone;
 pub mod data_path;
 pub mod error;
 mod fence;
