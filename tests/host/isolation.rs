@@ -752,6 +752,7 @@ fn an_id_block_of_a_host_that_died_is_taken_again() {
     // registry, the lowest free first, as this one does: one may take the
     // dead claim first, or free a lower block this host takes instead.
     // Neither says anything: try again with a new claim and a new host.
+    let mut last = String::new();
     for attempt in 1..=5 {
         let dir = tempfile::tempdir().expect("tempdir");
         let left = dir.path().join("slot-of-a-dead-host");
@@ -803,24 +804,29 @@ fn an_id_block_of_a_host_that_died_is_taken_again() {
             );
             return;
         }
-        // A block above the dead claim while the claim is still the dead
-        // host's: it was not taken again.
-        assert!(
-            taken < claim.block || target != claim.target,
-            "the host took block {taken} and left the dead host's block {} to it",
-            claim.block
-        );
-        if taken < claim.block {
-            eprintln!("attempt {attempt}: block {taken} was freed meanwhile, and taken: again");
-        } else {
-            eprintln!(
-                "attempt {attempt}: another host took block {} first ({}): again",
+        // Not taken: another host took it first, or freed a lower block
+        // this host took instead, or a process of the block's ids still
+        // ran then (a slot of another test's host exiting), which keeps a
+        // dead claim claimed by design. A host that never takes a dead
+        // claim again fails every attempt.
+        let why = if taken < claim.block {
+            format!("block {taken} was freed meanwhile, and taken")
+        } else if target != claim.target {
+            format!(
+                "another host took block {} first ({})",
                 claim.block,
                 target.display()
-            );
-        }
+            )
+        } else {
+            format!(
+                "the host took block {taken} and left the dead host's block {} to it",
+                claim.block
+            )
+        };
+        eprintln!("attempt {attempt}: {why}: again");
+        last = why;
     }
-    panic!("five times other hosts took or freed blocks first");
+    panic!("five attempts, the dead claim never taken again; the last: {last}");
 }
 
 /// A claim of the lowest free id block, in the machine's registry, by a
