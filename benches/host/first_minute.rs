@@ -10,7 +10,10 @@
 //!   (PSS) right after the discovery;
 //! - the first call: each `local_dev` server's first session on a fresh
 //!   sandbox going straight to one harmless call;
-//! - many MCP_Atlas-style tasks at once (`first_minute/crowd.rs`).
+//! - many MCP_Atlas-style tasks at once (`first_minute/crowd.rs`);
+//! - what a template of each Python server build would hold and give
+//!   (`first_minute/template.rs`), the measure of why a first call stays
+//!   a process start.
 //!
 //! The sequential cases run on a pool of one (`--max-slots 1`: the slot
 //! measured is the task's), each round from a bare sandbox (waited for,
@@ -27,6 +30,8 @@ mod crowd;
 mod flows;
 #[path = "first_minute/mcp.rs"]
 mod mcp;
+#[path = "first_minute/template.rs"]
+mod template;
 
 use super::memory::{pss_mib, slot_trees};
 use super::warm::until;
@@ -268,6 +273,8 @@ async fn run(dir: &Path) {
     print_first(&lazy.first, &eager.first);
     println!();
     print_crowd(&lazy_crowd, &eager_crowd);
+    println!();
+    template::print();
     println!();
     print_goals(&lazy, &lazy_crowd, lp);
 }
