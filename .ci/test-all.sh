@@ -56,12 +56,30 @@ step "cargo test --workspace"
 # Builds every package's binaries too: the integration tests in tests/ run
 # them from target/debug.
 cargo test --locked --workspace --no-run
+
+# The release builds of the later steps (the guest's static binaries, which
+# the VM tests' image takes too; the host and the benchmarks; the fuzz
+# target) are made meanwhile at the lowest priority, in the CPU time the
+# tests leave idle while they wait on servers, VMs and deadlines. Cargo
+# locks each profile's directory apart, so neither waits on the other; a
+# VM test's image build that comes first waits for the release lock.
+./.ci/release-builds.sh > target/release-builds.log 2>&1 &
+release_builds=$!
+
 if ! wait "$all_servers"; then
   cat target/install-all-servers.log >&2
   echo "installing the shipped MCP servers failed" >&2
   exit 1
 fi
 cargo test --locked --workspace
+
+step "release builds (made during the tests)"
+if ! wait "$release_builds"; then
+  cat target/release-builds.log >&2
+  echo "the release builds failed" >&2
+  exit 1
+fi
+grep -E '^(==>|    Finished)' target/release-builds.log || true
 
 step "static build (x86_64-unknown-linux-musl, the guest's binaries)"
 # As the VM image builds them: the agent's package alone, so none of the

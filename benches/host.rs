@@ -49,7 +49,7 @@ use common::{AGENT, HOST};
 
 const KEY: &str = "bench-key-0123456789";
 fn rounds() -> usize {
-    common::pick(15, 3)
+    common::pick(15, 2)
 }
 
 struct Host {
@@ -496,7 +496,7 @@ pub fn main() {
         println!();
         println!(
             "| benchmark profile: Acquire of its usual servers (`benchmark` set; {} rounds) | cold (bare agent) | warm lease of the profile | warm / cold |",
-            crate::common::pick(7, 2)
+            crate::common::pick(7, 1)
         );
         println!("|---|---|---|---|");
         for p in &profile_rows {

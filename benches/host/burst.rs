@@ -186,7 +186,7 @@ async fn mode(dir: &Path, start: &str, rounds: usize, n: usize) -> Mode {
 pub async fn run(dir: &Path) -> Report {
     let n = crate::common::pick(20, 4);
     Report {
-        lazy: mode(dir, "auto", crate::common::pick(15, 5), n).await,
-        eager: mode(dir, "eager", crate::common::pick(3, 2), n).await,
+        lazy: mode(dir, "auto", crate::common::pick(15, 3), n).await,
+        eager: mode(dir, "eager", crate::common::pick(3, 1), n).await,
     }
 }

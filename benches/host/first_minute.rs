@@ -44,7 +44,7 @@ const RECORDING: &str = "sandbox_host_discovery_recording";
 const CATALOGS: &str = "sandbox_host_discovery_catalogs";
 
 fn rounds() -> usize {
-    common::pick(5, 2)
+    common::pick(5, 1)
 }
 
 /// One sample of the host's `/metrics`, if it shows it.

@@ -53,7 +53,7 @@ pub struct Row {
 /// sandbox `ready`), released at once; the median in ms.
 async fn acquires(h: &super::Host, body: &str, ready: &str) -> f64 {
     let mut t = Vec::new();
-    for _ in 0..crate::common::pick(7, 2) {
+    for _ in 0..crate::common::pick(7, 1) {
         until(h, ready, 1.0).await;
         let start = Instant::now();
         let a = api("POST", &format!("{}/local-sandbox", h.base), body).await;

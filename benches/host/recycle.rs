@@ -75,7 +75,7 @@ async fn rounds(base: &str, kind: &str) -> (f64, f64) {
         .as_str()
         .expect("id")
         .to_owned();
-    for i in 0..crate::common::pick(5, 2) {
+    for i in 0..crate::common::pick(5, 1) {
         let b = format!("{base}/local-sandbox/{id}");
         run(&b, &format!("litter-{i}"), &script).await;
         let t = Instant::now();
@@ -101,7 +101,7 @@ pub async fn run_all(dir: &std::path::Path) {
     drop(h);
     println!(
         "# a recycled slot's next Acquire (filesystem; one slot; {} rounds, medians; {})",
-        crate::common::pick(5, 2),
+        crate::common::pick(5, 1),
         crate::common::mode()
     );
     println!(
