@@ -36,6 +36,8 @@ dpkg -s busybox-static >/dev/null 2>&1 || apt_pkgs+=(busybox-static)   # the VM 
 command -v pgrep >/dev/null || apt_pkgs+=(procps)
 command -v chromium >/dev/null || apt_pkgs+=(chromium)    # the playwright MCP server
 command -v openssl >/dev/null || apt_pkgs+=(openssl)      # a test's service-account key
+command -v etcd >/dev/null || apt_pkgs+=(etcd-server)     # the real kube-apiserver's store (src/kube/tests)
+command -v xz >/dev/null || apt_pkgs+=(xz-utils)          # ../shared/tools/kube-apiserver-*.xz
 # The mail service (IMAP; dovecot-lda, in dovecot-core, delivers) behind
 # poste_email_toolathlon. Debian starts a system-wide Dovecot on install;
 # the sandbox runs its own.

@@ -166,6 +166,13 @@ async fn create_claim(State(s): Shared, UrlPath(ns): UrlPath<String>, body: Byte
     let Ok(mut claim) = serde_json::from_slice::<Value>(&body) else {
         return status(400, "BadRequest", "the body is not JSON");
     };
+    // As the real server (src/kube/tests/real_api.rs): the body names its
+    // type, or it is refused.
+    if claim["apiVersion"] != "extensions.agents.x-k8s.io/v1beta1"
+        || claim["kind"] != "SandboxClaim"
+    {
+        return status(400, "BadRequest", "Object 'Kind' is missing");
+    }
     let name = claim["metadata"]["name"].as_str().unwrap_or("").to_owned();
     if name.is_empty() {
         return status(422, "Invalid", "metadata.name: Required value");
@@ -183,8 +190,6 @@ async fn create_claim(State(s): Shared, UrlPath(ns): UrlPath<String>, body: Byte
     meta["resourceVersion"] = json!(c.serial.to_string());
     meta["creationTimestamp"] = json!(now());
     meta["generation"] = json!(1);
-    claim["apiVersion"] = json!("extensions.agents.x-k8s.io/v1beta1");
-    claim["kind"] = json!("SandboxClaim");
     if let Some(reason) = c.fail_claims.clone() {
         let pool = claim["spec"]["warmPoolRef"]["name"]
             .as_str()

@@ -52,6 +52,18 @@ macro_rules! resource {
                 &mut self.metadata
             }
         }
+
+        impl $ty {
+            /// The object with its `apiVersion` and `kind` set, as the
+            /// API server needs them in a body it is to create (it
+            /// answers 400 "Object 'Kind' is missing" otherwise).
+            pub fn typed(mut self) -> Self {
+                use kube::Resource;
+                self.api_version = Some(Self::api_version(&()).into_owned());
+                self.kind = Some(Self::kind(&()).into_owned());
+                self
+            }
+        }
     };
 }
 

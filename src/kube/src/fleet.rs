@@ -177,6 +177,7 @@ impl Fleet {
             },
             ..Default::default()
         }
+        .typed()
     }
 
     /// Reads the claim (and then its sandbox) until the sandbox is Ready

@@ -222,8 +222,13 @@ impl World {
                     if self.claims.contains_key(&n) {
                         return status(409, "AlreadyExists", "already exists");
                     }
-                    c["apiVersion"] = json!("extensions.agents.x-k8s.io/v1beta1");
-                    c["kind"] = json!("SandboxClaim");
+                    // As the real server (tests/real_api.rs): the body
+                    // names its type, or it is refused.
+                    if c["apiVersion"] != "extensions.agents.x-k8s.io/v1beta1"
+                        || c["kind"] != "SandboxClaim"
+                    {
+                        return status(400, "BadRequest", "Object 'Kind' is missing");
+                    }
                     merge(
                         &mut c["metadata"],
                         &json!({"uid": "0b0e8f8e-5c1a-4a43-9a57-3f1c2d4e5f60", "generation": 1, "creationTimestamp": T0}),

@@ -1,0 +1,161 @@
+//! agent-sandbox's controllers, played against the real API server as
+//! `../shared/kubernetes/controller.md` says they act (the API semantics
+//! stay the server's): a claim of an existing warm pool gets a Ready
+//! sandbox of that pool (made when the claim is seen: a pool always warm),
+//! adopted as the controller adopts one (annotation on the claim, labels
+//! and controller reference on the sandbox, the claim's status through
+//! its status subresource); a claim of a missing pool gets `Ready=False`
+//! `WarmPoolNotFound`; and, as kube-controller-manager's garbage collector
+//! would, a sandbox whose claim is gone is deleted.
+
+use std::time::Duration;
+
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use sandbox_kube::crd::{Sandbox, SandboxClaim, SandboxWarmPool};
+use serde_json::{Value, json};
+use tokio::task::JoinHandle;
+
+/// The controller's loop; stopped when dropped.
+pub struct Controller(JoinHandle<()>);
+
+impl Drop for Controller {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Plays the controllers in `ns` every 50 ms; pods are at `pod_ip`.
+pub fn spawn(admin: kube::Client, ns: &str, pod_ip: &str) -> Controller {
+    let (ns, ip) = (ns.to_owned(), pod_ip.to_owned());
+    Controller(tokio::spawn(async move {
+        loop {
+            if let Err(e) = tick(&admin, &ns, &ip).await {
+                eprintln!("controller: {e}");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }))
+}
+
+fn condition(status: &str, reason: &str, message: &str) -> Value {
+    json!({
+        "type": "Ready",
+        "status": status,
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": "2026-01-01T00:00:00Z",
+    })
+}
+
+async fn tick(admin: &kube::Client, ns: &str, ip: &str) -> Result<(), kube::Error> {
+    let claims: Api<SandboxClaim> = Api::namespaced(admin.clone(), ns);
+    let sandboxes: Api<Sandbox> = Api::namespaced(admin.clone(), ns);
+    let pools: Api<SandboxWarmPool> = Api::namespaced(admin.clone(), ns);
+    let list = claims.list(&ListParams::default()).await?;
+    for claim in &list.items {
+        if claim.metadata.deletion_timestamp.is_some() || claim.sandbox_name().is_some() {
+            continue;
+        }
+        let name = claim.metadata.name.clone().unwrap_or_default();
+        let pool = claim.spec.warm_pool_ref.name.clone();
+        if pools.get_opt(&pool).await?.is_none() {
+            let status = json!({"status": {"conditions": [condition(
+                "False", "WarmPoolNotFound", &format!("warm pool {pool} not found"))]}});
+            claims
+                .patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
+                .await?;
+            continue;
+        }
+        adopt(&claims, &sandboxes, claim, &name, &pool, ip).await?;
+    }
+    // The garbage collector: a sandbox whose controlling claim is gone.
+    let live: Vec<String> = list
+        .items
+        .iter()
+        .filter_map(|c| c.metadata.uid.clone())
+        .collect();
+    for s in sandboxes.list(&ListParams::default()).await?.items {
+        let owner = s
+            .metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .find(|o| o.controller == Some(true));
+        if let Some(o) = owner
+            && o.kind == "SandboxClaim"
+            && !live.contains(&o.uid)
+            && s.metadata.deletion_timestamp.is_none()
+        {
+            let n = s.metadata.name.clone().unwrap_or_default();
+            sandboxes.delete(&n, &DeleteParams::background()).await?;
+        }
+    }
+    Ok(())
+}
+
+/// A Ready sandbox of `pool` taken by `claim`, as the claim controller
+/// adopts a warm one.
+async fn adopt(
+    claims: &Api<SandboxClaim>,
+    sandboxes: &Api<Sandbox>,
+    claim: &SandboxClaim,
+    name: &str,
+    pool: &str,
+    ip: &str,
+) -> Result<(), kube::Error> {
+    let observed = json!({"metadata": {"annotations": {
+        "agents.x-k8s.io/controller-first-observed-at": "2026-01-01T00:00:00Z"}}});
+    claims
+        .patch(name, &PatchParams::default(), &Patch::Merge(&observed))
+        .await?;
+    let warm: Sandbox = serde_json::from_value(json!({
+        "apiVersion": "agents.x-k8s.io/v1beta1",
+        "kind": "Sandbox",
+        "metadata": {
+            "generateName": format!("{pool}-"),
+            "labels": {
+                "agents.x-k8s.io/launch-type": "warm",
+                "agents.x-k8s.io/created-by": "controller",
+            },
+        },
+        "spec": {"podTemplate": {"spec": {"containers": [{"name": "agent", "image": "sandbox-agent"}]}}},
+    }))
+    .expect("sandbox");
+    let made = sandboxes.create(&PostParams::default(), &warm).await?;
+    let sb = made.metadata.name.clone().unwrap_or_default();
+    let ready = json!({"status": {
+        "conditions": [condition("True", "DependenciesReady", "Pod is Ready")],
+        "podIPs": [ip],
+        "nodeName": "node-0",
+    }});
+    sandboxes
+        .patch_status(&sb, &PatchParams::default(), &Patch::Merge(&ready))
+        .await?;
+    let record = json!({"metadata": {"annotations": {"agents.x-k8s.io/sandbox-name": sb}}});
+    claims
+        .patch(name, &PatchParams::default(), &Patch::Merge(&record))
+        .await?;
+    let uid = claim.metadata.uid.clone().unwrap_or_default();
+    let take = json!({"metadata": {
+        "labels": {"agents.x-k8s.io/launch-type": null, "agents.x-k8s.io/claim-uid": uid},
+        "ownerReferences": [{
+            "apiVersion": "extensions.agents.x-k8s.io/v1beta1",
+            "kind": "SandboxClaim",
+            "name": name,
+            "uid": uid,
+            "controller": true,
+            "blockOwnerDeletion": true,
+        }],
+    }});
+    sandboxes
+        .patch(&sb, &PatchParams::default(), &Patch::Merge(&take))
+        .await?;
+    let status = json!({"status": {
+        "conditions": [condition("True", "DependenciesReady", "Pod is Ready")],
+        "sandbox": {"name": sb, "podIPs": [ip]},
+    }});
+    claims
+        .patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
+        .await?;
+    Ok(())
+}

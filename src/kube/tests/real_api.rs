@@ -1,0 +1,149 @@
+//! The fleet against a real kube-apiserver (`real`): the shipped
+//! manifests applied as an operator would, the fleet authenticated as the
+//! shipped ServiceAccount with only the shipped Role, agent-sandbox's
+//! controllers played by the test. What the HTTP stand-in of
+//! `tests/fleet.rs` accepts, the real server must accept too.
+
+mod real;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, ListParams};
+use real::{RealApi, controller};
+use sandbox_kube::crd::{Sandbox, SandboxClaim};
+use sandbox_kube::lease::{self, Lease, Phase};
+use sandbox_kube::{Fleet, FleetConfig, KubeError};
+use serde_json::Value;
+
+const NS: &str = "sandbox";
+const POOL: &str = "sandbox-default";
+const OWNER: &str = "tenant-a";
+
+fn fleet(client: kube::Client) -> Fleet {
+    Fleet::new(
+        client,
+        FleetConfig {
+            namespace: NS.to_owned(),
+            pools: BTreeMap::from([("default".to_owned(), POOL.to_owned())]),
+            claim_timeout: Duration::from_secs(30),
+            poll: Duration::from_millis(100),
+            shutdown_grace: Duration::from_secs(90),
+        },
+    )
+}
+
+fn lease(id: &str, pool: &str) -> Lease {
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or_default();
+    Lease {
+        sandbox_id: id.to_owned(),
+        owner: OWNER.to_owned(),
+        pool: pool.to_owned(),
+        phase: Phase::Acquiring,
+        benchmark: None,
+        servers: Value::Null,
+        created_at: "2026-01-01T00:00:05Z".to_owned(),
+        updated_at: "2026-01-01T00:00:05Z".to_owned(),
+        expires_at_ms: Some(now_ms + 3_600_000),
+        claim: String::new(),
+        pod_ip: None,
+        host: None,
+    }
+}
+
+/// Waits until `ns` holds no claim and no sandbox.
+async fn nothing_left(api: &RealApi) {
+    let claims: Api<SandboxClaim> = Api::namespaced(api.admin.clone(), NS);
+    let sandboxes: Api<Sandbox> = Api::namespaced(api.admin.clone(), NS);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let c = claims.list(&ListParams::default()).await.expect("claims");
+        let s = sandboxes
+            .list(&ListParams::default())
+            .await
+            .expect("sandboxes");
+        if c.items.is_empty() && s.items.is_empty() {
+            return;
+        }
+        let names = |v: Vec<Option<String>>| v.into_iter().flatten().collect::<Vec<_>>();
+        assert!(
+            Instant::now() < deadline,
+            "left: claims {:?}, sandboxes {:?}",
+            names(c.items.into_iter().map(|c| c.metadata.name).collect()),
+            names(s.items.into_iter().map(|s| s.metadata.name).collect()),
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A whole lease through the fleet as the shipped Role allows it: the
+/// claim made (the server validates it: it needs its `apiVersion` and
+/// `kind`), waited for until its sandbox is Ready, read back by id and
+/// by owner, recorded, released (the finalizer off, the claim gone, its
+/// sandbox collected). A claim of a missing pool fails and is deleted.
+/// The Role grants nothing beyond: the host's token cannot read Secrets.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_on_a_real_api_server_as_the_shipped_role() {
+    let api = RealApi::start().await;
+    let host = api.install(NS).await;
+    let _controller = controller::spawn(api.admin.clone(), NS, "127.0.0.1");
+    let fleet = fleet(host.clone());
+
+    let id = "0b7c6f6e-3f1c-4c55-9d0e-7d7a4a1b2c3d";
+    let mut l = lease(id, POOL);
+    let claimed = fleet
+        .claim(&l)
+        .await
+        .unwrap_or_else(|e| panic!("the claim: {e}\n{}", api.logs()));
+    assert_eq!(claimed.claim, format!("sbx-{id}"));
+    assert_eq!(claimed.ip, "127.0.0.1");
+
+    let found = fleet.find(id).await.expect("find").expect("the lease");
+    assert_eq!((found.owner.as_str(), found.pool.as_str()), (OWNER, POOL));
+    let mine = fleet.leases(Some(OWNER)).await.expect("leases");
+    assert_eq!(mine.len(), 1, "{mine:?}");
+    assert!(
+        fleet
+            .leases(Some("tenant-b"))
+            .await
+            .expect("leases")
+            .is_empty()
+    );
+
+    l.claim = claimed.claim.clone();
+    l.phase = Phase::Occupied;
+    l.pod_ip = Some(claimed.ip.clone());
+    fleet.record(&l).await.expect("record");
+    let found = fleet.find(id).await.expect("find").expect("the lease");
+    assert_eq!(found.phase, Phase::Occupied);
+
+    let claims: Api<SandboxClaim> = Api::namespaced(api.admin.clone(), NS);
+    let c = claims.get(&claimed.claim).await.expect("the claim");
+    assert_eq!(
+        c.metadata.finalizers.as_deref(),
+        Some(&[lease::FINALIZER.to_owned()][..])
+    );
+    fleet.release(&claimed.claim).await.expect("release");
+    nothing_left(&api).await;
+
+    // A pool the cluster does not have: the claim fails and is deleted.
+    let other = "1b7c6f6e-3f1c-4c55-9d0e-7d7a4a1b2c3d";
+    match fleet.claim(&lease(other, "no-such-pool")).await {
+        Err(KubeError::ClaimFailed { reason, .. }) => {
+            assert!(reason.contains("WarmPoolNotFound"), "{reason}")
+        }
+        other => panic!("a claim of a missing pool: {other:?}"),
+    }
+    nothing_left(&api).await;
+
+    // The shipped Role is all the host has.
+    let secrets: Api<Secret> = Api::namespaced(host, NS);
+    match secrets.list(&ListParams::default()).await {
+        Err(kube::Error::Api(s)) => assert_eq!(s.code, 403, "{s:?}"),
+        other => panic!("the host listed Secrets: {other:?}"),
+    }
+}
