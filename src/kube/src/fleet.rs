@@ -170,7 +170,12 @@ impl Fleet {
                 },
                 lifecycle: shutdown.map(|t| ClaimLifecycle {
                     shutdown_time: Some(t),
-                    shutdown_policy: Some("Delete".to_owned()),
+                    // Foreground: the sandbox (the claim's dependent)
+                    // is deleted first, while this host's finalizer
+                    // still holds the claim; with `Delete` nothing would
+                    // end until a host came back to take the finalizer
+                    // off (tests/real_api.rs).
+                    shutdown_policy: Some("DeleteForeground".to_owned()),
                     ..Default::default()
                 }),
                 ..Default::default()

@@ -623,7 +623,7 @@ async fn claim_record_find_list_release() {
     // Expiry 01:00:00 + 90 s of grace.
     assert_eq!(
         post["spec"]["lifecycle"],
-        json!({"shutdownTime": "2026-01-01T01:01:30Z", "shutdownPolicy": "Delete"})
+        json!({"shutdownTime": "2026-01-01T01:01:30Z", "shutdownPolicy": "DeleteForeground"})
     );
     assert!(post.get("status").is_none(), "{post}");
     assert!(log[0].content_type.starts_with("application/json"));

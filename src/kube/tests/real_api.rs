@@ -147,3 +147,72 @@ async fn a_lease_on_a_real_api_server_as_the_shipped_role() {
         other => panic!("the host listed Secrets: {other:?}"),
     }
 }
+
+/// With every host gone, a lease's claim still ends at its
+/// `shutdownTime`: the controller deletes the claim in the foreground
+/// (`DeleteForeground`), so the garbage collector deletes its sandbox
+/// while the host's finalizer holds the claim (terminating, the lease
+/// readable as `error` by a host that comes back), and the claim goes
+/// when a host releases it. With `Delete` the sandbox would stay until
+/// then.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_host_gone_past_shutdown_time_ends_the_sandbox() {
+    let api = RealApi::start().await;
+    let host = api.install(NS).await;
+    let _controller = controller::spawn(api.admin.clone(), NS, "127.0.0.1");
+    let mut cfg = fleet(host.clone()).config().clone();
+    cfg.shutdown_grace = Duration::ZERO;
+    let fleet = Fleet::new(host, cfg);
+
+    let id = "2b7c6f6e-3f1c-4c55-9d0e-7d7a4a1b2c3d";
+    let mut l = lease(id, POOL);
+    // Expires in 4 s; no host reaps it (none runs).
+    l.expires_at_ms = l.expires_at_ms.map(|ms| ms - 3_600_000 + 4_000);
+    let claimed = fleet
+        .claim(&l)
+        .await
+        .unwrap_or_else(|e| panic!("the claim: {e}\n{}", api.logs()));
+    l.claim = claimed.claim.clone();
+    l.phase = Phase::Occupied;
+    fleet.record(&l).await.expect("record");
+    let claims: Api<SandboxClaim> = Api::namespaced(api.admin.clone(), NS);
+    let sandboxes: Api<Sandbox> = Api::namespaced(api.admin.clone(), NS);
+    assert!(
+        sandboxes
+            .get_opt(&claimed.sandbox)
+            .await
+            .expect("get")
+            .is_some()
+    );
+
+    let deadline = Instant::now() + Duration::from_secs(40);
+    while sandboxes
+        .get_opt(&claimed.sandbox)
+        .await
+        .expect("get")
+        .is_some()
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the sandbox outlived its claim's shutdownTime by 36 s: {:?}",
+            claims
+                .get_opt(&claimed.claim)
+                .await
+                .ok()
+                .flatten()
+                .map(|c| c.metadata)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let c = claims
+        .get_opt(&claimed.claim)
+        .await
+        .expect("get")
+        .expect("the claim, held by the host's finalizer");
+    assert!(c.metadata.deletion_timestamp.is_some(), "{:?}", c.metadata);
+    let found = fleet.find(id).await.expect("find").expect("the lease");
+    assert_eq!(found.phase, Phase::Error, "{found:?}");
+
+    fleet.release(&claimed.claim).await.expect("release");
+    nothing_left(&api).await;
+}

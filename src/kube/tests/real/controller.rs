@@ -5,12 +5,16 @@
 //! adopted as the controller adopts one (annotation on the claim, labels
 //! and controller reference on the sandbox, the claim's status through
 //! its status subresource); a claim of a missing pool gets `Ready=False`
-//! `WarmPoolNotFound`; and, as kube-controller-manager's garbage collector
-//! would, a sandbox whose claim is gone is deleted.
+//! `WarmPoolNotFound`; a claim past its `shutdownTime` is deleted with its
+//! `shutdownPolicy` (`Delete`: background propagation; `DeleteForeground`:
+//! foreground); and, as kube-controller-manager's garbage collector would,
+//! a sandbox whose claim is gone is deleted, and so is one whose claim is
+//! being deleted in the foreground, after which the collector takes its
+//! `foregroundDeletion` finalizer off the claim.
 
 use std::time::Duration;
 
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, PropagationPolicy};
 use sandbox_kube::crd::{Sandbox, SandboxClaim, SandboxWarmPool};
 use serde_json::{Value, json};
 use tokio::task::JoinHandle;
@@ -53,7 +57,10 @@ async fn tick(admin: &kube::Client, ns: &str, ip: &str) -> Result<(), kube::Erro
     let pools: Api<SandboxWarmPool> = Api::namespaced(admin.clone(), ns);
     let list = claims.list(&ListParams::default()).await?;
     for claim in &list.items {
-        if claim.metadata.deletion_timestamp.is_some() || claim.sandbox_name().is_some() {
+        if claim.metadata.deletion_timestamp.is_some() {
+            continue;
+        }
+        if shut_down(&claims, claim).await? || claim.sandbox_name().is_some() {
             continue;
         }
         let name = claim.metadata.name.clone().unwrap_or_default();
@@ -68,12 +75,56 @@ async fn tick(admin: &kube::Client, ns: &str, ip: &str) -> Result<(), kube::Erro
         }
         adopt(&claims, &sandboxes, claim, &name, &pool, ip).await?;
     }
-    // The garbage collector: a sandbox whose controlling claim is gone.
-    let live: Vec<String> = list
-        .items
-        .iter()
-        .filter_map(|c| c.metadata.uid.clone())
-        .collect();
+    collect(&claims, &sandboxes, &list.items).await
+}
+
+const FOREGROUND: &str = "foregroundDeletion";
+
+/// Deletes `claim` if its `shutdownTime` has passed, as its policy says;
+/// whether it did.
+async fn shut_down(claims: &Api<SandboxClaim>, claim: &SandboxClaim) -> Result<bool, kube::Error> {
+    let Some(l) = &claim.spec.lifecycle else {
+        return Ok(false);
+    };
+    let (Some(at), Some(policy)) = (&l.shutdown_time, l.shutdown_policy.as_deref()) else {
+        return Ok(false);
+    };
+    if at.0 > k8s_openapi::jiff::Timestamp::now() {
+        return Ok(false);
+    }
+    let propagation = match policy {
+        "Delete" => PropagationPolicy::Background,
+        "DeleteForeground" => PropagationPolicy::Foreground,
+        _ => return Ok(false),
+    };
+    let dp = DeleteParams {
+        propagation_policy: Some(propagation),
+        ..Default::default()
+    };
+    let name = claim.metadata.name.clone().unwrap_or_default();
+    claims.delete(&name, &dp).await?;
+    Ok(true)
+}
+
+/// The garbage collector: a sandbox whose controlling claim is gone, or
+/// is being deleted in the foreground, is deleted; a claim deleted in the
+/// foreground with no sandbox left loses its `foregroundDeletion`.
+async fn collect(
+    claims: &Api<SandboxClaim>,
+    sandboxes: &Api<Sandbox>,
+    listed: &[SandboxClaim],
+) -> Result<(), kube::Error> {
+    let uid = |c: &SandboxClaim| c.metadata.uid.clone().unwrap_or_default();
+    let foreground = |c: &SandboxClaim| {
+        c.metadata.deletion_timestamp.is_some()
+            && c.metadata
+                .finalizers
+                .iter()
+                .flatten()
+                .any(|f| f == FOREGROUND)
+    };
+    let live: Vec<String> = listed.iter().filter(|c| !foreground(c)).map(uid).collect();
+    let mut owners = Vec::new();
     for s in sandboxes.list(&ListParams::default()).await?.items {
         let owner = s
             .metadata
@@ -81,14 +132,31 @@ async fn tick(admin: &kube::Client, ns: &str, ip: &str) -> Result<(), kube::Erro
             .iter()
             .flatten()
             .find(|o| o.controller == Some(true));
-        if let Some(o) = owner
-            && o.kind == "SandboxClaim"
-            && !live.contains(&o.uid)
-            && s.metadata.deletion_timestamp.is_none()
-        {
+        let Some(o) = owner.filter(|o| o.kind == "SandboxClaim") else {
+            continue;
+        };
+        owners.push(o.uid.clone());
+        if !live.contains(&o.uid) && s.metadata.deletion_timestamp.is_none() {
             let n = s.metadata.name.clone().unwrap_or_default();
             sandboxes.delete(&n, &DeleteParams::background()).await?;
         }
+    }
+    for c in listed
+        .iter()
+        .filter(|c| foreground(c) && !owners.contains(&uid(c)))
+    {
+        let rest: Vec<&String> = c
+            .metadata
+            .finalizers
+            .iter()
+            .flatten()
+            .filter(|f| *f != FOREGROUND)
+            .collect();
+        let patch = json!({"metadata": {"finalizers": rest, "resourceVersion": c.metadata.resource_version}});
+        let name = c.metadata.name.clone().unwrap_or_default();
+        claims
+            .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
     }
     Ok(())
 }
