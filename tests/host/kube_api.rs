@@ -33,6 +33,8 @@ pub struct Cluster {
     pub free_pods: Vec<String>,
     /// Every request, as `METHOD path`.
     pub requests: Vec<String>,
+    /// Every User-Agent the requests carried.
+    pub user_agents: std::collections::BTreeSet<String>,
     /// Answer creates of claims with 403.
     pub forbid_create: bool,
     /// A new claim fails at once with this Ready=False reason.
@@ -77,6 +79,7 @@ impl KubeApi {
                         get(get_claim).patch(patch_claim).delete(delete_claim),
                     )
                     .route(CORE, get(get_sandbox))
+                    .layer(axum::middleware::from_fn_with_state(s.clone(), user_agent))
                     .with_state(s);
                 axum::serve(l, app).await.expect("serve");
             });
@@ -104,6 +107,23 @@ impl KubeApi {
     pub fn delete_claim(&self, name: &str) {
         delete(&mut self.lock(), name);
     }
+}
+
+/// Records the request's User-Agent.
+async fn user_agent(
+    axum::extract::State(s): axum::extract::State<Arc<Mutex<Cluster>>>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let ua = req.headers().get(axum::http::header::USER_AGENT);
+    let ua = ua.map_or("(none)".to_owned(), |v| {
+        String::from_utf8_lossy(v.as_bytes()).into_owned()
+    });
+    s.lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .user_agents
+        .insert(ua);
+    next.run(req).await
 }
 
 /// A kubeconfig naming the stand-in, its namespace the default.

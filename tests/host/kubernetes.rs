@@ -358,6 +358,10 @@ fn two_replicas_serve_one_fleet_of_claimed_pods() {
         None,
     );
     assert_eq!(code, 404, "{v}");
+    // Every call named the host and its version.
+    let agents = api.lock().user_agents.clone();
+    let ua = format!("sandbox-host/{}", env!("CARGO_PKG_VERSION"));
+    assert_eq!(agents.into_iter().collect::<Vec<_>>(), vec![ua]);
 }
 
 #[test]

@@ -289,17 +289,17 @@ impl Cluster {
 
     /// Records an acquired sandbox in its claim (made by [`Cluster::claim`]).
     pub async fn insert(&self, s: &SandboxRow) -> Result<(), StoreError> {
-        let mut l = self
-            .fleet
-            .find(&s.id)
+        let servers = serde_json::to_value(&s.servers)?;
+        self.fleet
+            .update(&s.id, |l| {
+                l.phase = phase_of(s.status);
+                l.servers = servers.clone();
+                l.updated_at = s.updated_at.clone();
+                l.pod_ip = s.endpoint.clone();
+            })
             .await
             .inspect_err(log_cluster_error)?
             .ok_or_else(|| StoreError::ClaimGone(s.slot.clone()))?;
-        l.phase = phase_of(s.status);
-        l.servers = serde_json::to_value(&s.servers)?;
-        l.updated_at = s.updated_at.clone();
-        l.pod_ip = s.endpoint.clone();
-        self.fleet.record(&l).await.inspect_err(log_cluster_error)?;
         self.remember(&s.id, Some(s.clone()));
         Ok(())
     }
@@ -316,12 +316,13 @@ impl Cluster {
     }
 
     async fn update(&self, id: &str, now: &str, phase: Phase) -> Result<(), StoreError> {
-        let Some(mut l) = self.fleet.find(id).await.inspect_err(log_cluster_error)? else {
-            return Ok(());
-        };
-        l.phase = phase;
-        l.updated_at = now.to_owned();
-        self.fleet.record(&l).await.inspect_err(log_cluster_error)?;
+        self.fleet
+            .update(id, |l| {
+                l.phase = phase;
+                l.updated_at = now.to_owned();
+            })
+            .await
+            .inspect_err(log_cluster_error)?;
         self.cache().remove(id);
         Ok(())
     }

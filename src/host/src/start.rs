@@ -486,6 +486,11 @@ async fn connect_cluster(
     let call = Duration::from_secs(args.kube_call_timeout);
     kube_config.read_timeout = Some(call);
     kube_config.write_timeout = Some(call);
+    // The API server's audit log and metrics name the caller.
+    kube_config.headers.push((
+        http::header::USER_AGENT,
+        http::HeaderValue::from_static(concat!("sandbox-host/", env!("CARGO_PKG_VERSION"))),
+    ));
     let client = sandbox_kube::kube::Client::try_from(kube_config).context(
         "--backend kubernetes: cannot make a client of the Kubernetes API server's configuration",
     )?;

@@ -234,18 +234,6 @@ impl Fleet {
         }
     }
 
-    /// Writes `lease` (its phase, servers, pod IP) into its claim.
-    pub async fn record(&self, lease: &Lease) -> Result<(), KubeError> {
-        let patch = serde_json::json!({
-            "metadata": { "annotations": { lease::RECORD: lease.record() } }
-        });
-        self.claims
-            .patch(&lease.claim, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-            .map_err(self.api("patch", CLAIMS))?;
-        Ok(())
-    }
-
     /// Deletes claim `name` and takes this host's finalizer off it, so the
     /// controller deletes its sandbox. Gone already is done.
     pub async fn release(&self, name: &str) -> Result<(), KubeError> {
@@ -287,6 +275,12 @@ impl Fleet {
     /// one this host makes (a UUID) names no claim, and never reaches the
     /// API server's path.
     pub async fn find(&self, sandbox_id: &str) -> Result<Option<Lease>, KubeError> {
+        Ok(self.find_at(sandbox_id).await?.map(|(l, _)| l))
+    }
+
+    /// [`Fleet::find`], with the claim's `resourceVersion` for a write
+    /// that must not overwrite another replica's ([`Fleet::update`]).
+    async fn find_at(&self, sandbox_id: &str) -> Result<Option<(Lease, String)>, KubeError> {
         if !is_sandbox_id(sandbox_id) {
             return Ok(None);
         }
@@ -295,33 +289,82 @@ impl Fleet {
             .get_opt(&claim_name(sandbox_id))
             .await
             .map_err(self.api("get", CLAIMS))?;
-        match c {
-            Some(c) => Lease::of_claim(&c),
-            None => Ok(None),
+        let Some(c) = c else { return Ok(None) };
+        let version = c.metadata.resource_version.clone().unwrap_or_default();
+        Ok(Lease::of_claim(&c)?.map(|l| (l, version)))
+    }
+
+    /// Changes the lease of sandbox `id` with `change` and writes it back,
+    /// a read-modify-write: the patch carries the `resourceVersion` read,
+    /// so a write of another replica in between is not overwritten (409);
+    /// read again and retried, [`RMW_ATTEMPTS`] times at most. `None` when
+    /// the claim is gone.
+    pub async fn update(
+        &self,
+        sandbox_id: &str,
+        change: impl Fn(&mut Lease),
+    ) -> Result<Option<Lease>, KubeError> {
+        for attempt in 1.. {
+            let Some((mut l, version)) = self.find_at(sandbox_id).await? else {
+                return Ok(None);
+            };
+            change(&mut l);
+            let patch = serde_json::json!({ "metadata": {
+                "annotations": { lease::RECORD: l.record() },
+                "resourceVersion": version,
+            }});
+            match self
+                .claims
+                .patch(&l.claim, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                Ok(_) => return Ok(Some(l)),
+                Err(kube::Error::Api(s)) if s.code == 404 => return Ok(None),
+                Err(kube::Error::Api(s)) if s.code == 409 && attempt < RMW_ATTEMPTS => {
+                    info!(claim = %l.claim, attempt, "the claim changed since it was read; reading it again");
+                }
+                Err(e) => return Err(self.api("patch", CLAIMS)(e)),
+            }
         }
+        unreachable!("the loop returns")
     }
 }
 
-/// Takes [`FINALIZER`] off claim `name` (a merge patch of the rest).
+/// How many times a read-modify-write of a claim is tried when another
+/// writer changed it in between.
+pub const RMW_ATTEMPTS: u32 = 5;
+
+/// Takes [`FINALIZER`] off claim `name`: a merge patch of the other
+/// finalizers at the `resourceVersion` read, so one added in between (the
+/// API server's `foregroundDeletion`, another controller's) is never
+/// dropped; on 409 read again, [`RMW_ATTEMPTS`] times at most.
 async fn unfinalize(claims: &Api<SandboxClaim>, name: &str) -> Result<(), kube::Error> {
-    let Some(c) = claims.get_opt(name).await? else {
-        return Ok(());
-    };
-    let rest: Vec<String> = c
-        .metadata
-        .finalizers
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|f| f != FINALIZER)
-        .collect();
-    let patch = serde_json::json!({ "metadata": { "finalizers": rest } });
-    match claims
-        .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-    {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-        Err(e) => Err(e),
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let Some(c) = claims.get_opt(name).await? else {
+            return Ok(());
+        };
+        let rest: Vec<String> = c
+            .metadata
+            .finalizers
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|f| f != FINALIZER)
+            .collect();
+        let patch = serde_json::json!({ "metadata": {
+            "finalizers": rest,
+            "resourceVersion": c.metadata.resource_version,
+        }});
+        match claims
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => return Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 404 => return Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 409 && attempt < RMW_ATTEMPTS => {}
+            Err(e) => return Err(e),
+        }
     }
 }
 

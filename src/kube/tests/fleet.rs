@@ -280,6 +280,13 @@ impl World {
                     let Some(mut c) = self.claims.remove(n) else {
                         return not_found("sandboxclaims", n);
                     };
+                    // As the real server: a patch naming a resourceVersion
+                    // applies to that version only.
+                    let want = &r.body["metadata"]["resourceVersion"];
+                    if !want.is_null() && *want != c["metadata"]["resourceVersion"] {
+                        self.claims.insert(n.to_owned(), c);
+                        return status(409, "Conflict", "the object has been modified");
+                    }
                     merge(&mut c, &r.body);
                     self.bump(&mut c);
                     let gone =
@@ -562,7 +569,14 @@ async fn claim_record_find_list_release() {
     l.phase = Phase::Occupied;
     l.pod_ip = Some(got.ip.clone());
     l.servers = json!({"fs": {"port": 8080}});
-    fleet.record(&l).await.unwrap();
+    let written = l.clone();
+    let updated = fleet
+        .update("00000000-0000-4000-8000-000000000001", move |x| {
+            *x = written.clone()
+        })
+        .await
+        .unwrap();
+    assert_eq!(updated, Some(l.clone()));
     assert_eq!(
         fleet
             .find("00000000-0000-4000-8000-000000000001")
@@ -589,6 +603,7 @@ async fn claim_record_find_list_release() {
             "GET sandboxes/pool-a-x7k2p",
             "GET claims/sbx-00000000-0000-4000-8000-000000000001",
             "GET sandboxes/pool-a-x7k2p",
+            "GET claims/sbx-00000000-0000-4000-8000-000000000001",
             "PATCH claims/sbx-00000000-0000-4000-8000-000000000001",
             "GET claims/sbx-00000000-0000-4000-8000-000000000001",
             "GET claims",
@@ -630,9 +645,15 @@ async fn claim_record_find_list_release() {
     // It parses back as a claim.
     let _: SandboxClaim = serde_json::from_value(post.clone()).unwrap();
 
-    // record: a merge patch of the annotation alone.
-    let rec = &log[6];
+    // update: a merge patch of the annotation, at the resourceVersion
+    // the GET before it read.
+    let rec = &log[7];
     assert_eq!(rec.content_type, "application/merge-patch+json");
+    assert!(
+        rec.body["metadata"]["resourceVersion"].is_string(),
+        "{}",
+        rec.body
+    );
     let ann = rec.body["metadata"]["annotations"][lease::RECORD]
         .as_str()
         .unwrap();
@@ -641,7 +662,7 @@ async fn claim_record_find_list_release() {
         Phase::Occupied
     );
     assert_eq!(rec.body.as_object().unwrap().len(), 1);
-    assert_eq!(rec.body["metadata"].as_object().unwrap().len(), 1);
+    assert_eq!(rec.body["metadata"].as_object().unwrap().len(), 2);
 
     // leases: selected by manager and owner hash on the server.
     let selector = format!(
@@ -651,14 +672,15 @@ async fn claim_record_find_list_release() {
         lease::owner_hash("alice")
     );
     assert!(
-        log[8].query.split('&').any(|kv| kv == selector),
+        log[9].query.split('&').any(|kv| kv == selector),
         "{}",
-        log[8].query
+        log[9].query
     );
 
-    // release: deleted, then our finalizer off.
-    assert_eq!(log[11].content_type, "application/merge-patch+json");
-    assert_eq!(log[11].body, json!({"metadata": {"finalizers": []}}));
+    // release: deleted, then our finalizer off, at the version read.
+    assert_eq!(log[12].content_type, "application/merge-patch+json");
+    assert_eq!(log[12].body["metadata"]["finalizers"], json!([]));
+    assert!(log[12].body["metadata"]["resourceVersion"].is_string());
     assert!(
         !w.claims
             .contains_key("sbx-00000000-0000-4000-8000-000000000001")
@@ -876,11 +898,14 @@ async fn an_unreachable_api_server_is_an_api_error() {
         verb(fleet.leases(None).await.unwrap_err()),
         "list sandboxclaims"
     );
-    let mut l = lease("00000000-0000-4000-8000-000000000001", "alice");
-    l.claim = "sbx-00000000-0000-4000-8000-000000000001".into();
     assert_eq!(
-        verb(fleet.record(&l).await.unwrap_err()),
-        "patch sandboxclaims"
+        verb(
+            fleet
+                .update("00000000-0000-4000-8000-000000000001", |_| {})
+                .await
+                .unwrap_err()
+        ),
+        "get sandboxclaims"
     );
     assert_eq!(
         verb(
@@ -899,7 +924,7 @@ async fn an_unreachable_api_server_is_an_api_error() {
             "POST claims",
             "GET claims/sbx-00000000-0000-4000-8000-000000000001",
             "GET claims",
-            "PATCH claims/sbx-00000000-0000-4000-8000-000000000001",
+            "GET claims/sbx-00000000-0000-4000-8000-000000000001",
             "DELETE claims/sbx-00000000-0000-4000-8000-000000000001",
         ]
     );
@@ -1184,9 +1209,10 @@ async fn release_keeps_other_finalizers() {
             "PATCH claims/sbx-00000000-0000-4000-8000-000000000001"
         ]
     );
+    // At the version the GET read: a finalizer added in between is kept.
     assert_eq!(
         log[2].body,
-        json!({"metadata": {"finalizers": ["example.com/backup"]}})
+        json!({"metadata": {"finalizers": ["example.com/backup"], "resourceVersion": "101"}})
     );
     assert_eq!(
         w.claims["sbx-00000000-0000-4000-8000-000000000001"]["metadata"]["finalizers"],

@@ -21,7 +21,7 @@ const NS: &str = "sandbox";
 const POOL: &str = "sandbox-default";
 const OWNER: &str = "tenant-a";
 
-fn fleet(client: kube::Client) -> Fleet {
+fn fleet_of(client: kube::Client) -> Fleet {
     Fleet::new(
         client,
         FleetConfig {
@@ -91,7 +91,7 @@ async fn a_lease_on_a_real_api_server_as_the_shipped_role() {
     let api = RealApi::start().await;
     let host = api.install(NS).await;
     let _controller = controller::spawn(api.admin.clone(), NS, "127.0.0.1");
-    let fleet = fleet(host.clone());
+    let fleet = fleet_of(host.clone());
 
     let id = "0b7c6f6e-3f1c-4c55-9d0e-7d7a4a1b2c3d";
     let mut l = lease(id, POOL);
@@ -117,9 +117,38 @@ async fn a_lease_on_a_real_api_server_as_the_shipped_role() {
     l.claim = claimed.claim.clone();
     l.phase = Phase::Occupied;
     l.pod_ip = Some(claimed.ip.clone());
-    fleet.record(&l).await.expect("record");
+    let written = l.clone();
+    let updated = fleet.update(id, move |x| *x = written.clone()).await;
+    assert_eq!(updated.expect("update"), Some(l.clone()));
     let found = fleet.find(id).await.expect("find").expect("the lease");
     assert_eq!(found.phase, Phase::Occupied);
+
+    // Two replicas writing the same lease at once lose no write: each
+    // update is a read-modify-write at the version it read.
+    let n = |l: &Lease| l.servers["n"].as_u64().unwrap_or(0);
+    let writers = (0..2).map(|_| {
+        // Another replica's fleet over the same API server.
+        let f = fleet_of(host.clone());
+        tokio::spawn(async move {
+            let mut done = 0;
+            for _ in 0..10 {
+                let bump = |l: &mut Lease| l.servers = serde_json::json!({"n": n(l) + 1});
+                match f.update(id, bump).await {
+                    Ok(Some(_)) => done += 1,
+                    Ok(None) => panic!("the claim went"),
+                    Err(e) => assert!(e.to_string().contains("409"), "{e}"),
+                }
+            }
+            done
+        })
+    });
+    let mut done = 0;
+    for w in writers.collect::<Vec<_>>() {
+        done += w.await.expect("writer");
+    }
+    let found = fleet.find(id).await.expect("find").expect("the lease");
+    assert_eq!(n(&found), done, "updates written vs counted");
+    assert!(done >= 10, "{done} of 20 updates written");
 
     let claims: Api<SandboxClaim> = Api::namespaced(api.admin.clone(), NS);
     let c = claims.get(&claimed.claim).await.expect("the claim");
@@ -160,7 +189,7 @@ async fn every_host_gone_past_shutdown_time_ends_the_sandbox() {
     let api = RealApi::start().await;
     let host = api.install(NS).await;
     let _controller = controller::spawn(api.admin.clone(), NS, "127.0.0.1");
-    let mut cfg = fleet(host.clone()).config().clone();
+    let mut cfg = fleet_of(host.clone()).config().clone();
     cfg.shutdown_grace = Duration::ZERO;
     let fleet = Fleet::new(host, cfg);
 
@@ -174,7 +203,9 @@ async fn every_host_gone_past_shutdown_time_ends_the_sandbox() {
         .unwrap_or_else(|e| panic!("the claim: {e}\n{}", api.logs()));
     l.claim = claimed.claim.clone();
     l.phase = Phase::Occupied;
-    fleet.record(&l).await.expect("record");
+    let written = l.clone();
+    let updated = fleet.update(id, move |x| *x = written.clone()).await;
+    assert_eq!(updated.expect("update"), Some(l.clone()));
     let claims: Api<SandboxClaim> = Api::namespaced(api.admin.clone(), NS);
     let sandboxes: Api<Sandbox> = Api::namespaced(api.admin.clone(), NS);
     assert!(
