@@ -13,6 +13,7 @@ use tracing::{info, warn};
 use crate::crd::{ClaimLifecycle, NameRef, Sandbox, SandboxClaim, SandboxClaimSpec};
 use crate::error::KubeError;
 use crate::lease::{self, FINALIZER, Lease};
+use crate::retry::{Call, retried};
 
 const CLAIMS: &str = "sandboxclaims";
 const SANDBOXES: &str = "sandboxes";
@@ -108,8 +109,8 @@ impl Fleet {
         }
         let name = claim_name(&lease.sandbox_id);
         let claim = self.claim_object(&name, lease);
-        self.claims
-            .create(&PostParams::default(), &claim)
+        let pp = PostParams::default();
+        retried(Call::Create, || self.claims.create(&pp, &claim))
             .await
             .map_err(self.api("create", CLAIMS))?;
         info!(sandbox = %lease.sandbox_id, claim = %name, pool = %lease.pool, "claimed");
@@ -191,9 +192,7 @@ impl Fleet {
         let started = Instant::now();
         let deadline = started + self.cfg.claim_timeout;
         loop {
-            let claim = self
-                .claims
-                .get_opt(name)
+            let claim = retried(Call::Repeatable, || self.claims.get_opt(name))
                 .await
                 .map_err(self.api("get", CLAIMS))?
                 .ok_or_else(|| KubeError::ClaimFailed {
@@ -209,9 +208,7 @@ impl Fleet {
                 });
             }
             if let Some(sb) = claim.sandbox_name()
-                && let Some(s) = self
-                    .sandboxes
-                    .get_opt(sb)
+                && let Some(s) = retried(Call::Repeatable, || self.sandboxes.get_opt(sb))
                     .await
                     .map_err(self.api("get", SANDBOXES))?
                 && let Some(ip) = s.ready_ip()
@@ -237,7 +234,8 @@ impl Fleet {
     /// Deletes claim `name` and takes this host's finalizer off it, so the
     /// controller deletes its sandbox. Gone already is done.
     pub async fn release(&self, name: &str) -> Result<(), KubeError> {
-        match self.claims.delete(name, &DeleteParams::background()).await {
+        let dp = DeleteParams::background();
+        match retried(Call::Repeatable, || self.claims.delete(name, &dp)).await {
             Ok(_) => {}
             Err(kube::Error::Api(s)) if s.code == 404 => return Ok(()),
             Err(e) => return Err(self.api("delete", CLAIMS)(e)),
@@ -254,13 +252,20 @@ impl Fleet {
         if let Some(o) = owner {
             selector.push_str(&format!(",{}={}", lease::OWNER_HASH, lease::owner_hash(o)));
         }
-        let list = self
-            .claims
-            .list(&ListParams::default().labels(&selector))
-            .await
-            .map_err(self.api("list", CLAIMS))?;
+        let mut claims = Vec::new();
+        let mut params = ListParams::default().labels(&selector).limit(LIST_PAGE);
+        loop {
+            let page = retried(Call::Repeatable, || self.claims.list(&params))
+                .await
+                .map_err(self.api("list", CLAIMS))?;
+            claims.extend(page.items);
+            match page.metadata.continue_ {
+                Some(next) if !next.is_empty() => params = params.continue_token(&next),
+                _ => break,
+            }
+        }
         let mut out = Vec::new();
-        for c in &list.items {
+        for c in &claims {
             match Lease::of_claim(c) {
                 Ok(Some(l)) if owner.is_none_or(|o| l.owner == o) => out.push(l),
                 Ok(_) => {}
@@ -284,9 +289,8 @@ impl Fleet {
         if !is_sandbox_id(sandbox_id) {
             return Ok(None);
         }
-        let c = self
-            .claims
-            .get_opt(&claim_name(sandbox_id))
+        let name = claim_name(sandbox_id);
+        let c = retried(Call::Repeatable, || self.claims.get_opt(&name))
             .await
             .map_err(self.api("get", CLAIMS))?;
         let Some(c) = c else { return Ok(None) };
@@ -313,10 +317,11 @@ impl Fleet {
                 "annotations": { lease::RECORD: l.record() },
                 "resourceVersion": version,
             }});
-            match self
-                .claims
-                .patch(&l.claim, &PatchParams::default(), &Patch::Merge(&patch))
-                .await
+            let (pp, merge) = (PatchParams::default(), Patch::Merge(&patch));
+            match retried(Call::Repeatable, || {
+                self.claims.patch(&l.claim, &pp, &merge)
+            })
+            .await
             {
                 Ok(_) => return Ok(Some(l)),
                 Err(kube::Error::Api(s)) if s.code == 404 => return Ok(None),
@@ -334,6 +339,9 @@ impl Fleet {
 /// writer changed it in between.
 pub const RMW_ATTEMPTS: u32 = 5;
 
+/// Claims read per LIST request (the rest in further pages).
+pub const LIST_PAGE: u32 = 500;
+
 /// Takes [`FINALIZER`] off claim `name`: a merge patch of the other
 /// finalizers at the `resourceVersion` read, so one added in between (the
 /// API server's `foregroundDeletion`, another controller's) is never
@@ -342,7 +350,7 @@ async fn unfinalize(claims: &Api<SandboxClaim>, name: &str) -> Result<(), kube::
     let mut attempt = 0;
     loop {
         attempt += 1;
-        let Some(c) = claims.get_opt(name).await? else {
+        let Some(c) = retried(Call::Repeatable, || claims.get_opt(name)).await? else {
             return Ok(());
         };
         let rest: Vec<String> = c
@@ -356,10 +364,8 @@ async fn unfinalize(claims: &Api<SandboxClaim>, name: &str) -> Result<(), kube::
             "finalizers": rest,
             "resourceVersion": c.metadata.resource_version,
         }});
-        match claims
-            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-        {
+        let (pp, merge) = (PatchParams::default(), Patch::Merge(&patch));
+        match retried(Call::Repeatable, || claims.patch(name, &pp, &merge)).await {
             Ok(_) => return Ok(()),
             Err(kube::Error::Api(s)) if s.code == 404 => return Ok(()),
             Err(kube::Error::Api(s)) if s.code == 409 && attempt < RMW_ATTEMPTS => {}

@@ -14,6 +14,7 @@ pub mod crd;
 pub mod error;
 pub mod fleet;
 pub mod lease;
+pub mod retry;
 
 pub use error::KubeError;
 pub use fleet::{Claimed, Fleet, FleetConfig};

@@ -258,13 +258,29 @@ impl World {
                         })
                         .cloned()
                         .collect();
+                    // Pages as the real server makes them: `limit` items
+                    // from the `continue` token on (here: an index).
+                    let param = |k: &str| {
+                        r.query
+                            .split('&')
+                            .find_map(|kv| kv.strip_prefix(k)?.strip_prefix('='))
+                    };
+                    let from: usize = param("continue").and_then(|c| c.parse().ok()).unwrap_or(0);
+                    let limit: usize = param("limit")
+                        .and_then(|l| l.parse().ok())
+                        .unwrap_or(usize::MAX);
+                    let end = from.saturating_add(limit).min(items.len());
+                    let mut meta = json!({"resourceVersion": self.version.to_string()});
+                    if end < items.len() {
+                        meta["continue"] = json!(end.to_string());
+                    }
                     Reply::Json(
                         200,
                         json!({
                             "apiVersion": "extensions.agents.x-k8s.io/v1beta1",
                             "kind": "SandboxClaimList",
-                            "metadata": {"resourceVersion": self.version.to_string()},
-                            "items": items,
+                            "metadata": meta,
+                            "items": items[from.min(end)..end],
                         }),
                     )
                 }
@@ -815,16 +831,16 @@ async fn a_sandbox_never_ready_is_pool_empty_and_deleted() {
     let (log, w) = finish(fleet, server).await;
     let s = shorts(&log);
     assert_eq!(s[0], "POST claims");
+    // Claim then sandbox, read in turn; the wait's bound may fall
+    // between the two of a round (a loaded machine).
     let polls = &s[1..s.len() - 3];
-    assert!(polls.len() >= 2 && polls.len().is_multiple_of(2), "{s:?}");
+    assert!(polls.len() >= 2, "{s:?}");
+    let round = [
+        "GET claims/sbx-00000000-0000-4000-8000-000000000001",
+        "GET sandboxes/pool-a-x7k2p",
+    ];
     for pair in polls.chunks(2) {
-        assert_eq!(
-            pair,
-            [
-                "GET claims/sbx-00000000-0000-4000-8000-000000000001",
-                "GET sandboxes/pool-a-x7k2p"
-            ]
-        );
+        assert_eq!(pair, &round[..pair.len()], "{s:?}");
     }
     assert_eq!(
         s[s.len() - 3..],
@@ -861,9 +877,77 @@ async fn forbidden_create_names_the_permission() {
     assert!(msg.contains("namespace \"ns\""), "{msg}");
     assert!(msg.contains("cannot create resource"), "{msg}");
 
+    // A 403 that persists past the retry window (5 tries) is reported.
     let (log, w) = finish(fleet, server).await;
-    assert_eq!(shorts(&log), ["POST claims"]);
+    assert_eq!(shorts(&log), ["POST claims"; 5]);
     assert!(w.claims.is_empty());
+}
+
+/// More claims than one page holds are all read, page by page.
+#[tokio::test]
+async fn leases_are_listed_page_by_page() {
+    let (fleet, handle) = fleet(Duration::from_secs(2), ms(5));
+    let mut w = world();
+    let n = sandbox_kube::fleet::LIST_PAGE as usize * 2 + 1;
+    for i in 0..n {
+        let id = format!("00000000-0000-4000-8000-{i:012}");
+        w.claims.insert(
+            format!("sbx-{id}"),
+            stored_claim(&lease(&id, "alice"), json!({})),
+        );
+    }
+    let server = serve(handle, w);
+    assert_eq!(fleet.leases(Some("alice")).await.unwrap().len(), n);
+    let (log, _) = finish(fleet, server).await;
+    assert_eq!(shorts(&log), ["GET claims"; 3]);
+    assert!(
+        log.iter().all(|r| r.query.contains("limit=500")),
+        "{:?}",
+        log[0].query
+    );
+}
+
+/// A 403 that passes (an API server's authorizer warming after a
+/// restart answered 4 within 25 ms) is tried again, not reported as a
+/// missing permission: the claim is made.
+#[tokio::test]
+async fn a_transient_403_is_tried_again() {
+    let (fleet, handle) = fleet(Duration::from_secs(2), ms(5));
+    let mut w = world();
+    let mut refused = 0;
+    w.intercept = Box::new(move |r| {
+        (r.method == "POST" && refused < 3).then(|| {
+            refused += 1;
+            status(
+                403,
+                "Forbidden",
+                "sandboxclaims is forbidden: RBAC: the cache is warming",
+            )
+        })
+    });
+    // The controller hands over a Ready pod at the first read.
+    w.controller = Box::new(|_, c, sbx| {
+        c["status"] = json!({
+            "conditions": [cond("Ready", "True", "DependenciesReady", "Pod is Ready")],
+            "sandbox": {"name": "pool-a-x7k2p"},
+        });
+        sbx.insert(
+            "pool-a-x7k2p".into(),
+            sandbox(
+                "pool-a-x7k2p",
+                "sbx-00000000-0000-4000-8000-000000000001",
+                true,
+                &["10.244.1.17"],
+            ),
+        );
+    });
+    let server = serve(handle, w);
+    let got = fleet
+        .claim(&lease("00000000-0000-4000-8000-000000000001", "alice"))
+        .await;
+    assert!(got.is_ok(), "{got:?}");
+    let (log, _) = finish(fleet, server).await;
+    assert_eq!(shorts(&log)[..4], ["POST claims"; 4]);
 }
 
 #[tokio::test]
@@ -917,9 +1001,21 @@ async fn an_unreachable_api_server_is_an_api_error() {
         "delete sandboxclaims"
     );
 
+    // Each call that may be repeated was, within the retry window (5
+    // tries: 50 + 100 + 200 + 400 ms of pauses); the create was not (it
+    // may have been made).
     let (log, _) = finish(fleet, server).await;
+    let mut calls = shorts(&log);
+    let tries = |c: &str| calls.iter().filter(|s| s.as_str() == c).count();
+    assert_eq!(tries("POST claims"), 1);
+    assert_eq!(tries("GET claims"), 5);
     assert_eq!(
-        shorts(&log),
+        tries("DELETE claims/sbx-00000000-0000-4000-8000-000000000001"),
+        5
+    );
+    calls.dedup();
+    assert_eq!(
+        calls,
         [
             "POST claims",
             "GET claims/sbx-00000000-0000-4000-8000-000000000001",
