@@ -39,8 +39,11 @@ pub struct Cluster {
     pub forbid_create: bool,
     /// A new claim fails at once with this Ready=False reason.
     pub fail_claims: Option<String>,
-    /// Each LIST of claims is answered this much later (a slow API server).
-    pub list_delay_ms: u64,
+    /// LISTs of one owner's claims (an Acquire's count) are held until
+    /// this many of them have arrived (at most 60 s): racing Acquires
+    /// all count before any claims, however loaded the machine.
+    pub owner_list_barrier: usize,
+    owner_lists: usize,
     /// GETs of sandboxes are never answered (an API server that stalls).
     pub stall_sandbox_gets: bool,
     /// PATCHes of claims are never answered while set (read as each
@@ -53,6 +56,13 @@ pub struct KubeApi {
     pub state: Arc<Mutex<Cluster>>,
     pub addr: SocketAddr,
     pub kubeconfig: PathBuf,
+}
+
+impl Cluster {
+    /// How many LISTs of one owner's claims have arrived.
+    pub fn owner_lists(&self) -> usize {
+        self.owner_lists
+    }
 }
 
 impl KubeApi {
@@ -279,39 +289,47 @@ async fn list_claims(
     UrlPath(_ns): UrlPath<String>,
     Query(q): Query<BTreeMap<String, String>>,
 ) -> Response {
-    let delay = {
+    let by_owner = q
+        .get("labelSelector")
+        .is_some_and(|sel| sel.contains("sandbox-agent.dev/owner-hash="));
+    // The list as it is when the request arrives; held (the barrier)
+    // before it is answered, as a slow API server would.
+    let list = {
         let mut c = lock(&s);
         c.requests.push("LIST sandboxclaims".to_owned());
-        c.list_delay_ms
+        c.owner_lists += usize::from(by_owner);
+        let wanted: Vec<(String, String)> = q
+            .get("labelSelector")
+            .map(|sel| {
+                sel.split(',')
+                    .filter_map(|kv| kv.split_once('='))
+                    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let items: Vec<Value> = c
+            .claims
+            .values()
+            .filter(|claim| {
+                wanted
+                    .iter()
+                    .all(|(k, v)| claim["metadata"]["labels"][k].as_str() == Some(v.as_str()))
+            })
+            .cloned()
+            .collect();
+        json!({
+            "apiVersion": "extensions.agents.x-k8s.io/v1beta1", "kind": "SandboxClaimList",
+            "metadata": {"resourceVersion": c.serial.to_string()}, "items": items
+        })
     };
-    if delay > 0 {
-        tokio::time::sleep(std::time::Duration::from_millis(delay)).await;
+    let held_until = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while by_owner && std::time::Instant::now() < held_until && {
+        let c = lock(&s);
+        c.owner_lists < c.owner_list_barrier
+    } {
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
-    let c = lock(&s);
-    let wanted: Vec<(String, String)> = q
-        .get("labelSelector")
-        .map(|sel| {
-            sel.split(',')
-                .filter_map(|kv| kv.split_once('='))
-                .map(|(k, v)| (k.to_owned(), v.to_owned()))
-                .collect()
-        })
-        .unwrap_or_default();
-    let items: Vec<Value> = c
-        .claims
-        .values()
-        .filter(|claim| {
-            wanted
-                .iter()
-                .all(|(k, v)| claim["metadata"]["labels"][k].as_str() == Some(v.as_str()))
-        })
-        .cloned()
-        .collect();
-    axum::Json(json!({
-        "apiVersion": "extensions.agents.x-k8s.io/v1beta1", "kind": "SandboxClaimList",
-        "metadata": {"resourceVersion": c.serial.to_string()}, "items": items
-    }))
-    .into_response()
+    axum::Json(list).into_response()
 }
 
 async fn patch_claim(

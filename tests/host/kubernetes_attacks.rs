@@ -37,9 +37,12 @@ fn an_owner_cannot_exceed_its_cap_across_two_replicas() {
     let cap = ["--max-sandboxes-per-key", "1"];
     let a = replica_on(dir.path(), &f, &api, 30, PORTS, &cap);
     let b = replica_on(dir.path(), &f, &api, 30, PORTS, &cap);
-    // Each replica's first count waits this long: both are in flight
-    // before either claims, even on a loaded machine.
-    api.lock().list_delay_ms = 5000;
+    // Both replicas' counts are held until both have arrived: both are in
+    // flight before either claims, however loaded the machine.
+    {
+        let mut c = api.lock();
+        c.owner_list_barrier = c.owner_lists() + 2;
+    }
 
     let body = r#"{"server_names": ["filesystem"]}"#;
     let answers: Vec<(u16, serde_json::Value)> = std::thread::scope(|s| {
@@ -61,7 +64,7 @@ fn an_owner_cannot_exceed_its_cap_across_two_replicas() {
         });
         vec![ta.join().expect("a"), tb.join().expect("b")]
     });
-    api.lock().list_delay_ms = 0;
+    api.lock().owner_list_barrier = 0;
     // The race ran: both replicas counted, and made their claims.
     let posts = api
         .lock()
@@ -69,7 +72,12 @@ fn an_owner_cannot_exceed_its_cap_across_two_replicas() {
         .iter()
         .filter(|r| r.as_str() == "POST sandboxclaims")
         .count();
-    assert_eq!(posts, 2, "both Acquires claimed a pod: {answers:?}");
+    assert_eq!(
+        posts,
+        2,
+        "both Acquires claimed a pod: {answers:?} {:?}",
+        api.lock().requests
+    );
     // The cap is the owner's: never two sandboxes. Both Acquires may be
     // refused when each replica's recount sees the other's claim (the
     // documented rule of `within_cap_across_replicas`); then the refused
