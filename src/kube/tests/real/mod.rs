@@ -56,6 +56,10 @@ fn apiserver_binary() -> PathBuf {
         xz.display()
     );
     let bin = root().join("target/kube-apiserver-v1.36.2");
+    // The tests of this binary start at once: one decompresses, the
+    // others wait for it (another test binary renames its own copy in).
+    static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = ONE.lock().unwrap_or_else(|p| p.into_inner());
     if !bin.exists() {
         let tmp = bin.with_extension(format!("tmp{}", std::process::id()));
         let out = std::fs::File::create(&tmp).expect("target/");
