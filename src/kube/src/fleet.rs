@@ -308,7 +308,9 @@ impl Fleet {
         sandbox_id: &str,
         change: impl Fn(&mut Lease),
     ) -> Result<Option<Lease>, KubeError> {
-        for attempt in 1.. {
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
             let Some((mut l, version)) = self.find_at(sandbox_id).await? else {
                 return Ok(None);
             };
@@ -331,7 +333,6 @@ impl Fleet {
                 Err(e) => return Err(self.api("patch", CLAIMS)(e)),
             }
         }
-        unreachable!("the loop returns")
     }
 }
 

@@ -802,25 +802,41 @@ async fn a_failed_claim_is_claim_failed_and_deleted() {
     assert!(w.claims.is_empty());
 }
 
-#[tokio::test]
-async fn a_sandbox_never_ready_is_pool_empty_and_deleted() {
-    let (fleet, handle) = fleet(ms(60), ms(10));
-    let mut w = world();
-    w.controller = Box::new(|_, c, sbx| {
+/// A controller that, at every read of the claim, hands over pod
+/// `pool-a-x7k2p`: Ready with IP 10.244.1.17, or still Pending.
+fn hand_over(ready: bool) -> Controller {
+    Box::new(move |_, c, sbx| {
+        let (status, reason, message) = if ready {
+            ("True", "DependenciesReady", "Pod is Ready")
+        } else {
+            (
+                "False",
+                "DependenciesNotReady",
+                "Pod exists with phase: Pending; Service Exists",
+            )
+        };
         c["status"] = json!({
-            "conditions": [cond("Ready", "False", "DependenciesNotReady", "Pod exists with phase: Pending; Service Exists")],
+            "conditions": [cond("Ready", status, reason, message)],
             "sandbox": {"name": "pool-a-x7k2p"},
         });
+        let ips: &[&str] = if ready { &["10.244.1.17"] } else { &[] };
         sbx.insert(
             "pool-a-x7k2p".into(),
             sandbox(
                 "pool-a-x7k2p",
                 "sbx-00000000-0000-4000-8000-000000000001",
-                false,
-                &[],
+                ready,
+                ips,
             ),
         );
-    });
+    })
+}
+
+#[tokio::test]
+async fn a_sandbox_never_ready_is_pool_empty_and_deleted() {
+    let (fleet, handle) = fleet(ms(60), ms(10));
+    let mut w = world();
+    w.controller = hand_over(false);
     let server = serve(handle, w);
     let e = fleet
         .claim(&lease("00000000-0000-4000-8000-000000000001", "alice"))
@@ -926,21 +942,7 @@ async fn a_transient_403_is_tried_again() {
         })
     });
     // The controller hands over a Ready pod at the first read.
-    w.controller = Box::new(|_, c, sbx| {
-        c["status"] = json!({
-            "conditions": [cond("Ready", "True", "DependenciesReady", "Pod is Ready")],
-            "sandbox": {"name": "pool-a-x7k2p"},
-        });
-        sbx.insert(
-            "pool-a-x7k2p".into(),
-            sandbox(
-                "pool-a-x7k2p",
-                "sbx-00000000-0000-4000-8000-000000000001",
-                true,
-                &["10.244.1.17"],
-            ),
-        );
-    });
+    w.controller = hand_over(true);
     let server = serve(handle, w);
     let got = fleet
         .claim(&lease("00000000-0000-4000-8000-000000000001", "alice"))
