@@ -2,15 +2,19 @@
 # Boots an initramfs from build-initramfs.sh under QEMU, in the foreground,
 # until the VM powers off:
 #
-#   packaging/vm/run-qemu.sh --initramfs FILE --vsock-uds PATH [--kernel FILE] [--memory MiB]
+#   packaging/vm/run-qemu.sh --initramfs FILE --vsock-uds PATH [--kernel FILE] [--memory MiB] [--cpus N]
 #
 # The guest's virtio-vsock device is vhost-user-vsock-pci, served by
 # vhost-device-vsock (`cargo install vhost-device-vsock`), which this script
 # starts and stops. The host reaches the guest through PATH with the
 # hybrid-vsock handshake ("CONNECT <port>\n"): sandboxctl --agent
 # hvsock://PATH:1024. KVM is used when /dev/kvm works, TCG otherwise
-# (SANDBOX_AGENT_ACCEL=kvm|tcg forces one). The serial console goes to
-# stderr.
+# (SANDBOX_AGENT_ACCEL=kvm|tcg forces one). The guest gets --cpus vCPUs:
+# by default 2 under KVM and 1 under TCG, where every vCPU is a host thread
+# emulating a CPU, and a second one only makes the guest's CPUs wait on
+# each other (spinlocks, IPIs) when the host is busy: on a loaded 2-core
+# host, 2-vCPU TCG guests were seen stuck in the kernel for minutes (soft
+# lockups) and never served. The serial console goes to stderr.
 #
 # With --probe-accel it boots nothing: it prints the accelerator it would
 # use (kvm or tcg) and exits 0, so a caller starting many VMs probes once.
@@ -20,15 +24,16 @@
 set -euo pipefail
 
 die() { echo "run-qemu: $*" >&2; exit 2; }
-initramfs="" uds="" kernel="" memory=512 probe_only=0
+initramfs="" uds="" kernel="" memory=512 cpus="" probe_only=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --initramfs) initramfs=${2:-}; shift 2 ;;
     --vsock-uds) uds=${2:-}; shift 2 ;;
     --kernel) kernel=${2:-}; shift 2 ;;
     --memory) memory=${2:-}; shift 2 ;;
+    --cpus) cpus=${2:-}; shift 2 ;;
     --probe-accel) probe_only=1; shift ;;
-    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
     *) die "unknown argument $1 (see --help)" ;;
   esac
 done
@@ -37,6 +42,8 @@ done
 [ -n "$kernel" ] || kernel=${initramfs%.cpio.gz}.vmlinuz
 [ -f "$kernel" ] || die "no kernel at $kernel (give --kernel FILE; build-initramfs.sh puts one next to the initramfs)"
 [[ "$memory" =~ ^[0-9]+$ ]] && [ "$memory" -ge 128 ] || die "--memory must be a number of MiB, at least 128"
+[ -z "$cpus" ] || { [[ "$cpus" =~ ^[0-9]+$ ]] && [ "$cpus" -ge 1 ] && [ "$cpus" -le 64 ]; } \
+  || die "--cpus must be a number of vCPUs from 1 to 64"
 qemu=$(command -v qemu-system-x86_64) || die "qemu-system-x86_64 not found (apt-get install qemu-system-x86)"
 vhost=$(command -v vhost-device-vsock || true)
 [ -n "$vhost" ] || { [ -x "$HOME/.cargo/bin/vhost-device-vsock" ] && vhost=$HOME/.cargo/bin/vhost-device-vsock; } \
@@ -92,6 +99,9 @@ if [ "$probe_only" = 1 ]; then
 fi
 cpu=max
 [ "$accel" = kvm ] && cpu=host
+if [ -z "$cpus" ]; then
+  if [ "$accel" = kvm ]; then cpus=2; else cpus=1; fi
+fi
 
 rm -f "$uds"
 ctl=$work/vhost.sock
@@ -106,9 +116,9 @@ for _ in $(seq 100); do
 done
 [ -S "$ctl" ] || { echo "run-qemu: vhost-device-vsock did not create $ctl" >&2; exit 1; }
 
-echo "run-qemu: booting $(basename "$kernel") + $(basename "$initramfs") with $accel, ${memory} MiB; vsock at $uds" >&2
+echo "run-qemu: booting $(basename "$kernel") + $(basename "$initramfs") with $accel, ${cpus} vCPU(s), ${memory} MiB; vsock at $uds" >&2
 "$qemu" \
-  -machine q35,accel="$accel" -cpu "$cpu" -smp 2 -m "${memory}M" \
+  -machine q35,accel="$accel" -cpu "$cpu" -smp "$cpus" -m "${memory}M" \
   -object memory-backend-memfd,id=mem,size="${memory}M",share=on \
   -numa node,memdev=mem \
   -chardev socket,id=vsock,path="$ctl" \

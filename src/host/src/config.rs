@@ -71,6 +71,11 @@ pub struct Args {
     /// qemu backend: guest memory of each VM, in MiB.
     #[arg(long, default_value_t = 1024, value_name = "MIB")]
     pub vm_memory: u32,
+    /// qemu backend: vCPUs of each VM (1 to 64). Default: 2 under KVM, 1
+    /// under TCG (an emulated guest's second vCPU only makes its CPUs wait
+    /// on each other when the host is busy; see run-qemu.sh).
+    #[arg(long, value_name = "N")]
+    pub vm_cpus: Option<u32>,
     /// qemu backend: packaging/vm/run-qemu.sh. Default: run-qemu.sh next
     /// to this binary (as installed), else the one in the source tree this
     /// binary was built from.
@@ -387,6 +392,10 @@ pub fn backend(args: &Args) -> anyhow::Result<pool::Backend> {
                 args.vm_memory >= 256,
                 "--vm-memory must be at least 256 MiB"
             );
+            anyhow::ensure!(
+                args.vm_cpus.is_none_or(|n| (1..=64).contains(&n)),
+                "--vm-cpus must be from 1 to 64"
+            );
             let run_script = match &args.vm_runner {
                 Some(p) => p.clone(),
                 None => std::env::current_exe()?
@@ -412,6 +421,7 @@ pub fn backend(args: &Args) -> anyhow::Result<pool::Backend> {
                 run_script,
                 image,
                 memory_mib: args.vm_memory,
+                cpus: args.vm_cpus,
                 accel,
             })
         }

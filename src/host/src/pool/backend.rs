@@ -27,6 +27,8 @@ pub enum Backend {
         /// An initramfs from `build-initramfs.sh` (its kernel beside it).
         image: PathBuf,
         memory_mib: u32,
+        /// vCPUs per VM; `None`: run-qemu.sh's default for the accelerator.
+        cpus: Option<u32>,
         /// `kvm` or `tcg`, decided once (see [`probe_accel`]).
         accel: String,
     },

@@ -515,6 +515,7 @@ impl Pool {
                 run_script,
                 image,
                 memory_mib,
+                cpus,
                 accel,
             } => {
                 let mut c = std::process::Command::new(run_script);
@@ -526,6 +527,9 @@ impl Pool {
                     .arg("--memory")
                     .arg(memory_mib.to_string())
                     .env("SANDBOX_AGENT_ACCEL", accel);
+                if let Some(n) = cpus {
+                    c.arg("--cpus").arg(n.to_string());
+                }
                 spawn_in_session(c, log)?
             }
         };
