@@ -23,12 +23,16 @@ use serde_json::{Value, json};
 pub const NAMESPACE: &str = "fleet";
 const EXT: &str = "/apis/extensions.agents.x-k8s.io/v1beta1/namespaces/{ns}/sandboxclaims";
 const CORE: &str = "/apis/agents.x-k8s.io/v1beta1/namespaces/{ns}/sandboxes/{name}";
+const LEASES: &str = "/apis/coordination.k8s.io/v1/namespaces/{ns}/leases";
 
 /// What the stand-in holds and how it misbehaves.
 #[derive(Default)]
 pub struct Cluster {
     pub claims: BTreeMap<String, Value>,
     pub sandboxes: BTreeMap<String, Value>,
+    /// Coordination Leases (the replicas' presences, the reaper's, the
+    /// owners' ledgers), by name.
+    pub leases: BTreeMap<String, Value>,
     /// Pod IPs not yet claimed (real agents listen there).
     pub free_pods: Vec<String>,
     /// Every request, as `METHOD path`.
@@ -89,6 +93,11 @@ impl KubeApi {
                         get(get_claim).patch(patch_claim).delete(delete_claim),
                     )
                     .route(CORE, get(get_sandbox))
+                    .route(LEASES, get(list_leases).post(create_lease))
+                    .route(
+                        &format!("{LEASES}/{{name}}"),
+                        get(get_lease).patch(patch_lease).delete(delete_lease),
+                    )
                     .layer(axum::middleware::from_fn_with_state(s.clone(), user_agent))
                     .with_state(s);
                 axum::serve(l, app).await.expect("serve");
@@ -426,5 +435,94 @@ async fn get_sandbox(
     match c.sandboxes.get(&name) {
         Some(v) => axum::Json(v.clone()).into_response(),
         None => not_found("sandboxes.agents.x-k8s.io", &name),
+    }
+}
+
+// ---------------------------------------------------------------- leases
+// What the host does with coordination.k8s.io Leases (sandbox_kube::coord
+// and kube-lease-manager): create, get, list, patch (merge, strategic and
+// apply patches of a Lease's flat fields all merge alike here) at a
+// resourceVersion when one is named, delete.
+
+fn lease_not_found(name: &str) -> Response {
+    not_found("leases.coordination.k8s.io", name)
+}
+
+async fn create_lease(State(s): Shared, body: Bytes) -> Response {
+    let mut c = lock(&s);
+    c.requests.push("POST leases".to_owned());
+    let Ok(mut l) = serde_json::from_slice::<Value>(&body) else {
+        return status(400, "BadRequest", "the body is not JSON");
+    };
+    let name = l["metadata"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    if c.leases.contains_key(&name) {
+        return status(
+            409,
+            "AlreadyExists",
+            &format!("leases \"{name}\" already exists"),
+        );
+    }
+    c.serial += 1;
+    l["metadata"]["resourceVersion"] = json!(c.serial.to_string());
+    c.leases.insert(name, l.clone());
+    (StatusCode::CREATED, axum::Json(l)).into_response()
+}
+
+async fn get_lease(State(s): Shared, UrlPath((_ns, name)): UrlPath<(String, String)>) -> Response {
+    let mut c = lock(&s);
+    c.requests.push(format!("GET leases/{name}"));
+    match c.leases.get(&name) {
+        Some(l) => axum::Json(l.clone()).into_response(),
+        None => lease_not_found(&name),
+    }
+}
+
+async fn list_leases(State(s): Shared) -> Response {
+    let mut c = lock(&s);
+    c.requests.push("GET leases".to_owned());
+    let items: Vec<Value> = c.leases.values().cloned().collect();
+    axum::Json(json!({
+        "apiVersion": "coordination.k8s.io/v1", "kind": "LeaseList",
+        "metadata": {"resourceVersion": c.serial.to_string()}, "items": items
+    }))
+    .into_response()
+}
+
+async fn patch_lease(
+    State(s): Shared,
+    UrlPath((_ns, name)): UrlPath<(String, String)>,
+    body: Bytes,
+) -> Response {
+    let mut c = lock(&s);
+    c.requests.push(format!("PATCH leases/{name}"));
+    let Ok(patch) = serde_json::from_slice::<Value>(&body) else {
+        return status(400, "BadRequest", "the patch is not JSON");
+    };
+    c.serial += 1;
+    let serial = c.serial;
+    let Some(l) = c.leases.get_mut(&name) else {
+        return lease_not_found(&name);
+    };
+    let want = &patch["metadata"]["resourceVersion"];
+    if !want.is_null() && *want != l["metadata"]["resourceVersion"] {
+        return status(409, "Conflict", "the object has been modified");
+    }
+    json_patch::merge(l, &patch);
+    l["metadata"]["resourceVersion"] = json!(serial.to_string());
+    axum::Json(l.clone()).into_response()
+}
+
+async fn delete_lease(
+    State(s): Shared,
+    UrlPath((_ns, name)): UrlPath<(String, String)>,
+) -> Response {
+    let mut c = lock(&s);
+    c.requests.push(format!("DELETE leases/{name}"));
+    match c.leases.remove(&name) {
+        Some(l) => axum::Json(l).into_response(),
+        None => lease_not_found(&name),
     }
 }

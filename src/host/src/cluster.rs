@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 
 use sandbox_client::auth::Token;
 use sandbox_client::proto;
+use sandbox_kube::coord::Lock;
 use sandbox_kube::lease::Phase;
 use sandbox_kube::{Claimed, Fleet, KubeError, Lease};
 use tracing::{info, warn};
@@ -57,6 +58,11 @@ pub struct Cluster {
     cache: Mutex<HashMap<String, (Instant, Option<SandboxRow>)>>,
     /// This process's id in the claims it makes (`Lease::host`).
     instance: String,
+    /// This replica's presence: its Acquires in flight count against
+    /// their owners while it is held ([`Cluster::coordinate`]).
+    presence: Mutex<Option<Lock>>,
+    /// The reaper's Lease, held by one replica at a time.
+    reaper: Mutex<Option<Lock>>,
 }
 
 /// Entries kept at most this many times the cache's lifetime.
@@ -70,7 +76,77 @@ impl Cluster {
             signer: Signer::new(signing_key),
             cache: Mutex::new(HashMap::new()),
             instance: uuid::Uuid::new_v4().to_string(),
+            presence: Mutex::new(None),
+            reaper: Mutex::new(None),
         }
+    }
+
+    /// Announces this replica (its presence Lease, renewed in the
+    /// background) and competes for the reaper's, in the background: tried
+    /// again until the API server takes them (it may be down while the
+    /// host starts). Until its presence is held this replica claims
+    /// nothing (its claims would read as orphaned to the others).
+    pub fn coordinate(self: &std::sync::Arc<Self>) {
+        let c = self.clone();
+        tokio::spawn(async move {
+            let mut pause = Duration::from_millis(500);
+            loop {
+                if locked(&c.presence).is_none() {
+                    match c.fleet.announce(&c.instance).await {
+                        Ok(l) => *locked(&c.presence) = Some(l),
+                        Err(e) => {
+                            warn!(error = %e, "cannot announce this replica (its presence Lease); trying again")
+                        }
+                    }
+                }
+                if locked(&c.reaper).is_none() {
+                    match c.fleet.reaper_lock(&c.instance).await {
+                        Ok(l) => *locked(&c.reaper) = Some(l),
+                        Err(e) => {
+                            warn!(error = %e, "cannot compete for the reaper's Lease; trying again")
+                        }
+                    }
+                }
+                if locked(&c.presence).is_some() && locked(&c.reaper).is_some() {
+                    info!(replica = %c.instance, "this replica is announced (presence Lease held)");
+                    return;
+                }
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(10));
+            }
+        });
+    }
+
+    /// Whether this replica's presence is held now.
+    fn present(&self) -> bool {
+        locked(&self.presence).as_ref().is_some_and(Lock::held)
+    }
+
+    /// Whether this replica's presence is held, waiting `within` for it
+    /// (a replica just started takes it in the background).
+    async fn await_presence(&self, within: Duration) -> bool {
+        let deadline = Instant::now() + within;
+        while !self.present() {
+            if Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        true
+    }
+
+    /// Gives up this replica's Leases (a graceful stop): the next reaper
+    /// takes over at once, and its Acquires in flight stop counting.
+    pub async fn stop(&self) {
+        let locks = [locked(&self.reaper).take(), locked(&self.presence).take()];
+        for lock in locks.into_iter().flatten() {
+            lock.release(Duration::from_secs(5)).await;
+        }
+    }
+
+    /// Whether this replica is the reaper now.
+    fn reaps(&self) -> bool {
+        locked(&self.reaper).as_ref().is_some_and(Lock::held)
     }
 
     /// The agent token of lease `id` (the same on every replica).
@@ -102,8 +178,9 @@ impl Cluster {
         Ok(Slot::remote(s.slot.clone(), self.remote(ip, &s.id)?))
     }
 
-    /// Claims a pod for lease `id` of `owner` and binds its agent to the
-    /// lease's token. On any failure the claim is deleted.
+    /// Claims a pod for lease `id` of `owner`, within the owner's `cap`
+    /// across replicas (decided before the claim is made), and binds its
+    /// agent to the lease's token. On any failure the claim is deleted.
     pub async fn claim(
         &self,
         id: &str,
@@ -111,7 +188,13 @@ impl Cluster {
         benchmark: Option<&str>,
         expires_at_ms: Option<i64>,
         now: &str,
+        cap: usize,
     ) -> HostResult<Slot> {
+        if !self.await_presence(PRESENCE_WAIT).await {
+            return Err(HostError::Cluster(KubeError::Absent {
+                replica: self.instance.clone(),
+            }));
+        }
         let lease = Lease {
             sandbox_id: id.to_owned(),
             owner: owner.to_owned(),
@@ -126,7 +209,7 @@ impl Cluster {
             pod_ip: None,
             host: Some(self.instance.clone()),
         };
-        let claimed = self.fleet.claim(&lease).await.map_err(cluster_error)?;
+        let claimed = self.fleet.claim(&lease, cap).await.map_err(cluster_error)?;
         // Bounded: a pod that takes the connection and never answers must
         // not hold the Acquire (and the claim) for ever.
         let bound = tokio::time::timeout(self.cfg.bind_within, self.bind(&claimed, id))
@@ -260,31 +343,28 @@ impl Cluster {
             .collect()
     }
 
-    /// The owner's live sandboxes and the Acquires other replicas have in
-    /// flight (this one counts its own: `api::leases::OwnerClaim`).
+    /// The owner's live sandboxes and the Acquires other replicas still
+    /// present have in flight (this one counts its own:
+    /// `api::leases::OwnerClaim`; a replica gone counts none). A first,
+    /// cheap count: the cap is decided across replicas before a claim is
+    /// made ([`Fleet::admit`]).
     pub async fn held(&self, owner: &str) -> Result<usize, StoreError> {
         let leases = self
             .fleet
             .leases(Some(owner))
             .await
             .inspect_err(log_cluster_error)?;
+        let replicas = self
+            .fleet
+            .live_replicas()
+            .await
+            .inspect_err(log_cluster_error)?;
         let ours_in_flight =
             |l: &Lease| l.phase == Phase::Acquiring && l.host.as_deref() == Some(&self.instance);
         Ok(leases
             .iter()
-            .filter(|l| l.phase != Phase::Released && !ours_in_flight(l))
+            .filter(|l| sandbox_kube::coord::counts(l, &replicas) && !ours_in_flight(l))
             .count())
-    }
-
-    /// Every claim of the owner not released, this replica's Acquires in
-    /// flight included (the second count, with an Acquire's claim made).
-    pub async fn claims_held(&self, owner: &str) -> Result<usize, StoreError> {
-        let leases = self
-            .fleet
-            .leases(Some(owner))
-            .await
-            .inspect_err(log_cluster_error)?;
-        Ok(leases.iter().filter(|l| l.phase != Phase::Released).count())
     }
 
     /// Records an acquired sandbox in its claim (made by [`Cluster::claim`]).
@@ -327,20 +407,40 @@ impl Cluster {
         Ok(())
     }
 
-    /// Live leases whose TTL has passed. Claims left `acquiring` past any
-    /// Acquire's time (their replica stopped mid-way: no guard ran, no
-    /// one lists them, their owner cannot release them), and released
-    /// ones whose delete failed, are deleted on the way.
+    /// Live leases whose TTL has passed, on the one replica that holds
+    /// the reaper's Lease (none on the others). Claims left `acquiring` by
+    /// a replica whose presence lapsed, or past any Acquire's time (their
+    /// replica stopped mid-way: no guard ran, no one lists them, their
+    /// owner cannot release them), released ones whose delete failed, and
+    /// presences of replicas long gone, are deleted on the way.
     pub async fn expired(&self, now_ms: i64) -> Result<Vec<SandboxRow>, StoreError> {
+        if !self.reaps() {
+            return Ok(Vec::new());
+        }
         let leases = self
             .fleet
             .leases(None)
             .await
             .inspect_err(log_cluster_error)?;
+        let replicas = self
+            .fleet
+            .live_replicas()
+            .await
+            .inspect_err(log_cluster_error)?;
         let abandoned_after = self.fleet.config().claim_timeout + ACQUIRE_AFTER_CLAIM;
+        let orphaned = |l: &Lease| {
+            l.host.as_ref().is_some_and(|h| !replicas.contains(h))
+                // Not one made a moment ago by a replica that just started
+                // (its presence is taken before it serves).
+                && age_of(&l.created_at, now_ms) > Some(ORPHAN_AFTER)
+        };
         let mut expired = Vec::new();
         for l in leases {
             match l.phase {
+                Phase::Acquiring if orphaned(&l) => {
+                    warn!(sandbox = %l.sandbox_id, claim = %l.claim, replica = ?l.host, "a claim left acquiring by a replica gone; deleting it");
+                    self.unclaim(&l.claim).await;
+                }
                 Phase::Acquiring if age_of(&l.created_at, now_ms) > Some(abandoned_after) => {
                     warn!(sandbox = %l.sandbox_id, claim = %l.claim, "a claim left acquiring (its host stopped mid-Acquire); deleting it");
                     self.unclaim(&l.claim).await;
@@ -358,9 +458,29 @@ impl Cluster {
                 _ => {}
             }
         }
+        if let Err(e) = self.fleet.prune_presences(PRESENCE_KEPT).await {
+            log_cluster_error(&e);
+            warn!(error = %e, "cannot delete the presence Leases of replicas gone");
+        }
         Ok(expired)
     }
 }
+
+fn locked<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// How long an Acquire waits for this replica's presence (taken in the
+/// background at start) before it is refused.
+const PRESENCE_WAIT: Duration = Duration::from_secs(3);
+
+/// A claim of a replica whose presence is gone is taken as orphaned once
+/// it is this old.
+const ORPHAN_AFTER: Duration = Duration::from_secs(10);
+
+/// A presence Lease is kept this long after it lapsed (so a replica's
+/// claims can be told orphaned), then deleted.
+const PRESENCE_KEPT: Duration = Duration::from_secs(3600);
 
 /// Longer than any Acquire takes once its claim is Ready (the bind, the
 /// agent's Acquire starting its servers, the record).
@@ -410,7 +530,10 @@ fn row_of(l: Lease) -> Result<SandboxRow, StoreError> {
 /// naming the permission the host's Role lacks.
 pub fn cluster_error(e: KubeError) -> HostError {
     log_cluster_error(&e);
-    HostError::Cluster(e)
+    match e {
+        KubeError::OwnerFull { held, limit } => HostError::TooManySandboxes { held, limit },
+        e => HostError::Cluster(e),
+    }
 }
 
 fn log_cluster_error(e: &KubeError) {

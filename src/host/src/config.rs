@@ -272,6 +272,20 @@ pub struct Args {
     /// should no host run.
     #[arg(long, default_value_t = 300, value_name = "SECONDS")]
     pub kube_shutdown_grace: u64,
+    /// kubernetes backend: how long a replica's presence Lease lasts past
+    /// its last renewal (renewed a third before). A replica killed
+    /// mid-Acquire: its claims stop counting against their owners, and
+    /// are deleted, this long (plus 5 s of clock skew, plus 10 s) after;
+    /// also the reaper's Lease, taken over this long after its holder
+    /// died.
+    #[arg(long, default_value_t = 30, value_name = "SECONDS")]
+    pub kube_presence_ttl: u64,
+    /// kubernetes backend: how long an admitted Acquire holds its place
+    /// against its owner's cap before its claim must exist (removed as
+    /// soon as the claim is made; this bounds an Acquire dropped between
+    /// the two).
+    #[arg(long, default_value_t = 60, value_name = "SECONDS")]
+    pub kube_reservation_ttl: u64,
     /// kubernetes backend: how long a sandbox found live is taken as live
     /// by the MCP URLs of this replica without asking the API server
     /// again (a release by this replica ends it at once).
@@ -583,6 +597,11 @@ pub fn cluster(args: &Args) -> anyhow::Result<Option<ClusterPlan>> {
             && args.kube_bind_timeout > 0
             && args.kube_release_timeout > 0,
         "--kube-claim-timeout, --kube-poll-ms, --kube-call-timeout, --kube-bind-timeout and --kube-release-timeout must be at least 1"
+    );
+    anyhow::ensure!(
+        (3..=3600).contains(&args.kube_presence_ttl)
+            && (5..=3600).contains(&args.kube_reservation_ttl),
+        "--kube-presence-ttl must be from 3 to 3600 s and --kube-reservation-ttl from 5 to 3600 s"
     );
     anyhow::ensure!(
         args.signing_key_file.is_some(),

@@ -108,7 +108,11 @@ impl Host {
     /// reaper and the warm-keeper, and binds the listener.
     pub async fn start(args: &Args, c: Checked) -> anyhow::Result<Started> {
         let cluster = match c.cluster {
-            Some(plan) => Some(Arc::new(connect_cluster(args, plan, &c.signing_key).await?)),
+            Some(plan) => {
+                let c = Arc::new(connect_cluster(args, plan, &c.signing_key).await?);
+                c.coordinate();
+                Some(c)
+            }
             None => None,
         };
         let store = match (c.store, &cluster) {
@@ -218,6 +222,9 @@ impl Started {
     /// pool closes: its idle and starting sandboxes stop, leased ones keep
     /// running for the next start.
     pub async fn stop(host: Shared) {
+        if let Some(c) = &host.cluster {
+            c.stop().await;
+        }
         let releases = host.releases.clone();
         tracing::info!(
             releases = releases.len(),
@@ -506,9 +513,13 @@ async fn connect_cluster(
             claim_timeout: Duration::from_secs(args.kube_claim_timeout),
             poll: Duration::from_millis(args.kube_poll_ms),
             shutdown_grace: Duration::from_secs(args.kube_shutdown_grace),
+            coord: sandbox_kube::coord::CoordConfig {
+                presence_ttl: Duration::from_secs(args.kube_presence_ttl),
+                reservation_ttl: Duration::from_secs(args.kube_reservation_ttl),
+            },
         },
     );
-    Ok(crate::cluster::Cluster::new(
+    let cluster = crate::cluster::Cluster::new(
         fleet,
         crate::cluster::ClusterConfig {
             bootstrap: plan.bootstrap,
@@ -519,7 +530,8 @@ async fn connect_cluster(
             release_within: Duration::from_secs(args.kube_release_timeout),
         },
         signing_key.to_vec(),
-    ))
+    );
+    Ok(cluster)
 }
 
 /// A signing key every replica shares (`--signing-key-file`): at least 32

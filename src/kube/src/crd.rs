@@ -10,7 +10,11 @@
 //!   sandbox of a warm pool; deleting it deletes that sandbox).
 //!
 //! The manifests in `packaging/kubernetes/` are parsed into these types in
-//! a test, so a field spelt wrong there fails the build.
+//! a test, so a field spelt wrong there fails the build. What the host
+//! reads back from the API server (a sandbox, a claim) takes fields it
+//! does not know: a newer agent-sandbox that adds a defaulted spec field
+//! must not make every read fail (the template's and pool's types stay
+//! strict: only the packaging is parsed into them).
 
 use std::collections::BTreeMap;
 
@@ -88,7 +92,7 @@ resource!(Sandbox, CORE_GROUP, "sandboxes");
 
 /// What a sandbox runs, and when it ends.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct SandboxSpec {
     #[serde(default)]
     pub pod_template: PodTemplate,
@@ -106,7 +110,7 @@ pub struct SandboxSpec {
 
 /// A pod's spec and the labels and annotations it gets.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct PodTemplate {
     #[serde(default)]
     pub metadata: PodMetadata,
@@ -116,7 +120,7 @@ pub struct PodTemplate {
 
 /// Labels and annotations (agent-sandbox's `PodMetadata`).
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct PodMetadata {
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub labels: BTreeMap<String, String>,
@@ -126,7 +130,7 @@ pub struct PodMetadata {
 
 /// A volume claim made with each sandbox.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct VolumeClaimTemplate {
     #[serde(default)]
     pub metadata: EmbeddedMetadata,
@@ -135,7 +139,7 @@ pub struct VolumeClaimTemplate {
 
 /// Name, labels and annotations of an embedded object.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct EmbeddedMetadata {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
@@ -305,7 +309,7 @@ pub struct SandboxClaim {
 resource!(SandboxClaim, EXTENSIONS_GROUP, "sandboxclaims");
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct SandboxClaimSpec {
     pub warm_pool_ref: NameRef,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -320,7 +324,7 @@ pub struct SandboxClaimSpec {
 
 /// When the claim (and its sandbox) ends by itself.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct ClaimLifecycle {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shutdown_time: Option<Time>,
@@ -332,7 +336,7 @@ pub struct ClaimLifecycle {
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(rename_all = "camelCase")]
 pub struct ClaimEnvVar {
     pub name: String,
     pub value: String,
@@ -385,5 +389,32 @@ impl SandboxClaim {
             return Some(format!("{}: {}", c.reason, c.message));
         }
         None
+    }
+}
+
+#[cfg(test)]
+mod newer_fields {
+    use super::{Sandbox, SandboxClaim};
+
+    /// A newer agent-sandbox may default spec fields this host does not
+    /// know (an open proposal adds `podFailurePolicy: Ignore` to every
+    /// sandbox): reads of sandboxes and claims still parse.
+    #[test]
+    fn a_sandbox_and_a_claim_with_fields_of_a_newer_release_parse() {
+        let s: Result<Sandbox, _> = serde_json::from_value(serde_json::json!({
+            "apiVersion": "agents.x-k8s.io/v1beta1", "kind": "Sandbox",
+            "metadata": {"name": "s"},
+            "spec": {"podFailurePolicy": "Ignore", "podTemplate": {
+                "metadata": {"labels": {"a": "b"}, "future": 1},
+                "spec": {"containers": [{"name": "agent", "image": "i"}]}}},
+        }));
+        assert!(s.is_ok(), "{s:?}");
+        let c: Result<SandboxClaim, _> = serde_json::from_value(serde_json::json!({
+            "apiVersion": "extensions.agents.x-k8s.io/v1beta1", "kind": "SandboxClaim",
+            "metadata": {"name": "c"},
+            "spec": {"warmPoolRef": {"name": "p"}, "ttlSecondsAfterCreated": 60,
+                     "lifecycle": {"shutdownPolicy": "Delete", "future": true}},
+        }));
+        assert!(c.is_ok(), "{c:?}");
     }
 }

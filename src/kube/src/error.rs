@@ -47,6 +47,28 @@ pub enum KubeError {
         #[source]
         source: Box<kube::Error>,
     },
+    /// The owner holds its cap of sandboxes (counted across replicas
+    /// before any claim is made).
+    #[error("the owner holds {held} sandboxes, its limit is {limit}")]
+    OwnerFull { held: usize, limit: usize },
+    /// Replicas kept writing the owner's ledger: the admission gave up.
+    #[error(
+        "too many Acquires of this owner at once across replicas (ledger {ledger} kept changing); try again"
+    )]
+    Contended { ledger: String },
+    /// This replica does not hold its presence Lease (yet, or any more):
+    /// it makes no claim, which the others would take as orphaned.
+    #[error(
+        "this host replica ({replica}) is not announced to the others yet (its presence Lease in coordination.k8s.io is not held: the API server is unreachable, or the host's Role lacks leases); try again"
+    )]
+    Absent { replica: String },
+    /// kube-lease-manager could not set up a coordination Lease.
+    #[error("cannot hold coordination Lease {lease}: {source}")]
+    Coordination {
+        lease: String,
+        #[source]
+        source: Box<kube_lease_manager::LeaseManagerError>,
+    },
     /// A sandbox id that is not a UUID (hosts make only those).
     #[error("sandbox id {0:?} is not a UUID")]
     BadId(String),

@@ -5,11 +5,13 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+use k8s_openapi::api::coordination::v1::Lease as KLease;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use kube::Api;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use tracing::{info, warn};
 
+use crate::coord::{self, Admission, CoordConfig, Reservation};
 use crate::crd::{ClaimLifecycle, NameRef, Sandbox, SandboxClaim, SandboxClaimSpec};
 use crate::error::KubeError;
 use crate::lease::{self, FINALIZER, Lease};
@@ -33,6 +35,8 @@ pub struct FleetConfig {
     /// hosts' reaper releases first; the controller's shutdown is the
     /// backstop when no host runs.
     pub shutdown_grace: Duration,
+    /// Replicas' presence and admissions ([`crate::coord`]).
+    pub coord: CoordConfig,
 }
 
 /// The key of the pool that serves everything no other pool does.
@@ -47,8 +51,10 @@ pub struct Claimed {
 }
 
 pub struct Fleet {
+    client: kube::Client,
     claims: Api<SandboxClaim>,
     sandboxes: Api<Sandbox>,
+    leases: Api<KLease>,
     cfg: FleetConfig,
 }
 
@@ -72,7 +78,9 @@ impl Fleet {
     pub fn new(client: kube::Client, cfg: FleetConfig) -> Fleet {
         Fleet {
             claims: Api::namespaced(client.clone(), &cfg.namespace),
-            sandboxes: Api::namespaced(client, &cfg.namespace),
+            sandboxes: Api::namespaced(client.clone(), &cfg.namespace),
+            leases: Api::namespaced(client.clone(), &cfg.namespace),
+            client,
             cfg,
         }
     }
@@ -101,18 +109,36 @@ impl Fleet {
 
     /// Claims a sandbox of `lease.pool` for `lease` (its record in the
     /// claim, phase acquiring) and waits until it is Ready with a pod IP,
-    /// within the claim timeout. On any failure, and when this future is
-    /// dropped before it ends, the claim is deleted: nothing is leaked.
-    pub async fn claim(&self, lease: &Lease) -> Result<Claimed, KubeError> {
+    /// within the claim timeout. The owner's cap of `cap` sandboxes is
+    /// decided first, across replicas ([`Fleet::admit`]): refused, no
+    /// claim is made ([`KubeError::OwnerFull`]). On any failure, and when
+    /// this future is dropped before it ends, the claim is deleted:
+    /// nothing is leaked.
+    pub async fn claim(&self, lease: &Lease, cap: usize) -> Result<Claimed, KubeError> {
         if !is_sandbox_id(&lease.sandbox_id) {
             return Err(KubeError::BadId(lease.sandbox_id.clone()));
+        }
+        let replica = lease.host.clone().unwrap_or_default();
+        if let Admission::Full { held } = self
+            .admit(&lease.owner, &lease.sandbox_id, cap, &replica)
+            .await?
+        {
+            return Err(KubeError::OwnerFull { held, limit: cap });
         }
         let name = claim_name(&lease.sandbox_id);
         let claim = self.claim_object(&name, lease);
         let pp = PostParams::default();
-        retried(Call::Create, || self.claims.create(&pp, &claim))
-            .await
-            .map_err(self.api("create", CLAIMS))?;
+        let created = retried(Call::Create, || self.claims.create(&pp, &claim)).await;
+        // The claim counts by itself now (or was never made).
+        let ledger = coord::ledger_name(&lease.owner);
+        coord::unreserve(
+            &self.leases,
+            &self.cfg.namespace,
+            &ledger,
+            &lease.sandbox_id,
+        )
+        .await;
+        created.map_err(self.api("create", CLAIMS))?;
         info!(sandbox = %lease.sandbox_id, claim = %name, pool = %lease.pool, "claimed");
         let mut guard = Unclaim {
             claims: Some(self.claims.clone()),
@@ -276,6 +302,104 @@ impl Fleet {
         Ok(out)
     }
 
+    /// Admits an Acquire of `owner` (sandbox `sandbox_id`, by `replica`)
+    /// if the owner holds fewer than `cap` places: its claims that count
+    /// ([`coord`]: live, or acquiring on a replica still present) and the
+    /// Acquires admitted but not claimed yet. Admitted, its reservation is
+    /// in the owner's ledger, written at the version read: a write of
+    /// another replica in between (409) makes it count again.
+    pub async fn admit(
+        &self,
+        owner: &str,
+        sandbox_id: &str,
+        cap: usize,
+        replica: &str,
+    ) -> Result<Admission, KubeError> {
+        let name = coord::ledger_name(owner);
+        let ns = &self.cfg.namespace;
+        for attempt in 1..=coord::ADMIT_ATTEMPTS {
+            let ledger = retried(Call::Repeatable, || self.leases.get_opt(&name))
+                .await
+                .map_err(self.api("get", "leases"))?;
+            let version = ledger
+                .as_ref()
+                .map(|l| l.metadata.resource_version.clone().unwrap_or_default());
+            let reservations = ledger
+                .as_ref()
+                .map(coord::reservations_of)
+                .unwrap_or_default();
+            let claims = self.leases(Some(owner)).await?;
+            let now = now_ms();
+            let replicas = coord::live_replicas(&self.leases, ns, now).await?;
+            let (held, mut kept) = coord::places(&claims, reservations, &replicas, now);
+            if held >= cap {
+                return Ok(Admission::Full { held });
+            }
+            let until_ms = now + self.cfg.coord.reservation_ttl.as_millis() as i64;
+            kept.insert(
+                sandbox_id.to_owned(),
+                Reservation {
+                    replica: replica.to_owned(),
+                    until_ms,
+                },
+            );
+            if coord::write_ledger(&self.leases, ns, &name, version.as_deref(), &kept).await? {
+                return Ok(Admission::Admitted);
+            }
+            info!(ledger = %name, attempt, "another replica admitted an Acquire of this owner meanwhile; counting again");
+            // Apart, so two replicas retrying do not meet again at once.
+            let spread = u64::from(sandbox_id.bytes().map(u32::from).sum::<u32>() % 20);
+            tokio::time::sleep(Duration::from_millis(5 * u64::from(attempt) + spread)).await;
+        }
+        Err(KubeError::Contended { ledger: name })
+    }
+
+    /// The replicas whose presence is live ([`coord`]).
+    pub async fn live_replicas(&self) -> Result<std::collections::HashSet<String>, KubeError> {
+        coord::live_replicas(&self.leases, &self.cfg.namespace, now_ms()).await
+    }
+
+    /// Holds this replica's presence (`instance`) while the lock lives.
+    pub async fn announce(&self, instance: &str) -> Result<coord::Lock, KubeError> {
+        let name = format!("{}{instance}", coord::PRESENCE_PREFIX);
+        coord::Lock::take(
+            self.client.clone(),
+            &self.cfg.namespace,
+            &name,
+            instance,
+            self.cfg.coord.presence_ttl,
+        )
+        .await
+    }
+
+    /// Competes for the reaper's Lease as `instance`.
+    pub async fn reaper_lock(&self, instance: &str) -> Result<coord::Lock, KubeError> {
+        coord::Lock::take(
+            self.client.clone(),
+            &self.cfg.namespace,
+            coord::REAPER,
+            instance,
+            self.cfg.coord.presence_ttl,
+        )
+        .await
+    }
+
+    /// Deletes presence Leases lapsed for longer than `older` (replicas
+    /// gone); returns how many.
+    pub async fn prune_presences(&self, older: Duration) -> Result<usize, KubeError> {
+        let ns = &self.cfg.namespace;
+        let stale = coord::stale_presences(&self.leases, ns, now_ms(), older).await?;
+        for name in &stale {
+            let dp = DeleteParams::background();
+            match retried(Call::Repeatable, || self.leases.delete(name, &dp)).await {
+                Ok(_) => info!(lease = %name, "deleted the presence of a replica gone"),
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(e) => return Err(self.api("delete", "leases")(e)),
+            }
+        }
+        Ok(stale.len())
+    }
+
     /// The lease of sandbox `id`, if its claim exists. An id that is not
     /// one this host makes (a UUID) names no claim, and never reaches the
     /// API server's path.
@@ -334,6 +458,14 @@ impl Fleet {
             }
         }
     }
+}
+
+/// Now, in unix ms.
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or_default()
 }
 
 /// How many times a read-modify-write of a claim is tried when another

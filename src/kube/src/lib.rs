@@ -7,9 +7,12 @@
 //! - [`fleet`]: claiming a warm sandbox (create the claim, wait bounded
 //!   for its sandbox Ready with a pod IP, delete it on any failure or
 //!   when the wait is dropped), recording, listing and releasing leases.
+//! - [`coord`]: replicas' presence, the reaper's leader, and each owner's
+//!   admissions, through `coordination.k8s.io` Leases.
 //! - [`error`]: [`KubeError`], by cause (the pool empty past the wait, a
 //!   claim that failed, the API server unreachable or forbidding).
 
+pub mod coord;
 pub mod crd;
 pub mod error;
 pub mod fleet;

@@ -24,6 +24,9 @@ type Handle = mock::Handle<Request<Body>, Response<Body>>;
 
 const CLAIMS: &str = "/apis/extensions.agents.x-k8s.io/v1beta1/namespaces/ns/sandboxclaims";
 const SANDBOXES: &str = "/apis/agents.x-k8s.io/v1beta1/namespaces/ns/sandboxes";
+/// Coordination Leases (the owners' admission ledgers): stored, and
+/// logged apart from the claims' requests (`World::lease_log`).
+const LEASES: &str = "/apis/coordination.k8s.io/v1/namespaces/ns/leases";
 /// 2026-01-01T01:00:00Z.
 const EXPIRY_MS: i64 = 1_767_229_200_000;
 const T0: &str = "2026-01-01T00:00:00Z";
@@ -43,6 +46,7 @@ fn fleet(claim_timeout: Duration, poll: Duration) -> (Fleet, Handle) {
         claim_timeout,
         poll,
         shutdown_grace: Duration::from_secs(90),
+        coord: Default::default(),
     };
     (Fleet::new(client, cfg), handle)
 }
@@ -138,6 +142,10 @@ type Intercept = Box<dyn FnMut(&Req) -> Option<Reply> + Send>;
 struct World {
     claims: BTreeMap<String, Value>,
     sandboxes: BTreeMap<String, Value>,
+    leases: BTreeMap<String, Value>,
+    /// The requests on Leases, in order (`METHOD name`, or `METHOD` for
+    /// the collection).
+    lease_log: Vec<String>,
     gets: u32,
     version: u64,
     controller: Controller,
@@ -148,6 +156,8 @@ fn world() -> World {
     World {
         claims: BTreeMap::new(),
         sandboxes: BTreeMap::new(),
+        leases: BTreeMap::new(),
+        lease_log: Vec::new(),
         gets: 0,
         version: 100,
         controller: Box::new(|_, _, _| {}),
@@ -208,8 +218,70 @@ impl World {
         c["metadata"]["resourceVersion"] = json!(self.version.to_string());
     }
 
+    /// Leases with the server's semantics for what the fleet does: create,
+    /// get, list, merge patch at a resourceVersion, delete.
+    fn lease(&mut self, r: &Req, rest: &str) -> Reply {
+        let name = rest.strip_prefix('/');
+        self.lease_log.push(
+            format!("{} {}", r.method, name.unwrap_or_default())
+                .trim()
+                .to_owned(),
+        );
+        match (r.method.as_str(), name) {
+            ("POST", None) => {
+                let mut l = r.body.clone();
+                let n = l["metadata"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned();
+                if self.leases.contains_key(&n) {
+                    return status(409, "AlreadyExists", "already exists");
+                }
+                self.bump(&mut l);
+                self.leases.insert(n, l.clone());
+                Reply::Json(201, l)
+            }
+            ("GET", None) => Reply::Json(
+                200,
+                json!({"apiVersion": "coordination.k8s.io/v1", "kind": "LeaseList",
+                       "metadata": {"resourceVersion": self.version.to_string()},
+                       "items": self.leases.values().cloned().collect::<Vec<_>>()}),
+            ),
+            ("GET", Some(n)) => match self.leases.get(n) {
+                Some(l) => Reply::Json(200, l.clone()),
+                None => status(
+                    404,
+                    "NotFound",
+                    &format!("leases.coordination.k8s.io \"{n}\" not found"),
+                ),
+            },
+            ("PATCH", Some(n)) => {
+                let Some(mut l) = self.leases.get(n).cloned() else {
+                    return status(404, "NotFound", "not found");
+                };
+                let want = &r.body["metadata"]["resourceVersion"];
+                if !want.is_null() && *want != l["metadata"]["resourceVersion"] {
+                    return status(409, "Conflict", "the object has been modified");
+                }
+                merge(&mut l, &r.body);
+                self.bump(&mut l);
+                self.leases.insert(n.to_owned(), l.clone());
+                Reply::Json(200, l)
+            }
+            _ => status(
+                405,
+                "MethodNotAllowed",
+                "the server does not allow this method",
+            ),
+        }
+    }
+
     fn answer(&mut self, r: &Req) -> Reply {
         let m = r.method.as_str();
+        if let Some(rest) = r.path.strip_prefix(LEASES) {
+            let rest = rest.to_owned();
+            return self.lease(r, &rest);
+        }
         if let Some(rest) = r.path.strip_prefix(CLAIMS) {
             let name = rest.strip_prefix('/');
             return match (m, name) {
@@ -385,7 +457,9 @@ fn serve(mut handle: Handle, mut world: World) -> JoinHandle<(Vec<Req>, World)> 
                 Some(r) => r,
                 None => world.answer(&req),
             };
-            log.push(req);
+            if !req.path.starts_with(LEASES) {
+                log.push(req);
+            }
             match reply {
                 Reply::Json(code, v) => send.send_response(
                     Response::builder()
@@ -572,7 +646,7 @@ async fn claim_record_find_list_release() {
     let server = serve(handle, w);
 
     let mut l = lease("00000000-0000-4000-8000-000000000001", "alice");
-    let got = fleet.claim(&l).await.unwrap();
+    let got = fleet.claim(&l, 8).await.unwrap();
     assert_eq!(
         got,
         Claimed {
@@ -613,6 +687,8 @@ async fn claim_record_find_list_release() {
     assert_eq!(
         shorts(&log),
         [
+            // The admission's count of the owner's claims, then the claim.
+            "GET claims",
             "POST claims",
             "GET claims/sbx-00000000-0000-4000-8000-000000000001",
             "GET claims/sbx-00000000-0000-4000-8000-000000000001",
@@ -630,7 +706,7 @@ async fn claim_record_find_list_release() {
     );
 
     // The claim as created.
-    let post = &log[0].body;
+    let post = &log[1].body;
     assert_eq!(
         post["metadata"]["name"],
         "sbx-00000000-0000-4000-8000-000000000001"
@@ -657,13 +733,13 @@ async fn claim_record_find_list_release() {
         json!({"shutdownTime": "2026-01-01T01:01:30Z", "shutdownPolicy": "DeleteForeground"})
     );
     assert!(post.get("status").is_none(), "{post}");
-    assert!(log[0].content_type.starts_with("application/json"));
+    assert!(log[1].content_type.starts_with("application/json"));
     // It parses back as a claim.
     let _: SandboxClaim = serde_json::from_value(post.clone()).unwrap();
 
     // update: a merge patch of the annotation, at the resourceVersion
     // the GET before it read.
-    let rec = &log[7];
+    let rec = &log[8];
     assert_eq!(rec.content_type, "application/merge-patch+json");
     assert!(
         rec.body["metadata"]["resourceVersion"].is_string(),
@@ -688,21 +764,40 @@ async fn claim_record_find_list_release() {
         lease::owner_hash("alice")
     );
     assert!(
-        log[9].query.split('&').any(|kv| kv == selector),
+        log[10].query.split('&').any(|kv| kv == selector),
         "{}",
-        log[9].query
+        log[10].query
     );
 
     // release: deleted, then our finalizer off, at the version read.
-    assert_eq!(log[12].content_type, "application/merge-patch+json");
-    assert_eq!(log[12].body["metadata"]["finalizers"], json!([]));
-    assert!(log[12].body["metadata"]["resourceVersion"].is_string());
+    assert_eq!(log[13].content_type, "application/merge-patch+json");
+    assert_eq!(log[13].body["metadata"]["finalizers"], json!([]));
+    assert!(log[13].body["metadata"]["resourceVersion"].is_string());
     assert!(
         !w.claims
             .contains_key("sbx-00000000-0000-4000-8000-000000000001")
     );
     assert_eq!(w.claims.len(), 3);
     assert!(started.elapsed() < Duration::from_secs(3));
+
+    // The admission: the owner's ledger read (absent), the replicas'
+    // presences listed, the ledger made with the reservation; once the
+    // claim was made, the reservation taken off again.
+    let ledger = sandbox_kube::coord::ledger_name("alice");
+    assert_eq!(
+        w.lease_log,
+        [
+            format!("GET {ledger}"),
+            "GET".to_owned(),
+            "POST".to_owned(),
+            format!("GET {ledger}"),
+            format!("PATCH {ledger}"),
+        ]
+    );
+    assert_eq!(
+        w.leases[&ledger]["metadata"]["annotations"][sandbox_kube::coord::RESERVATIONS],
+        "{}"
+    );
 }
 
 #[tokio::test]
@@ -711,7 +806,7 @@ async fn pool_empty_past_the_wait_deletes_the_claim() {
     let server = serve(handle, world());
     let started = Instant::now();
     let e = fleet
-        .claim(&lease("00000000-0000-4000-8000-000000000001", "alice"))
+        .claim(&lease("00000000-0000-4000-8000-000000000001", "alice"), 8)
         .await
         .unwrap_err();
     let waited = started.elapsed();
@@ -736,8 +831,8 @@ async fn pool_empty_past_the_wait_deletes_the_claim() {
 
     let (log, w) = finish(fleet, server).await;
     let s = shorts(&log);
-    assert_eq!(s[0], "POST claims");
-    let polls = &s[1..s.len() - 3];
+    assert_eq!(s[..2], ["GET claims", "POST claims"]);
+    let polls = &s[2..s.len() - 3];
     assert!((1..=10).contains(&polls.len()), "{s:?}");
     assert!(
         polls
@@ -767,7 +862,7 @@ async fn a_failed_claim_is_claim_failed_and_deleted() {
     });
     let server = serve(handle, w);
     let e = fleet
-        .claim(&lease("00000000-0000-4000-8000-000000000001", "alice"))
+        .claim(&lease("00000000-0000-4000-8000-000000000001", "alice"), 8)
         .await
         .unwrap_err();
     let KubeError::ClaimFailed {
@@ -791,6 +886,8 @@ async fn a_failed_claim_is_claim_failed_and_deleted() {
     assert_eq!(
         shorts(&log),
         [
+            // The admission's count of the owner's claims, then the claim.
+            "GET claims",
             "POST claims",
             "GET claims/sbx-00000000-0000-4000-8000-000000000001",
             "GET claims/sbx-00000000-0000-4000-8000-000000000001",
@@ -839,17 +936,17 @@ async fn a_sandbox_never_ready_is_pool_empty_and_deleted() {
     w.controller = hand_over(false);
     let server = serve(handle, w);
     let e = fleet
-        .claim(&lease("00000000-0000-4000-8000-000000000001", "alice"))
+        .claim(&lease("00000000-0000-4000-8000-000000000001", "alice"), 8)
         .await
         .unwrap_err();
     assert!(matches!(e, KubeError::PoolEmpty { .. }), "{e:?}");
 
     let (log, w) = finish(fleet, server).await;
     let s = shorts(&log);
-    assert_eq!(s[0], "POST claims");
+    assert_eq!(s[..2], ["GET claims", "POST claims"]);
     // Claim then sandbox, read in turn; the wait's bound may fall
     // between the two of a round (a loaded machine).
-    let polls = &s[1..s.len() - 3];
+    let polls = &s[2..s.len() - 3];
     assert!(polls.len() >= 2, "{s:?}");
     let round = [
         "GET claims/sbx-00000000-0000-4000-8000-000000000001",
@@ -874,7 +971,7 @@ async fn forbidden_create_names_the_permission() {
     let (fleet, handle) = fleet(Duration::from_secs(2), ms(5));
     let mut w = world();
     w.intercept = Box::new(|r| {
-        (r.method == "POST").then(|| {
+        (r.method == "POST" && r.path == CLAIMS).then(|| {
             status(
                 403,
                 "Forbidden",
@@ -884,7 +981,7 @@ async fn forbidden_create_names_the_permission() {
     });
     let server = serve(handle, w);
     let e = fleet
-        .claim(&lease("00000000-0000-4000-8000-000000000001", "alice"))
+        .claim(&lease("00000000-0000-4000-8000-000000000001", "alice"), 8)
         .await
         .unwrap_err();
     assert!(matches!(e, KubeError::Forbidden { .. }), "{e:?}");
@@ -895,7 +992,8 @@ async fn forbidden_create_names_the_permission() {
 
     // A 403 that persists past the retry window (5 tries) is reported.
     let (log, w) = finish(fleet, server).await;
-    assert_eq!(shorts(&log), ["POST claims"; 5]);
+    assert_eq!(shorts(&log)[0], "GET claims");
+    assert_eq!(shorts(&log)[1..], ["POST claims"; 5]);
     assert!(w.claims.is_empty());
 }
 
@@ -932,7 +1030,7 @@ async fn a_transient_403_is_tried_again() {
     let mut w = world();
     let mut refused = 0;
     w.intercept = Box::new(move |r| {
-        (r.method == "POST" && refused < 3).then(|| {
+        (r.method == "POST" && r.path == CLAIMS && refused < 3).then(|| {
             refused += 1;
             status(
                 403,
@@ -945,25 +1043,34 @@ async fn a_transient_403_is_tried_again() {
     w.controller = hand_over(true);
     let server = serve(handle, w);
     let got = fleet
-        .claim(&lease("00000000-0000-4000-8000-000000000001", "alice"))
+        .claim(&lease("00000000-0000-4000-8000-000000000001", "alice"), 8)
         .await;
     assert!(got.is_ok(), "{got:?}");
     let (log, _) = finish(fleet, server).await;
-    assert_eq!(shorts(&log)[..4], ["POST claims"; 4]);
+    assert_eq!(shorts(&log)[1..5], ["POST claims"; 4]);
 }
 
 #[tokio::test]
 async fn an_unreachable_api_server_is_an_api_error() {
     let (fleet, handle) = fleet(Duration::from_secs(2), ms(5));
     let mut w = world();
-    w.intercept = Box::new(|_| Some(Reply::Fail));
+    // The connection fails for every call past the admission (its ledger
+    // and its count of the owner's claims).
+    let mut counted = false;
+    w.intercept = Box::new(move |r| {
+        if r.path.starts_with(LEASES) || (!counted && r.method == "GET" && r.path == CLAIMS) {
+            counted |= r.path == CLAIMS;
+            return None;
+        }
+        Some(Reply::Fail)
+    });
     let server = serve(handle, w);
     let verb = |e: KubeError| match e {
         KubeError::Api { verb, resource, .. } => format!("{verb} {resource}"),
         e => panic!("{e:?}"),
     };
     let e = fleet
-        .claim(&lease("00000000-0000-4000-8000-000000000001", "alice"))
+        .claim(&lease("00000000-0000-4000-8000-000000000001", "alice"), 8)
         .await
         .unwrap_err();
     assert!(
@@ -1010,7 +1117,8 @@ async fn an_unreachable_api_server_is_an_api_error() {
     let mut calls = shorts(&log);
     let tries = |c: &str| calls.iter().filter(|s| s.as_str() == c).count();
     assert_eq!(tries("POST claims"), 1);
-    assert_eq!(tries("GET claims"), 5);
+    // The admission's count, then 5 tries of the list.
+    assert_eq!(tries("GET claims"), 6);
     assert_eq!(
         tries("DELETE claims/sbx-00000000-0000-4000-8000-000000000001"),
         5
@@ -1019,6 +1127,7 @@ async fn an_unreachable_api_server_is_an_api_error() {
     assert_eq!(
         calls,
         [
+            "GET claims",
             "POST claims",
             "GET claims/sbx-00000000-0000-4000-8000-000000000001",
             "GET claims",
@@ -1171,16 +1280,16 @@ async fn a_dropped_wait_deletes_the_claim() {
     let server = serve(handle, world());
     let r = tokio::time::timeout(
         ms(50),
-        fleet.claim(&lease("00000000-0000-4000-8000-000000000001", "alice")),
+        fleet.claim(&lease("00000000-0000-4000-8000-000000000001", "alice"), 8),
     )
     .await;
     assert!(r.is_err(), "the wait ended: {r:?}");
 
     let (log, w) = finish(fleet, server).await;
     let s = shorts(&log);
-    assert_eq!(s[0], "POST claims");
+    assert_eq!(s[..2], ["GET claims", "POST claims"]);
     assert!(
-        s[1..s.len() - 3]
+        s[2..s.len() - 3]
             .iter()
             .all(|r| r == "GET claims/sbx-00000000-0000-4000-8000-000000000001"),
         "{s:?}"
@@ -1218,7 +1327,7 @@ async fn a_wait_dropped_while_deleting_a_failed_claim_still_deletes_it() {
     let server = serve(handle, w);
     let r = tokio::time::timeout(
         ms(100),
-        fleet.claim(&lease("00000000-0000-4000-8000-000000000001", "alice")),
+        fleet.claim(&lease("00000000-0000-4000-8000-000000000001", "alice"), 8),
     )
     .await;
     assert!(r.is_err(), "the wait ended: {r:?}");
@@ -1227,6 +1336,8 @@ async fn a_wait_dropped_while_deleting_a_failed_claim_still_deletes_it() {
     assert_eq!(
         shorts(&log),
         [
+            // The admission's count of the owner's claims, then the claim.
+            "GET claims",
             "POST claims",
             "GET claims/sbx-00000000-0000-4000-8000-000000000001",
             "DELETE claims/sbx-00000000-0000-4000-8000-000000000001",

@@ -492,6 +492,11 @@ fn the_role_grants_exactly_what_the_host_uses() {
             ("agents.x-k8s.io".to_string(), "sandboxes".to_string()),
             set(&["get", "list", "watch"]),
         ),
+        // sandbox_kube::coord: presences, the reaper's, owners' ledgers.
+        (
+            ("coordination.k8s.io".to_string(), "leases".to_string()),
+            set(&["get", "list", "create", "patch", "delete"]),
+        ),
     ]);
     assert_eq!(got, want);
     // Nothing cluster-wide.

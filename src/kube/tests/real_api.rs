@@ -30,6 +30,7 @@ fn fleet_of(client: kube::Client) -> Fleet {
             claim_timeout: Duration::from_secs(30),
             poll: Duration::from_millis(100),
             shutdown_grace: Duration::from_secs(90),
+            coord: Default::default(),
         },
     )
 }
@@ -96,7 +97,7 @@ async fn a_lease_on_a_real_api_server_as_the_shipped_role() {
     let id = "0b7c6f6e-3f1c-4c55-9d0e-7d7a4a1b2c3d";
     let mut l = lease(id, POOL);
     let claimed = fleet
-        .claim(&l)
+        .claim(&l, 8)
         .await
         .unwrap_or_else(|e| panic!("the claim: {e}\n{}", api.logs()));
     assert_eq!(claimed.claim, format!("sbx-{id}"));
@@ -161,7 +162,7 @@ async fn a_lease_on_a_real_api_server_as_the_shipped_role() {
 
     // A pool the cluster does not have: the claim fails and is deleted.
     let other = "1b7c6f6e-3f1c-4c55-9d0e-7d7a4a1b2c3d";
-    match fleet.claim(&lease(other, "no-such-pool")).await {
+    match fleet.claim(&lease(other, "no-such-pool"), 8).await {
         Err(KubeError::ClaimFailed { reason, .. }) => {
             assert!(reason.contains("WarmPoolNotFound"), "{reason}")
         }
@@ -198,7 +199,7 @@ async fn every_host_gone_past_shutdown_time_ends_the_sandbox() {
     // Expires in 4 s; no host reaps it (none runs).
     l.expires_at_ms = l.expires_at_ms.map(|ms| ms - 3_600_000 + 4_000);
     let claimed = fleet
-        .claim(&l)
+        .claim(&l, 8)
         .await
         .unwrap_or_else(|e| panic!("the claim: {e}\n{}", api.logs()));
     l.claim = claimed.claim.clone();
@@ -246,4 +247,128 @@ async fn every_host_gone_past_shutdown_time_ends_the_sandbox() {
 
     fleet.release(&claimed.claim).await.expect("release");
     nothing_left(&api).await;
+}
+
+/// Replicas coordinate through Leases on the real server, as the shipped
+/// Role allows. An owner's cap across two replicas is decided before any
+/// claim: of two Acquires racing with a cap of 1, exactly one is
+/// admitted, and the other is refused with no claim made and no warm
+/// sandbox adopted (5 rounds). A claim left acquiring by a replica whose
+/// presence lapsed (killed mid-Acquire) stops counting; one of a replica
+/// present counts. One replica at a time holds the reaper's Lease, and
+/// another takes it over when it is given up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_coordinate_the_cap_orphans_and_the_reaper() {
+    use k8s_openapi::api::coordination::v1::Lease as KLease;
+    use sandbox_kube::coord::{self, Lock};
+
+    let api = RealApi::start().await;
+    let host = api.install(NS).await;
+    let controller = controller::spawn(api.admin.clone(), NS, "127.0.0.1");
+    let (a, b) = (fleet_of(host.clone()), fleet_of(host.clone()));
+    let _present_a = a.announce("replica-a").await.expect("presence of a");
+    let _present_b = b.announce("replica-b").await.expect("presence of b");
+    let on = |id: &str, replica: &str| {
+        let mut l = lease(id, POOL);
+        l.host = Some(replica.to_owned());
+        l
+    };
+
+    for round in 0..5usize {
+        let (ia, ib) = (
+            format!("3b7c6f6e-3f1c-4c55-9d0e-{round:012}"),
+            format!("4b7c6f6e-3f1c-4c55-9d0e-{round:012}"),
+        );
+        let (la, lb) = (on(&ia, "replica-a"), on(&ib, "replica-b"));
+        let (ra, rb) = tokio::join!(a.claim(&la, 1), b.claim(&lb, 1));
+        let (won, lost) = match (ra, rb) {
+            (Ok(c), Err(e)) | (Err(e), Ok(c)) => (c, e),
+            other => panic!("round {round}: not exactly one admitted: {other:?}"),
+        };
+        assert!(
+            matches!(lost, KubeError::OwnerFull { held: 1, limit: 1 }),
+            "{lost:?}"
+        );
+        assert_eq!(
+            controller.adopted(),
+            round + 1,
+            "a warm sandbox was spent on a refused Acquire"
+        );
+        a.release(&won.claim).await.expect("release");
+        nothing_left(&api).await;
+    }
+
+    // A replica killed mid-Acquire: its presence lapsed long ago, its
+    // claim is still acquiring.
+    let leases: Api<KLease> = Api::namespaced(api.admin.clone(), NS);
+    let lapsed: KLease = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": format!("{}replica-gone", coord::PRESENCE_PREFIX)},
+        "spec": {
+            "holderIdentity": "replica-gone",
+            "leaseDurationSeconds": 3,
+            "renewTime": "2026-01-01T00:00:00.000000Z",
+        },
+    }))
+    .expect("lease");
+    leases
+        .create(&Default::default(), &lapsed)
+        .await
+        .expect("the lapsed presence");
+    let orphan = a
+        .claim(
+            &on("5b7c6f6e-3f1c-4c55-9d0e-7d7a4a1b2c3d", "replica-gone"),
+            1,
+        )
+        .await
+        .expect("the orphan's claim");
+    let live = b.live_replicas().await.expect("replicas");
+    assert!(
+        live.contains("replica-a") && live.contains("replica-b"),
+        "{live:?}"
+    );
+    assert!(!live.contains("replica-gone"), "{live:?}");
+    let next = b
+        .claim(&on("6b7c6f6e-3f1c-4c55-9d0e-7d7a4a1b2c3d", "replica-b"), 1)
+        .await
+        .expect("admitted past the orphan");
+    // That one is acquiring on replica-b, which is present: it counts.
+    match a
+        .claim(&on("7b7c6f6e-3f1c-4c55-9d0e-7d7a4a1b2c3d", "replica-a"), 1)
+        .await
+    {
+        Err(KubeError::OwnerFull { held: 1, limit: 1 }) => {}
+        other => panic!("past the cap: {other:?}"),
+    }
+    for c in [&orphan.claim, &next.claim] {
+        a.release(c).await.expect("release");
+    }
+    nothing_left(&api).await;
+
+    // The reaper's Lease: one holder, then the other once it is given up.
+    let ttl = Duration::from_secs(3);
+    let ra = Lock::take(host.clone(), NS, coord::REAPER, "replica-a", ttl)
+        .await
+        .expect("lock a");
+    let rb = Lock::take(host.clone(), NS, coord::REAPER, "replica-b", ttl)
+        .await
+        .expect("lock b");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !(ra.held() || rb.held()) {
+        assert!(
+            Instant::now() < deadline,
+            "no replica took the reaper's Lease"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(!(ra.held() && rb.held()), "two reapers");
+    let (holder, other) = if ra.held() { (ra, rb) } else { (rb, ra) };
+    holder.release(Duration::from_secs(5)).await;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !other.held() {
+        assert!(
+            Instant::now() < deadline,
+            "the other replica did not take the reaper's Lease over"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }

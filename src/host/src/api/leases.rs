@@ -57,14 +57,6 @@ pub async fn lease(h: &Shared, who: String, req: &AcquireBody) -> HostResult<New
         }
     };
     let slot = taken.slot.clone();
-    if let Some(c) = &h.cluster
-        && let Err(e) = within_cap_across_replicas(h, c, &who).await
-    {
-        h.metrics.failed();
-        c.unclaim(&slot.id).await;
-        claimed.keep();
-        return Err(e);
-    }
     let lazy = h.server_start.lazy(req.many);
     let mut leased = match lease_slot(&slot, taken, req, &id, lazy, h.pool.deadlines()).await {
         Ok(l) => l,
@@ -133,34 +125,20 @@ impl Drop for Unclaim {
     }
 }
 
-/// The kubernetes backend's second count, with this Acquire's claim made:
-/// [`OwnerClaim`] counted before it, and another replica's Acquire may
-/// have counted at the same time. Every claim is counted once it exists,
-/// so of two racing Acquires the later count sees both and refuses: the
-/// owner never holds more than its cap (both may be refused; a retry
-/// succeeds).
-async fn within_cap_across_replicas(
-    h: &Shared,
-    c: &crate::cluster::Cluster,
-    who: &str,
-) -> HostResult<()> {
-    let held = c.claims_held(who).await?;
-    if held > h.max_per_owner {
-        return Err(HostError::TooManySandboxes {
-            held: held - 1,
-            limit: h.max_per_owner,
-        });
-    }
-    Ok(())
-}
-
 /// A sandbox for lease `id`: a slot of the pool (perhaps holding a warm
 /// lease), or on the kubernetes backend a claimed pod bound to the lease.
 async fn take(h: &Shared, who: &str, id: &str, req: &AcquireBody) -> HostResult<Taken> {
     if let Some(c) = &h.cluster {
         let expires = expires_at(h, req);
         let slot = c
-            .claim(id, who, req.benchmark.as_deref(), expires, &timestamp())
+            .claim(
+                id,
+                who,
+                req.benchmark.as_deref(),
+                expires,
+                &timestamp(),
+                h.max_per_owner,
+            )
             .await?;
         return Ok(Taken {
             slot,

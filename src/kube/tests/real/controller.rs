@@ -12,6 +12,8 @@
 //! being deleted in the foreground, after which the collector takes its
 //! `foregroundDeletion` finalizer off the claim.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, PropagationPolicy};
@@ -20,25 +22,39 @@ use serde_json::{Value, json};
 use tokio::task::JoinHandle;
 
 /// The controller's loop; stopped when dropped.
-pub struct Controller(JoinHandle<()>);
+pub struct Controller {
+    task: JoinHandle<()>,
+    adopted: Arc<AtomicUsize>,
+}
+
+impl Controller {
+    /// How many warm sandboxes claims have adopted so far (each one a
+    /// warm pod spent).
+    pub fn adopted(&self) -> usize {
+        self.adopted.load(Ordering::SeqCst)
+    }
+}
 
 impl Drop for Controller {
     fn drop(&mut self) {
-        self.0.abort();
+        self.task.abort();
     }
 }
 
 /// Plays the controllers in `ns` every 50 ms; pods are at `pod_ip`.
 pub fn spawn(admin: kube::Client, ns: &str, pod_ip: &str) -> Controller {
     let (ns, ip) = (ns.to_owned(), pod_ip.to_owned());
-    Controller(tokio::spawn(async move {
+    let adopted = Arc::new(AtomicUsize::new(0));
+    let count = adopted.clone();
+    let task = tokio::spawn(async move {
         loop {
-            if let Err(e) = tick(&admin, &ns, &ip).await {
+            if let Err(e) = tick(&admin, &ns, &ip, &count).await {
                 eprintln!("controller: {e}");
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-    }))
+    });
+    Controller { task, adopted }
 }
 
 fn condition(status: &str, reason: &str, message: &str) -> Value {
@@ -51,7 +67,12 @@ fn condition(status: &str, reason: &str, message: &str) -> Value {
     })
 }
 
-async fn tick(admin: &kube::Client, ns: &str, ip: &str) -> Result<(), kube::Error> {
+async fn tick(
+    admin: &kube::Client,
+    ns: &str,
+    ip: &str,
+    adopted: &AtomicUsize,
+) -> Result<(), kube::Error> {
     let claims: Api<SandboxClaim> = Api::namespaced(admin.clone(), ns);
     let sandboxes: Api<Sandbox> = Api::namespaced(admin.clone(), ns);
     let pools: Api<SandboxWarmPool> = Api::namespaced(admin.clone(), ns);
@@ -74,6 +95,7 @@ async fn tick(admin: &kube::Client, ns: &str, ip: &str) -> Result<(), kube::Erro
             continue;
         }
         adopt(&claims, &sandboxes, claim, &name, &pool, ip).await?;
+        adopted.fetch_add(1, Ordering::SeqCst);
     }
     collect(&claims, &sandboxes, &list.items).await
 }
