@@ -4,6 +4,11 @@
 
 #[path = "../common/mod.rs"]
 mod common;
+/// The real kube-apiserver tier, shared with `sandbox-kube`'s tests (not
+/// every helper is used here).
+#[allow(dead_code)]
+#[path = "../../src/kube/tests/real/mod.rs"]
+mod real;
 
 mod benchmark_tasks;
 mod canvas;
@@ -17,6 +22,7 @@ mod hardening;
 mod host;
 mod isolation;
 mod kube_api;
+mod kube_real;
 mod kubernetes;
 mod kubernetes_attacks;
 mod lease_bound;

@@ -4,6 +4,9 @@
 //! controllers played by the test. What the HTTP stand-in of
 //! `tests/fleet.rs` accepts, the real server must accept too.
 
+// Shared with the host's tests (tests/host/kube_real.rs): not every
+// helper is used here.
+#[allow(dead_code)]
 mod real;
 
 use std::collections::BTreeMap;

@@ -12,8 +12,9 @@
 //! being deleted in the foreground, after which the collector takes its
 //! `foregroundDeletion` finalizer off the claim.
 
-use std::sync::Arc;
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, PropagationPolicy};
@@ -41,14 +42,44 @@ impl Drop for Controller {
     }
 }
 
+/// Where the warm pool's pods are.
+#[derive(Clone)]
+enum Pods {
+    /// Every sandbox at one address.
+    Same(String),
+    /// A pod each, taken in turn and never handed out again (a deleted
+    /// sandbox's pod is gone); none left: claims wait, as on an empty
+    /// pool.
+    Each(Arc<Mutex<VecDeque<String>>>),
+}
+
+impl Pods {
+    fn next(&self) -> Option<String> {
+        match self {
+            Pods::Same(ip) => Some(ip.clone()),
+            Pods::Each(q) => q.lock().unwrap_or_else(|p| p.into_inner()).pop_front(),
+        }
+    }
+}
+
 /// Plays the controllers in `ns` every 50 ms; pods are at `pod_ip`.
 pub fn spawn(admin: kube::Client, ns: &str, pod_ip: &str) -> Controller {
-    let (ns, ip) = (ns.to_owned(), pod_ip.to_owned());
+    run(admin, ns, Pods::Same(pod_ip.to_owned()))
+}
+
+/// [`spawn`], each sandbox a pod of its own from `ips`, in turn.
+pub fn spawn_pods(admin: kube::Client, ns: &str, ips: &[String]) -> Controller {
+    let q = ips.iter().cloned().collect();
+    run(admin, ns, Pods::Each(Arc::new(Mutex::new(q))))
+}
+
+fn run(admin: kube::Client, ns: &str, pods: Pods) -> Controller {
+    let ns = ns.to_owned();
     let adopted = Arc::new(AtomicUsize::new(0));
     let count = adopted.clone();
     let task = tokio::spawn(async move {
         loop {
-            if let Err(e) = tick(&admin, &ns, &ip, &count).await {
+            if let Err(e) = tick(&admin, &ns, &pods, &count).await {
                 eprintln!("controller: {e}");
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -70,7 +101,7 @@ fn condition(status: &str, reason: &str, message: &str) -> Value {
 async fn tick(
     admin: &kube::Client,
     ns: &str,
-    ip: &str,
+    pods: &Pods,
     adopted: &AtomicUsize,
 ) -> Result<(), kube::Error> {
     let claims: Api<SandboxClaim> = Api::namespaced(admin.clone(), ns);
@@ -94,7 +125,10 @@ async fn tick(
                 .await?;
             continue;
         }
-        adopt(&claims, &sandboxes, claim, &name, &pool, ip).await?;
+        let Some(ip) = pods.next() else {
+            continue;
+        };
+        adopt(&claims, &sandboxes, claim, &name, &pool, &ip).await?;
         adopted.fetch_add(1, Ordering::SeqCst);
     }
     collect(&claims, &sandboxes, &list.items).await

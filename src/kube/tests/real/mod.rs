@@ -23,7 +23,13 @@ use serde_json::Value;
 
 /// The repository's root.
 fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+    // This crate's tests (src/kube) and the host's (the root package)
+    // both include this module.
+    let here = Path::new(env!("CARGO_MANIFEST_DIR"));
+    here.ancestors()
+        .find(|d| d.join("packaging/kubernetes").is_dir())
+        .unwrap_or(here)
+        .to_path_buf()
 }
 
 /// `rel` of the shared directory beside the checkout (else /work/shared).
@@ -157,7 +163,21 @@ fn kubeconfig(d: &Path, url: &str, user: &str) -> String {
     )
 }
 
-async fn client_of(path: &Path) -> kube::Client {
+fn spawn_apiserver(command: &[String], d: &Path) -> Child {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(d.join("apiserver.log"))
+        .expect("log");
+    Command::new(&command[0])
+        .args(&command[1..])
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("kube-apiserver")
+}
+
+pub async fn client_of(path: &Path) -> kube::Client {
     let kc = Kubeconfig::read_from(path).expect("kubeconfig");
     let cfg = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
         .await
@@ -168,7 +188,10 @@ async fn client_of(path: &Path) -> kube::Client {
 /// The server, its store, and an admin's client.
 pub struct RealApi {
     dir: tempfile::TempDir,
+    /// etcd, then kube-apiserver.
     children: Vec<Child>,
+    /// kube-apiserver's command line, to start it again.
+    apiserver: Vec<String>,
     pub url: String,
     pub admin: kube::Client,
 }
@@ -208,29 +231,24 @@ impl RealApi {
             .spawn()
             .expect("etcd (Debian's etcd-server)");
         let p = |n: &str| d.join(n).display().to_string();
-        let apiserver = Command::new(&bin)
-            .arg(format!("--etcd-servers=http://127.0.0.1:{pe}"))
-            .args(["--bind-address=127.0.0.1", "--advertise-address=127.0.0.1"])
-            .arg(format!("--secure-port={pa}"))
-            .arg("--endpoint-reconciler-type=none")
-            .arg(format!("--tls-cert-file={}", p("apiserver.crt")))
-            .arg(format!("--tls-private-key-file={}", p("apiserver.key")))
-            .arg(format!("--client-ca-file={}", p("ca.crt")))
-            .arg("--authorization-mode=RBAC")
-            .arg("--service-account-issuer=https://kubernetes.default.svc.cluster.local")
-            .arg(format!("--service-account-key-file={}", p("sa.pub")))
-            .arg(format!(
-                "--service-account-signing-key-file={}",
-                p("sa.key")
-            ))
-            .args([
-                "--service-cluster-ip-range=10.96.0.0/24",
-                "--profiling=false",
-            ])
-            .stdout(Stdio::null())
-            .stderr(log("apiserver.log"))
-            .spawn()
-            .expect("kube-apiserver");
+        let mut command = vec![bin.display().to_string()];
+        command.extend([
+            format!("--etcd-servers=http://127.0.0.1:{pe}"),
+            "--bind-address=127.0.0.1".to_owned(),
+            "--advertise-address=127.0.0.1".to_owned(),
+            format!("--secure-port={pa}"),
+            "--endpoint-reconciler-type=none".to_owned(),
+            format!("--tls-cert-file={}", p("apiserver.crt")),
+            format!("--tls-private-key-file={}", p("apiserver.key")),
+            format!("--client-ca-file={}", p("ca.crt")),
+            "--authorization-mode=RBAC".to_owned(),
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local".to_owned(),
+            format!("--service-account-key-file={}", p("sa.pub")),
+            format!("--service-account-signing-key-file={}", p("sa.key")),
+            "--service-cluster-ip-range=10.96.0.0/24".to_owned(),
+            "--profiling=false".to_owned(),
+        ]);
+        let apiserver = spawn_apiserver(&command, d);
         let url = format!("https://127.0.0.1:{pa}");
         let admin_user = format!(
             "    client-certificate: {}\n    client-key: {}\n",
@@ -243,12 +261,36 @@ impl RealApi {
         let mut api = RealApi {
             dir,
             children: vec![etcd, apiserver],
+            apiserver: command,
             url,
             admin,
         };
         api.wait_ready().await;
         api.apply_crds().await;
         api
+    }
+
+    /// Stops kube-apiserver (etcd keeps the state), as a restart does.
+    pub fn stop_apiserver(&mut self) {
+        if let Some(c) = self.children.get_mut(1) {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts kube-apiserver again on the same port and store; ready.
+    pub async fn start_apiserver(&mut self) {
+        let c = spawn_apiserver(&self.apiserver, self.dir.path());
+        // etcd stays first; the server's old child was waited for.
+        self.children.truncate(1);
+        self.children.push(c);
+        self.wait_ready().await;
+    }
+
+    /// The kubeconfig of the shipped ServiceAccount that [`RealApi::install`]
+    /// wrote for namespace `ns`.
+    pub fn host_kubeconfig(&self, ns: &str) -> PathBuf {
+        self.dir.path().join(format!("host-{ns}.kubeconfig"))
     }
 
     /// The server's logs, for failure messages.
