@@ -12,10 +12,14 @@ mod common;
 mod gateway;
 mod host;
 mod lifecycle;
+/// The real kube-apiserver of the kubernetes tests (`kube-api`).
+#[allow(dead_code)]
+#[path = "../src/kube/tests/real/mod.rs"]
+mod real;
 mod workspace;
 
 fn main() {
-    let benches: [(&str, fn()); 9] = [
+    let benches: [(&str, fn()); 10] = [
         ("agent", agent::main),
         ("workspace", workspace::main),
         ("lifecycle", lifecycle::main),
@@ -24,6 +28,7 @@ fn main() {
         ("burst", host::burst_main),
         ("first-minute", host::first_minute::main),
         ("recycle", host::recycle_main),
+        ("kube-api", host::kube_main),
         ("exec", host::exec_main),
     ];
     // cargo passes `--bench`; other words name benchmarks.

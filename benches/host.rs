@@ -35,6 +35,8 @@ use crate::common;
 mod burst;
 #[path = "host/first_minute.rs"]
 pub mod first_minute;
+#[path = "host/kube.rs"]
+mod kube_api;
 #[path = "host/memory.rs"]
 mod memory;
 #[path = "host/profiles.rs"]
@@ -94,6 +96,11 @@ fn start_with(dir: &Path, name: &str, args: &[&str]) -> Host {
 
 /// A host on a loopback port with its data in `dir/data-<name>` and `args`.
 fn spawn_host(dir: &Path, name: &str, args: &[&str]) -> Host {
+    spawn_host_env(dir, name, &[], args)
+}
+
+/// [`spawn_host`] with `env` added to its environment.
+fn spawn_host_env(dir: &Path, name: &str, env: &[(&str, &str)], args: &[&str]) -> Host {
     use std::io::BufRead;
     let data = dir.join(format!("data-{name}"));
     let mut child = Command::new(&*HOST)
@@ -109,6 +116,7 @@ fn spawn_host(dir: &Path, name: &str, args: &[&str]) -> Host {
         .arg("--data-dir")
         .arg(&data)
         .env("RUST_LOG", "warn")
+        .envs(env.iter().copied())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -526,6 +534,20 @@ pub fn main() {
             None => println!("(qemu backend: skipped in short mode, or QEMU / vhost-device-vsock missing)"),
         }
     });
+}
+
+/// The kubernetes backend's API requests on a real kube-apiserver
+/// (`host/kube.rs`).
+pub fn kube_main() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // Passable by the sandboxes' users (tempdir makes 0700).
+    let _ = std::fs::set_permissions(
+        dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o711),
+    );
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let f = rt.block_on(kube_api::run(dir.path()));
+    kube_api::print(&f);
 }
 
 /// A recycled slot's next Acquire after a clean lease and after a tenant

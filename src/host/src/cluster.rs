@@ -63,6 +63,8 @@ pub struct Cluster {
     presence: Mutex<Option<Lock>>,
     /// The reaper's Lease, held by one replica at a time.
     reaper: Mutex<Option<Lock>>,
+    /// When the reaper last deleted lapsed presences.
+    pruned: Mutex<Option<Instant>>,
 }
 
 /// Entries kept at most this many times the cache's lifetime.
@@ -78,6 +80,7 @@ impl Cluster {
             instance: uuid::Uuid::new_v4().to_string(),
             presence: Mutex::new(None),
             reaper: Mutex::new(None),
+            pruned: Mutex::new(None),
         }
     }
 
@@ -458,9 +461,13 @@ impl Cluster {
                 _ => {}
             }
         }
-        if let Err(e) = self.fleet.prune_presences(PRESENCE_KEPT).await {
-            log_cluster_error(&e);
-            warn!(error = %e, "cannot delete the presence Leases of replicas gone");
+        let due = locked(&self.pruned).is_none_or(|at| at.elapsed() >= PRUNE_EVERY);
+        if due {
+            *locked(&self.pruned) = Some(Instant::now());
+            if let Err(e) = self.fleet.prune_presences(PRESENCE_KEPT).await {
+                log_cluster_error(&e);
+                warn!(error = %e, "cannot delete the presence Leases of replicas gone");
+            }
         }
         Ok(expired)
     }
@@ -477,6 +484,9 @@ const PRESENCE_WAIT: Duration = Duration::from_secs(3);
 /// A claim of a replica whose presence is gone is taken as orphaned once
 /// it is this old.
 const ORPHAN_AFTER: Duration = Duration::from_secs(10);
+
+/// How often the reaper looks for presences to delete.
+const PRUNE_EVERY: Duration = Duration::from_secs(60);
 
 /// A presence Lease is kept this long after it lapsed (so a replica's
 /// claims can be told orphaned), then deleted.

@@ -56,6 +56,8 @@ pub struct Fleet {
     sandboxes: Api<Sandbox>,
     leases: Api<KLease>,
     cfg: FleetConfig,
+    /// The replicas found live, and when ([`Fleet::live_replicas`]).
+    replicas: std::sync::Mutex<Option<(Instant, std::collections::HashSet<String>)>>,
 }
 
 /// Whether `id` has the shape of the sandbox ids hosts make (a UUID in
@@ -82,6 +84,7 @@ impl Fleet {
             leases: Api::namespaced(client.clone(), &cfg.namespace),
             client,
             cfg,
+            replicas: std::sync::Mutex::new(None),
         }
     }
 
@@ -330,7 +333,7 @@ impl Fleet {
                 .unwrap_or_default();
             let claims = self.leases(Some(owner)).await?;
             let now = now_ms();
-            let replicas = coord::live_replicas(&self.leases, ns, now).await?;
+            let replicas = self.live_replicas().await?;
             let (held, mut kept) = coord::places(&claims, reservations, &replicas, now);
             if held >= cap {
                 return Ok(Admission::Full { held });
@@ -354,9 +357,26 @@ impl Fleet {
         Err(KubeError::Contended { ledger: name })
     }
 
-    /// The replicas whose presence is live ([`coord`]).
+    /// The replicas whose presence is live ([`coord`]), as listed at
+    /// most [`REPLICAS_FRESH`] ago (a presence lapses over tens of
+    /// seconds; each Acquire and reaper pass need not list them again).
     pub async fn live_replicas(&self) -> Result<std::collections::HashSet<String>, KubeError> {
-        coord::live_replicas(&self.leases, &self.cfg.namespace, now_ms()).await
+        let cached = self
+            .replicas
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        if let Some((at, r)) = cached
+            && at.elapsed() < REPLICAS_FRESH
+        {
+            return Ok(r);
+        }
+        let r = coord::live_replicas(&self.leases, &self.cfg.namespace, now_ms()).await?;
+        *self
+            .replicas
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some((Instant::now(), r.clone()));
+        Ok(r)
     }
 
     /// Holds this replica's presence (`instance`) while the lock lives.
@@ -471,6 +491,9 @@ fn now_ms() -> i64 {
 /// How many times a read-modify-write of a claim is tried when another
 /// writer changed it in between.
 pub const RMW_ATTEMPTS: u32 = 5;
+
+/// How long a list of the live replicas is reused.
+pub const REPLICAS_FRESH: Duration = Duration::from_secs(2);
 
 /// Claims read per LIST request (the rest in further pages).
 pub const LIST_PAGE: u32 = 500;

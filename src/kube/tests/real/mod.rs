@@ -209,6 +209,12 @@ impl RealApi {
     /// etcd and kube-apiserver on free loopback ports; ready (`/readyz`)
     /// with agent-sandbox's CRDs established.
     pub async fn start() -> RealApi {
+        RealApi::start_with(false).await
+    }
+
+    /// [`RealApi::start`], with an audit log of every request's metadata
+    /// when `audit` ([`RealApi::audit`]).
+    pub async fn start_with(audit: bool) -> RealApi {
         let bin = apiserver_binary();
         let dir = tempfile::tempdir().expect("tempdir");
         let d = dir.path();
@@ -248,6 +254,17 @@ impl RealApi {
             "--service-cluster-ip-range=10.96.0.0/24".to_owned(),
             "--profiling=false".to_owned(),
         ]);
+        if audit {
+            std::fs::write(
+                d.join("audit-policy.yaml"),
+                "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived, ResponseStarted]\nrules:\n- level: Metadata\n",
+            )
+            .expect("audit policy");
+            command.extend([
+                format!("--audit-policy-file={}", p("audit-policy.yaml")),
+                format!("--audit-log-path={}", p("audit.log")),
+            ]);
+        }
         let apiserver = spawn_apiserver(&command, d);
         let url = format!("https://127.0.0.1:{pa}");
         let admin_user = format!(
@@ -291,6 +308,14 @@ impl RealApi {
     /// wrote for namespace `ns`.
     pub fn host_kubeconfig(&self, ns: &str) -> PathBuf {
         self.dir.path().join(format!("host-{ns}.kubeconfig"))
+    }
+
+    /// The audit log's events so far (with [`RealApi::start_with`]`(true)`).
+    pub fn audit(&self) -> Vec<Value> {
+        let text = std::fs::read_to_string(self.dir.path().join("audit.log")).unwrap_or_default();
+        text.lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
     }
 
     /// The server's logs, for failure messages.
