@@ -13,6 +13,7 @@ mod api;
 mod cluster;
 mod config;
 mod error;
+mod fleet;
 mod mcp_proxy;
 mod metrics;
 mod openapi;

@@ -178,11 +178,19 @@ impl Host {
         };
         let owners: Option<Vec<(String, String)>> =
             uploads_live.map(|l| l.iter().map(|s| (s.id.clone(), s.owner.clone())).collect());
+        let local = cluster.is_none();
+        let fleet = match cluster {
+            Some(cluster) => crate::fleet::Fleet::Claims {
+                cluster,
+                pool: pool.clone(),
+            },
+            None => crate::fleet::Fleet::Local(pool.clone()),
+        };
         let host = Arc::new(Host {
             metrics: metrics::Metrics::new(&pool, args.metrics_listen.is_none()),
             store,
             pool: pool.clone(),
-            cluster,
+            fleet,
             signer: signed::Signer::new(c.signing_key),
             keys: c.keys,
             public_url: public_url.clone(),
@@ -194,7 +202,7 @@ impl Host {
             releases: tokio_util::task::TaskTracker::new(),
             inflight: Default::default(),
         });
-        if args.catalogs == pool::CatalogMode::Record && host.cluster.is_none() {
+        if args.catalogs == pool::CatalogMode::Record && local {
             tokio::spawn(pool.clone().record_catalogs());
         }
         tokio::spawn(pool.clone().keep_warm());
@@ -203,7 +211,7 @@ impl Host {
                 .keep_reclaiming(Duration::from_secs(args.reclaim_interval)),
         );
         tokio::spawn(api::reap(host.clone()));
-        if host.cluster.is_none() {
+        if local {
             tokio::spawn(api::probe(host.clone()));
         }
         Ok(Started {
@@ -222,8 +230,8 @@ impl Started {
     /// pool closes: its idle and starting sandboxes stop, leased ones keep
     /// running for the next start.
     pub async fn stop(host: Shared) {
-        if let Some(c) = &host.cluster {
-            c.stop().await;
+        if let crate::fleet::Fleet::Claims { cluster, .. } = &host.fleet {
+            cluster.stop().await;
         }
         let releases = host.releases.clone();
         tracing::info!(

@@ -89,10 +89,7 @@ pub async fn agent_of(
 
 /// The slot a live sandbox runs in: the pool's, or its claimed pod.
 pub fn slot_of(h: &Host, s: &SandboxRow) -> HostResult<crate::pool::Slot> {
-    match &h.cluster {
-        Some(c) => c.slot_of(s),
-        None => h.pool.leased_slot(&s.slot).ok_or(HostError::AgentGone),
-    }
+    h.fleet.slot_of(s)
 }
 
 /// `<public_url>/transfer/<path>?<signature of action on sandbox id>`.

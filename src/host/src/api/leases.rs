@@ -10,7 +10,8 @@ use serde_json::Value;
 use tracing::{info, warn};
 
 use crate::error::{HostError, HostResult};
-use crate::pool::{Miss, OnRelease, Slot, Taken, Want};
+use crate::fleet::Ask;
+use crate::pool::{Miss, Slot, Taken, Want};
 use crate::store::{SandboxRow, ServerRow, Status};
 
 use super::Shared;
@@ -44,14 +45,25 @@ pub async fn lease(h: &Shared, who: String, req: &AcquireBody) -> HostResult<New
     let started = std::time::Instant::now();
     let id = uuid::Uuid::new_v4().to_string();
     // Dropped before the lease is stored (the client went away: while the
-    // pod's agent is bound, acquires, or the lease is recorded), the claim
-    // is deleted: no claim stays `acquiring`, reaped by no one.
-    let mut claimed = Unclaim::new(h, &sandbox_kube::fleet::claim_name(&id));
-    let taken = match take(h, &who, &id, req).await {
+    // pod's agent is bound, acquires, or the lease is recorded), what was
+    // taken is given up: no claim stays `acquiring`, reaped by no one.
+    let mut guard = h.fleet.guard(&id);
+    let ask = Ask {
+        id: &id,
+        owner: &who,
+        want: Want {
+            servers: req.servers.clone(),
+            benchmark: req.benchmark.clone(),
+        },
+        expires_at_ms: expires_at(h, req),
+        now: &timestamp(),
+        cap: h.max_per_owner,
+    };
+    let taken = match h.fleet.take(ask).await {
         Ok(t) => t,
         Err(e) => {
             // A failed claim or bind deleted the claim already.
-            claimed.keep();
+            guard.keep();
             h.metrics.failed();
             return Err(e);
         }
@@ -62,96 +74,26 @@ pub async fn lease(h: &Shared, who: String, req: &AcquireBody) -> HostResult<New
         Ok(l) => l,
         Err(e) => {
             h.metrics.failed();
-            match &h.cluster {
-                Some(c) => c.unclaim(&slot.id).await,
-                None => settle_failed_lease(h, slot),
-            }
-            claimed.keep();
+            h.fleet.abandon(slot).await;
+            guard.keep();
             return Err(e);
         }
     };
-    if h.cluster.is_some() {
-        // The local pool learns its catalog from the slots it starts.
-        h.pool.learn_catalog(&slot).await;
-    }
+    h.fleet.leased(&slot).await;
     let (profile, miss) = (leased.profile, leased.miss.take());
     // A warm lease's servers are running, whatever was asked.
     let lazy = lazy && profile.is_none();
     let (row, skipped) = stored_row(h, req, id, who, &slot, leased);
     if let Err(e) = h.store.insert(&row).await {
         h.metrics.failed();
-        if let Some(c) = &h.cluster {
-            c.unclaim(&slot.id).await;
-        }
-        claimed.keep();
+        h.fleet.unrecorded(&slot).await;
+        guard.keep();
         return Err(e.into());
     }
-    claimed.keep();
+    guard.keep();
     h.metrics.acquired(profile, miss, started.elapsed());
     info!(sandbox = %row.id, slot = %slot.id, servers = row.servers.len(), warm = profile.is_some(), lazy, "acquired");
     Ok(NewLease { row, skipped, lazy })
-}
-
-/// The claim of an Acquire not stored yet (the kubernetes backend): a drop
-/// (the request abandoned mid-way) deletes it in the background; an
-/// Acquire that failed deletes it itself, an Acquire stored keeps it.
-struct Unclaim {
-    cluster: Option<std::sync::Arc<crate::cluster::Cluster>>,
-    claim: String,
-}
-
-impl Unclaim {
-    fn new(h: &Shared, claim: &str) -> Unclaim {
-        Unclaim {
-            cluster: h.cluster.clone(),
-            claim: claim.to_owned(),
-        }
-    }
-
-    fn keep(&mut self) {
-        self.cluster = None;
-    }
-}
-
-impl Drop for Unclaim {
-    fn drop(&mut self) {
-        let Some(c) = self.cluster.take() else {
-            return;
-        };
-        let claim = std::mem::take(&mut self.claim);
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            rt.spawn(async move { c.unclaim(&claim).await });
-        }
-    }
-}
-
-/// A sandbox for lease `id`: a slot of the pool (perhaps holding a warm
-/// lease), or on the kubernetes backend a claimed pod bound to the lease.
-async fn take(h: &Shared, who: &str, id: &str, req: &AcquireBody) -> HostResult<Taken> {
-    if let Some(c) = &h.cluster {
-        let expires = expires_at(h, req);
-        let slot = c
-            .claim(
-                id,
-                who,
-                req.benchmark.as_deref(),
-                expires,
-                &timestamp(),
-                h.max_per_owner,
-            )
-            .await?;
-        return Ok(Taken {
-            slot,
-            warm: None,
-            covers: false,
-            miss: None,
-        });
-    }
-    let want = Want {
-        servers: req.servers.clone(),
-        benchmark: req.benchmark.clone(),
-    };
-    h.pool.take(&want).await.map_err(HostError::NoSandbox)
 }
 
 /// When a lease of `req` made now expires (unix ms), if it has a TTL.
@@ -212,32 +154,6 @@ fn check_servers_known(h: &Shared, req: &AcquireBody) -> HostResult<()> {
         known.join(", "),
         missing.join(" ")
     )))
-}
-
-/// A failed Acquire leaves the agent idle, but a warm lease the failure
-/// left behind (a Narrow that failed for another reason) is ended before
-/// the sandbox goes back to the pool bare; one that cannot be ended is
-/// replaced. In the background.
-fn settle_failed_lease(h: &Shared, slot: Slot) {
-    let pool = h.pool.clone();
-    tokio::spawn(async move {
-        let idle = match slot.client(pool.deadlines().release).await {
-            Ok(c) => c
-                .agent()
-                .release(proto::ReleaseRequest::default())
-                .await
-                .is_ok(),
-            Err(_) => false,
-        };
-        let _ = tokio::task::spawn_blocking(move || {
-            if idle {
-                pool.give_back(&slot.id)
-            } else {
-                pool.drop_slot(&slot.id)
-            }
-        })
-        .await;
-    });
 }
 
 /// The sandbox as stored, its servers in the order asked for (a warm lease
@@ -472,8 +388,8 @@ fn auth_data(lease: Option<&proto::Lease>) -> BTreeMap<String, Value> {
         .unwrap_or_default()
 }
 
-/// Ends a sandbox: marked released now, the agent released in the
-/// background, then back to the pool (or replaced if the release failed).
+/// Ends a sandbox: marked released now, then ended by its fleet in the
+/// background ([`crate::fleet::Fleet::release`]).
 pub async fn release_in_background(h: &Shared, s: &SandboxRow, is_ttl: bool) {
     if let Err(e) = h.store.mark_released(&s.id, &timestamp()).await {
         warn!(sandbox = %s.id, error = %e, "cannot record the release");
@@ -482,79 +398,5 @@ pub async fn release_in_background(h: &Shared, s: &SandboxRow, is_ttl: bool) {
     // After the store says released: a request admitted later finds it so
     // (`inflight::admit`); one in flight stops here.
     h.inflight.end(&s.id);
-    if h.cluster.is_some() {
-        release_claim_in_background(h, s, is_ttl);
-        return;
-    }
-    let (h, id, slot_id) = (h.clone(), s.id.clone(), s.slot.clone());
-    let releases = h.releases.clone();
-    releases.spawn(async move {
-        let pool = h.pool.clone();
-        if pool.on_release() == OnRelease::Replace {
-            // Its agent or VM is stopped whole; nothing to release inside.
-            let _ = tokio::task::spawn_blocking(move || pool.drop_slot(&slot_id)).await;
-            info!(sandbox = %id, is_ttl, "released; its sandbox is replaced");
-            return;
-        }
-        match release_lease(&h, &id, &slot_id, is_ttl).await {
-            Ok(()) => {
-                info!(sandbox = %id, is_ttl, "released");
-                let _ = tokio::task::spawn_blocking(move || pool.give_back(&slot_id)).await;
-            }
-            Err(e) => {
-                warn!(sandbox = %id, error = %e, "release failed; the agent is replaced");
-                let _ = tokio::task::spawn_blocking(move || pool.drop_slot(&slot_id)).await;
-            }
-        }
-    });
-}
-
-/// The kubernetes backend's end of a lease: the pod's agent releases it
-/// (servers stopped, outside accounts cleaned), then the claim is deleted
-/// and its sandbox pod with it.
-fn release_claim_in_background(h: &Shared, s: &SandboxRow, is_ttl: bool) {
-    let (h, s) = (h.clone(), s.clone());
-    let releases = h.releases.clone();
-    releases.spawn(async move {
-        let Some(cluster) = h.cluster.clone() else {
-            return;
-        };
-        let released = async {
-            let slot = cluster.slot_of(&s).map_err(|e| e.to_string())?;
-            release_on(&slot, &s.id, is_ttl, h.pool.deadlines().release).await
-        };
-        match tokio::time::timeout(cluster.release_within(), released).await {
-            Ok(Ok(())) => info!(sandbox = %s.id, is_ttl, "released"),
-            Ok(Err(e)) => warn!(sandbox = %s.id, error = %e, "the pod's agent did not release; its pod is deleted anyway"),
-            Err(_) => warn!(sandbox = %s.id, "the pod's agent did not release in time; its pod is deleted anyway"),
-        }
-        cluster.unclaim(&s.slot).await;
-    });
-}
-
-/// The agent's Release of lease `id` on its slot.
-async fn release_lease(h: &Shared, id: &str, slot_id: &str, is_ttl: bool) -> Result<(), String> {
-    let slot = h
-        .pool
-        .leased_slot(slot_id)
-        .ok_or_else(|| "its agent is gone".to_owned())?;
-    release_on(&slot, id, is_ttl, h.pool.deadlines().release).await
-}
-
-/// The Release of lease `id` by the agent of `slot`.
-async fn release_on(
-    slot: &Slot,
-    id: &str,
-    is_ttl: bool,
-    within: std::time::Duration,
-) -> Result<(), String> {
-    let c = slot.client(within).await.map_err(|e| e.to_string())?;
-    c.agent()
-        .release(proto::ReleaseRequest {
-            lease_id: id.to_owned(),
-            is_ttl,
-        })
-        .await
-        .map(|_| ())
-        .map_err(|s| s.to_string())
+    h.fleet.release(s, is_ttl, &h.releases);
 }

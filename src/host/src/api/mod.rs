@@ -183,8 +183,8 @@ pub struct Host {
     pub metrics: crate::metrics::Metrics,
     pub store: Store,
     pub pool: Arc<Pool>,
-    /// The kubernetes backend's claimed pods (`None`: the pool's slots).
-    pub cluster: Option<Arc<crate::cluster::Cluster>>,
+    /// Where the sandboxes come from: the pool's slots, or claimed pods.
+    pub fleet: crate::fleet::Fleet,
     pub signer: Signer,
     /// API key → owner.
     pub keys: HashMap<String, String>,

@@ -479,15 +479,15 @@ impl Drop for Reservation<'_> {
     }
 }
 
-/// On the kubernetes backend, before an upload is counted: what this
-/// replica counts for `owner`'s sandboxes that another replica released
-/// stops counting ([`Uploads::forget_released`]), the live ones read from
-/// the claims.
+/// Where replicas share the leases (the kubernetes backend), before an
+/// upload is counted: what this replica counts for `owner`'s sandboxes
+/// that another replica released stops counting
+/// ([`Uploads::forget_released`]), the live ones read from the store.
 pub async fn forget_released_elsewhere(
     h: &super::Host,
     owner: &str,
 ) -> crate::error::HostResult<()> {
-    if h.cluster.is_none() {
+    if !h.fleet.shared() {
         return Ok(());
     }
     let live = h.store.list(Some(owner)).await?;
