@@ -182,13 +182,28 @@ pub(super) fn tail(s: &str, max: usize) -> &str {
 /// its pasta): as the agent is PID 1 of its pid namespace, its death ends
 /// every process there.
 pub(super) fn stop(slot: &Slot) {
+    if local_pid(slot).is_none() {
+        // A claimed pod: nothing of it runs here (its end is its claim's).
+        return;
+    }
     stop_main(slot);
     super::isolate::teardown(&slot.id, &slot.dir);
 }
 
+/// The slot's own process here, if it has one: never for a claimed pod,
+/// and never pid 0 (a signal to 0 reaches the host's own process group).
+fn local_pid(slot: &Slot) -> Option<nix::unistd::Pid> {
+    let pid = i32::try_from(slot.pid).ok().filter(|p| *p > 0)?;
+    slot.remote
+        .is_none()
+        .then(|| nix::unistd::Pid::from_raw(pid))
+}
+
 fn stop_main(slot: &Slot) {
     use nix::sys::signal::{Signal, kill, killpg};
-    let pid = nix::unistd::Pid::from_raw(slot.pid as i32);
+    let Some(pid) = local_pid(slot) else {
+        return;
+    };
     if !slot.alive() {
         return;
     }
@@ -200,5 +215,39 @@ fn stop_main(slot: &Slot) {
     if slot.alive() {
         let _ = killpg(pid, Signal::SIGKILL);
         let _ = kill(pid, Signal::SIGKILL);
+    }
+}
+
+#[cfg(test)]
+mod signals {
+    use super::*;
+
+    /// A claimed pod's slot names no process here (`pid` 0): stopping it
+    /// must signal nothing, as a signal to pid 0 (or its group) would
+    /// reach the host's own process group.
+    #[test]
+    fn a_remote_slot_or_pid_zero_is_never_signalled() {
+        let token = sandbox_client::auth::Token::new("0123456789abcdef0123456789abcdef", "t")
+            .expect("token");
+        let remote = Slot::remote(
+            "sbx-1".to_owned(),
+            Remote {
+                host: "10.0.0.1".to_owned(),
+                grpc_port: 7070,
+                mcp_port: 7071,
+                token,
+            },
+        );
+        assert_eq!(local_pid(&remote), None);
+        let mut zero = remote.clone();
+        zero.remote = None;
+        assert_eq!(local_pid(&zero), None);
+        let mut local = zero.clone();
+        local.pid = 4242;
+        assert_eq!(local_pid(&local), Some(nix::unistd::Pid::from_raw(4242)));
+        // Stopping either returns without a signal (this test's process
+        // group would otherwise get SIGTERM).
+        stop(&remote);
+        stop_main(&zero);
     }
 }
