@@ -395,7 +395,11 @@ impl Cluster {
     /// is deleted after the agent's Release (`api::leases`).
     pub async fn mark_released(&self, id: &str, now: &str) -> Result<(), StoreError> {
         self.remember(id, None);
-        self.update(id, now, Phase::Released).await
+        let written = self.update(id, now, Phase::Released).await;
+        // After the write (which forgets what was cached): this replica
+        // takes it as ended from now on, written or not.
+        self.remember(id, None);
+        written
     }
 
     async fn update(&self, id: &str, now: &str, phase: Phase) -> Result<(), StoreError> {
@@ -435,7 +439,7 @@ impl Cluster {
             l.host.as_ref().is_some_and(|h| !replicas.contains(h))
                 // Not one made a moment ago by a replica that just started
                 // (its presence is taken before it serves).
-                && age_of(&l.created_at, now_ms) > Some(ORPHAN_AFTER)
+                && older_than(&l.created_at, now_ms, ORPHAN_AFTER)
         };
         let mut expired = Vec::new();
         for l in leases {
@@ -444,14 +448,14 @@ impl Cluster {
                     warn!(sandbox = %l.sandbox_id, claim = %l.claim, replica = ?l.host, "a claim left acquiring by a replica gone; deleting it");
                     self.unclaim(&l.claim).await;
                 }
-                Phase::Acquiring if age_of(&l.created_at, now_ms) > Some(abandoned_after) => {
+                Phase::Acquiring if older_than(&l.created_at, now_ms, abandoned_after) => {
                     warn!(sandbox = %l.sandbox_id, claim = %l.claim, "a claim left acquiring (its host stopped mid-Acquire); deleting it");
                     self.unclaim(&l.claim).await;
                 }
                 // Released, but its claim still here well past the
                 // release's own bound: a delete that failed (the finalizer
                 // left on), retried.
-                Phase::Released if age_of(&l.updated_at, now_ms) > Some(RELEASED_CLAIM_LEFT) => {
+                Phase::Released if older_than(&l.updated_at, now_ms, RELEASED_CLAIM_LEFT) => {
                     warn!(sandbox = %l.sandbox_id, claim = %l.claim, "a released lease's claim is still there; deleting it again");
                     self.unclaim(&l.claim).await;
                 }
@@ -500,13 +504,16 @@ const ACQUIRE_AFTER_CLAIM: Duration = Duration::from_secs(15 * 60);
 /// pod's Release is bounded by a minute).
 const RELEASED_CLAIM_LEFT: Duration = Duration::from_secs(5 * 60);
 
-/// How long before `now_ms` the RFC 3339 time `at` was (`None`: not a
-/// time, or later).
-fn age_of(at: &str, now_ms: i64) -> Option<Duration> {
-    let at = chrono::DateTime::parse_from_rfc3339(at).ok()?;
-    u64::try_from(now_ms - at.timestamp_millis())
-        .ok()
-        .map(Duration::from_millis)
+/// Whether the RFC 3339 time `at` was more than `bound` before `now_ms`.
+/// A record whose time cannot be read (no host wrote it so) is taken as
+/// old: the reaper ends it rather than keep it for ever. A time later
+/// than now (another replica's clock ahead) is not old.
+fn older_than(at: &str, now_ms: i64, bound: Duration) -> bool {
+    match chrono::DateTime::parse_from_rfc3339(at) {
+        Err(_) => true,
+        Ok(t) => u64::try_from(now_ms - t.timestamp_millis())
+            .is_ok_and(|age| Duration::from_millis(age) > bound),
+    }
 }
 
 fn phase_of(s: Status) -> Phase {
@@ -549,5 +556,26 @@ pub fn cluster_error(e: KubeError) -> HostError {
 fn log_cluster_error(e: &KubeError) {
     if let Some(permission) = e.permission() {
         warn!(%permission, error = %e, "the Kubernetes API server forbids this host a call it needs: add the permission to its Role");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unreadable_time_is_old_and_a_later_one_is_not() {
+        let now = chrono::DateTime::parse_from_rfc3339("2026-01-01T01:00:00Z")
+            .map(|t| t.timestamp_millis())
+            .unwrap_or_default();
+        let min = Duration::from_secs(60);
+        assert!(older_than("2026-01-01T00:58:00Z", now, min));
+        assert!(!older_than("2026-01-01T00:59:30Z", now, min));
+        assert!(
+            !older_than("2026-01-01T01:30:00Z", now, min),
+            "a clock ahead"
+        );
+        assert!(older_than("yesterday", now, min));
+        assert!(older_than("", now, min));
     }
 }
