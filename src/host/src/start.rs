@@ -205,13 +205,15 @@ impl Host {
         if args.catalogs == pool::CatalogMode::Record && local {
             tokio::spawn(pool.clone().record_catalogs());
         }
-        tokio::spawn(pool.clone().keep_warm());
-        tokio::spawn(
-            pool.clone()
-                .keep_reclaiming(Duration::from_secs(args.reclaim_interval)),
-        );
         tokio::spawn(api::reap(host.clone()));
+        // The local slots' upkeep; on the kubernetes backend the pool
+        // holds no slot (the warm pools are the cluster's) and none runs.
         if local {
+            tokio::spawn(pool.clone().keep_warm());
+            tokio::spawn(
+                pool.clone()
+                    .keep_reclaiming(Duration::from_secs(args.reclaim_interval)),
+            );
             tokio::spawn(api::probe(host.clone()));
         }
         Ok(Started {
