@@ -298,6 +298,9 @@ async fn list_claims(
     UrlPath(_ns): UrlPath<String>,
     Query(q): Query<BTreeMap<String, String>>,
 ) -> Response {
+    if q.get("watch").is_some_and(|w| w == "true" || w == "1") {
+        return watch_claims(s, &q);
+    }
     let by_owner = q
         .get("labelSelector")
         .is_some_and(|sel| sel.contains("sandbox-agent.dev/owner-hash="));
@@ -339,6 +342,72 @@ async fn list_claims(
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
     axum::Json(list).into_response()
+}
+
+/// A watch of the claims a label selector names: their changes since the
+/// watch began (looked at every 20 ms), as the API server streams them
+/// (one JSON event a line), until `timeoutSeconds` (at most 25 s here).
+fn watch_claims(s: Arc<Mutex<Cluster>>, q: &BTreeMap<String, String>) -> Response {
+    let wanted: Vec<(String, String)> = q
+        .get("labelSelector")
+        .map(|sel| {
+            sel.split(',')
+                .filter_map(|kv| kv.split_once('='))
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .collect()
+        })
+        .unwrap_or_default();
+    let secs: u64 = q
+        .get("timeoutSeconds")
+        .and_then(|t| t.parse().ok())
+        .unwrap_or(25)
+        .min(25);
+    lock(&s).requests.push("WATCH sandboxclaims".to_owned());
+    let snapshot = move |s: &Arc<Mutex<Cluster>>| -> BTreeMap<String, Value> {
+        let c = lock(s);
+        c.claims
+            .iter()
+            .filter(|(_, claim)| {
+                wanted
+                    .iter()
+                    .all(|(k, v)| claim["metadata"]["labels"][k].as_str() == Some(v.as_str()))
+            })
+            .map(|(n, claim)| (n.clone(), claim.clone()))
+            .collect()
+    };
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(64);
+    tokio::spawn(async move {
+        let mut seen = snapshot(&s);
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+        while std::time::Instant::now() < until {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            let now = snapshot(&s);
+            let mut events = Vec::new();
+            for (n, claim) in &now {
+                match seen.get(n) {
+                    None => events.push(json!({"type": "ADDED", "object": claim})),
+                    Some(old) if old != claim => {
+                        events.push(json!({"type": "MODIFIED", "object": claim}))
+                    }
+                    _ => {}
+                }
+            }
+            for (n, claim) in &seen {
+                if !now.contains_key(n) {
+                    events.push(json!({"type": "DELETED", "object": claim}));
+                }
+            }
+            for e in events {
+                let line = format!("{e}\n");
+                if tx.send(Ok(Bytes::from(line))).await.is_err() {
+                    return;
+                }
+            }
+            seen = now;
+        }
+    });
+    let body = axum::body::Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx));
+    ([("content-type", "application/json")], body).into_response()
 }
 
 async fn patch_claim(

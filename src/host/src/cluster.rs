@@ -65,6 +65,9 @@ pub struct Cluster {
     reaper: Mutex<Option<Lock>>,
     /// When the reaper last deleted lapsed presences.
     pruned: Mutex<Option<Instant>>,
+    /// The claims as a watch keeps them, started with the reaper's first
+    /// pass (what it reads instead of listing them each pass).
+    mirror: Mutex<Option<sandbox_kube::fleet::Mirror>>,
 }
 
 /// Entries kept at most this many times the cache's lifetime.
@@ -81,6 +84,7 @@ impl Cluster {
             presence: Mutex::new(None),
             reaper: Mutex::new(None),
             pruned: Mutex::new(None),
+            mirror: Mutex::new(None),
         }
     }
 
@@ -422,13 +426,18 @@ impl Cluster {
     /// presences of replicas long gone, are deleted on the way.
     pub async fn expired(&self, now_ms: i64) -> Result<Vec<SandboxRow>, StoreError> {
         if !self.reaps() {
+            // Not the reaper (any more): no watch kept for it.
+            locked(&self.mirror).take();
             return Ok(Vec::new());
         }
-        let leases = self
-            .fleet
-            .leases(None)
-            .await
-            .inspect_err(log_cluster_error)?;
+        let watched = {
+            let mut m = locked(&self.mirror);
+            m.get_or_insert_with(|| self.fleet.mirror()).leases()
+        };
+        // Until the watch's first list is in: nothing to reap yet.
+        let Some(leases) = watched else {
+            return Ok(Vec::new());
+        };
         let replicas = self
             .fleet
             .live_replicas()
