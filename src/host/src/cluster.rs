@@ -370,7 +370,13 @@ impl Cluster {
             |l: &Lease| l.phase == Phase::Acquiring && l.host.as_deref() == Some(&self.instance);
         Ok(leases
             .iter()
-            .filter(|l| sandbox_kube::coord::counts(l, &replicas) && !ours_in_flight(l))
+            .filter(|l| {
+                let (now, grace) = (
+                    chrono::Utc::now().timestamp_millis(),
+                    self.fleet.orphan_grace(),
+                );
+                sandbox_kube::coord::counts(l, &replicas, now, grace) && !ours_in_flight(l)
+            })
             .count())
     }
 
@@ -444,12 +450,8 @@ impl Cluster {
             .await
             .inspect_err(log_cluster_error)?;
         let abandoned_after = self.fleet.config().claim_timeout + ACQUIRE_AFTER_CLAIM;
-        let orphaned = |l: &Lease| {
-            l.host.as_ref().is_some_and(|h| !replicas.contains(h))
-                // Not one made a moment ago by a replica that just started
-                // (its presence is taken before it serves).
-                && older_than(&l.created_at, now_ms, ORPHAN_AFTER)
-        };
+        let grace = self.fleet.orphan_grace();
+        let orphaned = |l: &Lease| sandbox_kube::coord::orphaned(l, &replicas, now_ms, grace);
         let mut expired = Vec::new();
         for l in leases {
             match l.phase {
@@ -493,10 +495,6 @@ fn locked<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// How long an Acquire waits for this replica's presence (taken in the
 /// background at start) before it is refused.
 const PRESENCE_WAIT: Duration = Duration::from_secs(3);
-
-/// A claim of a replica whose presence is gone is taken as orphaned once
-/// it is this old.
-const ORPHAN_AFTER: Duration = Duration::from_secs(10);
 
 /// How often the reaper looks for presences to delete.
 const PRUNE_EVERY: Duration = Duration::from_secs(60);

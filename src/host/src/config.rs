@@ -275,7 +275,7 @@ pub struct Args {
     /// kubernetes backend: how long a replica's presence Lease lasts past
     /// its last renewal (renewed a third before). A replica killed
     /// mid-Acquire: its claims stop counting against their owners, and
-    /// are deleted, this long (plus 5 s of clock skew, plus 10 s) after;
+    /// are deleted, this long (plus 5 s of clock skew) after;
     /// also the reaper's Lease, taken over this long after its holder
     /// died.
     #[arg(long, default_value_t = 30, value_name = "SECONDS")]

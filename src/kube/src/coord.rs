@@ -208,15 +208,24 @@ pub(crate) async fn stale_presences(
         .collect())
 }
 
-/// Whether `l` holds a place against its owner's cap: live, or being
-/// acquired by a replica that is still there (or an unknown one: a claim
-/// of a host that names none counts).
-pub fn counts(l: &Lease, replicas: &HashSet<String>) -> bool {
-    match l.phase {
-        Phase::Released => false,
-        Phase::Acquiring => l.host.as_ref().is_none_or(|h| replicas.contains(h)),
-        Phase::Occupied | Phase::Error => true,
-    }
+/// Whether `l` was left `acquiring` by a replica gone: it names a replica
+/// whose presence is not live, and was made more than `grace` before
+/// `now_ms` (a presence's lifetime plus [`SKEW`]: a young claim may be
+/// one of a replica that just started, or seen through a list of
+/// replicas a moment old). A time that cannot be read is old.
+pub fn orphaned(l: &Lease, replicas: &HashSet<String>, now_ms: i64, grace: Duration) -> bool {
+    let gone = l.host.as_ref().is_some_and(|h| !replicas.contains(h));
+    let old = match l.created_at.parse::<k8s_openapi::jiff::Timestamp>() {
+        Err(_) => true,
+        Ok(t) => now_ms - t.as_millisecond() > grace.as_millis() as i64,
+    };
+    l.phase == Phase::Acquiring && gone && old
+}
+
+/// Whether `l` holds a place against its owner's cap: not released, and
+/// not [`orphaned`].
+pub fn counts(l: &Lease, replicas: &HashSet<String>, now_ms: i64, grace: Duration) -> bool {
+    l.phase != Phase::Released && !orphaned(l, replicas, now_ms, grace)
 }
 
 /// The owner's places: the claims that count, and the reservations still
@@ -226,9 +235,13 @@ pub(crate) fn places(
     reservations: BTreeMap<String, Reservation>,
     replicas: &HashSet<String>,
     now_ms: i64,
+    grace: Duration,
 ) -> (usize, BTreeMap<String, Reservation>) {
     let ids: HashSet<&str> = claims.iter().map(|l| l.sandbox_id.as_str()).collect();
-    let counted = claims.iter().filter(|l| counts(l, replicas)).count();
+    let counted = claims
+        .iter()
+        .filter(|l| counts(l, replicas, now_ms, grace))
+        .count();
     let valid: BTreeMap<String, Reservation> = reservations
         .into_iter()
         .filter(|(id, r)| r.until_ms > now_ms && !ids.contains(id.as_str()))
@@ -358,7 +371,8 @@ mod tests {
             phase,
             benchmark: None,
             servers: serde_json::Value::Null,
-            created_at: String::new(),
+            // 1 s after the epoch.
+            created_at: "1970-01-01T00:00:01Z".to_owned(),
             updated_at: String::new(),
             expires_at_ms: None,
             claim: String::new(),
@@ -374,10 +388,16 @@ mod tests {
             claim("a", Phase::Occupied, Some("gone")),
             claim("b", Phase::Error, None),
             claim("c", Phase::Acquiring, Some("r1")),
-            // Orphaned: its replica's presence lapsed.
+            // Orphaned: its replica's presence lapsed, and it is older
+            // than the grace.
             claim("d", Phase::Acquiring, Some("gone")),
             claim("e", Phase::Released, Some("r1")),
             claim("f", Phase::Acquiring, None),
+            // A replica not seen yet (just started), its claim young.
+            Lease {
+                created_at: "1970-01-01T00:01:00Z".to_owned(),
+                ..claim("g", Phase::Acquiring, Some("new"))
+            },
         ];
         let r = |until_ms| Reservation {
             replica: "r1".to_owned(),
@@ -385,13 +405,15 @@ mod tests {
         };
         let reservations = BTreeMap::from([
             // Its claim exists: counted once.
-            ("c".to_owned(), r(2000)),
-            ("x".to_owned(), r(2000)),
+            ("c".to_owned(), r(90_000)),
+            ("x".to_owned(), r(90_000)),
             // Lapsed.
-            ("y".to_owned(), r(999)),
+            ("y".to_owned(), r(59_999)),
         ]);
-        let (held, kept) = places(&claims, reservations, &replicas, 1000);
-        assert_eq!(held, 5, "a, b, c, f and x");
+        // At 61 s, with 30 s of grace.
+        let grace = Duration::from_secs(30);
+        let (held, kept) = places(&claims, reservations, &replicas, 61_000, grace);
+        assert_eq!(held, 6, "a, b, c, f, g and x");
         assert_eq!(kept.keys().collect::<Vec<_>>(), ["x"]);
     }
 }

@@ -334,7 +334,8 @@ impl Fleet {
             let claims = self.leases(Some(owner)).await?;
             let now = now_ms();
             let replicas = self.live_replicas().await?;
-            let (held, mut kept) = coord::places(&claims, reservations, &replicas, now);
+            let (held, mut kept) =
+                coord::places(&claims, reservations, &replicas, now, self.orphan_grace());
             if held >= cap {
                 return Ok(Admission::Full { held });
             }
@@ -355,6 +356,12 @@ impl Fleet {
             tokio::time::sleep(Duration::from_millis(5 * u64::from(attempt) + spread)).await;
         }
         Err(KubeError::Contended { ledger: name })
+    }
+
+    /// How old a claim left acquiring by a replica not present must be to
+    /// be taken as orphaned ([`coord::orphaned`]).
+    pub fn orphan_grace(&self) -> Duration {
+        self.cfg.coord.presence_ttl + coord::SKEW
     }
 
     /// The replicas whose presence is live ([`coord`]), as listed at

@@ -257,8 +257,8 @@ async fn every_host_gone_past_shutdown_time_ends_the_sandbox() {
 /// claim: of two Acquires racing with a cap of 1, exactly one is
 /// admitted, and the other is refused with no claim made and no warm
 /// sandbox adopted (5 rounds). A claim left acquiring by a replica whose
-/// presence lapsed (killed mid-Acquire) stops counting; one of a replica
-/// present counts. One replica at a time holds the reaper's Lease, and
+/// presence lapsed (killed mid-Acquire) stops counting once it is older
+/// than a presence's lifetime; one of a replica present counts. One replica at a time holds the reaper's Lease, and
 /// another takes it over when it is given up.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_coordinate_the_cap_orphans_and_the_reaper() {
@@ -269,11 +269,19 @@ async fn replicas_coordinate_the_cap_orphans_and_the_reaper() {
     let host = api.install(NS).await;
     let controller = controller::spawn(api.admin.clone(), NS, "127.0.0.1");
     let (a, b) = (fleet_of(host.clone()), fleet_of(host.clone()));
-    let _present_a = a.announce("replica-a").await.expect("presence of a");
-    let _present_b = b.announce("replica-b").await.expect("presence of b");
+    let present_a = a.announce("replica-a").await.expect("presence of a");
+    let present_b = b.announce("replica-b").await.expect("presence of b");
+    // As a host does: no claim before its presence is held.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !(present_a.held() && present_b.held()) {
+        assert!(Instant::now() < deadline, "the presences were not taken");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Made now, as a host makes them.
     let on = |id: &str, replica: &str| {
         let mut l = lease(id, POOL);
         l.host = Some(replica.to_owned());
+        l.created_at = k8s_openapi::jiff::Timestamp::now().to_string();
         l
     };
 
@@ -317,13 +325,11 @@ async fn replicas_coordinate_the_cap_orphans_and_the_reaper() {
         .create(&Default::default(), &lapsed)
         .await
         .expect("the lapsed presence");
-    let orphan = a
-        .claim(
-            &on("5b7c6f6e-3f1c-4c55-9d0e-7d7a4a1b2c3d", "replica-gone"),
-            1,
-        )
-        .await
-        .expect("the orphan's claim");
+    // Made long ago (a young claim of a replica not seen counts: it may
+    // be one that just started).
+    let mut orphan = on("5b7c6f6e-3f1c-4c55-9d0e-7d7a4a1b2c3d", "replica-gone");
+    orphan.created_at = "2026-01-01T00:00:05Z".to_owned();
+    let orphan = a.claim(&orphan, 1).await.expect("the orphan's claim");
     let live = b.live_replicas().await.expect("replicas");
     assert!(
         live.contains("replica-a") && live.contains("replica-b"),
