@@ -310,15 +310,7 @@ async fn list_claims(
         let mut c = lock(&s);
         c.requests.push("LIST sandboxclaims".to_owned());
         c.owner_lists += usize::from(by_owner);
-        let wanted: Vec<(String, String)> = q
-            .get("labelSelector")
-            .map(|sel| {
-                sel.split(',')
-                    .filter_map(|kv| kv.split_once('='))
-                    .map(|(k, v)| (k.to_owned(), v.to_owned()))
-                    .collect()
-            })
-            .unwrap_or_default();
+        let wanted = selector(&q);
         let items: Vec<Value> = c
             .claims
             .values()
@@ -344,19 +336,23 @@ async fn list_claims(
     axum::Json(list).into_response()
 }
 
-/// A watch of the claims a label selector names: their changes since the
-/// watch began (looked at every 20 ms), as the API server streams them
-/// (one JSON event a line), until `timeoutSeconds` (at most 25 s here).
-fn watch_claims(s: Arc<Mutex<Cluster>>, q: &BTreeMap<String, String>) -> Response {
-    let wanted: Vec<(String, String)> = q
-        .get("labelSelector")
+/// The `key=value` pairs of a request's label selector.
+fn selector(q: &BTreeMap<String, String>) -> Vec<(String, String)> {
+    q.get("labelSelector")
         .map(|sel| {
             sel.split(',')
                 .filter_map(|kv| kv.split_once('='))
                 .map(|(k, v)| (k.to_owned(), v.to_owned()))
                 .collect()
         })
-        .unwrap_or_default();
+        .unwrap_or_default()
+}
+
+/// A watch of the claims a label selector names: their changes since the
+/// watch began (looked at every 20 ms), as the API server streams them
+/// (one JSON event a line), until `timeoutSeconds` (at most 25 s here).
+fn watch_claims(s: Arc<Mutex<Cluster>>, q: &BTreeMap<String, String>) -> Response {
+    let wanted = selector(q);
     let secs: u64 = q
         .get("timeoutSeconds")
         .and_then(|t| t.parse().ok())
