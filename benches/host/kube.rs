@@ -123,8 +123,6 @@ fn replica(dir: &Path, name: &str, api: &RealApi) -> Host {
             &b,
             "--signing-key-file",
             &s,
-            "--kube-poll-ms",
-            "500",
         ],
     )
 }

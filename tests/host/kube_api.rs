@@ -22,7 +22,7 @@ use serde_json::{Value, json};
 
 pub const NAMESPACE: &str = "fleet";
 const EXT: &str = "/apis/extensions.agents.x-k8s.io/v1beta1/namespaces/{ns}/sandboxclaims";
-const CORE: &str = "/apis/agents.x-k8s.io/v1beta1/namespaces/{ns}/sandboxes/{name}";
+const CORE: &str = "/apis/agents.x-k8s.io/v1beta1/namespaces/{ns}/sandboxes";
 const LEASES: &str = "/apis/coordination.k8s.io/v1/namespaces/{ns}/leases";
 
 /// What the stand-in holds and how it misbehaves.
@@ -48,7 +48,8 @@ pub struct Cluster {
     /// all count before any claims, however loaded the machine.
     pub owner_list_barrier: usize,
     owner_lists: usize,
-    /// GETs of sandboxes are never answered (an API server that stalls).
+    /// Reads of sandboxes (gets, lists, watches) are never answered (an
+    /// API server that stalls).
     pub stall_sandbox_gets: bool,
     /// PATCHes of claims are never answered while set (read as each
     /// arrives).
@@ -92,7 +93,8 @@ impl KubeApi {
                         &format!("{EXT}/{{name}}"),
                         get(get_claim).patch(patch_claim).delete(delete_claim),
                     )
-                    .route(CORE, get(get_sandbox))
+                    .route(CORE, get(list_sandboxes))
+                    .route(&format!("{CORE}/{{name}}"), get(get_sandbox))
                     .route(LEASES, get(list_leases).post(create_lease))
                     .route(
                         &format!("{LEASES}/{{name}}"),
@@ -295,11 +297,11 @@ async fn get_claim(State(s): Shared, UrlPath((ns, name)): UrlPath<(String, Strin
 
 async fn list_claims(
     State(s): Shared,
-    UrlPath(_ns): UrlPath<String>,
+    UrlPath(ns): UrlPath<String>,
     Query(q): Query<BTreeMap<String, String>>,
 ) -> Response {
     if q.get("watch").is_some_and(|w| w == "true" || w == "1") {
-        return watch_claims(s, &q);
+        return watch(s, Kind::Claims, &ns, &q);
     }
     let by_owner = q
         .get("labelSelector")
@@ -310,16 +312,9 @@ async fn list_claims(
         let mut c = lock(&s);
         c.requests.push("LIST sandboxclaims".to_owned());
         c.owner_lists += usize::from(by_owner);
-        let wanted = selector(&q);
-        let items: Vec<Value> = c
-            .claims
-            .values()
-            .filter(|claim| {
-                wanted
-                    .iter()
-                    .all(|(k, v)| claim["metadata"]["labels"][k].as_str() == Some(v.as_str()))
-            })
-            .cloned()
+        let items: Vec<Value> = Kind::Claims
+            .selected(&mut c, &ns, &q)
+            .into_values()
             .collect();
         json!({
             "apiVersion": "extensions.agents.x-k8s.io/v1beta1", "kind": "SandboxClaimList",
@@ -336,9 +331,60 @@ async fn list_claims(
     axum::Json(list).into_response()
 }
 
-/// The `key=value` pairs of a request's label selector.
-fn selector(q: &BTreeMap<String, String>) -> Vec<(String, String)> {
-    q.get("labelSelector")
+/// What the stand-in lists and watches.
+#[derive(Clone, Copy)]
+enum Kind {
+    Claims,
+    Sandboxes,
+}
+
+impl Kind {
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Claims => "sandboxclaims",
+            Kind::Sandboxes => "sandboxes",
+        }
+    }
+
+    /// The objects a request's label and field selectors name, the
+    /// controller having handed free pods to waiting claims first.
+    fn selected(
+        self,
+        c: &mut Cluster,
+        ns: &str,
+        q: &BTreeMap<String, String>,
+    ) -> BTreeMap<String, Value> {
+        let waiting: Vec<String> = c.claims.keys().cloned().collect();
+        for name in waiting {
+            if let Some(mut claim) = c.claims.get(&name).cloned() {
+                assign(c, ns, &name, &mut claim);
+                c.claims.insert(name, claim);
+            }
+        }
+        let labels = selector(q, "labelSelector");
+        let fields = selector(q, "fieldSelector");
+        let store = match self {
+            Kind::Claims => &c.claims,
+            Kind::Sandboxes => &c.sandboxes,
+        };
+        store
+            .iter()
+            .filter(|(_, o)| {
+                labels
+                    .iter()
+                    .all(|(k, v)| o["metadata"]["labels"][k].as_str() == Some(v.as_str()))
+                    && fields.iter().all(|(k, v)| {
+                        k != "metadata.name" || o["metadata"]["name"].as_str() == Some(v.as_str())
+                    })
+            })
+            .map(|(n, o)| (n.clone(), o.clone()))
+            .collect()
+    }
+}
+
+/// The `key=value` pairs of a request's label or field selector.
+fn selector(q: &BTreeMap<String, String>, which: &str) -> Vec<(String, String)> {
+    q.get(which)
         .map(|sel| {
             sel.split(',')
                 .filter_map(|kv| kv.split_once('='))
@@ -348,29 +394,19 @@ fn selector(q: &BTreeMap<String, String>) -> Vec<(String, String)> {
         .unwrap_or_default()
 }
 
-/// A watch of the claims a label selector names: their changes since the
-/// watch began (looked at every 20 ms), as the API server streams them
-/// (one JSON event a line), until `timeoutSeconds` (at most 25 s here).
-fn watch_claims(s: Arc<Mutex<Cluster>>, q: &BTreeMap<String, String>) -> Response {
-    let wanted = selector(q);
+/// A watch of what a request's selectors name: the changes since the
+/// watch began (looked at every 20 ms, the controller acting first), as
+/// the API server streams them (one JSON event a line), until
+/// `timeoutSeconds` (at most 25 s here).
+fn watch(s: Arc<Mutex<Cluster>>, kind: Kind, ns: &str, q: &BTreeMap<String, String>) -> Response {
     let secs: u64 = q
         .get("timeoutSeconds")
         .and_then(|t| t.parse().ok())
         .unwrap_or(25)
         .min(25);
-    lock(&s).requests.push("WATCH sandboxclaims".to_owned());
-    let snapshot = move |s: &Arc<Mutex<Cluster>>| -> BTreeMap<String, Value> {
-        let c = lock(s);
-        c.claims
-            .iter()
-            .filter(|(_, claim)| {
-                wanted
-                    .iter()
-                    .all(|(k, v)| claim["metadata"]["labels"][k].as_str() == Some(v.as_str()))
-            })
-            .map(|(n, claim)| (n.clone(), claim.clone()))
-            .collect()
-    };
+    lock(&s).requests.push(format!("WATCH {}", kind.name()));
+    let (ns, q) = (ns.to_owned(), q.clone());
+    let snapshot = move |s: &Arc<Mutex<Cluster>>| kind.selected(&mut lock(s), &ns, &q);
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(64);
     tokio::spawn(async move {
         let mut seen = snapshot(&s);
@@ -379,18 +415,16 @@ fn watch_claims(s: Arc<Mutex<Cluster>>, q: &BTreeMap<String, String>) -> Respons
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
             let now = snapshot(&s);
             let mut events = Vec::new();
-            for (n, claim) in &now {
+            for (n, o) in &now {
                 match seen.get(n) {
-                    None => events.push(json!({"type": "ADDED", "object": claim})),
-                    Some(old) if old != claim => {
-                        events.push(json!({"type": "MODIFIED", "object": claim}))
-                    }
+                    None => events.push(json!({"type": "ADDED", "object": o})),
+                    Some(old) if old != o => events.push(json!({"type": "MODIFIED", "object": o})),
                     _ => {}
                 }
             }
-            for (n, claim) in &seen {
+            for (n, o) in &seen {
                 if !now.contains_key(n) {
-                    events.push(json!({"type": "DELETED", "object": claim}));
+                    events.push(json!({"type": "DELETED", "object": o}));
                 }
             }
             for e in events {
@@ -404,6 +438,32 @@ fn watch_claims(s: Arc<Mutex<Cluster>>, q: &BTreeMap<String, String>) -> Respons
     });
     let body = axum::body::Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx));
     ([("content-type", "application/json")], body).into_response()
+}
+
+/// Lists or watches sandboxes (a claim's sandbox, by name).
+async fn list_sandboxes(
+    State(s): Shared,
+    UrlPath(ns): UrlPath<String>,
+    Query(q): Query<BTreeMap<String, String>>,
+) -> Response {
+    if lock(&s).stall_sandbox_gets {
+        lock(&s).requests.push("LIST sandboxes".to_owned());
+        tokio::time::sleep(std::time::Duration::from_secs(3600)).await;
+    }
+    if q.get("watch").is_some_and(|w| w == "true" || w == "1") {
+        return watch(s, Kind::Sandboxes, &ns, &q);
+    }
+    let mut c = lock(&s);
+    c.requests.push("LIST sandboxes".to_owned());
+    let items: Vec<Value> = Kind::Sandboxes
+        .selected(&mut c, &ns, &q)
+        .into_values()
+        .collect();
+    axum::Json(json!({
+        "apiVersion": "agents.x-k8s.io/v1beta1", "kind": "SandboxList",
+        "metadata": {"resourceVersion": c.serial.to_string()}, "items": items
+    }))
+    .into_response()
 }
 
 async fn patch_claim(

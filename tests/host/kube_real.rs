@@ -39,8 +39,6 @@ fn replica(dir: &Path, f: &Fleet, api: &RealApi) -> Host {
         &PORTS.1.to_string(),
         "--kube-claim-timeout",
         "20",
-        "--kube-poll-ms",
-        "100",
         "--kube-presence-ttl",
         "5",
         "--kube-bootstrap-token-file",

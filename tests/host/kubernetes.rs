@@ -103,8 +103,6 @@ pub(super) fn replica_on(
         &mcp_port.to_string(),
         "--kube-claim-timeout",
         &timeout.to_string(),
-        "--kube-poll-ms",
-        "100",
         "--kube-bootstrap-token-file",
         &f.bootstrap.display().to_string(),
         "--signing-key-file",

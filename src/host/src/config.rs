@@ -264,9 +264,6 @@ pub struct Args {
     /// claim, and the pod, are deleted anyway.
     #[arg(long, default_value_t = 60, value_name = "SECONDS")]
     pub kube_release_timeout: u64,
-    /// kubernetes backend: how often a claim being waited for is read.
-    #[arg(long, default_value_t = 500, value_name = "MS")]
-    pub kube_poll_ms: u64,
     /// kubernetes backend: a claim's shutdownTime is its lease's expiry
     /// plus this: the hosts release first; the controller ends the claim
     /// should no host run.
@@ -592,11 +589,10 @@ pub fn cluster(args: &Args) -> anyhow::Result<Option<ClusterPlan>> {
     );
     anyhow::ensure!(
         args.kube_claim_timeout > 0
-            && args.kube_poll_ms > 0
             && args.kube_call_timeout > 0
             && args.kube_bind_timeout > 0
             && args.kube_release_timeout > 0,
-        "--kube-claim-timeout, --kube-poll-ms, --kube-call-timeout, --kube-bind-timeout and --kube-release-timeout must be at least 1"
+        "--kube-claim-timeout, --kube-call-timeout, --kube-bind-timeout and --kube-release-timeout must be at least 1"
     );
     anyhow::ensure!(
         (3..=3600).contains(&args.kube_presence_ttl)

@@ -521,7 +521,6 @@ async fn connect_cluster(
             namespace,
             pools: plan.pools,
             claim_timeout: Duration::from_secs(args.kube_claim_timeout),
-            poll: Duration::from_millis(args.kube_poll_ms),
             shutdown_grace: Duration::from_secs(args.kube_shutdown_grace),
             coord: sandbox_kube::coord::CoordConfig {
                 presence_ttl: Duration::from_secs(args.kube_presence_ttl),

@@ -47,6 +47,14 @@ pub enum KubeError {
         #[source]
         source: Box<kube::Error>,
     },
+    /// A watch the API server could not keep (it ended, or its events
+    /// carried no resourceVersion to resume from).
+    #[error("the Kubernetes API server's watch of {resource} {name} failed: {reason}")]
+    Watch {
+        resource: &'static str,
+        name: String,
+        reason: String,
+    },
     /// The owner holds its cap of sandboxes (counted across replicas
     /// before any claim is made).
     #[error("the owner holds {held} sandboxes, its limit is {limit}")]

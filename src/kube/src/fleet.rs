@@ -19,6 +19,7 @@ use crate::retry::{Call, retried};
 
 mod coordinate;
 mod mirror;
+mod ready;
 pub use mirror::{Mirror, WATCH_SECONDS};
 
 const CLAIMS: &str = "sandboxclaims";
@@ -31,10 +32,9 @@ pub struct FleetConfig {
     /// Benchmark name → warm pool; the pool under [`DEFAULT_POOL`] serves
     /// requests without a benchmark and benchmarks without a pool.
     pub pools: BTreeMap<String, String>,
-    /// How long a claim may take to give a Ready sandbox with a pod IP.
+    /// How long a claim may take to give a Ready sandbox with a pod IP
+    /// (watched: [`Fleet::claim`] reads no claim on a timer).
     pub claim_timeout: Duration,
-    /// How often a claim being waited for is read again.
-    pub poll: Duration,
     /// Added to a lease's expiry for its claim's `shutdownTime`: the
     /// hosts' reaper releases first; the controller's shutdown is the
     /// backstop when no host runs.
@@ -217,51 +217,6 @@ impl Fleet {
             ..Default::default()
         }
         .typed()
-    }
-
-    /// Reads the claim (and then its sandbox) until the sandbox is Ready
-    /// with a pod IP, the claim fails, or the timeout passes.
-    async fn wait_ready(&self, name: &str, pool: &str) -> Result<Claimed, KubeError> {
-        let started = Instant::now();
-        let deadline = started + self.cfg.claim_timeout;
-        loop {
-            let claim = retried(Call::Repeatable, || self.claims.get_opt(name))
-                .await
-                .map_err(self.api("get", CLAIMS))?
-                .ok_or_else(|| KubeError::ClaimFailed {
-                    pool: pool.to_owned(),
-                    claim: name.to_owned(),
-                    reason: "the claim was deleted while its sandbox was awaited".to_owned(),
-                })?;
-            if let Some(reason) = claim.failure() {
-                return Err(KubeError::ClaimFailed {
-                    pool: pool.to_owned(),
-                    claim: name.to_owned(),
-                    reason,
-                });
-            }
-            if let Some(sb) = claim.sandbox_name()
-                && let Some(s) = retried(Call::Repeatable, || self.sandboxes.get_opt(sb))
-                    .await
-                    .map_err(self.api("get", SANDBOXES))?
-                && let Some(ip) = s.ready_ip()
-            {
-                return Ok(Claimed {
-                    claim: name.to_owned(),
-                    sandbox: sb.to_owned(),
-                    ip: ip.to_owned(),
-                });
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                return Err(KubeError::PoolEmpty {
-                    pool: pool.to_owned(),
-                    claim: name.to_owned(),
-                    waited: started.elapsed(),
-                });
-            }
-            tokio::time::sleep(self.cfg.poll.min(deadline - now)).await;
-        }
     }
 
     /// Deletes claim `name` and takes this host's finalizer off it, so the

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 /// How long errors are tried again before they are reported.
 pub const WINDOW: Duration = Duration::from_millis(1500);
 /// The first pause; each next one is twice as long.
-const FIRST_PAUSE: Duration = Duration::from_millis(50);
+pub(crate) const FIRST_PAUSE: Duration = Duration::from_millis(50);
 
 /// Whether a call may be sent twice: a create answered 5xx may have been
 /// made, so only a 403 or 429 (refused before anything was done) repeats
@@ -46,7 +46,7 @@ where
     }
 }
 
-fn transient(e: &kube::Error, call: Call) -> bool {
+pub(crate) fn transient(e: &kube::Error, call: Call) -> bool {
     match e {
         kube::Error::Api(s) => match s.code {
             403 | 429 => true,

@@ -31,7 +31,6 @@ fn fleet_of(client: kube::Client) -> Fleet {
             namespace: NS.to_owned(),
             pools: BTreeMap::from([("default".to_owned(), POOL.to_owned())]),
             claim_timeout: Duration::from_secs(30),
-            poll: Duration::from_millis(100),
             shutdown_grace: Duration::from_secs(90),
             coord: Default::default(),
         },
@@ -178,6 +177,89 @@ async fn a_lease_on_a_real_api_server_as_the_shipped_role() {
     match secrets.list(&ListParams::default()).await {
         Err(kube::Error::Api(s)) => assert_eq!(s.code, 403, "{s:?}"),
         other => panic!("the host listed Secrets: {other:?}"),
+    }
+}
+
+/// A claim whose sandbox is not Ready within the claim timeout (a pool
+/// with no pod to hand over, or a pod that never gets Ready) is
+/// `PoolEmpty` and deleted, nothing left; the wait watches the claim and
+/// its sandbox (the audit log holds their watches and no read of either
+/// by name: nothing is read on a timer).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_without_a_ready_sandbox_is_pool_empty_and_deleted() {
+    let api = RealApi::start_with(true).await;
+    let host = api.install(NS).await;
+    let mut cfg = fleet_of(host.clone()).config().clone();
+    cfg.claim_timeout = Duration::from_secs(3);
+    let fleet = Fleet::new(host, cfg);
+
+    let cases = [
+        (
+            "no pod to hand over",
+            "3b7c6f6e-3f1c-4c55-9d0e-7d7a4a1b2c3d",
+        ),
+        ("a pod never Ready", "4b7c6f6e-3f1c-4c55-9d0e-7d7a4a1b2c3d"),
+    ];
+    for (case, id) in cases {
+        let _controller = if case == "no pod to hand over" {
+            controller::spawn_pods(api.admin.clone(), NS, &[])
+        } else {
+            controller::spawn_pending(api.admin.clone(), NS)
+        };
+        let from = api.audit().len();
+        let started = Instant::now();
+        match fleet.claim(&lease(id, POOL), 8).await {
+            Err(KubeError::PoolEmpty { pool, claim, .. }) => {
+                assert_eq!(
+                    (pool.as_str(), claim),
+                    (POOL, format!("sbx-{id}")),
+                    "{case}"
+                )
+            }
+            other => panic!("{case}: {other:?}"),
+        }
+        let waited = started.elapsed();
+        assert!(
+            waited >= Duration::from_secs(3) && waited < Duration::from_secs(10),
+            "{case}: {waited:?}"
+        );
+        nothing_left(&api).await;
+
+        let claim = format!("sbx-{id}");
+        let calls: Vec<(String, String, String)> = api.audit()[from..]
+            .iter()
+            .filter(|e| e["stage"] == "ResponseComplete" || e["stage"] == "ResponseStarted")
+            .filter(|e| {
+                e["user"]["username"]
+                    .as_str()
+                    .is_some_and(|u| u.contains("sandbox-host"))
+            })
+            .map(|e| {
+                let s = |v: &Value| v.as_str().unwrap_or_default().to_owned();
+                (
+                    s(&e["verb"]),
+                    s(&e["objectRef"]["resource"]),
+                    s(&e["objectRef"]["name"]),
+                )
+            })
+            .collect();
+        let watched = |resource: &str| calls.iter().any(|(v, r, _)| v == "watch" && r == resource);
+        assert!(watched("sandboxclaims"), "{case}: {calls:?}");
+        if case == "a pod never Ready" {
+            assert!(watched("sandboxes"), "{case}: {calls:?}");
+        }
+        // The claim read by name only by the release (its finalizer
+        // taken off at the version read); the sandbox never.
+        let gets = |resource: &str| {
+            calls
+                .iter()
+                .filter(|(v, r, n)| {
+                    v == "get" && r == resource && (n == &claim || resource == "sandboxes")
+                })
+                .count()
+        };
+        assert!(gets("sandboxclaims") <= 1, "{case}: {calls:?}");
+        assert_eq!(gets("sandboxes"), 0, "{case}: {calls:?}");
     }
 }
 

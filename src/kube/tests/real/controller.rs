@@ -51,6 +51,8 @@ enum Pods {
     /// sandbox's pod is gone); none left: claims wait, as on an empty
     /// pool.
     Each(Arc<Mutex<VecDeque<String>>>),
+    /// Every sandbox adopted, its pod never Ready (no IP).
+    Pending,
 }
 
 impl Pods {
@@ -58,6 +60,7 @@ impl Pods {
         match self {
             Pods::Same(ip) => Some(ip.clone()),
             Pods::Each(q) => q.lock().unwrap_or_else(|p| p.into_inner()).pop_front(),
+            Pods::Pending => Some(String::new()),
         }
     }
 }
@@ -71,6 +74,11 @@ pub fn spawn(admin: kube::Client, ns: &str, pod_ip: &str) -> Controller {
 pub fn spawn_pods(admin: kube::Client, ns: &str, ips: &[String]) -> Controller {
     let q = ips.iter().cloned().collect();
     run(admin, ns, Pods::Each(Arc::new(Mutex::new(q))))
+}
+
+/// [`spawn`], every adopted sandbox's pod Pending for ever.
+pub fn spawn_pending(admin: kube::Client, ns: &str) -> Controller {
+    run(admin, ns, Pods::Pending)
 }
 
 fn run(admin: kube::Client, ns: &str, pods: Pods) -> Controller {
@@ -247,11 +255,18 @@ async fn adopt(
     .expect("sandbox");
     let made = sandboxes.create(&PostParams::default(), &warm).await?;
     let sb = made.metadata.name.clone().unwrap_or_default();
-    let ready = json!({"status": {
-        "conditions": [condition("True", "DependenciesReady", "Pod is Ready")],
-        "podIPs": [ip],
-        "nodeName": "node-0",
-    }});
+    // An empty address: a pod that never gets Ready ([`Pods::Pending`]).
+    let ready = if ip.is_empty() {
+        json!({"status": {
+            "conditions": [condition("False", "DependenciesNotReady", "Pod exists with phase: Pending")],
+        }})
+    } else {
+        json!({"status": {
+            "conditions": [condition("True", "DependenciesReady", "Pod is Ready")],
+            "podIPs": [ip],
+            "nodeName": "node-0",
+        }})
+    };
     sandboxes
         .patch_status(&sb, &PatchParams::default(), &Patch::Merge(&ready))
         .await?;
@@ -274,10 +289,17 @@ async fn adopt(
     sandboxes
         .patch(&sb, &PatchParams::default(), &Patch::Merge(&take))
         .await?;
-    let status = json!({"status": {
-        "conditions": [condition("True", "DependenciesReady", "Pod is Ready")],
-        "sandbox": {"name": sb, "podIPs": [ip]},
-    }});
+    let status = if ip.is_empty() {
+        json!({"status": {
+            "conditions": [condition("False", "SandboxNotReady", "Sandbox is not ready")],
+            "sandbox": {"name": sb},
+        }})
+    } else {
+        json!({"status": {
+            "conditions": [condition("True", "DependenciesReady", "Pod is Ready")],
+            "sandbox": {"name": sb, "podIPs": [ip]},
+        }})
+    };
     claims
         .patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
         .await?;
