@@ -193,7 +193,7 @@ fn stored_row(
         created_at: now.clone(),
         updated_at: now,
         expires_at_ms: expires_at(h, req),
-        endpoint: slot.remote.as_ref().map(|r| r.host.clone()),
+        endpoint: slot.pod().map(|r| r.host.clone()),
     };
     (row, skipped)
 }

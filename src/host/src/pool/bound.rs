@@ -70,13 +70,12 @@ mod tests {
             discovery: None,
         })
         .expect("pool");
-        let slot = Slot {
-            id: "only".into(),
-            dir: dir.join("only"),
-            pid: std::process::id(),
-            kind: Kind::Process,
-            remote: None,
-        };
+        let slot = Slot::local(
+            "only".into(),
+            Kind::Process,
+            dir.join("only"),
+            std::process::id(),
+        );
         pool.put_idle(Idle::bare(slot))
             .map_err(|_| ())
             .expect("idle");

@@ -537,13 +537,7 @@ impl Pool {
             "writing {}/agent.pid",
             dir.display()
         )))?;
-        let slot = Slot {
-            id,
-            dir,
-            pid,
-            kind,
-            remote: None,
-        };
+        let slot = Slot::local(id, kind, dir, pid);
         {
             let mut starting = self.starting();
             if self.is_closed() {

@@ -81,7 +81,9 @@ impl Reclaim {
     /// runtime. A directory that cannot be removed is kept for reclaim.
     pub(super) fn discard(&self, slot: &Slot) {
         stop(slot);
-        self.remove_dir(&slot.dir);
+        if let Some(dir) = slot.dir() {
+            self.remove_dir(dir);
+        }
     }
 
     /// Removes a slot directory, or keeps it for the next reclaim pass.
@@ -208,13 +210,7 @@ fn orphan(id: &str, dir: &Path) -> Option<Slot> {
         .parse()
         .ok()
         .filter(|&p: &u32| p > 1)?;
-    Some(Slot {
-        id: id.to_owned(),
-        dir: dir.to_owned(),
-        pid,
-        kind,
-        remote: None,
-    })
+    Some(Slot::local(id.to_owned(), kind, dir.to_owned(), pid))
 }
 
 impl Pool {

@@ -25,13 +25,7 @@ impl Pool {
             let pid = std::fs::read_to_string(dir.join("agent.pid"))
                 .ok()
                 .and_then(|p| p.trim().parse().ok());
-            let slot = pid.map(|pid| Slot {
-                id: id.clone(),
-                dir: dir.clone(),
-                pid,
-                kind,
-                remote: None,
-            });
+            let slot = pid.map(|pid| Slot::local(id.clone(), kind, dir.clone(), pid));
             // A slot taken back holds its id block for this host now.
             if let (Some(iso), Some(s)) = (&self.cfg.isolation, &slot)
                 && s.alive()

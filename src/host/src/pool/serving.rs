@@ -38,7 +38,10 @@ impl Pool {
                 None
             };
             if let Some(why) = why {
-                let log = std::fs::read_to_string(slot.dir.join("agent.log")).unwrap_or_default();
+                let log = slot
+                    .dir()
+                    .and_then(|d| std::fs::read_to_string(d.join("agent.log")).ok())
+                    .unwrap_or_default();
                 self.reclaim.discard_off_runtime(slot.clone()).await;
                 return Err(PoolError::NotServing {
                     backend: kind.name(),

@@ -11,14 +11,24 @@ use super::*;
 #[derive(Debug, Clone)]
 pub struct Slot {
     pub id: String,
-    pub dir: PathBuf,
-    /// The slot's main process: the agent, or run-qemu.sh. It leads its
-    /// own process group.
-    pub pid: u32,
     pub kind: Kind,
-    /// A sandbox of the kubernetes backend: its pod's agent over TCP
-    /// (`None` for the local backends).
-    pub remote: Option<Remote>,
+    /// Where the slot runs: what only that backend has.
+    pub place: Place,
+}
+
+/// A slot of this machine (process, qemu), or a claimed pod.
+#[derive(Debug, Clone)]
+pub enum Place {
+    Local {
+        /// The slot's directory under the data dir.
+        dir: PathBuf,
+        /// The slot's main process: the agent, or run-qemu.sh. It leads
+        /// its own process group.
+        pid: u32,
+    },
+    /// A sandbox of the kubernetes backend: its pod's agent over TCP;
+    /// nothing of it runs here.
+    Pod(Remote),
 }
 
 /// Where a claimed pod's agent listens, and the lease's token it admits.
@@ -35,10 +45,33 @@ impl Slot {
     pub fn remote(id: String, remote: Remote) -> Slot {
         Slot {
             id,
-            dir: PathBuf::new(),
-            pid: 0,
             kind: Kind::Kubernetes,
-            remote: Some(remote),
+            place: Place::Pod(remote),
+        }
+    }
+
+    /// A slot of this machine: its directory and main process.
+    pub fn local(id: String, kind: Kind, dir: PathBuf, pid: u32) -> Slot {
+        Slot {
+            id,
+            kind,
+            place: Place::Local { dir, pid },
+        }
+    }
+
+    /// The slot's directory here (none for a claimed pod).
+    pub fn dir(&self) -> Option<&std::path::Path> {
+        match &self.place {
+            Place::Local { dir, .. } => Some(dir),
+            Place::Pod(_) => None,
+        }
+    }
+
+    /// The claimed pod's agent (none for a slot of this machine).
+    pub fn pod(&self) -> Option<&Remote> {
+        match &self.place {
+            Place::Pod(r) => Some(r),
+            Place::Local { .. } => None,
         }
     }
 }
@@ -73,40 +106,46 @@ impl Default for Deadlines {
 
 impl Slot {
     pub fn agent_uri(&self) -> String {
-        if let Some(r) = &self.remote {
-            return Endpoint::Tcp {
-                host: r.host.clone(),
-                port: r.grpc_port,
+        let dir = match &self.place {
+            Place::Pod(r) => {
+                return Endpoint::Tcp {
+                    host: r.host.clone(),
+                    port: r.grpc_port,
+                }
+                .to_string();
             }
-            .to_string();
-        }
+            Place::Local { dir, .. } => dir,
+        };
         match self.kind {
-            Kind::Process => format!("unix://{}", self.dir.join("run/agent.sock").display()),
+            Kind::Process => format!("unix://{}", dir.join("run/agent.sock").display()),
             Kind::Qemu | Kind::Kubernetes => format!(
                 "hvsock://{}:{VM_AGENT_PORT}",
-                self.dir.join("vsock.sock").display()
+                dir.join("vsock.sock").display()
             ),
         }
     }
     /// The agent's MCP data plane.
     pub fn mcp_endpoint(&self) -> Endpoint {
-        if let Some(r) = &self.remote {
-            return Endpoint::Tcp {
-                host: r.host.clone(),
-                port: r.mcp_port,
-            };
-        }
+        let dir = match &self.place {
+            Place::Pod(r) => {
+                return Endpoint::Tcp {
+                    host: r.host.clone(),
+                    port: r.mcp_port,
+                };
+            }
+            Place::Local { dir, .. } => dir,
+        };
         match self.kind {
-            Kind::Process => Endpoint::Unix(self.dir.join("run/mcp.sock")),
+            Kind::Process => Endpoint::Unix(dir.join("run/mcp.sock")),
             Kind::Qemu | Kind::Kubernetes => Endpoint::HybridVsock {
-                path: self.dir.join("vsock.sock"),
+                path: dir.join("vsock.sock"),
                 port: VM_MCP_PORT,
             },
         }
     }
     /// The data plane's bearer token (a claimed pod's lease token).
     pub fn mcp_token(&self) -> Option<&str> {
-        self.remote.as_ref().map(|r| r.token.expose())
+        self.pod().map(|r| r.token.expose())
     }
     /// A connection to the slot's agent whose calls fail when the agent
     /// has not begun to answer within `within` (see [`Deadlines`]).
@@ -115,7 +154,7 @@ impl Slot {
         within: Duration,
     ) -> Result<sandbox_client::Client, super::PoolError> {
         let options = sandbox_client::ConnectOptions {
-            token: self.remote.as_ref().map(|r| r.token.clone()),
+            token: self.pod().map(|r| r.token.clone()),
             request_timeout: Some(within),
             ..Default::default()
         };
@@ -139,16 +178,15 @@ impl Slot {
     /// its slot.
     pub fn dead(&self) -> bool {
         use nix::sys::signal::kill;
-        if self.remote.is_some() {
+        let Some(pid) = local_pid(self) else {
             // A pod's end is the API server's to tell (its claim).
             return false;
-        }
-        let pid = nix::unistd::Pid::from_raw(self.pid as i32);
+        };
         if kill(pid, None) == Err(nix::errno::Errno::ESRCH) {
             return true;
         }
         let gone = |e: &std::io::Error| e.kind() == std::io::ErrorKind::NotFound;
-        match std::fs::read_to_string(format!("/proc/{}/stat", self.pid)) {
+        match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
             Ok(stat) => {
                 let state = stat.rsplit_once(") ").and_then(|(_, r)| r.chars().next());
                 if matches!(state, Some('Z') | Some('X')) {
@@ -159,7 +197,7 @@ impl Slot {
         }
         // Its command line names the slot (the agent's --name, or
         // run-qemu.sh's socket path in the slot directory).
-        match std::fs::read(format!("/proc/{}/cmdline", self.pid)) {
+        match std::fs::read(format!("/proc/{pid}/cmdline")) {
             Ok(c) => !String::from_utf8_lossy(&c).contains(&self.id),
             Err(e) => gone(&e),
         }
@@ -182,21 +220,22 @@ pub(super) fn tail(s: &str, max: usize) -> &str {
 /// its pasta): as the agent is PID 1 of its pid namespace, its death ends
 /// every process there.
 pub(super) fn stop(slot: &Slot) {
-    if local_pid(slot).is_none() {
+    let Some(dir) = slot.dir() else {
         // A claimed pod: nothing of it runs here (its end is its claim's).
         return;
-    }
+    };
     stop_main(slot);
-    super::isolate::teardown(&slot.id, &slot.dir);
+    super::isolate::teardown(&slot.id, dir);
 }
 
 /// The slot's own process here, if it has one: never for a claimed pod,
 /// and never pid 0 (a signal to 0 reaches the host's own process group).
 fn local_pid(slot: &Slot) -> Option<nix::unistd::Pid> {
-    let pid = i32::try_from(slot.pid).ok().filter(|p| *p > 0)?;
-    slot.remote
-        .is_none()
-        .then(|| nix::unistd::Pid::from_raw(pid))
+    let Place::Local { pid, .. } = slot.place else {
+        return None;
+    };
+    let pid = i32::try_from(pid).ok().filter(|p| *p > 0)?;
+    Some(nix::unistd::Pid::from_raw(pid))
 }
 
 fn stop_main(slot: &Slot) {
@@ -239,11 +278,9 @@ mod signals {
             },
         );
         assert_eq!(local_pid(&remote), None);
-        let mut zero = remote.clone();
-        zero.remote = None;
+        let zero = Slot::local("s".to_owned(), Kind::Process, "/nonexistent".into(), 0);
         assert_eq!(local_pid(&zero), None);
-        let mut local = zero.clone();
-        local.pid = 4242;
+        let local = Slot::local("s".to_owned(), Kind::Process, "/nonexistent".into(), 4242);
         assert_eq!(local_pid(&local), Some(nix::unistd::Pid::from_raw(4242)));
         // Stopping either returns without a signal (this test's process
         // group would otherwise get SIGTERM).
