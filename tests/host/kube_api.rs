@@ -1,5 +1,7 @@
 //! A stand-in for a Kubernetes API server with agent-sandbox installed, at
-//! the HTTP level, for the kubernetes backend's tests: the claims and
+//! the HTTP level, for what a real one cannot be made to do (calls that
+//! stall: `kubernetes_attacks`; everything else runs on the real
+//! kube-apiserver, `kube_cluster::Real`): the claims and
 //! sandboxes the real host binaries create, read, patch, list and delete,
 //! answered in the shapes the API server and agent-sandbox's controller
 //! give (objects, lists, `Status` errors, finalizers, deletion
@@ -8,7 +10,6 @@
 //! warm pool's sandbox; a deleted claim's pod is never handed out again.
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
@@ -37,17 +38,6 @@ pub struct Cluster {
     pub free_pods: Vec<String>,
     /// Every request, as `METHOD path`.
     pub requests: Vec<String>,
-    /// Every User-Agent the requests carried.
-    pub user_agents: std::collections::BTreeSet<String>,
-    /// Answer creates of claims with 403.
-    pub forbid_create: bool,
-    /// A new claim fails at once with this Ready=False reason.
-    pub fail_claims: Option<String>,
-    /// LISTs of one owner's claims (an Acquire's count) are held until
-    /// this many of them have arrived (at most 60 s): racing Acquires
-    /// all count before any claims, however loaded the machine.
-    pub owner_list_barrier: usize,
-    owner_lists: usize,
     /// Reads of sandboxes (gets, lists, watches) are never answered (an
     /// API server that stalls).
     pub stall_sandbox_gets: bool,
@@ -59,15 +49,7 @@ pub struct Cluster {
 
 pub struct KubeApi {
     pub state: Arc<Mutex<Cluster>>,
-    pub addr: SocketAddr,
     pub kubeconfig: PathBuf,
-}
-
-impl Cluster {
-    /// How many LISTs of one owner's claims have arrived.
-    pub fn owner_lists(&self) -> usize {
-        self.owner_lists
-    }
 }
 
 impl KubeApi {
@@ -100,7 +82,6 @@ impl KubeApi {
                         &format!("{LEASES}/{{name}}"),
                         get(get_lease).patch(patch_lease).delete(delete_lease),
                     )
-                    .layer(axum::middleware::from_fn_with_state(s.clone(), user_agent))
                     .with_state(s);
                 axum::serve(l, app).await.expect("serve");
             });
@@ -108,11 +89,7 @@ impl KubeApi {
         let addr = rx.recv().expect("the stand-in's address");
         let kubeconfig = dir.join("kubeconfig");
         write_kubeconfig(&kubeconfig, &format!("http://{addr}"));
-        KubeApi {
-            state,
-            addr,
-            kubeconfig,
-        }
+        KubeApi { state, kubeconfig }
     }
 
     pub fn lock(&self) -> std::sync::MutexGuard<'_, Cluster> {
@@ -122,29 +99,6 @@ impl KubeApi {
     pub fn claim_names(&self) -> Vec<String> {
         self.lock().claims.keys().cloned().collect()
     }
-
-    /// `kubectl delete sandboxclaim NAME`: with a finalizer it stays,
-    /// terminating, until whoever owns the finalizer takes it off.
-    pub fn delete_claim(&self, name: &str) {
-        delete(&mut self.lock(), name);
-    }
-}
-
-/// Records the request's User-Agent.
-async fn user_agent(
-    axum::extract::State(s): axum::extract::State<Arc<Mutex<Cluster>>>,
-    req: axum::extract::Request,
-    next: axum::middleware::Next,
-) -> axum::response::Response {
-    let ua = req.headers().get(axum::http::header::USER_AGENT);
-    let ua = ua.map_or("(none)".to_owned(), |v| {
-        String::from_utf8_lossy(v.as_bytes()).into_owned()
-    });
-    s.lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .user_agents
-        .insert(ua);
-    next.run(req).await
 }
 
 /// A kubeconfig naming the stand-in, its namespace the default.
@@ -195,15 +149,6 @@ fn ready(status: &str, reason: &str, message: &str) -> Value {
 async fn create_claim(State(s): Shared, UrlPath(ns): UrlPath<String>, body: Bytes) -> Response {
     let mut c = lock(&s);
     c.requests.push("POST sandboxclaims".to_owned());
-    if c.forbid_create {
-        return status(
-            403,
-            "Forbidden",
-            &format!(
-                "sandboxclaims.extensions.agents.x-k8s.io is forbidden: User \"system:serviceaccount:{ns}:sandbox-host\" cannot create resource \"sandboxclaims\" in API group \"extensions.agents.x-k8s.io\" in the namespace \"{ns}\""
-            ),
-        );
-    }
     let Ok(mut claim) = serde_json::from_slice::<Value>(&body) else {
         return status(400, "BadRequest", "the body is not JSON");
     };
@@ -231,19 +176,9 @@ async fn create_claim(State(s): Shared, UrlPath(ns): UrlPath<String>, body: Byte
     meta["resourceVersion"] = json!(c.serial.to_string());
     meta["creationTimestamp"] = json!(now());
     meta["generation"] = json!(1);
-    if let Some(reason) = c.fail_claims.clone() {
-        let pool = claim["spec"]["warmPoolRef"]["name"]
-            .as_str()
-            .unwrap_or("")
-            .to_owned();
-        claim["status"] = json!({
-            "conditions": ready("False", &reason, &format!("SandboxWarmPool \"{pool}\" not found"))
-        });
-    } else {
-        claim["status"] =
-            json!({ "conditions": ready("False", "SandboxNotReady", "Sandbox is not ready") });
-        assign(&mut c, &ns, &name, &mut claim);
-    }
+    claim["status"] =
+        json!({ "conditions": ready("False", "SandboxNotReady", "Sandbox is not ready") });
+    assign(&mut c, &ns, &name, &mut claim);
     c.claims.insert(name, claim.clone());
     (StatusCode::CREATED, axum::Json(claim)).into_response()
 }
@@ -303,15 +238,9 @@ async fn list_claims(
     if q.get("watch").is_some_and(|w| w == "true" || w == "1") {
         return watch(s, Kind::Claims, &ns, &q);
     }
-    let by_owner = q
-        .get("labelSelector")
-        .is_some_and(|sel| sel.contains("sandbox-agent.dev/owner-hash="));
-    // The list as it is when the request arrives; held (the barrier)
-    // before it is answered, as a slow API server would.
     let list = {
         let mut c = lock(&s);
         c.requests.push("LIST sandboxclaims".to_owned());
-        c.owner_lists += usize::from(by_owner);
         let items: Vec<Value> = Kind::Claims
             .selected(&mut c, &ns, &q)
             .into_values()
@@ -321,13 +250,6 @@ async fn list_claims(
             "metadata": {"resourceVersion": c.serial.to_string()}, "items": items
         })
     };
-    let held_until = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    while by_owner && std::time::Instant::now() < held_until && {
-        let c = lock(&s);
-        c.owner_lists < c.owner_list_barrier
-    } {
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
     axum::Json(list).into_response()
 }
 

@@ -1,7 +1,8 @@
 //! `sandbox-host --backend kubernetes`: the real host binaries (two
-//! replicas) against a stand-in API server at the HTTP level
-//! (`kube_api`), whose claimed "pods" are real agents on their own
-//! loopback addresses, reached over TCP with the late-bound lease token.
+//! replicas) on the real kube-apiserver (`kube_cluster::Real`: a namespace
+//! each on the test process's server), whose claimed "pods" are real
+//! agents on their own loopback addresses, reached over TCP with the
+//! late-bound lease token.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -13,7 +14,7 @@ use super::common::host::{
 };
 use super::common::mcp::shipped_manifest;
 use super::common::{Agent, eventually};
-use super::kube_api::KubeApi;
+use super::kube_cluster::{Cluster, Real};
 
 const AGENT_PORT: u16 = 47070;
 const MCP_PORT: u16 = 47071;
@@ -69,23 +70,37 @@ pub(super) fn fleet(dir: &Path) -> Fleet {
     Fleet { bootstrap, signing }
 }
 
-/// A replica of the host on the stand-in, its claims timing out after
-/// `timeout` seconds.
-fn replica(dir: &Path, f: &Fleet, api: &KubeApi, timeout: u32) -> Host {
-    replica_on(dir, f, api, timeout, (AGENT_PORT, MCP_PORT), &[])
+/// A replica of the host on `api`, its claims timing out after `timeout`
+/// seconds.
+fn replica(dir: &Path, f: &Fleet, api: &dyn Cluster, timeout: u32) -> Host {
+    replica_on(
+        dir,
+        f,
+        &api.kubeconfig(),
+        timeout,
+        (AGENT_PORT, MCP_PORT),
+        &[],
+    )
 }
 
 /// [`replica`] with `extra` arguments.
-fn replica_with(dir: &Path, f: &Fleet, api: &KubeApi, timeout: u32, extra: &[&str]) -> Host {
-    replica_on(dir, f, api, timeout, (AGENT_PORT, MCP_PORT), extra)
+fn replica_with(dir: &Path, f: &Fleet, api: &dyn Cluster, timeout: u32, extra: &[&str]) -> Host {
+    replica_on(
+        dir,
+        f,
+        &api.kubeconfig(),
+        timeout,
+        (AGENT_PORT, MCP_PORT),
+        extra,
+    )
 }
 
-/// [`replica`] reaching the pods' agents on `ports` (gRPC, MCP), with
-/// `extra` flags.
+/// A replica on the API server of `kubeconfig`, reaching the pods'
+/// agents on `ports` (gRPC, MCP), with `extra` flags.
 pub(super) fn replica_on(
     dir: &Path,
     f: &Fleet,
-    api: &KubeApi,
+    kubeconfig: &Path,
     timeout: u32,
     (agent_port, mcp_port): (u16, u16),
     extra: &[&str],
@@ -112,22 +127,22 @@ pub(super) fn replica_on(
     .map(|s| s.to_string())
     .collect();
     args.extend(extra.iter().map(|s| s.to_string()));
-    let kubeconfig = api.kubeconfig.display().to_string();
+    let kubeconfig = kubeconfig.display().to_string();
     Host::start_with_env(dir, &args, &[("KUBECONFIG", &kubeconfig)])
 }
 
-fn claim_of(api: &KubeApi, id: &str) -> Value {
-    api.lock().claims[&format!("sbx-{id}")].clone()
+fn claim_of(api: &dyn Cluster, id: &str) -> Value {
+    api.claim(&format!("sbx-{id}"))
 }
 
-/// Waits until the stand-in holds `n` claims (a release's deletion ends in
-/// the background).
-pub(super) fn claims_left(api: &KubeApi, n: usize) {
+/// Waits until the API server holds `n` claims (a release's deletion ends
+/// in the background).
+pub(super) fn claims_left(api: &dyn Cluster, n: usize) {
     claims_within(api, n, Duration::from_secs(30));
 }
 
 /// [`claims_left`] within `within`.
-pub(super) fn claims_within(api: &KubeApi, n: usize, within: Duration) {
+pub(super) fn claims_within(api: &dyn Cluster, n: usize, within: Duration) {
     eventually(within, "the claims deleted", || {
         let left = api.claim_names();
         if left.len() == n {
@@ -177,7 +192,7 @@ fn two_replicas_serve_one_fleet_of_claimed_pods() {
         "127.0.71.3".to_owned(),
     ];
     let _pods: Vec<Agent> = ips.iter().map(|ip| pod(ip, &f.bootstrap)).collect();
-    let api = KubeApi::start(dir.path(), &ips);
+    let api = Real::new(&ips);
     let mut a = replica(dir.path(), &f, &api, 30);
     let b = replica(dir.path(), &f, &api, 30);
 
@@ -356,8 +371,9 @@ fn two_replicas_serve_one_fleet_of_claimed_pods() {
         None,
     );
     assert_eq!(code, 404, "{v}");
-    // Every call named the host and its version.
-    let agents = api.lock().user_agents.clone();
+    // Every call named the host and its version (the API server's audit
+    // log).
+    let agents = api.user_agents();
     let ua = format!("sandbox-host/{}", env!("CARGO_PKG_VERSION"));
     assert_eq!(agents.into_iter().collect::<Vec<_>>(), vec![ua]);
 }
@@ -368,9 +384,16 @@ fn the_fleet_s_bad_cases_answer_clearly_and_leak_no_claim() {
     let f = fleet(dir.path());
     let ip = "127.0.72.1".to_owned();
     let _pod = pod(&ip, &f.bootstrap);
-    // No pod free at first: the pool is empty past the wait.
-    let api = KubeApi::start(dir.path(), &[]);
-    let host = replica(dir.path(), &f, &api, 2);
+    // No pod free at first: the pool is empty past the wait. MCP_Mark's
+    // pool is not in the cluster.
+    let api = Real::new(&[]);
+    let host = replica_with(
+        dir.path(),
+        &f,
+        &api,
+        2,
+        &["--kube-pool", "MCP_Mark=no-such-pool"],
+    );
     let acquire_body = r#"{"server_names": ["filesystem"]}"#;
     let url = format!("{}/local-sandbox", host.base);
     let (code, v) = http("POST", &url, Some(KEY_A), Some(acquire_body));
@@ -380,15 +403,10 @@ fn the_fleet_s_bad_cases_answer_clearly_and_leak_no_claim() {
         detail.contains("\"sandbox-default\"") && detail.contains("within 2."),
         "the answer names the pool and the wait: {v}"
     );
-    assert!(
-        api.claim_names().is_empty(),
-        "a claim leaked: {:?}",
-        api.claim_names()
-    );
+    claims_left(&api, 0);
 
     // An id that is not one this host makes never reaches the API
     // server's paths.
-    let before = api.lock().requests.len();
     for bad in [
         "..%2F..%2F..%2Fapi%2Fv1%2Fsecrets",
         "sbx-x",
@@ -407,15 +425,23 @@ fn the_fleet_s_bad_cases_answer_clearly_and_leak_no_claim() {
         );
         assert!(code == 404 || code == 401, "{bad}: {code} {v}");
     }
-    assert_eq!(
-        api.lock().requests.len(),
-        before,
-        "{:?}",
-        api.lock().requests
+    let named: Vec<_> = api
+        .host_requests()
+        .into_iter()
+        .filter(|r| r.resource == "sandboxclaims" && !r.name.is_empty())
+        .collect();
+    assert!(
+        named.iter().all(
+            |r| r.name.strip_prefix("sbx-").is_some_and(|id| id.len() == 36
+                && id
+                    .bytes()
+                    .all(|b| b == b'-' || b.is_ascii_digit() || (b'a'..=b'f').contains(&b)))
+        ),
+        "a claim named by something else than a sandbox id: {named:?}"
     );
 
     // A benchmark's own pool is claimed from.
-    api.lock().free_pods.push(ip.clone());
+    api.add_pods(std::slice::from_ref(&ip));
     let acq = acquire(
         &host,
         KEY_A,
@@ -442,9 +468,14 @@ fn the_fleet_s_bad_cases_answer_clearly_and_leak_no_claim() {
     release(&host, KEY_A, &id);
     claims_left(&api, 0);
 
-    // A claim the controller fails: its reason answered, the claim deleted.
-    api.lock().fail_claims = Some("WarmPoolNotFound".to_owned());
-    let (code, v) = http("POST", &url, Some(KEY_A), Some(acquire_body));
+    // A claim the controller fails (a pool the cluster does not have): its
+    // reason answered, the claim deleted.
+    let (code, v) = http(
+        "POST",
+        &url,
+        Some(KEY_A),
+        Some(r#"{"server_names": ["filesystem"], "benchmark": "MCP_Mark"}"#),
+    );
     assert_eq!(code, 503, "{v}");
     assert!(
         v["detail"]
@@ -453,34 +484,30 @@ fn the_fleet_s_bad_cases_answer_clearly_and_leak_no_claim() {
             .contains("WarmPoolNotFound"),
         "{v}"
     );
-    assert!(
-        api.claim_names().is_empty(),
-        "a claim leaked: {:?}",
-        api.claim_names()
-    );
-    api.lock().fail_claims = None;
+    claims_left(&api, 0);
 
-    // Forbidden: a 503, and the log names the permission the Role lacks.
-    api.lock().forbid_create = true;
-    let (code, v) = http("POST", &url, Some(KEY_A), Some(acquire_body));
-    assert_eq!(code, 503, "{v}");
-    let log = std::fs::read_to_string(dir.path().join("host.log")).unwrap_or_default();
-    assert!(
-        log.contains("permission=create sandboxclaims")
-            || log.contains("permission=\"create sandboxclaims\""),
-        "the log names the permission:\n{log}"
-    );
+    // Forbidden (an operator took `create` off the Role): a 503, and the
+    // log names the permission the Role lacks.
+    api.allow_claim_create(false);
+    eventually(Duration::from_secs(30), "the permission named", || {
+        let (code, v) = http("POST", &url, Some(KEY_A), Some(acquire_body));
+        let log = std::fs::read_to_string(dir.path().join("host.log")).unwrap_or_default();
+        let named = log.contains("permission=create sandboxclaims")
+            || log.contains("permission=\"create sandboxclaims\"");
+        if code == 503 && named {
+            Ok(())
+        } else {
+            Err(format!("{code} {v}"))
+        }
+    });
+    api.allow_claim_create(true);
 
     // The API server unreachable: a 503 (nothing listens at its address).
     let gone = dir.path().join("gone");
     std::fs::create_dir_all(&gone).expect("dir");
-    let dead = KubeApi {
-        state: api.state.clone(),
-        addr: api.addr,
-        kubeconfig: gone.join("kubeconfig"),
-    };
-    super::kube_api::write_kubeconfig(&dead.kubeconfig, "http://127.0.0.1:9");
-    let lost = replica(&gone, &f, &dead, 2);
+    let dead = gone.join("kubeconfig");
+    super::kube_api::write_kubeconfig(&dead, "http://127.0.0.1:9");
+    let lost = replica_on(&gone, &f, &dead, 2, (AGENT_PORT, MCP_PORT), &[]);
     let (code, v) = http(
         "POST",
         &format!("{}/local-sandbox", lost.base),
@@ -552,10 +579,10 @@ fn the_shipped_deployment_s_arguments_serve_a_first_acquire() {
     // Its pool's pod, on the image's ports (7070, 7071).
     let ip = "127.0.73.1";
     let _pod = pod_on(ip, &f.bootstrap, 7070, 7071);
-    let api = KubeApi::start(d, &[ip.to_owned()]);
+    let api = Real::new(&[ip.to_owned()]);
     let mut child = std::process::Command::new(&*super::common::host::HOST)
         .args(&args)
-        .env("KUBECONFIG", &api.kubeconfig)
+        .env("KUBECONFIG", api.kubeconfig())
         .stdout(std::process::Stdio::piped())
         .stderr(std::fs::File::create(d.join("host.log")).expect("log"))
         .spawn()
@@ -602,7 +629,7 @@ fn an_owner_s_acquires_in_flight_are_counted_once() {
     let ips = ["127.0.74.1".to_owned(), "127.0.74.2".to_owned()];
     let _pods: Vec<Agent> = ips.iter().map(|ip| pod(ip, &f.bootstrap)).collect();
     // No pod free yet: each Acquire waits with its claim made.
-    let api = KubeApi::start(dir.path(), &[]);
+    let api = Real::new(&[]);
     let host = replica_with(dir.path(), &f, &api, 30, &["--max-sandboxes-per-key", "2"]);
     let url = format!("{}/local-sandbox", host.base);
     let body = r#"{"server_names": ["filesystem"]}"#;
@@ -632,7 +659,7 @@ fn an_owner_s_acquires_in_flight_are_counted_once() {
     // in flight are one sandbox, not two.
     start(2);
     claims(2);
-    api.lock().free_pods.extend(ips.iter().cloned());
+    api.add_pods(&ips);
     for _ in 0..2 {
         let (n, (code, v)) = rx.recv_timeout(Duration::from_secs(60)).expect("an answer");
         assert_eq!(code, 201, "acquire {n}: {v}");

@@ -1,6 +1,8 @@
-//! The kubernetes backend under attack: an owner or a slow API server
-//! trying to get more than the host means to give, through two real
-//! replicas on the stand-in API server (`kube_api`).
+//! The kubernetes backend under attack: an owner, a pod or a slow API
+//! server trying to get more than the host means to give, through real
+//! replicas on the real kube-apiserver (`kube_cluster::Real`), or on the
+//! stand-in (`kube_api`) where the API server must stall. An owner's
+//! Acquires racing over its cap across two replicas are in `kube_real`.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -8,6 +10,7 @@ use std::time::{Duration, Instant};
 use super::common::host::{KEY_A, acquire, http, put, script_archive};
 use super::common::{Agent, eventually};
 use super::kube_api::KubeApi;
+use super::kube_cluster::{Cluster, Real};
 use super::kubernetes::{Fleet, claims_left, claims_within, fleet, pod_on, replica_on};
 
 /// A fleet of one pod on loopback address `ip` (its agent on `ports`),
@@ -19,77 +22,22 @@ fn one_pod(dir: &Path, ip: &str, ports: (u16, u16)) -> (Fleet, Agent, KubeApi) {
     (f, pod, api)
 }
 
-/// An owner with a cap of one sandbox fires one Acquire at each replica
-/// at once. Each replica counted the owner's claims before making its
-/// own (the API server answering slowly widens the window both fall in):
-/// the owner must still end up with at most one sandbox.
-#[test]
-fn an_owner_cannot_exceed_its_cap_across_two_replicas() {
-    const PORTS: (u16, u16) = (47200, 47201);
-    let dir = tempfile::tempdir().expect("tempdir");
-    let f = fleet(dir.path());
-    let ips = ["127.0.90.1".to_owned(), "127.0.90.2".to_owned()];
-    let _pods: Vec<Agent> = ips
-        .iter()
-        .map(|ip| pod_on(ip, &f.bootstrap, PORTS.0, PORTS.1))
-        .collect();
-    let api = KubeApi::start(dir.path(), &ips);
-    let cap = ["--max-sandboxes-per-key", "1"];
-    let a = replica_on(dir.path(), &f, &api, 30, PORTS, &cap);
-    let b = replica_on(dir.path(), &f, &api, 30, PORTS, &cap);
-    // Both replicas' counts are held until both have arrived: both are in
-    // flight before either claims, however loaded the machine.
-    {
-        let mut c = api.lock();
-        c.owner_list_barrier = c.owner_lists() + 2;
-    }
+/// [`one_pod`] on the real API server.
+fn one_real_pod(dir: &Path, ip: &str, ports: (u16, u16)) -> (Fleet, Agent, Real) {
+    let f = fleet(dir);
+    let pod = pod_on(ip, &f.bootstrap, ports.0, ports.1);
+    (f, pod, Real::new(&[ip.to_owned()]))
+}
 
-    let body = r#"{"server_names": ["filesystem"]}"#;
-    let answers: Vec<(u16, serde_json::Value)> = std::thread::scope(|s| {
-        let ta = s.spawn(|| {
-            http(
-                "POST",
-                &format!("{}/local-sandbox", a.base),
-                Some(KEY_A),
-                Some(body),
-            )
-        });
-        let tb = s.spawn(|| {
-            http(
-                "POST",
-                &format!("{}/local-sandbox", b.base),
-                Some(KEY_A),
-                Some(body),
-            )
-        });
-        vec![ta.join().expect("a"), tb.join().expect("b")]
-    });
-    api.lock().owner_list_barrier = 0;
-    // The race ran: both replicas counted the owner's claims before either
-    // claimed. The cap is decided before any claim is made (the owner's
-    // admission ledger, written at the version read): exactly one
-    // Acquire is admitted and claims a pod; the other is a 429, made no
-    // claim, and spent no warm pod.
-    let won = answers
-        .iter()
-        .filter(|(code, _)| (200..300).contains(code))
-        .count();
-    let refused = answers.iter().filter(|(code, _)| *code == 429).count();
-    assert_eq!((won, refused), (1, 1), "{answers:?}");
-    let posts = api
-        .lock()
-        .requests
-        .iter()
-        .filter(|r| r.as_str() == "POST sandboxclaims")
-        .count();
-    assert_eq!(posts, 1, "a claim for the refused Acquire: {answers:?}");
-    assert_eq!(
-        api.lock().free_pods.len(),
-        1,
-        "a warm pod was spent on the refused Acquire"
-    );
-    // The refused Acquire leaves no claim behind.
-    claims_left(&api, 1);
+/// A replica on `api`, its claims timing out after 30 s.
+fn on(
+    dir: &Path,
+    f: &Fleet,
+    api: &dyn Cluster,
+    ports: (u16, u16),
+    extra: &[&str],
+) -> super::common::host::Host {
+    replica_on(dir, f, &api.kubeconfig(), 30, ports, extra)
 }
 
 /// An API server that accepts a request and never answers it (here the
@@ -101,7 +49,7 @@ fn a_stalled_api_server_cannot_hold_an_acquire_past_the_claim_timeout() {
     const PORTS: (u16, u16) = (47210, 47211);
     let dir = tempfile::tempdir().expect("tempdir");
     let (f, _pod, api) = one_pod(dir.path(), "127.0.91.1", PORTS);
-    let host = replica_on(dir.path(), &f, &api, 2, PORTS, &[]);
+    let host = replica_on(dir.path(), &f, &api.kubeconfig, 2, PORTS, &[]);
     api.lock().stall_sandbox_gets = true;
 
     let url = format!("{}/local-sandbox", host.base);
@@ -132,8 +80,8 @@ fn a_stalled_api_server_cannot_hold_an_acquire_past_the_claim_timeout() {
 fn a_replica_starting_keeps_the_uploads_of_live_sandboxes() {
     const PORTS: (u16, u16) = (47220, 47221);
     let dir = tempfile::tempdir().expect("tempdir");
-    let (f, _pod, api) = one_pod(dir.path(), "127.0.92.1", PORTS);
-    let a = replica_on(dir.path(), &f, &api, 30, PORTS, &[]);
+    let (f, _pod, api) = one_real_pod(dir.path(), "127.0.92.1", PORTS);
+    let a = on(dir.path(), &f, &api, PORTS, &[]);
     let acq = acquire(&a, KEY_A, r#"{"server_names": ["filesystem"]}"#);
     let id = acq["local_sandbox_id"].as_str().expect("id").to_owned();
     let (code, u) = http(
@@ -150,7 +98,7 @@ fn a_replica_starting_keeps_the_uploads_of_live_sandboxes() {
     assert_eq!(code, 200, "{v}");
 
     // Another replica starts on the same fleet and volume.
-    let _b = replica_on(dir.path(), &f, &api, 30, PORTS, &[]);
+    let _b = on(dir.path(), &f, &api, PORTS, &[]);
 
     let (code, v) = http(
         "POST",
@@ -175,7 +123,7 @@ fn an_acquire_abandoned_after_its_claim_leaks_no_claim() {
     const PORTS: (u16, u16) = (47230, 47231);
     let dir = tempfile::tempdir().expect("tempdir");
     let (f, _pod, api) = one_pod(dir.path(), "127.0.93.1", PORTS);
-    let host = replica_on(dir.path(), &f, &api, 30, PORTS, &[]);
+    let host = on(dir.path(), &f, &api, PORTS, &[]);
     api.lock().stall_patches = true;
 
     let addr = host.base.trim_start_matches("http://").to_owned();
@@ -212,7 +160,7 @@ fn an_acquire_abandoned_after_its_claim_leaks_no_claim() {
 fn claims_left_by_a_stopped_replica_or_a_failed_delete_are_deleted() {
     const PORTS: (u16, u16) = (47240, 47241);
     let dir = tempfile::tempdir().expect("tempdir");
-    let (f, _pod, api) = one_pod(dir.path(), "127.0.94.1", PORTS);
+    let (f, _pod, api) = one_real_pod(dir.path(), "127.0.94.1", PORTS);
     // Left acquiring by a replica killed mid-Acquire.
     plant_claim(
         &api,
@@ -229,7 +177,7 @@ fn claims_left_by_a_stopped_replica_or_a_failed_delete_are_deleted() {
         true,
     );
     let cap = ["--max-sandboxes-per-key", "1"];
-    let host = replica_on(dir.path(), &f, &api, 30, PORTS, &cap);
+    let host = on(dir.path(), &f, &api, PORTS, &cap);
     claims_left(&api, 0);
     // Its owner's cap is whole again.
     acquire(&host, KEY_A, r#"{"server_names": ["filesystem"]}"#);
@@ -237,7 +185,7 @@ fn claims_left_by_a_stopped_replica_or_a_failed_delete_are_deleted() {
 
 /// A claim as a host makes it for alice's lease `id` in `phase`, written
 /// long ago; `deleting`: terminating, held by the hosts' finalizer.
-fn plant_claim(api: &KubeApi, id: &str, phase: &str, deleting: bool) {
+fn plant_claim(api: &Real, id: &str, phase: &str, deleting: bool) {
     use sha2::Digest;
     let name = format!("sbx-{id}");
     let owner_hash: String = sha2::Sha256::digest(b"alice")[..8]
@@ -250,30 +198,22 @@ fn plant_claim(api: &KubeApi, id: &str, phase: &str, deleting: bool) {
         "created_at": "2020-01-01T00:00:00.000000+00:00",
         "updated_at": "2020-01-01T00:00:00.000000+00:00"
     });
-    api.lock().claims.insert(
-        name.clone(),
-        serde_json::json!({
-            "apiVersion": "extensions.agents.x-k8s.io/v1beta1", "kind": "SandboxClaim",
-            "metadata": {
-                "name": name, "namespace": super::kube_api::NAMESPACE,
-                "uid": "00000000-0000-0000-0000-00000000abcd", "resourceVersion": "1",
-                "creationTimestamp": "2020-01-01T00:00:00Z",
-                "labels": {
-                    "sandbox-agent.dev/managed-by": "sandbox-host",
-                    "sandbox-agent.dev/sandbox-id": id,
-                    "sandbox-agent.dev/owner-hash": owner_hash
-                },
-                "annotations": {"sandbox-agent.dev/lease": record.to_string()},
-                "finalizers": ["sandbox-agent.dev/lease"]
+    api.create_claim(serde_json::json!({
+        "apiVersion": "extensions.agents.x-k8s.io/v1beta1", "kind": "SandboxClaim",
+        "metadata": {
+            "name": name, "namespace": api.ns,
+            "labels": {
+                "sandbox-agent.dev/managed-by": "sandbox-host",
+                "sandbox-agent.dev/sandbox-id": id,
+                "sandbox-agent.dev/owner-hash": owner_hash
             },
-            "spec": {"warmPoolRef": {"name": "sandbox-default"}}
-        }),
-    );
+            "annotations": {"sandbox-agent.dev/lease": record.to_string()},
+            "finalizers": ["sandbox-agent.dev/lease"]
+        },
+        "spec": {"warmPoolRef": {"name": "no-such-pool"}}
+    }));
     if deleting {
-        let mut c = api.lock();
-        let claim = c.claims.get_mut(&name).expect("planted");
-        claim["metadata"]["deletionTimestamp"] = serde_json::json!("2020-01-01T00:00:01Z");
-        claim["metadata"]["deletionGracePeriodSeconds"] = serde_json::json!(0);
+        api.delete_claim(&name);
     }
 }
 
@@ -292,13 +232,13 @@ fn uploads_of_a_sandbox_released_elsewhere_stop_counting() {
         .iter()
         .map(|ip| pod_on(ip, &f.bootstrap, PORTS.0, PORTS.1))
         .collect();
-    let api = KubeApi::start(dir.path(), &ips);
+    let api = Real::new(&ips);
     let archive = script_archive("print('counted')\n");
     // Room for one such archive, not two.
     let per_key = (archive.len() * 3 / 2).to_string();
     let quota = ["--max-stored-bytes-per-key", per_key.as_str()];
-    let a = replica_on(dir.path(), &f, &api, 30, PORTS, &quota);
-    let b = replica_on(dir.path(), &f, &api, 30, PORTS, &quota);
+    let a = on(dir.path(), &f, &api, PORTS, &quota);
+    let b = on(dir.path(), &f, &api, PORTS, &quota);
 
     let upload_through_a = |id: &str| {
         let (code, u) = http(
@@ -349,15 +289,8 @@ fn an_acquire_abandoned_while_binding_its_pod_leaks_no_claim() {
         std::thread::sleep(Duration::from_secs(120));
         drop(conns);
     });
-    let api = KubeApi::start(dir.path(), std::slice::from_ref(&ip));
-    let host = replica_on(
-        dir.path(),
-        &f,
-        &api,
-        30,
-        PORTS,
-        &["--kube-bind-timeout", "600"],
-    );
+    let api = Real::new(std::slice::from_ref(&ip));
+    let host = on(dir.path(), &f, &api, PORTS, &["--kube-bind-timeout", "600"]);
 
     let addr = host.base.trim_start_matches("http://").to_owned();
     let mut conn = std::net::TcpStream::connect(&addr).expect("connect");
@@ -374,7 +307,7 @@ fn an_acquire_abandoned_while_binding_its_pod_leaks_no_claim() {
         .unwrap_or_else(|_| {
             panic!(
                 "the host never connected to the claimed pod: {:?}",
-                api.lock().requests
+                api.host_requests()
             )
         });
     assert_eq!(api.claim_names().len(), 1, "the pod's claim, while binding");
@@ -404,15 +337,8 @@ fn a_mute_pod_cannot_hold_an_acquire_for_ever() {
         std::thread::sleep(Duration::from_secs(120));
         drop(conns);
     });
-    let api = KubeApi::start(dir.path(), std::slice::from_ref(&ip));
-    let host = replica_on(
-        dir.path(),
-        &f,
-        &api,
-        30,
-        PORTS,
-        &["--kube-bind-timeout", "2"],
-    );
+    let api = Real::new(std::slice::from_ref(&ip));
+    let host = on(dir.path(), &f, &api, PORTS, &["--kube-bind-timeout", "2"]);
     let url = format!("{}/local-sandbox", host.base);
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {

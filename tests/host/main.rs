@@ -22,6 +22,7 @@ mod hardening;
 mod host;
 mod isolation;
 mod kube_api;
+mod kube_cluster;
 mod kube_real;
 mod kubernetes;
 mod kubernetes_attacks;

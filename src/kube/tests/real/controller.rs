@@ -26,6 +26,7 @@ use tokio::task::JoinHandle;
 pub struct Controller {
     task: JoinHandle<()>,
     adopted: Arc<AtomicUsize>,
+    pods: Pods,
 }
 
 impl Controller {
@@ -33,6 +34,15 @@ impl Controller {
     /// warm pod spent).
     pub fn adopted(&self) -> usize {
         self.adopted.load(Ordering::SeqCst)
+    }
+
+    /// More pods for the pool ([`spawn_pods`]): claims waiting take them.
+    pub fn add_pods(&self, ips: &[String]) {
+        if let Pods::Each(q) = &self.pods {
+            q.lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .extend(ips.iter().cloned());
+        }
     }
 }
 
@@ -85,6 +95,7 @@ fn run(admin: kube::Client, ns: &str, pods: Pods) -> Controller {
     let ns = ns.to_owned();
     let adopted = Arc::new(AtomicUsize::new(0));
     let count = adopted.clone();
+    let mine = pods.clone();
     let task = tokio::spawn(async move {
         loop {
             if let Err(e) = tick(&admin, &ns, &pods, &count).await {
@@ -93,7 +104,11 @@ fn run(admin: kube::Client, ns: &str, pods: Pods) -> Controller {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     });
-    Controller { task, adopted }
+    Controller {
+        task,
+        adopted,
+        pods: mine,
+    }
 }
 
 fn condition(status: &str, reason: &str, message: &str) -> Value {

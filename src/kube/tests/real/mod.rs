@@ -169,12 +169,65 @@ fn spawn_apiserver(command: &[String], d: &Path) -> Child {
         .append(true)
         .open(d.join("apiserver.log"))
         .expect("log");
-    Command::new(&command[0])
-        .args(&command[1..])
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .expect("kube-apiserver")
+    let mut cmd = Command::new(&command[0]);
+    cmd.args(&command[1..]).stdout(Stdio::null()).stderr(log);
+    spawn_kept(cmd).expect("kube-apiserver")
+}
+
+/// Starts `cmd` so that it dies with this test process, however the
+/// process ends (a server shared by a whole test binary is never
+/// dropped): it is spawned with `PR_SET_PDEATHSIG` from a thread that
+/// lives as long as the process (the signal follows the spawning thread).
+fn spawn_kept(mut cmd: Command) -> std::io::Result<Child> {
+    use std::os::unix::process::CommandExt;
+    use std::sync::mpsc;
+    type Job = (Command, mpsc::Sender<std::io::Result<Child>>);
+    static KEEPER: std::sync::OnceLock<std::sync::Mutex<mpsc::Sender<Job>>> =
+        std::sync::OnceLock::new();
+    // SAFETY: prctl is async-signal-safe; nothing else runs in the child
+    // between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)
+                .map_err(std::io::Error::from)
+        });
+    }
+    let keeper = KEEPER.get_or_init(|| {
+        let (tx, rx) = mpsc::channel::<Job>();
+        std::thread::spawn(move || {
+            for (mut cmd, back) in rx {
+                let _ = back.send(cmd.spawn());
+            }
+        });
+        std::sync::Mutex::new(tx)
+    });
+    let (back, answer) = mpsc::channel();
+    keeper
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .send((cmd, back))
+        .map_err(|_| std::io::Error::other("the keeper thread is gone"))?;
+    answer
+        .recv()
+        .map_err(|_| std::io::Error::other("the keeper thread is gone"))?
+}
+
+/// One API server for a whole test process, with an audit log, started at
+/// its first use and never restarted: each test installs a namespace of
+/// its own ([`RealApi::install`]) and plays its controllers there. Its
+/// runtime runs what the tests spawn (controllers) and their clients.
+pub fn shared_api() -> &'static (tokio::runtime::Runtime, RealApi) {
+    static SHARED: std::sync::OnceLock<(tokio::runtime::Runtime, RealApi)> =
+        std::sync::OnceLock::new();
+    SHARED.get_or_init(|| {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let api = rt.block_on(RealApi::start_with(true));
+        (rt, api)
+    })
 }
 
 pub async fn client_of(path: &Path) -> kube::Client {
@@ -221,8 +274,8 @@ impl RealApi {
         certificates(d);
         let (pe, pp, pa) = (free_port(), free_port(), free_port());
         let log = |n: &str| std::fs::File::create(d.join(n)).expect("log");
-        let etcd = Command::new("etcd")
-            .args(["--data-dir", &d.join("etcd").display().to_string()])
+        let mut etcd = Command::new("etcd");
+        etcd.args(["--data-dir", &d.join("etcd").display().to_string()])
             .args(["--name", "test"])
             .args(["--listen-client-urls", &format!("http://127.0.0.1:{pe}")])
             .args(["--advertise-client-urls", &format!("http://127.0.0.1:{pe}")])
@@ -233,9 +286,8 @@ impl RealApi {
             ])
             .args(["--initial-cluster", &format!("test=http://127.0.0.1:{pp}")])
             .stdout(Stdio::null())
-            .stderr(log("etcd.log"))
-            .spawn()
-            .expect("etcd (Debian's etcd-server)");
+            .stderr(log("etcd.log"));
+        let etcd = spawn_kept(etcd).expect("etcd (Debian's etcd-server)");
         let p = |n: &str| d.join(n).display().to_string();
         let mut command = vec![bin.display().to_string()];
         command.extend([
