@@ -263,6 +263,217 @@ async fn a_claim_without_a_ready_sandbox_is_pool_empty_and_deleted() {
     }
 }
 
+/// Claims as hosts, admins and the controller leave them, read and
+/// released by the fleet on the real server (its own namespace, no
+/// controller but the test): a claim deleted by an admin under a live
+/// lease (terminating, held by the hosts' finalizer) and one whose pod
+/// failed read as `error`; one waiting for its pod as `acquiring`; an
+/// annotation that is no lease is an error of that claim alone, skipped
+/// in lists; a list of more claims than a page is read page by page;
+/// releasing a claim already gone, or one left without our finalizer, is
+/// done; another controller's finalizer stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_left_as_they_are_read_and_released_on_the_real_server() {
+    const ADMIN_NS: &str = "claims";
+    let api = RealApi::start().await;
+    let host = api.install(ADMIN_NS).await;
+    let mut cfg = fleet_of(host.clone()).config().clone();
+    cfg.namespace = ADMIN_NS.to_owned();
+    let fleet = Fleet::new(host, cfg);
+    let claims: Api<SandboxClaim> = Api::namespaced(api.admin.clone(), ADMIN_NS);
+    let pp = kube::api::PatchParams::default();
+    let make = |l: Lease, status: Value, finalizers: Vec<&'static str>| {
+        let claims = claims.clone();
+        let pp = pp.clone();
+        async move {
+            let name = format!("sbx-{}", l.sandbox_id);
+            let c: SandboxClaim = serde_json::from_value(serde_json::json!({
+                "apiVersion": "extensions.agents.x-k8s.io/v1beta1", "kind": "SandboxClaim",
+                "metadata": {"name": name, "labels": l.labels(),
+                             "annotations": {lease::RECORD: l.record()}, "finalizers": finalizers},
+                "spec": {"warmPoolRef": {"name": POOL}},
+            }))
+            .expect("claim");
+            claims
+                .create(&Default::default(), &c)
+                .await
+                .expect("create");
+            if !status.is_null() {
+                let st = serde_json::json!({ "status": status });
+                claims
+                    .patch_status(&name, &pp, &kube::api::Patch::Merge(&st))
+                    .await
+                    .expect("status");
+            }
+            name
+        }
+    };
+    let cond = |status: &str, reason: &str| {
+        serde_json::json!([{"type": "Ready", "status": status, "reason": reason,
+            "message": reason, "lastTransitionTime": "2026-01-01T00:00:00Z"}])
+    };
+    let occupied = |id: &str| {
+        let mut l = lease(id, POOL);
+        l.phase = Phase::Occupied;
+        l.pod_ip = Some("10.244.1.17".into());
+        l
+    };
+    let ours = vec![lease::FINALIZER];
+    let ready = serde_json::json!({"conditions": cond("True", "DependenciesReady"),
+        "sandbox": {"name": "pool-1", "podIPs": ["10.244.1.17"]}});
+
+    let deleted = make(
+        occupied("d0000000-0000-4000-8000-000000000000"),
+        ready.clone(),
+        ours.clone(),
+    )
+    .await;
+    claims
+        .delete(&deleted, &Default::default())
+        .await
+        .expect("kubectl delete");
+    let failed = serde_json::json!({"conditions": cond("False", "PodFailed"), "sandbox": {"name": "pool-2"}});
+    make(
+        occupied("e0000000-0000-4000-8000-000000000000"),
+        failed,
+        ours.clone(),
+    )
+    .await;
+    make(
+        occupied("f0000000-0000-4000-8000-000000000000"),
+        ready.clone(),
+        ours.clone(),
+    )
+    .await;
+    let waiting = serde_json::json!({"conditions": cond("False", "DependenciesNotReady"), "sandbox": {"name": "pool-3"}});
+    make(
+        lease("a0000000-0000-4000-8000-000000000000", POOL),
+        waiting,
+        ours.clone(),
+    )
+    .await;
+    let mut bad = occupied("c0000000-0000-4000-8000-000000000000");
+    bad.owner = "someone-else".into();
+    let bad_name = make(bad, Value::Null, vec![]).await;
+    let garbage = serde_json::json!({"metadata": {"annotations": {lease::RECORD: "{not json"}}});
+    claims
+        .patch(&bad_name, &pp, &kube::api::Patch::Merge(&garbage))
+        .await
+        .expect("annotation");
+
+    let phase = |l: Option<Lease>| l.expect("a lease").phase;
+    let find = |id: &'static str| fleet.find(id);
+    assert_eq!(
+        phase(
+            find("d0000000-0000-4000-8000-000000000000")
+                .await
+                .expect("find")
+        ),
+        Phase::Error
+    );
+    assert_eq!(
+        phase(
+            find("e0000000-0000-4000-8000-000000000000")
+                .await
+                .expect("find")
+        ),
+        Phase::Error
+    );
+    assert_eq!(
+        phase(
+            find("f0000000-0000-4000-8000-000000000000")
+                .await
+                .expect("find")
+        ),
+        Phase::Occupied
+    );
+    assert_eq!(
+        phase(
+            find("a0000000-0000-4000-8000-000000000000")
+                .await
+                .expect("find")
+        ),
+        Phase::Acquiring
+    );
+    assert!(
+        find("b0000000-0000-4000-8000-000000000000")
+            .await
+            .expect("find")
+            .is_none()
+    );
+    match find("c0000000-0000-4000-8000-000000000000").await {
+        Err(KubeError::BadRecord { claim, .. }) => assert_eq!(claim, bad_name),
+        other => panic!("an annotation that is no lease: {other:?}"),
+    }
+    let mut phases: Vec<(String, Phase)> = fleet
+        .leases(None)
+        .await
+        .expect("leases")
+        .into_iter()
+        .map(|l| (l.claim, l.phase))
+        .collect();
+    phases.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(
+        phases,
+        [
+            (
+                "sbx-a0000000-0000-4000-8000-000000000000".to_owned(),
+                Phase::Acquiring
+            ),
+            (
+                "sbx-d0000000-0000-4000-8000-000000000000".to_owned(),
+                Phase::Error
+            ),
+            (
+                "sbx-e0000000-0000-4000-8000-000000000000".to_owned(),
+                Phase::Error
+            ),
+            (
+                "sbx-f0000000-0000-4000-8000-000000000000".to_owned(),
+                Phase::Occupied
+            ),
+        ]
+    );
+
+    // Released: gone already; without our finalizer; with another's.
+    fleet
+        .release("sbx-b0000000-0000-4000-8000-000000000000")
+        .await
+        .expect("gone already");
+    fleet
+        .release(&bad_name)
+        .await
+        .expect("no finalizer of ours");
+    assert!(claims.get_opt(&bad_name).await.expect("get").is_none());
+    let kept = make(
+        occupied("f1000000-0000-4000-8000-000000000000"),
+        Value::Null,
+        vec!["example.com/backup", lease::FINALIZER],
+    )
+    .await;
+    fleet.release(&kept).await.expect("release");
+    let c = claims
+        .get(&kept)
+        .await
+        .expect("held by the other finalizer");
+    assert!(c.metadata.deletion_timestamp.is_some());
+    assert_eq!(
+        c.metadata.finalizers.as_deref(),
+        Some(&["example.com/backup".to_owned()][..])
+    );
+
+    // More claims than a page: read page by page (limit and continue).
+    let n = sandbox_kube::fleet::LIST_PAGE as usize + 1;
+    let made = (0..n).map(|i| {
+        let mut l = lease(&format!("00000000-0000-4000-9000-{i:012}"), POOL);
+        l.owner = "many".into();
+        make(l, Value::Null, vec![])
+    });
+    futures_util::future::join_all(made).await;
+    let many = fleet.leases(Some("many")).await.expect("leases");
+    assert_eq!(many.len(), n);
+}
+
 /// With every host gone, a lease's claim still ends at its
 /// `shutdownTime`: the controller deletes the claim in the foreground
 /// (`DeleteForeground`), so the garbage collector deletes its sandbox
