@@ -350,36 +350,6 @@ impl Cluster {
             .collect()
     }
 
-    /// The owner's live sandboxes and the Acquires other replicas still
-    /// present have in flight (this one counts its own:
-    /// `api::leases::OwnerClaim`; a replica gone counts none). A first,
-    /// cheap count: the cap is decided across replicas before a claim is
-    /// made ([`Fleet::admit`]).
-    pub async fn held(&self, owner: &str) -> Result<usize, StoreError> {
-        let leases = self
-            .fleet
-            .leases(Some(owner))
-            .await
-            .inspect_err(log_cluster_error)?;
-        let replicas = self
-            .fleet
-            .live_replicas()
-            .await
-            .inspect_err(log_cluster_error)?;
-        let ours_in_flight =
-            |l: &Lease| l.phase == Phase::Acquiring && l.host.as_deref() == Some(&self.instance);
-        Ok(leases
-            .iter()
-            .filter(|l| {
-                let (now, grace) = (
-                    chrono::Utc::now().timestamp_millis(),
-                    self.fleet.orphan_grace(),
-                );
-                sandbox_kube::coord::counts(l, &replicas, now, grace) && !ours_in_flight(l)
-            })
-            .count())
-    }
-
     /// Records an acquired sandbox in its claim (made by [`Cluster::claim`]).
     pub async fn insert(&self, s: &SandboxRow) -> Result<(), StoreError> {
         let servers = serde_json::to_value(&s.servers)?;

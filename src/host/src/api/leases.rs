@@ -235,9 +235,10 @@ struct OwnerClaim {
 
 impl OwnerClaim {
     async fn take(h: &Shared, who: &str) -> HostResult<OwnerClaim> {
-        // Live sandboxes (and, on the kubernetes backend, Acquires of
-        // other replicas); this replica's Acquires are counted under the
-        // lock, so two of them cannot both see room.
+        // The live sandboxes the store counts here (where replicas share
+        // the leases, the fleet decides the cap across them when it
+        // takes the sandbox); this replica's Acquires are counted under
+        // the lock, so two of them cannot both see room.
         let live = h.store.held(who).await?;
         let mut acquiring = h.acquiring.lock().unwrap_or_else(|p| p.into_inner());
         let n = acquiring.entry(who.to_owned()).or_default();
