@@ -20,15 +20,14 @@ use sandbox_kube::lease::{self, Lease, Phase};
 use sandbox_kube::{Fleet, FleetConfig, KubeError};
 use serde_json::Value;
 
-const NS: &str = "sandbox";
 const POOL: &str = "sandbox-default";
 const OWNER: &str = "tenant-a";
 
-fn fleet_of(client: kube::Client) -> Fleet {
+fn fleet_of(client: kube::Client, ns: &str) -> Fleet {
     Fleet::new(
         client,
         FleetConfig {
-            namespace: NS.to_owned(),
+            namespace: ns.to_owned(),
             pools: BTreeMap::from([("default".to_owned(), POOL.to_owned())]),
             claim_timeout: Duration::from_secs(30),
             shutdown_grace: Duration::from_secs(90),
@@ -58,10 +57,18 @@ fn lease(id: &str, pool: &str) -> Lease {
     }
 }
 
+/// The test process's API server (`real::shared_api`): each test takes a
+/// namespace of its own.
+async fn shared() -> &'static RealApi {
+    tokio::task::spawn_blocking(|| &real::shared_api().1)
+        .await
+        .expect("the API server")
+}
+
 /// Waits until `ns` holds no claim and no sandbox.
-async fn nothing_left(api: &RealApi) {
-    let claims: Api<SandboxClaim> = Api::namespaced(api.admin.clone(), NS);
-    let sandboxes: Api<Sandbox> = Api::namespaced(api.admin.clone(), NS);
+async fn nothing_left(api: &RealApi, ns: &str) {
+    let claims: Api<SandboxClaim> = Api::namespaced(api.admin.clone(), ns);
+    let sandboxes: Api<Sandbox> = Api::namespaced(api.admin.clone(), ns);
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let c = claims.list(&ListParams::default()).await.expect("claims");
@@ -91,10 +98,11 @@ async fn nothing_left(api: &RealApi) {
 /// The Role grants nothing beyond: the host's token cannot read Secrets.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lease_on_a_real_api_server_as_the_shipped_role() {
-    let api = RealApi::start().await;
+    const NS: &str = "lease";
+    let api = shared().await;
     let host = api.install(NS).await;
     let _controller = controller::spawn(api.admin.clone(), NS, "127.0.0.1");
-    let fleet = fleet_of(host.clone());
+    let fleet = fleet_of(host.clone(), NS);
 
     let id = "0b7c6f6e-3f1c-4c55-9d0e-7d7a4a1b2c3d";
     let mut l = lease(id, POOL);
@@ -131,7 +139,7 @@ async fn a_lease_on_a_real_api_server_as_the_shipped_role() {
     let n = |l: &Lease| l.servers["n"].as_u64().unwrap_or(0);
     let writers = (0..2).map(|_| {
         // Another replica's fleet over the same API server.
-        let f = fleet_of(host.clone());
+        let f = fleet_of(host.clone(), NS);
         tokio::spawn(async move {
             let mut done = 0;
             for _ in 0..10 {
@@ -160,7 +168,7 @@ async fn a_lease_on_a_real_api_server_as_the_shipped_role() {
         Some(&[lease::FINALIZER.to_owned()][..])
     );
     fleet.release(&claimed.claim).await.expect("release");
-    nothing_left(&api).await;
+    nothing_left(api, NS).await;
 
     // A pool the cluster does not have: the claim fails and is deleted.
     let other = "1b7c6f6e-3f1c-4c55-9d0e-7d7a4a1b2c3d";
@@ -170,7 +178,7 @@ async fn a_lease_on_a_real_api_server_as_the_shipped_role() {
         }
         other => panic!("a claim of a missing pool: {other:?}"),
     }
-    nothing_left(&api).await;
+    nothing_left(api, NS).await;
 
     // The shipped Role is all the host has.
     let secrets: Api<Secret> = Api::namespaced(host, NS);
@@ -187,9 +195,10 @@ async fn a_lease_on_a_real_api_server_as_the_shipped_role() {
 /// by name: nothing is read on a timer).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_without_a_ready_sandbox_is_pool_empty_and_deleted() {
-    let api = RealApi::start_with(true).await;
+    const NS: &str = "empty";
+    let api = shared().await;
     let host = api.install(NS).await;
-    let mut cfg = fleet_of(host.clone()).config().clone();
+    let mut cfg = fleet_of(host.clone(), NS).config().clone();
     cfg.claim_timeout = Duration::from_secs(3);
     let fleet = Fleet::new(host, cfg);
 
@@ -223,7 +232,7 @@ async fn a_claim_without_a_ready_sandbox_is_pool_empty_and_deleted() {
             waited >= Duration::from_secs(3) && waited < Duration::from_secs(10),
             "{case}: {waited:?}"
         );
-        nothing_left(&api).await;
+        nothing_left(api, NS).await;
 
         let claim = format!("sbx-{id}");
         let calls: Vec<(String, String, String)> = api.audit()[from..]
@@ -275,9 +284,9 @@ async fn a_claim_without_a_ready_sandbox_is_pool_empty_and_deleted() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claims_left_as_they_are_read_and_released_on_the_real_server() {
     const ADMIN_NS: &str = "claims";
-    let api = RealApi::start().await;
+    let api = shared().await;
     let host = api.install(ADMIN_NS).await;
-    let mut cfg = fleet_of(host.clone()).config().clone();
+    let mut cfg = fleet_of(host.clone(), ADMIN_NS).config().clone();
     cfg.namespace = ADMIN_NS.to_owned();
     let fleet = Fleet::new(host, cfg);
     let claims: Api<SandboxClaim> = Api::namespaced(api.admin.clone(), ADMIN_NS);
@@ -483,10 +492,11 @@ async fn claims_left_as_they_are_read_and_released_on_the_real_server() {
 /// then.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_host_gone_past_shutdown_time_ends_the_sandbox() {
-    let api = RealApi::start().await;
+    const NS: &str = "shutdown";
+    let api = shared().await;
     let host = api.install(NS).await;
     let _controller = controller::spawn(api.admin.clone(), NS, "127.0.0.1");
-    let mut cfg = fleet_of(host.clone()).config().clone();
+    let mut cfg = fleet_of(host.clone(), NS).config().clone();
     cfg.shutdown_grace = Duration::ZERO;
     let fleet = Fleet::new(host, cfg);
 
@@ -542,7 +552,7 @@ async fn every_host_gone_past_shutdown_time_ends_the_sandbox() {
     assert_eq!(found.phase, Phase::Error, "{found:?}");
 
     fleet.release(&claimed.claim).await.expect("release");
-    nothing_left(&api).await;
+    nothing_left(api, NS).await;
 }
 
 /// Replicas coordinate through Leases on the real server, as the shipped
@@ -555,13 +565,14 @@ async fn every_host_gone_past_shutdown_time_ends_the_sandbox() {
 /// another takes it over when it is given up.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_coordinate_the_cap_orphans_and_the_reaper() {
+    const NS: &str = "replicas";
     use k8s_openapi::api::coordination::v1::Lease as KLease;
     use sandbox_kube::coord::{self, Lock};
 
-    let api = RealApi::start().await;
+    let api = shared().await;
     let host = api.install(NS).await;
     let controller = controller::spawn(api.admin.clone(), NS, "127.0.0.1");
-    let (a, b) = (fleet_of(host.clone()), fleet_of(host.clone()));
+    let (a, b) = (fleet_of(host.clone(), NS), fleet_of(host.clone(), NS));
     let present_a = a.announce("replica-a").await.expect("presence of a");
     let present_b = b.announce("replica-b").await.expect("presence of b");
     // As a host does: no claim before its presence is held.
@@ -599,7 +610,7 @@ async fn replicas_coordinate_the_cap_orphans_and_the_reaper() {
             "a warm sandbox was spent on a refused Acquire"
         );
         a.release(&won.claim).await.expect("release");
-        nothing_left(&api).await;
+        nothing_left(api, NS).await;
     }
 
     // A replica killed mid-Acquire: its presence lapsed long ago, its
@@ -644,7 +655,7 @@ async fn replicas_coordinate_the_cap_orphans_and_the_reaper() {
     for c in [&orphan.claim, &next.claim] {
         a.release(c).await.expect("release");
     }
-    nothing_left(&api).await;
+    nothing_left(api, NS).await;
 
     // The reaper's Lease: one holder, then the other once it is given up.
     let ttl = Duration::from_secs(3);
