@@ -189,3 +189,72 @@ async fn narrowing_drops_the_dropped_servers_workspace_dirs() {
     .expect("upload");
     assert_eq!(listing(), ["memory", "task.txt"]);
 }
+
+/// A lazy Toolathlon lease of arxiv and localmemory: the workspace holds
+/// no server's directory until that server starts (as Toolathlon makes
+/// `arxiv_local_storage/` only where its arxiv server runs), the started
+/// server's directory is kept by an upload, and the one never started
+/// never appears, in the workspace or its dump.
+#[tokio::test]
+async fn a_server_s_workspace_dirs_come_with_its_start() {
+    let agent = agent_with("", "");
+    let c = sandbox_client::connect(&agent.unix_uri())
+        .await
+        .expect("connect");
+    let ws = agent.dir.path().join("ws");
+    let listing = || {
+        let mut v: Vec<String> = std::fs::read_dir(&ws)
+            .expect("workspace")
+            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    };
+    c.agent()
+        .acquire(proto::AcquireRequest {
+            lease_id: "lazy".into(),
+            server_names: vec!["arxiv".into(), "localmemory".into()],
+            benchmark: proto::Benchmark::Toolathlon as i32,
+            ttl_seconds: Some(0),
+            lazy: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap_or_else(|e| panic!("Acquire: {e}\n{}", agent.stderr.all()));
+    assert_eq!(listing(), Vec::<String>::new(), "before any server starts");
+    c.servers()
+        .start(proto::ServerRequest {
+            name: "localmemory".into(),
+        })
+        .await
+        .unwrap_or_else(|e| panic!("Servers.Start: {e}\n{}", agent.stderr.all()));
+    assert_eq!(listing(), ["memory"]);
+    crate::common::ws::initialize(
+        &c,
+        proto::InitializeHeader::default(),
+        crate::common::ws::gzip(&crate::common::ws::Tar::new().file("./task.txt", b"t").end()),
+    )
+    .await
+    .expect("upload");
+    assert_eq!(listing(), ["memory", "task.txt"]);
+    let (dump, _) = crate::common::ws::dump(&c, proto::DumpRequest::default())
+        .await
+        .expect("Dump");
+    let mut archive = tar::Archive::new(flate2::read::GzDecoder::new(&dump[..]));
+    let names: Vec<String> = archive
+        .entries()
+        .expect("the dump's entries")
+        .map(|e| {
+            e.expect("entry")
+                .path()
+                .expect("path")
+                .display()
+                .to_string()
+        })
+        .collect();
+    assert!(names.iter().any(|n| n.contains("task.txt")), "{names:?}");
+    assert!(
+        !names.iter().any(|n| n.contains("arxiv_local_storage")),
+        "{names:?}"
+    );
+}

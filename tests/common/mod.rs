@@ -327,7 +327,9 @@ fn root_or_skip_in(what: &str, root: bool, ci: bool) -> bool {
             !ci,
             "{what} needs root, and CI=true: the test command must run as root in CI"
         );
-        eprintln!("skipped: {what} needs root (run the test command as root to cover it)");
+        skipped(&format!(
+            "{what} needs root (run the test command as root to cover it)"
+        ));
     }
     root
 }
@@ -343,9 +345,17 @@ pub fn have_or_skip(have: bool, what: &str, needs: &str) -> bool {
 fn have_or_skip_in(have: bool, what: &str, needs: &str, ci: bool) -> bool {
     if !have {
         assert!(!ci, "{what} needs {needs}, and CI=true: CI must provide it");
-        eprintln!("skipped: {what} needs {needs}");
+        skipped(&format!("{what} needs {needs}"));
     }
     have
+}
+
+/// Says on the terminal that a test is skipped, and why: written to the
+/// process's stderr itself, past the test harness's capture (which hides
+/// what a passing test prints), so a run shows every skip.
+pub fn skipped(why: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "SKIPPED: {why}");
 }
 
 /// How often [`eventually`] looks again.

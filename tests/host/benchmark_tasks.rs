@@ -149,7 +149,11 @@ fn toolathlon_privacy_desensitization_passes_its_check() {
         "Toolathlon/examples/privacy-desensitization",
         "initial_workspace_extracted",
     ) else {
-        eprintln!("SKIPPED: Toolathlon's example task is not on this machine");
+        crate::common::have_or_skip(
+            false,
+            "Toolathlon's privacy-desensitization task",
+            "Toolathlon's example task (set SANDBOX_AGENT_BENCHMARK_DATA to the directory holding Toolathlon/examples/privacy-desensitization)",
+        );
         return;
     };
     let dir = tempfile::tempdir().expect("tempdir");

@@ -101,8 +101,11 @@ fn bearer_in_any_case_and_the_reset_answer() {
 /// says what to pass.
 #[test]
 fn a_host_without_a_manifest_says_what_to_pass() {
-    if std::path::Path::new("/etc/sandbox-agent/servers.toml").exists() {
-        eprintln!("skipped: /etc/sandbox-agent/servers.toml exists, so the host would use it");
+    if !crate::common::have_or_skip(
+        !std::path::Path::new("/etc/sandbox-agent/servers.toml").exists(),
+        "a host without a manifest",
+        "no /etc/sandbox-agent/servers.toml (the host would use it)",
+    ) {
         return;
     }
     let dir = tempfile::tempdir().expect("tempdir");

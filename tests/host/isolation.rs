@@ -410,6 +410,78 @@ print("pwned:", os.path.exists("/workspace/pwned-by-a"))
     release(&host, KEY_B, &b_id);
 }
 
+/// A sandbox names its own users, as a container image does: the tenant
+/// is `sandbox` (uid 1000, which on a host is its first person's), `ls -l`
+/// shows its files as `sandbox sandbox`, and the user and group databases
+/// (and their backups) hold system accounts, the tenant and nobody: no
+/// account of a person of the host, no group member list, no subordinate
+/// id range. Without the slot's own database the tenant is named after
+/// the host's uid 1000 (or not at all).
+#[test]
+fn the_sandbox_names_its_own_users_and_none_of_the_hosts() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let host = Host::start(dir.path(), &[]);
+    let script = r#"
+import grp, os, pwd, subprocess
+out = lambda *a: subprocess.run(list(a), capture_output=True, text=True).stdout.strip()
+print("user:", out("id", "-un"))
+print("group:", out("id", "-gn"))
+open("/workspace/mine.txt", "w").write("x")
+print("ls:", " ".join(out("ls", "-l", "/workspace/mine.txt").split()[2:4]))
+print("users:", ",".join(sorted(f"{p.pw_name}={p.pw_uid}" for p in pwd.getpwall())))
+print("members:", ",".join(sorted(m for g in grp.getgrall() for m in g.gr_mem)) or "none")
+print("subuid:", repr(open("/etc/subuid").read()) if os.path.exists("/etc/subuid") else "absent")
+names = lambda f: ",".join(sorted(l.split(":")[0] for l in open(f))) if os.path.exists(f) else "absent"
+print("backup:", names("/etc/passwd-"))
+print("db:", names("/etc/passwd"))
+"#;
+    let (id, status, log) = run(&host, KEY_A, None, script);
+    assert_eq!(status, "completed", "{log}");
+    let v = verdicts(&log);
+    let get = |k: &str| v.get(k).map(String::as_str).unwrap_or_default();
+    assert_eq!(get("user"), "sandbox", "{log}");
+    assert_eq!(get("group"), "sandbox", "{log}");
+    assert_eq!(get("ls"), "sandbox sandbox", "{log}");
+    let users: Vec<(&str, u32)> = get("users")
+        .split(',')
+        .filter_map(|e| e.split_once('='))
+        .map(|(n, u)| (n, u.parse().expect("a uid")))
+        .collect();
+    for want in [("root", 0), ("sandbox", 1000), ("nobody", 65534)] {
+        assert!(users.contains(&want), "{want:?} in {users:?}");
+    }
+    // Nothing but system accounts besides the tenant and nobody: no
+    // person of the host (Debian's UID_MIN is 1000).
+    assert!(
+        users
+            .iter()
+            .all(|(n, u)| *u < 1000 || matches!(*n, "sandbox" | "nobody")),
+        "{users:?}"
+    );
+    let host_people: Vec<String> = std::fs::read_to_string("/etc/passwd")
+        .expect("the host's /etc/passwd")
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split(':').collect();
+            let uid: u32 = f.get(2)?.parse().ok()?;
+            ((1000..65534).contains(&uid)).then(|| f[0].to_owned())
+        })
+        .collect();
+    assert!(
+        !users
+            .iter()
+            .any(|(n, _)| host_people.iter().any(|p| p == n)),
+        "a person of the host in the sandbox: {users:?} (host: {host_people:?})"
+    );
+    assert_eq!(get("members"), "none", "{log}");
+    assert!(matches!(get("subuid"), "''" | "absent"), "{log}");
+    assert!(
+        matches!(get("backup"), b if b == get("db") || b == "absent"),
+        "{log}"
+    );
+    release(&host, KEY_A, &id);
+}
+
 /// Python printing `slot: <id>`: the slot's name, from its agent's
 /// (PID 1's) `--name`.
 const SLOT_NAME: &str = r#"

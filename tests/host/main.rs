@@ -28,6 +28,7 @@ mod kubernetes;
 mod kubernetes_attacks;
 mod lease_bound;
 mod mail;
+mod no_skips;
 mod openapi;
 mod profiles;
 mod sandbox_api;

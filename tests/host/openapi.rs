@@ -40,17 +40,21 @@ fn klavis_document() -> Option<Value> {
             PathBuf::from("/work/shared/klavis-api"),
         ],
     };
-    let Some(file) = dirs
+    let file = dirs
         .iter()
         .map(|d| d.join("local-sandbox-openapi.json"))
-        .find(|f| f.is_file())
-    else {
-        eprintln!(
-            "SKIPPED: Klavis's local-sandbox-openapi.json is in none of {dirs:?}: set \
-             SANDBOX_AGENT_KLAVIS_API to the directory holding it"
-        );
+        .find(|f| f.is_file());
+    let needs = format!(
+        "Klavis's local-sandbox-openapi.json, in none of {dirs:?} (set SANDBOX_AGENT_KLAVIS_API to the directory holding it)"
+    );
+    if !crate::common::have_or_skip(
+        file.is_some(),
+        "comparing with Klavis's OpenAPI document",
+        &needs,
+    ) {
         return None;
-    };
+    }
+    let file = file?;
     let text = std::fs::read_to_string(&file).expect("Klavis's document");
     Some(serde_json::from_str(&text).expect("Klavis's document is JSON"))
 }

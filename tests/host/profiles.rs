@@ -237,13 +237,15 @@ fn a_public_data_server_is_a_sandbox_of_its_own() {
 /// memory server starts with the 41 entities and 55 relations of the graph.
 #[test]
 fn mcp_atlas_comes_with_its_data() {
-    let Some(src) = atlas_source() else {
-        eprintln!(
-            "SKIPPED: MCP_Atlas's real data is not on this machine; set \
-             SANDBOX_AGENT_BENCHMARK_DATA to the directory holding MCP_Atlas/data"
-        );
+    let src = atlas_source();
+    if !crate::common::have_or_skip(
+        src.is_some(),
+        "MCP_Atlas's data check",
+        "MCP_Atlas's real data (set SANDBOX_AGENT_BENCHMARK_DATA to the directory holding MCP_Atlas/data)",
+    ) {
         return;
-    };
+    }
+    let Some(src) = src else { return };
     let csv = std::fs::read_to_string(src.join("Barber Shop.csv")).expect("Barber Shop.csv");
     assert!(
         !csv.ends_with('\n'),

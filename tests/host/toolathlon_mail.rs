@@ -66,9 +66,12 @@ fn emails<'a>(dump: &'a Value, user: &str) -> &'a [Value] {
 #[test]
 fn apply_phd_email_passes_its_check() {
     let Some(task) = task_data() else {
-        eprintln!(
-            "SKIPPED: Toolathlon's apply-phd-email data is not on this machine; set \
-             SANDBOX_AGENT_BENCHMARK_DATA to the directory holding {TASK}"
+        crate::common::have_or_skip(
+            false,
+            "Toolathlon's apply-phd-email task",
+            &format!(
+                "Toolathlon's apply-phd-email data (set SANDBOX_AGENT_BENCHMARK_DATA to the directory holding {TASK})"
+            ),
         );
         return;
     };

@@ -131,7 +131,7 @@ fn run_an_execution(host: &Host, dir: &std::path::Path) {
     let b = &host.base;
     let a = acquire(host, KEY_A, r#"{"server_names": ["filesystem"]}"#);
     let id = a["local_sandbox_id"].as_str().expect("id").to_owned();
-    let main = "import os, platform\nprint('python', platform.python_version(), 'on', platform.node())\nopen('hello.txt', 'w').write('from the VM')\nopen(os.path.join(os.environ['AGENT_WORKSPACE'], 'ws.txt'), 'w').write('x')\nprint('done')\n";
+    let main = "import os, platform, pwd\nprint('python', platform.python_version(), 'on', platform.node())\nprint('user', pwd.getpwuid(os.getuid()).pw_name)\nopen('hello.txt', 'w').write('from the VM')\nopen(os.path.join(os.environ['AGENT_WORKSPACE'], 'ws.txt'), 'w').write('x')\nprint('done')\n";
     let archive = dir.join("exec.tar.gz");
     {
         let f = std::fs::File::create(&archive).expect("archive");
@@ -188,7 +188,7 @@ fn run_an_execution(host: &Host, dir: &std::path::Path) {
         });
     assert_eq!(last, "completed", "{logs}");
     assert!(
-        logs.contains("on sandbox") && logs.contains("done"),
+        logs.contains("on sandbox") && logs.contains("user sandbox") && logs.contains("done"),
         "{logs}"
     );
     let (code, v) = http(

@@ -210,6 +210,10 @@ pub struct Lifecycle {
     /// Serializes Acquire, Release and Reset.
     op: tokio::sync::Mutex<()>,
     current: Mutex<Option<Current>>,
+    /// The workspace directories each server of the lease's profile
+    /// makes when it starts (`Lifecycle::start_spec`), as the benchmark's
+    /// own launch does: never for a server that does not run.
+    server_dirs: Mutex<std::collections::BTreeMap<String, Vec<std::path::PathBuf>>>,
     last_release: Mutex<Option<ReleaseRecord>>,
     /// What idle servers answer to discovery, as the host gave them.
     catalogs: crate::catalog::Catalogs,
@@ -250,6 +254,7 @@ impl Lifecycle {
             ledgers,
             op: tokio::sync::Mutex::new(()),
             current: Mutex::new(None),
+            server_dirs: Mutex::new(Default::default()),
             last_release: Mutex::new(None),
             catalogs: crate::catalog::Catalogs::default(),
             me: me.clone(),

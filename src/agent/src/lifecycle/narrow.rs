@@ -139,13 +139,20 @@ impl Lifecycle {
     }
 
     /// The workspace directories only dropped servers' profiles keep go
-    /// too: a cold Acquire of `keep` would not have made them.
+    /// too: a cold Acquire of `keep` would not have made them (nor does a
+    /// kept server that has not started: its directories come with it).
     fn drop_workspace_dirs(&self, dropped: &[String], keep: &[String], b: Option<Benchmark>) {
+        let made = self.ws.kept();
         let kept_dirs: Vec<_> = keep
             .iter()
             .filter_map(|n| self.manifest.get(n))
             .flat_map(|d| d.dirs(b).iter().cloned())
+            .filter(|d| made.contains(d))
             .collect();
+        self.server_dirs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|n, _| keep.contains(n));
         let dropped_dirs: Vec<_> = dropped
             .iter()
             .filter_map(|n| self.manifest.get(n))

@@ -225,10 +225,10 @@ impl Lifecycle {
                     .flat_map(|d| d.seeds(benchmark).iter().cloned()),
             )
             .collect();
-        let dirs: Vec<_> = names
+        // Each server's profile directories are made when it starts.
+        *self.server_dirs.lock().unwrap_or_else(|p| p.into_inner()) = names
             .iter()
-            .filter_map(|n| self.manifest.get(n))
-            .flat_map(|d| d.dirs(benchmark).iter().cloned())
+            .filter_map(|n| Some((n.clone(), self.manifest.get(n)?.dirs(benchmark).to_vec())))
             .collect();
         let ws = self.ws.clone();
         let tenant = self.sup.tenant().clone();
@@ -238,7 +238,7 @@ impl Lifecycle {
             .flat_map(|d| d.state_paths.iter().cloned())
             .collect();
         tokio::task::spawn_blocking(move || {
-            ws.keep_dirs(dirs, true);
+            ws.keep_dirs(Vec::new(), false);
             for s in &seeds {
                 seed::place(&ws, s).map_err(|source| LcError::Seed {
                     from: s.from.clone(),
@@ -307,8 +307,13 @@ impl Lifecycle {
             .flat_map(|d| d.state_paths.iter().cloned())
             .collect();
         let guard = if workspace {
-            // The lease's profile directories go with it.
+            // The lease's profile directories go with it, and no server
+            // started later (Servers.Start of an idle sandbox) makes them.
             self.ws.keep_dirs(Vec::new(), false);
+            self.server_dirs
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clear();
             let wait = Duration::from_millis(self.cfg.workspace_wait_ms);
             Some(self.ws.begin_within("Clear", wait).await?)
         } else {

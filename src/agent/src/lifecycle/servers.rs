@@ -143,7 +143,7 @@ impl Lifecycle {
             if let Some(spec) = spec
                 && self.sup.status(name)?.state == State::Idle
             {
-                self.sup.start(spec).await?;
+                self.start_spec(spec).await?;
             }
         }
         let deadline = Duration::from_millis(self.cfg.ready_deadline_ms);
@@ -159,11 +159,34 @@ impl Lifecycle {
         Ok(())
     }
 
+    /// Starts `spec`'s server, the workspace directories its profile keeps
+    /// made first (as the benchmark's own launch makes them: only for a
+    /// server that runs).
+    async fn start_spec(&self, spec: LaunchSpec) -> Result<Status, LcError> {
+        let dirs = self
+            .server_dirs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&spec.name)
+            .cloned()
+            .unwrap_or_default();
+        if !dirs.is_empty() {
+            let ws = self.ws.clone();
+            tokio::task::spawn_blocking(move || ws.keep_more(&dirs))
+                .await
+                .map_err(|source| LcError::Task {
+                    what: "making a server's workspace directories",
+                    source,
+                })?;
+        }
+        Ok(self.sup.start(spec).await?)
+    }
+
     /// Starts every server and waits until all are ready, one fails, or
     /// the deadline passes.
     pub(super) async fn start_and_wait(&self, specs: &[LaunchSpec]) -> Result<(), LcError> {
         for s in specs {
-            self.sup.start(s.clone()).await?;
+            self.start_spec(s.clone()).await?;
         }
         let deadline = Duration::from_millis(self.cfg.ready_deadline_ms);
         let waits = specs.iter().map(|s| self.wait_ready(&s.name, deadline));
@@ -219,7 +242,7 @@ impl Lifecycle {
         let _op = self.op.lock().await;
         let spec = self.spec_for(name)?;
         let wait = spec.ready_timeout + Duration::from_secs(1);
-        self.sup.start(spec).await?;
+        self.start_spec(spec).await?;
         self.wait_ready(name, wait)
             .await
             .map_err(|e| LcError::NotReady(vec![e]))?;

@@ -226,6 +226,20 @@ impl Workspace {
         *self.keep.lock().unwrap_or_else(|p| p.into_inner()) = dirs;
     }
 
+    /// Makes `dirs` and keeps them too (a server starting: its profile's
+    /// directories appear with it). A swap that staged before this made
+    /// them again once committed ([`Workspace::commit`]).
+    pub fn keep_more(&self, dirs: &[PathBuf]) {
+        let mut keep = self.keep.lock().unwrap_or_else(|p| p.into_inner());
+        for d in dirs {
+            if !keep.contains(d) {
+                keep.push(d.clone());
+            }
+        }
+        drop(keep);
+        self.make_dirs(self.txn.root(), dirs);
+    }
+
     /// Creates the kept directories under `root` (mode 0755, the workspace
     /// owner's), never through a symlink; one that something else is in
     /// the way of is left out with a warning (the archive decides).
@@ -294,7 +308,7 @@ impl Workspace {
         }
     }
 
-    fn kept(&self) -> Vec<PathBuf> {
+    pub fn kept(&self) -> Vec<PathBuf> {
         self.keep.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
@@ -555,7 +569,11 @@ impl Workspace {
         durable: bool,
     ) -> Result<(u64, Duration), WorkspaceError> {
         match self.txn.commit(name, stage.as_fd(), durable) {
-            Ok(n) => Ok(n),
+            Ok(n) => {
+                // Kept meanwhile (a server started during the swap).
+                self.make_dirs(self.txn.root(), &self.kept());
+                Ok(n)
+            }
             Err(e) => {
                 drop(stage);
                 if let Err(r) = self.txn.recover() {

@@ -41,6 +41,7 @@ mod cgroups;
 mod ids;
 mod network;
 mod strays;
+mod users;
 
 use cgroups::CgroupLayout;
 pub(super) use cgroups::{SlotCgroups, teardown};
@@ -297,6 +298,7 @@ impl Isolation {
             std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode))
                 .map_err(io(format!("chmod {}", p.display())))?;
         }
+        users::write(dir).map_err(io(format!("writing {}/users", dir.display())))?;
         Ok(())
     }
 
@@ -370,6 +372,10 @@ impl Isolation {
         }
         for d in SYSTEM_DIRS.iter().filter(|d| Path::new(d).is_dir()) {
             mounts.push(("--ro-bind", d.into(), d.into()));
+        }
+        // The sandbox's own users over the host's (its /etc is the host's).
+        for (from, to) in users::mounts(dir) {
+            mounts.push(("--ro-bind", from, to));
         }
         for l in SYSTEM_LINKS {
             match std::fs::read_link(l) {
