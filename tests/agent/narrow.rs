@@ -10,6 +10,16 @@ use crate::common::*;
 use sandbox_client::proto;
 use tonic::Code;
 
+/// The names at the top of the workspace `ws`, sorted.
+fn listing(ws: &std::path::Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(ws)
+        .expect("workspace")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
 fn narrow(lease: &str, new: &str, names: &[&str]) -> proto::NarrowRequest {
     proto::NarrowRequest {
         lease_id: lease.into(),
@@ -157,14 +167,7 @@ async fn narrowing_drops_the_dropped_servers_workspace_dirs() {
         .await
         .expect("connect");
     let ws = agent.dir.path().join("ws");
-    let listing = || {
-        let mut v: Vec<String> = std::fs::read_dir(&ws)
-            .expect("workspace")
-            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
-            .collect();
-        v.sort();
-        v
-    };
+    let listing = || listing(&ws);
     c.agent()
         .acquire(proto::AcquireRequest {
             lease_id: "warm".into(),
@@ -202,14 +205,7 @@ async fn a_server_s_workspace_dirs_come_with_its_start() {
         .await
         .expect("connect");
     let ws = agent.dir.path().join("ws");
-    let listing = || {
-        let mut v: Vec<String> = std::fs::read_dir(&ws)
-            .expect("workspace")
-            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
-            .collect();
-        v.sort();
-        v
-    };
+    let listing = || listing(&ws);
     c.agent()
         .acquire(proto::AcquireRequest {
             lease_id: "lazy".into(),

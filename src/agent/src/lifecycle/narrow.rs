@@ -159,7 +159,7 @@ impl Lifecycle {
             .flat_map(|d| d.dirs(b).iter().cloned())
             .filter(|d| !kept_dirs.iter().any(|k| k.starts_with(d)))
             .collect();
-        self.ws.keep_dirs(kept_dirs, false);
+        self.ws.keep_dirs(kept_dirs);
         self.ws.remove_dirs(&dropped_dirs);
     }
 

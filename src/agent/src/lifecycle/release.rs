@@ -238,7 +238,7 @@ impl Lifecycle {
             .flat_map(|d| d.state_paths.iter().cloned())
             .collect();
         tokio::task::spawn_blocking(move || {
-            ws.keep_dirs(Vec::new(), false);
+            ws.keep_dirs(Vec::new());
             for s in &seeds {
                 seed::place(&ws, s).map_err(|source| LcError::Seed {
                     from: s.from.clone(),
@@ -309,7 +309,7 @@ impl Lifecycle {
         let guard = if workspace {
             // The lease's profile directories go with it, and no server
             // started later (Servers.Start of an idle sandbox) makes them.
-            self.ws.keep_dirs(Vec::new(), false);
+            self.ws.keep_dirs(Vec::new());
             self.server_dirs
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())

@@ -217,25 +217,17 @@ impl Workspace {
     }
 
     /// Sets the directories every Initialize and Clear keeps in the
-    /// workspace (a lease's profile; empty at Release), and creates them
-    /// now when `create`.
-    pub fn keep_dirs(&self, dirs: Vec<PathBuf>, create: bool) {
-        if create {
-            self.make_dirs(self.txn.root(), &dirs);
-        }
+    /// workspace (its started servers' profile dirs; none at Release).
+    pub fn keep_dirs(&self, dirs: Vec<PathBuf>) {
         *self.keep.lock().unwrap_or_else(|p| p.into_inner()) = dirs;
     }
 
-    /// Makes `dirs` and keeps them too (a server starting: its profile's
-    /// directories appear with it). A swap that staged before this made
-    /// them again once committed ([`Workspace::commit`]).
+    /// Makes `dirs` and keeps them too (a server starting); a swap staged
+    /// before makes them again at its commit ([`Workspace::commit`]).
     pub fn keep_more(&self, dirs: &[PathBuf]) {
         let mut keep = self.keep.lock().unwrap_or_else(|p| p.into_inner());
-        for d in dirs {
-            if !keep.contains(d) {
-                keep.push(d.clone());
-            }
-        }
+        let new: Vec<PathBuf> = dirs.iter().filter(|d| !keep.contains(d)).cloned().collect();
+        keep.extend(new);
         drop(keep);
         self.make_dirs(self.txn.root(), dirs);
     }
