@@ -10,6 +10,38 @@ use crate::common::*;
 use sandbox_client::proto;
 use tonic::Code;
 
+/// A Toolathlon lease `lease` of arxiv and localmemory (`lazy`: neither
+/// started).
+async fn acquire_arxiv_and_memory(
+    c: &sandbox_client::Client,
+    agent: &Agent,
+    lease: &str,
+    lazy: bool,
+) {
+    c.agent()
+        .acquire(proto::AcquireRequest {
+            lease_id: lease.into(),
+            server_names: vec!["arxiv".into(), "localmemory".into()],
+            benchmark: proto::Benchmark::Toolathlon as i32,
+            ttl_seconds: Some(0),
+            lazy,
+            ..Default::default()
+        })
+        .await
+        .unwrap_or_else(|e| panic!("Acquire: {e}\n{}", agent.stderr.all()));
+}
+
+/// Initialize with one file, `task.txt`.
+async fn upload_task(c: &sandbox_client::Client) {
+    crate::common::ws::initialize(
+        c,
+        proto::InitializeHeader::default(),
+        crate::common::ws::gzip(&crate::common::ws::Tar::new().file("./task.txt", b"t").end()),
+    )
+    .await
+    .expect("upload");
+}
+
 /// The names at the top of the workspace `ws`, sorted.
 fn listing(ws: &std::path::Path) -> Vec<String> {
     let mut v: Vec<String> = std::fs::read_dir(ws)
@@ -168,28 +200,13 @@ async fn narrowing_drops_the_dropped_servers_workspace_dirs() {
         .expect("connect");
     let ws = agent.dir.path().join("ws");
     let listing = || listing(&ws);
-    c.agent()
-        .acquire(proto::AcquireRequest {
-            lease_id: "warm".into(),
-            server_names: vec!["arxiv".into(), "localmemory".into()],
-            benchmark: proto::Benchmark::Toolathlon as i32,
-            ttl_seconds: Some(0),
-            ..Default::default()
-        })
-        .await
-        .unwrap_or_else(|e| panic!("Acquire: {e}\n{}", agent.stderr.all()));
+    acquire_arxiv_and_memory(&c, &agent, "warm", false).await;
     assert_eq!(listing(), ["arxiv_local_storage", "memory"]);
     let mut n = narrow("warm", "tenant", &["localmemory"]);
     n.benchmark = proto::Benchmark::Toolathlon as i32;
     c.agent().narrow(n).await.expect("Narrow");
     assert_eq!(listing(), ["memory"]);
-    crate::common::ws::initialize(
-        &c,
-        proto::InitializeHeader::default(),
-        crate::common::ws::gzip(&crate::common::ws::Tar::new().file("./task.txt", b"t").end()),
-    )
-    .await
-    .expect("upload");
+    upload_task(&c).await;
     assert_eq!(listing(), ["memory", "task.txt"]);
 }
 
@@ -206,17 +223,7 @@ async fn a_server_s_workspace_dirs_come_with_its_start() {
         .expect("connect");
     let ws = agent.dir.path().join("ws");
     let listing = || listing(&ws);
-    c.agent()
-        .acquire(proto::AcquireRequest {
-            lease_id: "lazy".into(),
-            server_names: vec!["arxiv".into(), "localmemory".into()],
-            benchmark: proto::Benchmark::Toolathlon as i32,
-            ttl_seconds: Some(0),
-            lazy: true,
-            ..Default::default()
-        })
-        .await
-        .unwrap_or_else(|e| panic!("Acquire: {e}\n{}", agent.stderr.all()));
+    acquire_arxiv_and_memory(&c, &agent, "lazy", true).await;
     assert_eq!(listing(), Vec::<String>::new(), "before any server starts");
     c.servers()
         .start(proto::ServerRequest {
@@ -225,29 +232,12 @@ async fn a_server_s_workspace_dirs_come_with_its_start() {
         .await
         .unwrap_or_else(|e| panic!("Servers.Start: {e}\n{}", agent.stderr.all()));
     assert_eq!(listing(), ["memory"]);
-    crate::common::ws::initialize(
-        &c,
-        proto::InitializeHeader::default(),
-        crate::common::ws::gzip(&crate::common::ws::Tar::new().file("./task.txt", b"t").end()),
-    )
-    .await
-    .expect("upload");
+    upload_task(&c).await;
     assert_eq!(listing(), ["memory", "task.txt"]);
     let (dump, _) = crate::common::ws::dump(&c, proto::DumpRequest::default())
         .await
         .expect("Dump");
-    let mut archive = tar::Archive::new(flate2::read::GzDecoder::new(&dump[..]));
-    let names: Vec<String> = archive
-        .entries()
-        .expect("the dump's entries")
-        .map(|e| {
-            e.expect("entry")
-                .path()
-                .expect("path")
-                .display()
-                .to_string()
-        })
-        .collect();
+    let names = crate::common::ws::entry_names(&dump);
     assert!(names.iter().any(|n| n.contains("task.txt")), "{names:?}");
     assert!(
         !names.iter().any(|n| n.contains("arxiv_local_storage")),

@@ -484,16 +484,8 @@ async fn a_mounted_workspace_shows_only_the_tasks_files() {
         let (tgz, _) = dump(&client, proto::DumpRequest::default())
             .await
             .expect("Dump");
-        let mut tops: Vec<String> = tar::Archive::new(flate2::read::GzDecoder::new(&tgz[..]))
-            .entries()
-            .expect("the dump")
-            .map(|e| {
-                e.expect("entry")
-                    .path()
-                    .expect("path")
-                    .display()
-                    .to_string()
-            })
+        let mut tops: Vec<String> = crate::common::ws::entry_names(&tgz)
+            .into_iter()
             .filter_map(|p| {
                 let p = p.trim_start_matches("./").trim_end_matches('/').to_owned();
                 (!p.is_empty() && !p.contains('/')).then_some(p)

@@ -214,6 +214,21 @@ pub async fn dump(
     panic!("dump ended without a trailer")
 }
 
+/// The paths of a gzipped tar's entries (a Dump), in archive order.
+pub fn entry_names(tgz: &[u8]) -> Vec<String> {
+    tar::Archive::new(flate2::read::GzDecoder::new(tgz))
+        .entries()
+        .expect("the archive's entries")
+        .map(|e| {
+            e.expect("entry")
+                .path()
+                .expect("path")
+                .display()
+                .to_string()
+        })
+        .collect()
+}
+
 /// What a tree holds: per relative path, a description of the entry.
 pub type Snapshot = BTreeMap<PathBuf, String>;
 
