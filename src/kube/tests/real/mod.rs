@@ -230,12 +230,34 @@ pub fn shared_api() -> &'static (tokio::runtime::Runtime, RealApi) {
     })
 }
 
+/// A client whose connections live on the runtime that made it. Each
+/// `#[tokio::test]` has a runtime of its own; with kube's default executor
+/// a pooled connection's task lives on whichever test's runtime opened it,
+/// and a client shared across tests (the shared server's admin) then fails
+/// with "runtime dropped the dispatch task" once that test ends.
 pub async fn client_of(path: &Path) -> kube::Client {
     let kc = Kubeconfig::read_from(path).expect("kubeconfig");
     let cfg = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
         .await
         .expect("config");
-    kube::Client::try_from(cfg).expect("client")
+    let on = OnRuntime(tokio::runtime::Handle::current());
+    kube::client::ClientBuilder::try_from((cfg, on))
+        .expect("client")
+        .build()
+}
+
+/// Spawns a connection's task on one runtime, whichever polls its request.
+#[derive(Clone)]
+struct OnRuntime(tokio::runtime::Handle);
+
+impl<F> hyper::rt::Executor<F> for OnRuntime
+where
+    F: std::future::Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    fn execute(&self, fut: F) {
+        self.0.spawn(fut);
+    }
 }
 
 /// The server, its store, and an admin's client.
