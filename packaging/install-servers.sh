@@ -116,8 +116,20 @@ SERVERS=(
     "filesystem@MCP_Atlas|npm|@modelcontextprotocol/server-filesystem@2026.7.10"
     "localmemory@MCP_Atlas|npm|@modelcontextprotocol/server-memory@2025.8.4"
     "code-runner@MCP_Atlas|npm|mcp-server-code-runner@0.1.7"
+    # MCP_Atlas pins desktop-commander 0.2.7, which npm does not publish:
+    # 0.2.10 is the nearest with 0.2.7's 21 tools and their schemas
+    # (packaging/pins.toml says what else differs). Its dependencies are
+    # those of 2026-05-08: @vscode/ripgrep before 1.18.0 downloads its
+    # binary from GitHub at install, 1.18.0 takes it from npm.
+    "desktop-commander@MCP_Atlas|npm|@wonderwhy-er/desktop-commander@0.2.10|--before=2026-05-08T00:00:00Z"
     "git@MCP_Atlas|pip|mcp-server-git==2026.7.10|$MCP1 --uploaded-prior-to=2026-07-11T00:00:00Z"
     "arxiv@MCP_Atlas|pip|arxiv-mcp-server==0.2.11|--uploaded-prior-to=2025-06-07T00:00:00Z"
+    # MCP_Atlas's mcp-code-executor (@geobio/code_execution_server 0.2.1)
+    # is published nowhere reachable: the server is our own
+    # (launchers/mcp-code-executor), in a venv with the MCP SDK and the
+    # packages MCP_Atlas's image gives its code (its workspace pyproject's
+    # pandas, numpy, scipy; uv for install_dependencies).
+    "code-executor@MCP_Atlas|pip|mcp>=1.10,<2|pandas==2.3.1 numpy==2.3.1 scipy==1.16.0 uv"
     "filesystem@Toolathlon|npm|@modelcontextprotocol/server-filesystem@2025.7.1|@modelcontextprotocol/server-filesystem>@modelcontextprotocol/sdk@1.13.2 zod@3.25.76"
     "localmemory@Toolathlon|npm|@modelcontextprotocol/server-memory@2025.4.25"
     "git@Toolathlon|pip|mcp-server-git==2025.1.14|--uploaded-prior-to=2025-01-15T00:00:00Z"
@@ -211,6 +223,7 @@ pip_launchers() {
     canvas) launchers=(canvas-data) ;;
     google_cloud) launchers=(google-cloud-data) ;;
     esac
+    [[ $name == code-executor@MCP_Atlas ]] && launchers=(mcp-code-executor)
     for l in "${launchers[@]}"; do
         { echo "#!$bin/python3"; tail -n +2 "$HERE/launchers/$l"; } >"$bin/$l"
         chmod 755 "$bin/$l"
@@ -280,7 +293,7 @@ for pid in "${pip_pids[@]}"; do wait "$pid"; done
 for name in "${pip_names[@]}"; do pip_launchers "$name"; done
 for key in "${!npm_names[@]}"; do npm_install "$key" "${npm_names[$key]% }"; done
 # desktop-commander's launcher (MCP_Atlas's allowedDirectories).
-if want desktop-commander; then
+if want desktop-commander || want desktop-commander@MCP_Atlas; then
     install -D -m 0755 "$HERE/launchers/desktop-commander-env.mjs" "$PREFIX/node/launchers/desktop-commander-env.mjs"
 fi
 # localmemory's data tool (Klavis's LocalMemoryData; the system's python3).

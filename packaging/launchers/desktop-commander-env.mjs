@@ -8,8 +8,10 @@
 // DIST_DIR is desktop-commander's dist/ directory. DC_ALLOWED_DIRECTORIES
 // (":"-separated absolute paths) is written through desktop-commander's own
 // config manager into its config ($HOME/.claude-server-commander, a state
-// path the agent empties on release); unset, nothing is changed. Then the
-// server starts in this process with ARGS.
+// path the agent empties on release); unset, nothing is changed. With
+// DC_DISABLE_TELEMETRY=1, telemetryEnabled is set false the same way
+// (versions before 0.2.42 read no variable for it, and send usage events
+// by default). Then the server starts in this process with ARGS.
 import path from 'node:path';
 import { pathToFileURL } from 'node:url';
 
@@ -25,9 +27,11 @@ if (bad.length > 0) {
     console.error(`desktop-commander-env: DC_ALLOWED_DIRECTORIES must hold absolute paths; got ${bad.join(', ')}`);
     process.exit(2);
 }
-if (dirs.length > 0) {
+const quiet = process.env.DC_DISABLE_TELEMETRY === '1';
+if (dirs.length > 0 || quiet) {
     const { configManager } = await import(pathToFileURL(path.join(dist, 'config-manager.js')).href);
     await configManager.init();
-    await configManager.setValue('allowedDirectories', dirs);
+    if (dirs.length > 0) await configManager.setValue('allowedDirectories', dirs);
+    if (quiet) await configManager.setValue('telemetryEnabled', false);
 }
 await import(pathToFileURL(path.join(dist, 'index.js')).href);

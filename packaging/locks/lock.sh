@@ -6,7 +6,8 @@
 # npm: one package.json + package-lock.json per prefix (npm/node,
 # npm/node@BENCH), each pin added with `npm install --package-lock-only
 # --save-exact --before=` the day after its publish time, oldest first, so
-# a server meets the dependencies it was built with; the table's
+# a server meets the dependencies it was built with (or --before=DATE's,
+# where the table says so); the table's
 # [PARENT>]DEP@VERSION words become package.json overrides (where the registry's
 # publish time of a pin is later than its release).
 # pip: one hash-locked requirements file per server (py/NAME.txt), what
@@ -36,8 +37,12 @@ lock_npm() {
         IFS='|' read -r name kind pkg flags <<<"$line"
         [[ $kind == npm && $(npm_key "$name") == "$key" ]] || continue
         date=$(npm_release_next_day "$pkg") || die "$name: cannot read the release date of $pkg"
+        for w in $flags; do
+            # --before=DATE: its dependencies as of DATE instead (where
+            # those of its release day cannot be installed).
+            if [[ $w == --before=* ]]; then date=${w#--before=}; else overrides+=("$w"); fi
+        done
         dated+=("$date $pkg")
-        for w in $flags; do overrides+=("$w"); done
     done
     # package.json: private, with the table's overrides (DEP@VERSION).
     node -e '

@@ -33,7 +33,10 @@ async fn acquire_three_real_servers_then_release_leaves_nothing() {
         assert_eq!(s.status, proto::SandboxStatus::Occupied as i32);
         assert_eq!(s.mcp_path, format!("/{}/mcp", s.name));
         assert!(s.pid > 0 && !s.id.is_empty() && s.updated_at_ms > 0);
-        assert_eq!(health(&c, &format!("mcp/{}", s.name)).await, SERVING);
+        assert_eq!(
+            health_becomes(&c, &format!("mcp/{}", s.name), SERVING).await,
+            SERVING
+        );
     }
     let fs = server(&c, "filesystem").await;
     assert!(fs.rss_bytes > 1 << 20 && fs.processes >= 1, "{fs:?}");
@@ -592,7 +595,7 @@ restart = {{ policy = "never" }}
         .into_inner();
     assert_eq!(r.servers[0].state, READY);
     assert_eq!(r.servers[0].transport, proto::ServerTransport::Http as i32);
-    assert_eq!(health(&c, "mcp/excel-http").await, SERVING);
+    assert_eq!(health_becomes(&c, "mcp/excel-http", SERVING).await, SERVING);
     // The port really is the server's: it answers HTTP.
     assert!(std::net::TcpStream::connect(("127.0.0.1", port)).is_ok());
     c.agent()

@@ -19,6 +19,7 @@ mod narrow;
 mod outside_accounts;
 mod packaging;
 mod pinned;
+mod pins;
 mod readme;
 mod recovery;
 mod rpc;

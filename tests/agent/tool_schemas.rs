@@ -14,6 +14,8 @@ use crate::common::mcp::*;
 use crate::common::*;
 use sandbox_agent::supervisor::manifest::{Manifest, Roots};
 
+type Pins = BTreeMap<String, crate::pins::Bench>;
+
 const MCP1_CLIENT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/clients/mcp_client.py");
 const MCP2_CLIENT: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
@@ -31,7 +33,11 @@ const KNOWN: &[(&str, &[&str], &[&str])] = &[
     ("excel", &["create_workbook"], &["path", "filepath"]),
     ("word", &["create_document"], &["filename"]),
     ("powerpoint", &["create_presentation"], &["id"]),
-    ("code-executor", &["run_python_code"], &["code"]),
+    (
+        "code-executor",
+        &["run_python_code", "execute_code"],
+        &["code"],
+    ),
     ("code-runner", &["run-code"], &["code"]),
     ("pdf-tools", &["read_pdf_pages"], &["pdf_file_path"]),
     ("localmemory", &["create_entities"], &["entities"]),
@@ -143,16 +149,24 @@ fn service_account() -> String {
 /// Per profile, the servers to list: every installed one by default; under
 /// a benchmark, those whose profile runs another command or arguments
 /// (another version, a launcher): the others run what the default runs.
-fn profiles(m: &Manifest) -> BTreeMap<&'static str, Vec<String>> {
+fn profiles(m: &Manifest, pins: &Pins) -> BTreeMap<&'static str, Vec<String>> {
     let mut out = BTreeMap::from([("default", m.names())]);
     for b in ["MCP_Atlas", "Toolathlon", "MCP_Mark"] {
+        let pinned = crate::pins::pinned(pins, b);
         let names = m
             .servers
             .values()
             .filter(|d| {
-                d.benchmarks
-                    .iter()
-                    .any(|(k, o)| k.as_str() == b && (o.command.is_some() || o.args.is_some()))
+                pinned.contains(&d.name)
+                    || d.benchmarks
+                        .iter()
+                        .any(|(k, o)| k.as_str() == b && (o.command.is_some() || o.args.is_some()))
+            })
+            .filter(|d| !m.not_installed.contains_key(&d.name))
+            .filter(|d| {
+                !m.profiles_not_installed
+                    .keys()
+                    .any(|(n, k)| n == &d.name && k.as_str() == b)
             })
             .map(|d| d.name.clone())
             .collect();
@@ -162,7 +176,8 @@ fn profiles(m: &Manifest) -> BTreeMap<&'static str, Vec<String>> {
 }
 
 /// Every shipped server of every profile lists its tools with object
-/// schemas to both SDKs. Absent installs are skipped, saying so, except
+/// schemas to both SDKs, and a benchmark's pinned servers list the tools
+/// packaging/pins.toml says (names, properties, required ones). Absent installs are skipped, saying so, except
 /// under CI=true, where every shipped server must be installed.
 #[test]
 fn every_tool_of_every_shipped_server_has_an_object_schema() {
@@ -187,7 +202,8 @@ fn every_tool_of_every_shipped_server_has_an_object_schema() {
     let sa = agent.dir.path().join("service-account.json");
     std::fs::write(&sa, service_account()).expect("key file");
     let mut problems = Vec::new();
-    for (profile, names) in profiles(&installed) {
+    let pins = crate::pins::load();
+    for (profile, names) in profiles(&installed, &pins) {
         if names.is_empty() {
             continue;
         }
@@ -212,6 +228,7 @@ fn every_tool_of_every_shipped_server_has_an_object_schema() {
         sandboxctl(&agent, &args);
         let one = list_schemas(&agent, "python3", MCP1_CLIENT, &names);
         schema_problems("SDK 1.x", profile, &one, &mut problems);
+        crate::pins::tool_problems(&pins, profile, &one, &mut problems);
         let two = list_schemas(&agent, &py2, MCP2_CLIENT, &names);
         schema_problems("SDK 2.x", profile, &two, &mut problems);
         sandboxctl(&agent, &["release"]);

@@ -82,6 +82,20 @@ pub async fn health(c: &sandbox_client::Client, service: &str) -> i32 {
         .status
 }
 
+/// The health of `service` once it is `want`, or what it still is after
+/// 10 s: the agent mirrors a server's readiness into grpc.health.v1 from a
+/// task of its own, so an Acquire's answer can come a moment before it.
+pub async fn health_becomes(c: &sandbox_client::Client, service: &str, want: i32) -> i32 {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let now = health(c, service).await;
+        if now == want || std::time::Instant::now() > deadline {
+            return now;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
 /// Resets lease `id`; the agent's answer.
 pub async fn reset(c: &sandbox_client::Client, id: &str) -> proto::ResetResponse {
     c.agent()

@@ -1,0 +1,331 @@
+//! packaging/pins.toml, per benchmark, is what the benchmark's own
+//! environment runs behind each Klavis name (package, exact version,
+//! command, the file that says so) and what this project serves under its
+//! profile. Checked here against the manifest and the installed trees;
+//! its tool surfaces (names, properties, required ones) against what the
+//! servers list through the sandbox (`tool_schemas`, which lists them).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::common::mcp::shipped_manifest;
+use crate::common::*;
+use sandbox_agent::supervisor::manifest::{Benchmark, Manifest, Roots};
+
+const PINS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/packaging/pins.toml");
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Bench {
+    /// The repository and commit read.
+    pub source: String,
+    pub servers: BTreeMap<String, Pin>,
+}
+
+/// How what is served relates to the benchmark's pin.
+#[derive(Debug, Deserialize, PartialEq, Eq, Clone, Copy)]
+#[serde(rename_all = "lowercase")]
+pub enum Match {
+    /// The benchmark's package at its exact version.
+    Exact,
+    /// The benchmark names no version (it runs the registry's latest):
+    /// the default install serves.
+    Unpinned,
+    /// The pinned version is not in the registries: the nearest published
+    /// one (`note` says which differences remain).
+    Nearest,
+    /// The package is published nowhere: a server of this project's own.
+    Own,
+    /// Neither the pin nor a stand-in of the same surface is served: the
+    /// default implementation runs (`note` says why).
+    Unavailable,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Pin {
+    pub package: String,
+    /// The benchmark's exact version ("" when it pins none).
+    pub version: String,
+    /// The benchmark's command and arguments, shortened.
+    pub run: String,
+    /// The file of `source` that says so.
+    pub file: String,
+    #[serde(rename = "match")]
+    pub matches: Match,
+    /// The package installed under this profile ("" for our own).
+    #[serde(default)]
+    pub serves_package: String,
+    /// The version this project serves under the profile (its metadata).
+    pub serves: String,
+    #[serde(default)]
+    pub note: String,
+    /// The benchmark's version's tools, `name(prop*, prop)` (`*` = required).
+    #[serde(default)]
+    pub tools: Vec<String>,
+    /// Where what is served lists other tools, those (the note says why).
+    pub served_tools: Option<Vec<String>>,
+}
+
+pub fn load() -> BTreeMap<String, Bench> {
+    let text = std::fs::read_to_string(PINS).expect("packaging/pins.toml");
+    toml::from_str(&text).unwrap_or_else(|e| panic!("packaging/pins.toml: {e}"))
+}
+
+/// `name(a*, b)`: a tool's properties, sorted, required ones starred.
+pub fn render(name: &str, schema: &Value) -> String {
+    let required: BTreeSet<&str> = schema["required"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .collect();
+    let props: Vec<String> = schema["properties"]
+        .as_object()
+        .map(|p| p.keys().cloned().collect::<BTreeSet<_>>())
+        .unwrap_or_default()
+        .into_iter()
+        .map(|p| {
+            if required.contains(p.as_str()) {
+                format!("{p}*")
+            } else {
+                p
+            }
+        })
+        .collect();
+    format!("{name}({})", props.join(", "))
+}
+
+/// The table's form of a tool line, sorted the same way.
+fn normal(line: &str) -> String {
+    let (name, rest) = line.split_once('(').unwrap_or((line, ")"));
+    let mut props: Vec<&str> = rest
+        .trim_end_matches(')')
+        .split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .collect();
+    props.sort_by_key(|p| p.trim_end_matches('*'));
+    format!("{}({})", name.trim(), props.join(", "))
+}
+
+/// The servers pinned for `profile` (none for "default").
+pub fn pinned(pins: &BTreeMap<String, Bench>, profile: &str) -> Vec<String> {
+    pins.get(profile)
+        .map(|b| b.servers.keys().cloned().collect())
+        .unwrap_or_default()
+}
+
+/// Every difference between what `listed` (one SDK's listing under
+/// `profile`: server → tool → inputSchema) shows and the table.
+pub fn tool_problems(
+    pins: &BTreeMap<String, Bench>,
+    profile: &str,
+    listed: &Value,
+    out: &mut Vec<String>,
+) {
+    let Some(bench) = pins.get(profile) else {
+        return;
+    };
+    for (server, pin) in &bench.servers {
+        let expected: BTreeSet<String> = pin
+            .served_tools
+            .as_ref()
+            .unwrap_or(&pin.tools)
+            .iter()
+            .map(|l| normal(l))
+            .collect();
+        if expected.is_empty() {
+            // Unavailable and unpinned: no surface to hold it to.
+            continue;
+        }
+        let Some(tools) = listed.get(server).and_then(Value::as_object) else {
+            out.push(format!("{profile} {server}: pinned, not listed"));
+            continue;
+        };
+        let got: BTreeSet<String> = tools.iter().map(|(n, s)| render(n, s)).collect();
+        for missing in expected.difference(&got) {
+            out.push(format!(
+                "{profile} {server}: the table's {missing} is not listed"
+            ));
+        }
+        for extra in got.difference(&expected) {
+            out.push(format!(
+                "{profile} {server}: lists {extra}, not in the table"
+            ));
+        }
+    }
+}
+
+fn manifest() -> (Manifest, tempfile::TempDir) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let state = dir.path().join("state");
+    let path = dir.path().join("servers.toml");
+    std::fs::write(&path, shipped_manifest(&state)).expect("manifest");
+    let ws = dir.path().join("ws");
+    let roots = Roots {
+        workspace: &ws,
+        state_root: &state,
+        data: None,
+    };
+    let text = std::fs::read_to_string(&path).expect("manifest");
+    (
+        Manifest::parse(&text, &path, &roots).expect("manifest"),
+        dir,
+    )
+}
+
+/// The version of the npm package `pkg` installed for `entry` (a file of
+/// some node_modules tree), read from its package.json.
+fn npm_version(entry: &Path, pkg: &str) -> Option<String> {
+    let at = entry.ancestors().find(|a| a.ends_with("node_modules"))?;
+    let json = std::fs::read_to_string(at.join(pkg).join("package.json")).ok()?;
+    let v: Value = serde_json::from_str(&json).ok()?;
+    // npm accepts a leading "v" (context7 1.0.14 says "v1.0.14").
+    v["version"]
+        .as_str()
+        .map(|s| s.trim_start_matches('v').to_owned())
+}
+
+/// The version of the Python distribution `pkg` in the venv of `bin`.
+fn pip_version(bin: &Path, pkg: &str) -> Option<String> {
+    let venv = bin.parent()?.parent()?;
+    let norm = |s: &str| s.to_lowercase().replace(['-', '.'], "_");
+    let want = norm(pkg);
+    for lib in std::fs::read_dir(venv.join("lib")).ok()?.flatten() {
+        let site = lib.path().join("site-packages");
+        for e in std::fs::read_dir(site).ok()?.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let Some(stem) = name.strip_suffix(".dist-info") else {
+                continue;
+            };
+            if let Some((n, v)) = stem.rsplit_once('-')
+                && norm(n) == want
+            {
+                return Some(v.to_owned());
+            }
+        }
+    }
+    None
+}
+
+/// The version of `pkg` that `command args` runs, from the install.
+fn installed_version(command: &str, args: &[String], pkg: &str) -> Option<String> {
+    if command == "node" {
+        let entry = PathBuf::from(args.first()?);
+        // A launcher runs the package whose directory is its first argument.
+        if entry.to_string_lossy().contains("/launchers/") {
+            return npm_version(&PathBuf::from(args.get(1)?), pkg);
+        }
+        return npm_version(&entry, pkg);
+    }
+    pip_version(Path::new(command), pkg)
+}
+
+/// Every pin names a shipped server, says what the profile's metadata says,
+/// and the tree the profile runs holds that version; an exact pin serves
+/// the benchmark's own version, an own server names no package.
+#[test]
+fn each_profile_serves_what_its_pins_table_says() {
+    let pins = load();
+    let (m, _dir) = manifest();
+    let mut problems = Vec::new();
+    let mut absent = Vec::new();
+    for (bench_name, bench) in &pins {
+        let b = [
+            Benchmark::McpAtlas,
+            Benchmark::Toolathlon,
+            Benchmark::McpMark,
+        ]
+        .into_iter()
+        .find(|b| b.as_str() == bench_name)
+        .unwrap_or_else(|| panic!("pins.toml: {bench_name} is not a benchmark"));
+        assert!(
+            bench.source.contains('@'),
+            "{bench_name}: source names no commit"
+        );
+        for (name, pin) in &bench.servers {
+            let at = format!("{bench_name} {name}");
+            let Some(def) = m.servers.get(name) else {
+                problems.push(format!("{at}: no such server in servers.toml"));
+                continue;
+            };
+            let served = def.metadata_for(Some(b));
+            if served.get("version").map(String::as_str) != Some(pin.serves.as_str()) {
+                problems.push(format!(
+                    "{at}: the table serves {}, the profile's metadata {:?}",
+                    pin.serves,
+                    served.get("version")
+                ));
+            }
+            check_match(&at, pin, &mut problems);
+            if pin.serves_package.is_empty() {
+                continue;
+            }
+            let o = def.benchmarks.get(&b);
+            let command = o
+                .and_then(|o| o.command.clone())
+                .unwrap_or(def.command.clone());
+            let args = o.and_then(|o| o.args.clone()).unwrap_or(def.args.clone());
+            match installed_version(&command, &args, &pin.serves_package) {
+                Some(v) if v == pin.serves => {}
+                Some(v) => problems.push(format!(
+                    "{at}: {} {v} installed, the table says {}",
+                    pin.serves_package, pin.serves
+                )),
+                None => absent.push(at),
+            }
+        }
+    }
+    if !absent.is_empty() {
+        assert!(!ci(), "CI=true and not installed: {absent:?}");
+        skipped(&format!(
+            "pins not installed (packaging/install-servers.sh): {absent:?}"
+        ));
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+fn check_match(at: &str, pin: &Pin, problems: &mut Vec<String>) {
+    let says = |ok: bool, what: &str, problems: &mut Vec<String>| {
+        if !ok {
+            problems.push(format!("{at}: {:?} but {what}", pin.matches));
+        }
+    };
+    match pin.matches {
+        Match::Exact => says(
+            pin.serves == pin.version && pin.serves_package == pin.package,
+            "serves another package or version",
+            problems,
+        ),
+        Match::Unpinned => says(
+            pin.version.is_empty(),
+            "the benchmark pins a version",
+            problems,
+        ),
+        Match::Nearest => says(
+            pin.serves != pin.version && pin.serves_package == pin.package && !pin.note.is_empty(),
+            "it serves the pin, another package, or says nothing of the differences",
+            problems,
+        ),
+        Match::Own => says(
+            pin.serves_package.is_empty() && !pin.note.is_empty(),
+            "names a package or says nothing",
+            problems,
+        ),
+        Match::Unavailable => says(!pin.note.is_empty(), "says nothing of why", problems),
+    }
+    if pin.run.is_empty() || pin.file.is_empty() {
+        problems.push(format!("{at}: says not how it runs nor which file says so"));
+    }
+    let tools_needed = matches!(pin.matches, Match::Exact | Match::Nearest | Match::Own);
+    if tools_needed && pin.tools.is_empty() {
+        problems.push(format!("{at}: no tools listed for the benchmark's version"));
+    }
+    if pin.served_tools.is_some() && pin.note.is_empty() {
+        problems.push(format!("{at}: serves other tools and says nothing of why"));
+    }
+}
