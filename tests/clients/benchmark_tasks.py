@@ -18,6 +18,12 @@ Scenarios print one JSON object on stdout:
                          download into OUT, DELETE
   atlas                  MCP_Atlas's sequence: POST /sandbox/local_dev and /sandbox/localmemory
                          in parallel, every call in a NEW MCP session; the task's answers
+  atlas-genres           MCP_Atlas task 68993ef3cf3e953b8ab83fa9 (rank the genres of
+                         /data/Top Movies.csv) with its enabled tools: every server of
+                         local_dev listed first, then desktop-commander (get_config,
+                         list_directory, search_files, search_code, read_file) and
+                         mcp-code-executor (get_environment_config, check_installed_packages,
+                         execute_code, read_code_file), each call in a NEW session
   mark TREE OUT          MCP_Mark's sequence (POST /local-sandbox filesystem, upload TREE with
                          arcname "."), the scripted solution of file_property/largest_rename,
                          dump into OUT, release
@@ -206,6 +212,48 @@ async def atlas(base, headers):
     return out
 
 
+async def tool_names(url):
+    async with streamablehttp_client(url, timeout=120, sse_read_timeout=300) as (r, w, _):
+        async with ClientSession(r, w) as s:
+            await s.initialize()
+            return sorted(t.name for t in (await s.list_tools()).tools)
+
+
+# The scripted model's analysis, run by mcp-code-executor in the sandbox.
+GENRES = """import pandas as pd
+movies = pd.read_csv("/data/Top Movies.csv")
+counts = movies["Genre"].fillna("None").value_counts()
+print("Movie count by genre:")
+for genre, n in counts.items():
+    print(f"{genre}: {n}")
+"""
+
+
+async def atlas_genres(base, headers):
+    out = {}
+    async with httpx.AsyncClient() as c:
+        _, box = await atlas_acquire(c, base, headers, "local_dev")
+        urls = box["server_urls"]
+        try:
+            # MCP_Atlas lists every server's tools before its task.
+            out["tools"] = dict(zip(urls, await asyncio.gather(*(tool_names(u) for u in urls.values()))))
+            dc, ce = urls["desktop-commander"], urls["code-executor"]
+            out["config"] = await call(dc, "get_config", {})
+            out["listing"] = await call(dc, "list_directory", {"path": "/data"})
+            out["search_files"] = await call(dc, "search_files", {"path": "/data", "pattern": "movies"})
+            out["search_code"] = await call(dc, "search_code", {"path": "/data", "pattern": "Animation"})
+            out["read"] = await call(dc, "read_file", {"path": "/data/Top Movies.csv"})
+            out["env"] = await call(ce, "get_environment_config", {})
+            out["packages"] = await call(ce, "check_installed_packages", {"packages": ["pandas", "numpy", "scipy"]})
+            out["run"] = await call(ce, "execute_code", {"code": GENRES, "filename": "genres.py"})
+            ran = json.loads(out["run"][1])
+            out["code"] = await call(ce, "read_code_file", {"file_path": ran.get("file_path", "")})
+        finally:
+            r = await c.delete(f"{base}/sandbox/local_dev/{box['sandbox_id']}", headers=headers, timeout=60)
+            out["released"] = r.status_code
+    return out
+
+
 async def mark(base, headers, tree, out_dir):
     """file_property/largest_rename: rename the largest .jpg to largest.jpg."""
     out = {"calls": []}
@@ -259,6 +307,8 @@ async def main():
         out = await toolathlon(base, headers, args[0], args[1])
     elif scenario == "atlas":
         out = await atlas(base, headers)
+    elif scenario == "atlas-genres":
+        out = await atlas_genres(base, headers)
     elif scenario == "mark":
         out = await mark(base, headers, args[0], args[1])
     else:

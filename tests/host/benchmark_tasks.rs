@@ -64,12 +64,27 @@ fn file_calls(bench: &str) -> Vec<Value> {
         json!(["powerpoint", "save_presentation", {"file_path": "/data/a.pptx", "presentation_id": "p"}]),
         json!(["pdf-tools", "get_pdf_info", {"pdf_file_path": "/data/probe.pdf"}]),
         json!(["pdf-tools", "get_pdf_info", {"pdf_file_path": "probe.pdf"}]),
-        json!(["code-executor", "read_file", {"file_path": "/data/probe.txt"}]),
-        json!(["code-executor", "read_file", {"file_path": "probe.txt"}]),
-        json!(["code-executor", "run_python_code", {"code": py}]),
+    ];
+    if bench == "MCP_Atlas" {
+        // Its own mcp-code-executor: code runs in its storage directory
+        // under /data; a relative file path is the server's, /data.
+        let py = "import os; print(os.getcwd(), open('/data/probe.txt').read())";
+        calls.extend([
+            json!(["code-executor", "read_code_file", {"file_path": "/data/probe.txt"}]),
+            json!(["code-executor", "read_code_file", {"file_path": "probe.txt"}]),
+            json!(["code-executor", "execute_code", {"code": py}]),
+        ]);
+    } else {
+        calls.extend([
+            json!(["code-executor", "read_file", {"file_path": "/data/probe.txt"}]),
+            json!(["code-executor", "read_file", {"file_path": "probe.txt"}]),
+            json!(["code-executor", "run_python_code", {"code": py}]),
+        ]);
+    }
+    calls.extend([
         json!(["code-runner", "run-code", {"code": py, "languageId": "python"}]),
         json!(["desktop-commander", "read_file", {"path": "/data/probe.txt"}]),
-    ];
+    ]);
     if bench != "MCP_Atlas" {
         // MCP_Atlas confines desktop-commander to /data by name.
         calls.push(json!(["desktop-commander", "read_file", {"path": "probe.txt"}]));
@@ -206,15 +221,38 @@ fn toolathlon_privacy_desensitization_passes_its_check() {
     for n in &expected {
         assert_eq!(strip(&got.join(n)), strip(&truth.join(n)), "{n}");
     }
-    // The originals are still there, nothing of the agent's beside them.
-    for n in &inputs {
-        assert!(out_dir.join(n).is_file(), "{n}");
-    }
-    assert!(
-        names(&out_dir).iter().all(|n| !n.contains("sandbox-agent")),
-        "{:?}",
-        names(&out_dir)
+    // The whole tree, as Toolathlon's workspace checks compare it (its
+    // arrange-workspace kind ignores only .pdf_tools_tempfiles): the
+    // originals and the task's output, nothing of the agent's nor of the
+    // local_dev servers the task never used (arxiv_local_storage,
+    // .pdf_tools_tempfiles, memory/, emails_*, .playwright_output).
+    let mut want: Vec<String> = inputs.clone();
+    want.push("desensitized_documents".into());
+    want.extend(
+        expected
+            .iter()
+            .map(|n| format!("desensitized_documents/{n}")),
     );
+    want.sort();
+    assert_eq!(tree(&out_dir), want, "the dumped workspace, whole");
+}
+
+/// Every path under `root`, relative, sorted (directories too).
+fn tree(root: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut todo = vec![root.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d).unwrap_or_else(|e| panic!("{}: {e}", d.display())) {
+            let p = e.expect("entry").path();
+            let rel = p.strip_prefix(root).expect("under root");
+            out.push(rel.to_string_lossy().into_owned());
+            if p.is_dir() && !p.is_symlink() {
+                todo.push(p);
+            }
+        }
+    }
+    out.sort();
+    out
 }
 
 /// MCP_Atlas over /data: the integration's parallel acquires of local_dev
@@ -341,5 +379,136 @@ fn mcp_mark_largest_rename_passes_its_check() {
             "road.MOV"
         ],
         "exactly the task's files"
+    );
+}
+
+/// MCP_Atlas task 68993ef3cf3e953b8ab83fa9 ("which genres stand out in my
+/// top movies file, ranked"), with the tools it enables: desktop-commander
+/// finds and reads the file (`search_files`, `search_code`, `read_file`)
+/// and `mcp-code-executor_execute_code` counts the genres with pandas in
+/// the benchmark's venv. Judged by the task's claims: Action 12, Drama 11,
+/// Adventure 8, Crime 7, Biography 5, Animation 3, then None, Comedy,
+/// Horror and Mystery with 1 each.
+#[test]
+fn mcp_atlas_genres_task_passes_its_claims() {
+    let data = atlas();
+    if !data.real {
+        crate::common::have_or_skip(
+            false,
+            "MCP_Atlas's genres task",
+            "MCP_Atlas's real data (Top Movies.csv; SANDBOX_AGENT_BENCHMARK_DATA)",
+        );
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let host = Host::start(dir.path(), &[]);
+    let out = tasks(&host, &["atlas-genres"]);
+    assert_eq!(out["released"], 200, "{out}");
+    let enabled = [
+        ("desktop-commander", "get_config"),
+        ("desktop-commander", "read_file"),
+        ("desktop-commander", "read_multiple_files"),
+        ("desktop-commander", "list_directory"),
+        ("desktop-commander", "search_files"),
+        ("desktop-commander", "search_code"),
+        ("desktop-commander", "get_file_info"),
+        ("desktop-commander", "start_process"),
+        ("desktop-commander", "read_process_output"),
+        ("desktop-commander", "interact_with_process"),
+        ("code-executor", "execute_code"),
+        ("code-executor", "read_code_file"),
+        ("code-executor", "get_environment_config"),
+        ("code-executor", "check_installed_packages"),
+    ];
+    for (server, tool) in enabled {
+        let listed = out["tools"][server].as_array().cloned().unwrap_or_default();
+        assert!(
+            listed.contains(&json!(tool)),
+            "{server} lacks {tool}: {listed:?}"
+        );
+    }
+    let ok = |k: &str| -> String {
+        assert_eq!(out[k][0], false, "{k}: {}", out[k]);
+        out[k][1].as_str().unwrap_or_default().to_owned()
+    };
+    assert!(ok("config").contains("\"/data\""), "{}", ok("config"));
+    // /data as the benchmark's image has it: the 8 files and repos/.
+    let listing = ok("listing");
+    let mut lines: Vec<&str> = listing.lines().collect();
+    lines.sort();
+    let src = crate::common::bench_data::atlas_source().expect("real data");
+    let mut want: Vec<String> = std::fs::read_dir(&src)
+        .expect("the data")
+        .flatten()
+        .map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let kind = if e.path().is_dir() { "[DIR]" } else { "[FILE]" };
+            format!("{kind} {name}")
+        })
+        .collect();
+    want.sort();
+    assert_eq!(lines, want, "list_directory /data");
+    assert!(
+        ok("search_files").contains("/data/Top Movies.csv"),
+        "{}",
+        ok("search_files")
+    );
+    assert!(
+        ok("search_code").contains("Top Movies.csv"),
+        "{}",
+        ok("search_code")
+    );
+    assert!(ok("read").contains("Title,IMDb Rating"), "{}", ok("read"));
+    let env: Value = serde_json::from_str(&ok("env")).expect("config JSON");
+    assert_eq!(
+        env["config"]["uv_venv_path"], "/data/repos/mcp_code_executor_workspace/.venv",
+        "{env}"
+    );
+    let packages: Value = serde_json::from_str(&ok("packages")).expect("packages JSON");
+    assert_eq!(packages["all_installed"], true, "{packages}");
+    assert_eq!(packages["package_details"]["pandas"]["version"], "2.3.1");
+    let run: Value = serde_json::from_str(&ok("run")).expect("run JSON");
+    assert_eq!(run["status"], "success", "{run}");
+    let path = run["file_path"].as_str().unwrap_or_default();
+    assert!(
+        path.starts_with("/data/repos/mcp_code_executor_workspace/genres_")
+            && path.ends_with(".py"),
+        "{run}"
+    );
+    let counts: Vec<(String, u32)> = run["output"]
+        .as_str()
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.split_once(": "))
+        .filter_map(|(g, n)| Some((g.to_owned(), n.trim().parse().ok()?)))
+        .collect();
+    let claims = [
+        ("Action", 12),
+        ("Drama", 11),
+        ("Adventure", 8),
+        ("Crime", 7),
+        ("Biography", 5),
+        ("Animation", 3),
+    ];
+    for (i, (genre, n)) in claims.iter().enumerate() {
+        assert_eq!(counts.get(i), Some(&(genre.to_string(), *n)), "{counts:?}");
+    }
+    let mut ones: Vec<&str> = counts[claims.len()..]
+        .iter()
+        .map(|(g, _)| g.as_str())
+        .collect();
+    ones.sort();
+    assert_eq!(ones, ["Comedy", "Horror", "Mystery", "None"], "{counts:?}");
+    assert!(
+        counts[claims.len()..].iter().all(|(_, n)| *n == 1),
+        "{counts:?}"
+    );
+    let code: Value = serde_json::from_str(&ok("code")).expect("read_code_file JSON");
+    assert!(
+        code["content"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("value_counts"),
+        "{code}"
     );
 }

@@ -313,7 +313,7 @@ pub fn first_calls(repo: &str) -> Vec<(&'static str, &'static str, Value)> {
         ("arxiv", "list_papers", json!({})),
         (
             "code-executor",
-            "run_python_code",
+            "execute_code",
             json!({"code": "print(6 * 7)"}),
         ),
         (
