@@ -21,6 +21,10 @@ const FIDELITY: &[(&str, &str)] = &[
         "MCP_Atlas/data",
     ),
     (
+        "benchmark_tasks::mcp_atlas_genres_task_passes_its_claims",
+        "MCP_Atlas/data",
+    ),
+    (
         "toolathlon_mail::apply_phd_email_passes_its_check",
         "apply-phd-email",
     ),
