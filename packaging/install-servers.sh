@@ -135,6 +135,9 @@ SERVERS=(
     "code-executor-packages@MCP_Atlas|pip|pandas==2.3.1|numpy==2.3.1 scipy==1.16.0 --uploaded-prior-to=2026-07-18T00:00:00Z"
     "filesystem@Toolathlon|npm|@modelcontextprotocol/server-filesystem@2025.7.1|@modelcontextprotocol/server-filesystem>@modelcontextprotocol/sdk@1.13.2 zod@3.25.76"
     "localmemory@Toolathlon|npm|@modelcontextprotocol/server-memory@2025.4.25"
+    # Toolathlon runs @lockon0927/playwright-mcp-with-chunk 0.1.2 (npm: 404),
+    # a fork of @playwright/mcp 0.0.32 with snapshot spans: its base.
+    "playwright@Toolathlon|npm|@playwright/mcp@0.0.32"
     "git@Toolathlon|pip|mcp-server-git==2025.1.14|--uploaded-prior-to=2025-01-15T00:00:00Z"
     "arxiv@Toolathlon|pip|arxiv-mcp-server==0.2.10|--uploaded-prior-to=2025-04-23T00:00:00Z"
     "excel@Toolathlon|pip|excel-mcp-server==0.1.4|--uploaded-prior-to=2025-06-11T00:00:00Z"

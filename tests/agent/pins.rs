@@ -34,8 +34,8 @@ pub enum Match {
     /// The benchmark names no version (it runs the registry's latest):
     /// the default install serves.
     Unpinned,
-    /// The pinned version is not in the registries: the nearest published
-    /// one (`note` says which differences remain).
+    /// The pinned version (or fork) is not in the registries: the nearest
+    /// published one, or the fork's base (`note` says what remains).
     Nearest,
     /// The package is published nowhere: a server of this project's own.
     Own,
@@ -283,10 +283,17 @@ fn each_profile_serves_what_its_pins_table_says() {
                 ));
             }
             check_match(&at, pin, &mut problems);
+            let o = def.benchmarks.get(&b);
             if pin.serves_package.is_empty() {
+                // Our own server: its program is what the profile runs.
+                let own = o
+                    .and_then(|o| o.command.clone())
+                    .unwrap_or(def.command.clone());
+                if !Path::new(&own).is_file() {
+                    absent.push(format!("{at} ({own})"));
+                }
                 continue;
             }
-            let o = def.benchmarks.get(&b);
             let command = o
                 .and_then(|o| o.command.clone())
                 .unwrap_or(def.command.clone());
@@ -298,6 +305,21 @@ fn each_profile_serves_what_its_pins_table_says() {
                     pin.serves_package, pin.serves
                 )),
                 None => absent.push(format!("{at} ({command} {args:?})")),
+            }
+        }
+    }
+    // Every version a profile pins is in the table.
+    for def in m.servers.values() {
+        for (b, o) in &def.benchmarks {
+            let pinned = pins
+                .get(b.as_str())
+                .is_some_and(|bench| bench.servers.contains_key(&def.name));
+            if o.metadata.contains_key("version") && !pinned {
+                problems.push(format!(
+                    "{} {}: the profile pins a version; pins.toml has no entry",
+                    b.as_str(),
+                    def.name
+                ));
             }
         }
     }
@@ -328,8 +350,9 @@ fn check_match(at: &str, pin: &Pin, problems: &mut Vec<String>) {
             problems,
         ),
         Match::Nearest => says(
-            pin.serves != pin.version && pin.serves_package == pin.package && !pin.note.is_empty(),
-            "it serves the pin, another package, or says nothing of the differences",
+            (pin.serves != pin.version || pin.serves_package != pin.package)
+                && !pin.note.is_empty(),
+            "it serves the pin or says nothing of the differences",
             problems,
         ),
         Match::Own => says(
