@@ -148,11 +148,18 @@ async fn tick(
                 .await?;
             continue;
         }
-        let Some(ip) = pods.next() else {
-            continue;
+        let taken = match begun(&sandboxes, claim).await? {
+            Some(sb) => sb,
+            None => {
+                let Some(ip) = pods.next() else {
+                    continue;
+                };
+                let sb = warm(&sandboxes, claim, &pool, &ip).await?;
+                adopted.fetch_add(1, Ordering::SeqCst);
+                sb
+            }
         };
-        adopt(&claims, &sandboxes, claim, &name, &pool, &ip).await?;
-        adopted.fetch_add(1, Ordering::SeqCst);
+        adopt(&claims, &sandboxes, claim, &name, &taken).await?;
     }
     collect(&claims, &sandboxes, &list.items).await
 }
@@ -211,11 +218,18 @@ async fn collect(
             .iter()
             .flatten()
             .find(|o| o.controller == Some(true));
-        let Some(o) = owner.filter(|o| o.kind == "SandboxClaim") else {
+        // One made for a claim by a tick that failed before taking it
+        // belongs to that claim all the same.
+        let made_for = note(&s, FOR_CLAIM).map(str::to_owned);
+        let Some(o) = owner
+            .filter(|o| o.kind == "SandboxClaim")
+            .map(|o| o.uid.clone())
+            .or(made_for)
+        else {
             continue;
         };
-        owners.push(o.uid.clone());
-        if !live.contains(&o.uid) && s.metadata.deletion_timestamp.is_none() {
+        owners.push(o.clone());
+        if !live.contains(&o) && s.metadata.deletion_timestamp.is_none() {
             let n = s.metadata.name.clone().unwrap_or_default();
             sandboxes.delete(&n, &DeleteParams::background()).await?;
         }
@@ -240,21 +254,40 @@ async fn collect(
     Ok(())
 }
 
-/// A Ready sandbox of `pool` taken by `claim`, as the claim controller
-/// adopts a warm one.
-async fn adopt(
-    claims: &Api<SandboxClaim>,
+/// The test's own note on a sandbox made for a claim (the claim's uid),
+/// and the address of its pod: a tick that failed half-way (any call can
+/// fail on a loaded machine) finds the sandbox again and finishes, as a
+/// controller's next reconcile does, rather than spending another pod
+/// and leaving the first sandbox with no owner.
+const FOR_CLAIM: &str = "test.sandbox-agent/for-claim";
+const POD_IP: &str = "test.sandbox-agent/pod-ip";
+
+fn note<'a>(s: &'a Sandbox, key: &str) -> Option<&'a str> {
+    s.metadata
+        .annotations
+        .as_ref()?
+        .get(key)
+        .map(String::as_str)
+}
+
+/// The sandbox already made for `claim`, if a tick before got that far.
+async fn begun(
     sandboxes: &Api<Sandbox>,
     claim: &SandboxClaim,
-    name: &str,
+) -> Result<Option<Sandbox>, kube::Error> {
+    let uid = claim.metadata.uid.as_deref().unwrap_or_default();
+    let all = sandboxes.list(&ListParams::default()).await?.items;
+    Ok(all.into_iter().find(|s| note(s, FOR_CLAIM) == Some(uid)))
+}
+
+/// A warm sandbox of `pool` for `claim`, its pod at `ip`.
+async fn warm(
+    sandboxes: &Api<Sandbox>,
+    claim: &SandboxClaim,
     pool: &str,
     ip: &str,
-) -> Result<(), kube::Error> {
-    let observed = json!({"metadata": {"annotations": {
-        "agents.x-k8s.io/controller-first-observed-at": "2026-01-01T00:00:00Z"}}});
-    claims
-        .patch(name, &PatchParams::default(), &Patch::Merge(&observed))
-        .await?;
+) -> Result<Sandbox, kube::Error> {
+    let uid = claim.metadata.uid.clone().unwrap_or_default();
     let warm: Sandbox = serde_json::from_value(json!({
         "apiVersion": "agents.x-k8s.io/v1beta1",
         "kind": "Sandbox",
@@ -264,13 +297,31 @@ async fn adopt(
                 "agents.x-k8s.io/launch-type": "warm",
                 "agents.x-k8s.io/created-by": "controller",
             },
+            "annotations": {FOR_CLAIM: uid, POD_IP: ip},
         },
         "spec": {"podTemplate": {"spec": {"containers": [{"name": "agent", "image": "sandbox-agent"}]}}},
     }))
     .expect("sandbox");
-    let made = sandboxes.create(&PostParams::default(), &warm).await?;
-    let sb = made.metadata.name.clone().unwrap_or_default();
+    sandboxes.create(&PostParams::default(), &warm).await
+}
+
+/// `sandbox` Ready and taken by `claim`, as the claim controller adopts a
+/// warm one. Every step is a merge patch that may be made again.
+async fn adopt(
+    claims: &Api<SandboxClaim>,
+    sandboxes: &Api<Sandbox>,
+    claim: &SandboxClaim,
+    name: &str,
+    sandbox: &Sandbox,
+) -> Result<(), kube::Error> {
+    let observed = json!({"metadata": {"annotations": {
+        "agents.x-k8s.io/controller-first-observed-at": "2026-01-01T00:00:00Z"}}});
+    claims
+        .patch(name, &PatchParams::default(), &Patch::Merge(&observed))
+        .await?;
+    let sb = sandbox.metadata.name.clone().unwrap_or_default();
     // An empty address: a pod that never gets Ready ([`Pods::Pending`]).
+    let ip = note(sandbox, POD_IP).unwrap_or_default();
     let ready = if ip.is_empty() {
         json!({"status": {
             "conditions": [condition("False", "DependenciesNotReady", "Pod exists with phase: Pending")],
