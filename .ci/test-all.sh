@@ -52,10 +52,12 @@ all_servers=$!
 # tests (waiting on servers, VMs and deadlines) leave idle. Cargo locks
 # each profile's directory apart, so neither waits on the other; a VM
 # test's image build that comes first waits for the release lock.
-# Its own session, so that a failing step ends its cargo too (below).
-setsid ./.ci/release-builds.sh > target/release-builds.log 2>&1 &
+# Kept in this shell's session: with the scheduler's autogroups (Linux's
+# default), a job of a session of its own would get an equal share of the
+# CPU whatever its nice value. A failing step ends it and its cargo.
+./.ci/release-builds.sh > target/release-builds.log 2>&1 &
 release_builds=$!
-trap 'kill -- -"$release_builds" 2>/dev/null || true' EXIT
+trap 'pkill -P "$release_builds" 2>/dev/null; kill "$release_builds" 2>/dev/null || true' EXIT
 
 step "cargo fmt --check"
 cargo fmt --all --check

@@ -24,6 +24,9 @@ Scenarios print one JSON object on stdout:
                          list_directory, search_files, search_code, read_file) and
                          mcp-code-executor (get_environment_config, check_installed_packages,
                          execute_code, read_code_file), each call in a NEW session
+  atlas-flood            a hostile run through MCP_Atlas's mcp-code-executor: a process left
+                         in the run's group, then 64 MiB on stdout; then a run that counts
+                         what is left of the first
   mark TREE OUT          MCP_Mark's sequence (POST /local-sandbox filesystem, upload TREE with
                          arcname "."), the scripted solution of file_property/largest_rename,
                          dump into OUT, release
@@ -254,6 +257,40 @@ async def atlas_genres(base, headers):
     return out
 
 
+# A tenant's code that leaves a process behind in its group, then floods
+# stdout far past the executor's 1 MiB limit.
+FLOOD = """import subprocess, sys
+subprocess.Popen(["sleep", "4242.5"])
+sys.stdout.write("x" * (64 << 20))
+"""
+# Counts the processes of FLOOD still running (their command line names
+# the sleeper's unusual duration).
+LEFT = """import os
+left = 0
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            left += b"4242.5" in f.read()
+    except OSError:
+        pass
+print(f"left: {left}")
+"""
+
+
+async def atlas_flood(base, headers):
+    out = {}
+    async with httpx.AsyncClient() as c:
+        _, box = await atlas_acquire(c, base, headers, "local_dev")
+        ce = box["server_urls"]["code-executor"]
+        try:
+            out["flood"] = await call(ce, "execute_code", {"code": FLOOD})
+            out["left"] = await call(ce, "execute_code", {"code": LEFT})
+        finally:
+            r = await c.delete(f"{base}/sandbox/local_dev/{box['sandbox_id']}", headers=headers, timeout=60)
+            out["released"] = r.status_code
+    return out
+
+
 async def mark(base, headers, tree, out_dir):
     """file_property/largest_rename: rename the largest .jpg to largest.jpg."""
     out = {"calls": []}
@@ -309,6 +346,8 @@ async def main():
         out = await atlas(base, headers)
     elif scenario == "atlas-genres":
         out = await atlas_genres(base, headers)
+    elif scenario == "atlas-flood":
+        out = await atlas_flood(base, headers)
     elif scenario == "mark":
         out = await mark(base, headers, args[0], args[1])
     else:

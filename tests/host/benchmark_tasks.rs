@@ -512,3 +512,36 @@ fn mcp_atlas_genres_task_passes_its_claims() {
         "{code}"
     );
 }
+
+/// A hostile run through MCP_Atlas's executor: its code leaves a process
+/// behind in its group, then writes 64 MiB to stdout. The call is answered
+/// as the original's output limit answers (an error result naming
+/// `maxBuffer`), nothing of the run is left running (the whole group is
+/// killed, not only the shell), and the server answers the next call.
+#[test]
+fn mcp_atlas_executor_bounds_a_flood_and_leaves_nothing_running() {
+    atlas();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let host = Host::start(dir.path(), &[]);
+    let out = tasks(&host, &["atlas-flood"]);
+    assert_eq!(out["released"], 200, "{out}");
+    // As the original's: the error is in the answer's JSON (and on its
+    // text item), never on the result itself.
+    let answer = |k: &str| -> Value {
+        assert_eq!(out[k][0], false, "{k}: {}", out[k]);
+        serde_json::from_str(out[k][1].as_str().unwrap_or_default())
+            .unwrap_or_else(|e| panic!("{k}: {e}: {}", out[k]))
+    };
+    let flood = answer("flood");
+    assert_eq!(flood["status"], "error", "{flood}");
+    assert_eq!(
+        flood["error"], "stdout maxBuffer length exceeded",
+        "{flood}"
+    );
+    let left = answer("left");
+    assert_eq!(
+        left["output"].as_str().map(str::trim),
+        Some("left: 0"),
+        "the flood's process outlived its run: {left}"
+    );
+}
