@@ -230,33 +230,67 @@ pub fn shared_api() -> &'static (tokio::runtime::Runtime, RealApi) {
     })
 }
 
-/// A client whose connections live on the runtime that made it. Each
-/// `#[tokio::test]` has a runtime of its own; with kube's default executor
-/// a pooled connection's task lives on whichever test's runtime opened it,
-/// and a client shared across tests (the shared server's admin) then fails
-/// with "runtime dropped the dispatch task" once that test ends.
+/// A client whose requests run on the runtime that made it, whichever
+/// runtime awaits them. Each `#[tokio::test]` has a runtime of its own,
+/// and the shared server's admin client is used by all of them: a request
+/// run where it is awaited dials its connection with that test's I/O
+/// driver, and the pooled connection then fails every later user with "A
+/// Tokio 1.x context was found, but it is being shutdown" once that test
+/// ends (seen in CI as `SendRequest` errors).
 pub async fn client_of(path: &Path) -> kube::Client {
     let kc = Kubeconfig::read_from(path).expect("kubeconfig");
     let cfg = kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
         .await
         .expect("config");
-    let on = OnRuntime(tokio::runtime::Handle::current());
-    kube::client::ClientBuilder::try_from((cfg, on))
+    kube::client::ClientBuilder::try_from(cfg)
         .expect("client")
+        .with_layer(&OnRuntime(tokio::runtime::Handle::current()))
         .build()
 }
 
-/// Spawns a connection's task on one runtime, whichever polls its request.
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Runs each request of the service it wraps as a task of one runtime.
 #[derive(Clone)]
 struct OnRuntime(tokio::runtime::Handle);
 
-impl<F> hyper::rt::Executor<F> for OnRuntime
+impl<S> tower::Layer<S> for OnRuntime {
+    type Service = Pinned<S>;
+    fn layer(&self, inner: S) -> Pinned<S> {
+        Pinned {
+            inner,
+            runtime: self.0.clone(),
+        }
+    }
+}
+
+struct Pinned<S> {
+    inner: S,
+    runtime: tokio::runtime::Handle,
+}
+
+impl<S, R> tower::Service<R> for Pinned<S>
 where
-    F: std::future::Future + Send + 'static,
-    F::Output: Send + 'static,
+    S: tower::Service<R>,
+    S::Future: Send + 'static,
+    S::Response: Send + 'static,
+    S::Error: Into<BoxError> + Send + 'static,
 {
-    fn execute(&self, fut: F) {
-        self.0.spawn(fut);
+    type Response = S::Response;
+    type Error = BoxError;
+    type Future =
+        std::pin::Pin<Box<dyn std::future::Future<Output = Result<S::Response, BoxError>> + Send>>;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), BoxError>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, request: R) -> Self::Future {
+        let task = self.runtime.spawn(self.inner.call(request));
+        Box::pin(async move { task.await.map_err(BoxError::from)?.map_err(Into::into) })
     }
 }
 
