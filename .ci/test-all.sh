@@ -45,20 +45,6 @@ mkdir -p target
 ./.ci/install-prereqs.sh --all-servers > target/install-all-servers.log 2>&1 &
 all_servers=$!
 
-# The release builds of the later steps (the guest's static binaries, which
-# the VM tests' image takes too; the host and the benchmarks; the fuzz
-# target) are made from the start at the lowest priority, in the CPU time
-# the debug builds (a crate at a time at their ends, the links) and the
-# tests (waiting on servers, VMs and deadlines) leave idle. Cargo locks
-# each profile's directory apart, so neither waits on the other; a VM
-# test's image build that comes first waits for the release lock.
-# Kept in this shell's session: with the scheduler's autogroups (Linux's
-# default), a job of a session of its own would get an equal share of the
-# CPU whatever its nice value. A failing step ends it and its cargo.
-./.ci/release-builds.sh > target/release-builds.log 2>&1 &
-release_builds=$!
-trap 'pkill -P "$release_builds" 2>/dev/null; kill "$release_builds" 2>/dev/null || true' EXIT
-
 step "cargo fmt --check"
 cargo fmt --all --check
 (cd fuzz && cargo fmt --check)
@@ -70,6 +56,15 @@ step "cargo test --workspace"
 # Builds every package's binaries too: the integration tests in tests/ run
 # them from target/debug.
 cargo test --locked --workspace --no-run
+
+# The release builds of the later steps (the guest's static binaries, which
+# the VM tests' image takes too; the host and the benchmarks; the fuzz
+# target) are made meanwhile at the lowest priority, in the CPU time the
+# tests leave idle while they wait on servers, VMs and deadlines. Cargo
+# locks each profile's directory apart, so neither waits on the other; a
+# VM test's image build that comes first waits for the release lock.
+./.ci/release-builds.sh > target/release-builds.log 2>&1 &
+release_builds=$!
 
 if ! wait "$all_servers"; then
   cat target/install-all-servers.log >&2
