@@ -10,6 +10,15 @@ use crate::common::host::{
 use crate::common::ws::incompressible;
 use serde_json::{Value, json};
 
+/// The package settings the offline host gives executions.
+const PACKAGE_ENV: [&str; 5] = [
+    "PIP_FIND_LINKS",
+    "PIP_NO_INDEX",
+    "UV_FIND_LINKS",
+    "UV_NO_INDEX",
+    "UV_OFFLINE",
+];
+
 /// Where the test command put the wheels scripts install offline.
 fn wheels() -> String {
     let dir = std::env::var("SANDBOX_AGENT_WHEELS")
@@ -23,12 +32,18 @@ fn wheels() -> String {
     dir
 }
 
-/// A host whose agents install Python packages only from the wheel dir.
+/// A host whose agents install Python packages only from the wheel dir:
+/// the package settings in the host's environment, which reach executions
+/// only because the operator names them (`--agent-env`).
 fn offline_host_with(dir: &std::path::Path, extra: &[&str]) -> Host {
     let w = wheels();
+    let mut args = extra.to_vec();
+    for name in PACKAGE_ENV {
+        args.extend(["--agent-env", name]);
+    }
     Host::start_env(
         dir,
-        extra,
+        &args,
         &[
             ("PIP_FIND_LINKS", &w),
             ("PIP_NO_INDEX", "1"),

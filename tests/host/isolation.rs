@@ -12,6 +12,10 @@ use serde_json::Value;
 use crate::common::host::*;
 
 const RUN: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/clients/run_script.py");
+const TASKS: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/tests/clients/benchmark_tasks.py"
+);
 
 /// Runs `script` as `key`'s tenant (in `sandbox`, or a new one with no
 /// servers); returns (sandbox id, final status, log).
@@ -658,17 +662,106 @@ fn host_link_local() -> Option<String> {
     })
 }
 
+/// `env` as a tenant sees it: through the terminal server, both code
+/// executors (Klavis's and the code runner) and an execution (probe, text).
+fn env_probes(host: &Host) -> Vec<(String, String)> {
+    let py = "import os; print('\\n'.join(f'{k}={v}' for k, v in os.environ.items()))";
+    let calls = serde_json::json!([
+        ["terminal", "run_command", {"command": "env"}],
+        ["code-executor", "run_python_code", {"code": py}],
+        ["code-runner", "run-code", {"code": py, "languageId": "python"}],
+    ]);
+    let out = Command::new("python3")
+        .arg(TASKS)
+        .arg(&host.base)
+        .arg(KEY_A)
+        .args(["paths", "-", &calls.to_string()])
+        .output()
+        .expect("python3");
+    assert!(
+        out.status.success(),
+        "benchmark_tasks.py: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let mut probes: Vec<(String, String)> = v["results"]
+        .as_array()
+        .expect("results")
+        .iter()
+        .map(|r| {
+            assert_eq!(r["is_error"], false, "{r}");
+            let text = r["text"].as_str().unwrap_or_default().to_owned();
+            (r["call"][0].as_str().unwrap_or_default().to_owned(), text)
+        })
+        .collect();
+    let (_, status, log) = run(host, KEY_A, None, &format!("{py}\nprint('ok: done')\n"));
+    assert_eq!(status, "completed", "{log}");
+    probes.push(("the execution API".to_owned(), log));
+    probes
+}
+
+/// Variables a sandbox sets itself, whose values may equal the host's by
+/// coincidence (`LANG=C.UTF-8` on both).
+const SANDBOX_OWN: &[&str] = &[
+    "LANG",
+    "PYTHONUNBUFFERED",
+    "PYTHONIOENCODING",
+    "PYTHONHASHSEED",
+    "DEBIAN_FRONTEND",
+    "SHLVL",
+    "_",
+];
+
+/// What of the host a sandbox's `env` text shows: the marker (in the
+/// host's PATH, user and TMPDIR), a variable with the host's own value
+/// (but [`SANDBOX_OWN`]), and
+/// (isolated) the host's data dir or home in any value.
+fn host_traces(text: &str, host: &Host, marker: &str, isolated: bool) -> Vec<String> {
+    let data = host.data.display().to_string();
+    let home = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
+    text.lines()
+        .filter_map(|l| l.split_once('='))
+        .filter(|(k, v)| {
+            let same_as_host = !SANDBOX_OWN.contains(k) && std::env::var(k).is_ok_and(|h| h == *v);
+            v.contains(marker)
+                || same_as_host
+                || (isolated && (v.contains(&data) || v.split(':').any(|p| p.starts_with(&home))))
+        })
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect()
+}
+
+/// Whether `pid` is a slot's agent or the launcher that starts it, which
+/// run on the host's PATH (and pass none of it on).
+fn agent_or_launcher(pid: i32) -> bool {
+    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+    matches!(comm.trim(), "sandbox-agent" | "bwrap")
+}
+
 /// Agents start with an allow-listed environment, never the host's: an
 /// operator's secret in the host's environment is in no process of a
 /// sandbox (read from the host, so what a tenant could make the agent
 /// quote is covered too), nor in what a tenant reads of `/proc/1/environ`,
 /// `/proc/self/environ`, `env` or (isolated) any `/proc/*/environ` it can
-/// open; isolated or not.
+/// open; isolated or not. And nothing else of the host either (issue 50):
+/// its PATH (a marker directory put first), its user, its TMPDIR are in no
+/// process but the agent's own (which finds its tools on the host's PATH
+/// and passes none of it on), and `env` through the terminal server, both
+/// code executors and the execution API shows none of them, nor (isolated)
+/// the host's data dir or home.
 #[test]
 fn agents_never_get_the_hosts_environment() {
     let canary = format!("canary-{:016x}", rand_u64());
+    let marker = format!("hostmark-{:016x}", rand_u64());
     for extra in [&[][..], &["--isolation", "none"][..]] {
         let dir = tempfile::tempdir().expect("tempdir");
+        let host_tmp = dir.path().join(format!("tmp-{marker}"));
+        std::fs::create_dir(&host_tmp).expect("host TMPDIR");
+        let host_path = format!(
+            "/opt/{marker}/bin:{}",
+            std::env::var("PATH").unwrap_or_default()
+        );
+        let host_user = format!("user-{marker}");
         let host = Host::start_env(
             dir.path(),
             extra,
@@ -677,8 +770,20 @@ fn agents_never_get_the_hosts_environment() {
                 // First in the environment's order: in the head of
                 // anything that quotes it (a truncated error message).
                 ("AAAA_SANDBOX_TEST_OPERATOR_SECRET", &canary),
+                ("PATH", &host_path),
+                ("USER", &host_user),
+                ("TMPDIR", &host_tmp.display().to_string()),
             ],
         );
+        let isolated = extra.is_empty();
+        for (probe, text) in env_probes(&host) {
+            let traces = host_traces(&text, &host, &marker, isolated);
+            assert!(
+                traces.is_empty() && !text.contains(&canary),
+                "{extra:?}: {probe} shows the host's environment: {traces:?}\n{text}"
+            );
+            assert!(text.contains("USER=sandbox"), "{extra:?}: {probe}:\n{text}");
+        }
         let script = r#"
 import glob, os, subprocess, time
 def show(name, f):
@@ -710,8 +815,16 @@ time.sleep(5)
             for pid in process_tree(a) {
                 if let Ok(env) = std::fs::read(format!("/proc/{pid}/environ")) {
                     seen += 1;
+                    let env = String::from_utf8_lossy(&env);
                     assert!(
-                        !String::from_utf8_lossy(&env).contains(&canary),
+                        agent_or_launcher(pid) || !env.contains(&marker),
+                        "{extra:?}: process {pid} of a sandbox ({}) has the host's PATH, user or TMPDIR: {env}",
+                        std::fs::read_to_string(format!("/proc/{pid}/cmdline"))
+                            .unwrap_or_default()
+                            .replace('\0', " ")
+                    );
+                    assert!(
+                        !env.contains(&canary),
                         "{extra:?}: process {pid} of a sandbox ({}) has the host's secret",
                         std::fs::read_to_string(format!("/proc/{pid}/cmdline"))
                             .unwrap_or_default()
@@ -731,7 +844,6 @@ time.sleep(5)
         // Without isolation a tenant is the host's user and reads the
         // host's own /proc/<pid>/environ (documented): only its own
         // environment and PID 1's count there.
-        let isolated = extra.is_empty();
         let leaked: Vec<&str> = log
             .lines()
             .filter(|l| isolated || !l.starts_with("/proc/"))
@@ -740,6 +852,15 @@ time.sleep(5)
         assert!(
             leaked.is_empty(),
             "{extra:?}: a tenant read the host's secret:\n{leaked:?}"
+        );
+        let own: Vec<&str> = log
+            .lines()
+            .filter(|l| l.starts_with("self environ") || l.starts_with("env"))
+            .filter(|l| l.contains(&marker))
+            .collect();
+        assert!(
+            own.is_empty(),
+            "{extra:?}: an execution's environment has the host's:\n{own:?}"
         );
         // The attack of issue 35: packages.txt a symlink to the agent's
         // environment, which the agent reads as root and quotes in the log.

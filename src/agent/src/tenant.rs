@@ -75,6 +75,7 @@ pub fn parse(setting: &str) -> Result<Option<(u32, u32)>, TenantError> {
     }
 }
 
+pub mod env;
 mod tmp;
 pub use tmp::empty_dir;
 

@@ -26,9 +26,6 @@ use crate::supervisor::spawn::Exit;
 
 mod packages;
 
-/// PATH when the agent has none (as PID 1).
-pub(super) const DEFAULT_PATH: &str =
-    "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 /// How long the log pump may run on after a step's tree is gone (a
 /// process outside the tree could hold the pipe open).
 const PUMP_DRAIN: Duration = Duration::from_secs(2);
@@ -363,19 +360,20 @@ async fn pump(fd: OwnedFd, log: Arc<ExecLog>) {
 
 /// The environment every step sees.
 fn environment(ctx: &RunCtx, exec: &Execution, venv: &Path) -> BTreeMap<String, String> {
-    let mut env = BTreeMap::new();
+    // The sandbox's base, never the agent's PATH or user; of the agent's
+    // environment only what exec.pass_env lists.
+    let mut env = crate::tenant::env::base();
     for k in &ctx.cfg.pass_env {
         if let Ok(v) = std::env::var(k) {
             env.insert(k.clone(), v);
         }
     }
-    let path = std::env::var("PATH").unwrap_or_else(|_| DEFAULT_PATH.into());
+    let path = crate::tenant::env::PATH;
     env.insert(
         "PATH".into(),
         format!("{}:{path}", venv.join("bin").display()),
     );
     // HOME, TMPDIR and the XDG directories: the lease's (JobSpec::tenant).
-    env.insert("LANG".into(), "C.UTF-8".into());
     // Unbuffered: stdout and stderr reach the log in the order written.
     env.insert("PYTHONUNBUFFERED".into(), "1".into());
     env.insert("PYTHONIOENCODING".into(), "utf-8".into());

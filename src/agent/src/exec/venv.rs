@@ -266,7 +266,7 @@ fn agent_env(cfg: &ExecConfig) -> BTreeMap<String, String> {
         .chain(["HOME".to_owned(), "PYENV_ROOT".to_owned()].iter())
         .filter_map(|k| std::env::var(k).ok().map(|v| (k.clone(), v)))
         .collect();
-    let path = std::env::var("PATH").unwrap_or_else(|_| super::run::DEFAULT_PATH.into());
+    let path = std::env::var("PATH").unwrap_or_else(|_| crate::tenant::env::PATH.into());
     env.insert("PATH".into(), path);
     env.insert("LANG".into(), "C.UTF-8".into());
     env.insert("UV_PYTHON_DOWNLOADS".into(), "never".into());

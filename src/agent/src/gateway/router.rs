@@ -37,7 +37,8 @@ use crate::supervisor::mcp::StdioConn;
 /// requests run, then the answers.
 pub enum Out {
     Message(Value),
-    Done(Vec<Value>),
+    /// The answers, serialized and counted (`stdio::reply`).
+    Done(Vec<String>),
 }
 
 /// A client request on the child.

@@ -10,7 +10,6 @@ use std::time::Duration;
 use futures_util::{Stream, StreamExt};
 use http::{HeaderValue, Response, header};
 use http_body_util::BodyExt;
-use serde_json::Value;
 use sse_stream::{KeepAlive, Sse, SseBody, Timer};
 
 use super::{Body, BoxError};
@@ -37,13 +36,13 @@ impl Timer for TokioTimer {
 }
 
 /// A `text/event-stream` response: one `message` event per JSON-RPC
-/// message, and a comment every `keep_alive` while nothing is sent.
+/// message (serialized), and a comment every `keep_alive` while nothing is
+/// sent.
 pub fn response<S>(messages: S, keep_alive: Duration) -> Response<Body>
 where
-    S: Stream<Item = Value> + Send + 'static,
+    S: Stream<Item = String> + Send + 'static,
 {
-    let events =
-        messages.map(|m| Ok::<_, Infallible>(Sse::default().event("message").data(m.to_string())));
+    let events = messages.map(|m| Ok::<_, Infallible>(Sse::default().event("message").data(m)));
     let body =
         SseBody::<_, TokioTimer>::new_keep_alive(events, KeepAlive::new().interval(keep_alive))
             .map_err(BoxError::from)

@@ -290,12 +290,10 @@ async fn accepts(port: u16) -> bool {
         .is_ok()
 }
 
-/// PATH and the like for the launcher (it finds Dovecot in /usr/sbin).
+/// The sandbox's base for the launcher (its PATH has /usr/sbin, where it
+/// finds Dovecot); never the agent's own environment.
 fn base_env() -> BTreeMap<String, String> {
-    ["PATH", "LANG", "LC_ALL", "TZ", "TMPDIR", "HOME"]
-        .iter()
-        .filter_map(|k| std::env::var(k).ok().map(|v| (k.to_string(), v)))
-        .collect()
+    crate::tenant::env::base()
 }
 
 /// Empties `dir` (creating it): the mailboxes never outlive their lease.

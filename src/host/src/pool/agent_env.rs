@@ -1,41 +1,31 @@
 //! The environment every slot's main process (the agent, isolated or not,
 //! or run-qemu.sh and its helpers) starts with: cleared, then an
 //! allow-list of the host's variables. Never the host's whole environment:
-//! an agent is PID 1 of its sandbox, and a tenant can read
-//! `/proc/1/environ` (or make the agent quote it), so whatever the host's
-//! environment holds (an operator's secret, a cloud credential) would be
-//! the tenant's.
+//! an agent is PID 1 of its sandbox, and whatever the host's environment
+//! holds (an operator's secret, a cloud credential) must not be the
+//! tenant's.
 //!
 //! Passed when set in the host's environment:
-//! - [`BASE`]: PATH, HOME, USER, the locale and time zone, TMPDIR, RUST_LOG
-//!   and RUST_BACKTRACE;
-//! - [`PACKAGE_ACCESS`]: the package indexes and proxies the agent's
-//!   `exec.pass_env` gives executions by default;
+//! - [`BASE`]: what the agent itself needs to find its tools (PATH, HOME
+//!   for a pyenv shim) and log. The agent never passes these on: servers,
+//!   executions and the terminal start from the sandbox's own fixed base
+//!   (the agent's `tenant::env`), so nothing of the host's layout, user
+//!   or locale reaches a tenant;
 //! - every `SANDBOX_AGENT_*` variable (the agent's own settings);
 //! - every name a `pass_env` of the manifest lists (`[defaults]` or a
 //!   server's): the operator's statement that servers get that variable;
-//! - every `--agent-env NAME`.
+//! - every `--agent-env NAME`: the operator's statement that the agent
+//!   gets it, e.g. the package indexes and proxies (`PIP_INDEX_URL`, …)
+//!   that the agent's `exec.pass_env` gives executions by default. They
+//!   are never passed otherwise.
 
 use std::collections::BTreeSet;
 use std::ffi::OsString;
 use std::path::Path;
 
-/// Always passed (when set): what any process needs to run.
-pub const BASE: &[&str] = &[
-    "PATH",
-    "HOME",
-    "USER",
-    "LANG",
-    "LC_ALL",
-    "TZ",
-    "TMPDIR",
-    "RUST_LOG",
-    "RUST_BACKTRACE",
-];
-
-/// The agent's default `exec.pass_env`: package indexes and proxies that
-/// executions (tenants) get anyway.
-pub use sandbox_client::limits::PACKAGE_ACCESS_ENV as PACKAGE_ACCESS;
+/// Always passed (when set): what the agent itself needs, never passed on
+/// to a sandbox's processes.
+pub const BASE: &[&str] = &["PATH", "HOME", "RUST_LOG", "RUST_BACKTRACE"];
 
 /// The agents' own settings.
 pub const AGENT_PREFIX: &str = "SANDBOX_AGENT_";
@@ -51,8 +41,8 @@ pub struct AgentEnv {
 
 impl AgentEnv {
     /// The allow-listed part of `host_env` (the host's environment):
-    /// [`BASE`], [`PACKAGE_ACCESS`], `SANDBOX_AGENT_*`, the manifest's
-    /// `pass_env` names and `extra` (`--agent-env`).
+    /// [`BASE`], `SANDBOX_AGENT_*`, the manifest's `pass_env` names and
+    /// `extra` (`--agent-env`).
     pub fn new(
         host_env: impl IntoIterator<Item = (OsString, OsString)>,
         manifest_names: &BTreeSet<String>,
@@ -61,7 +51,6 @@ impl AgentEnv {
         let allowed = |k: &str| {
             !NEVER.contains(&k)
                 && (BASE.contains(&k)
-                    || PACKAGE_ACCESS.contains(&k)
                     || k.starts_with(AGENT_PREFIX)
                     || manifest_names.contains(k)
                     || extra.iter().any(|e| e == k))
@@ -140,6 +129,8 @@ mod tests {
                 ("SANDBOX_AGENT_WHEELS", "/w"),
                 ("CANVAS_API_TOKEN", "t"),
                 ("PIP_INDEX_URL", "http://mirror"),
+                ("USER", "operator"),
+                ("LANG", "de_DE.UTF-8"),
                 ("MY_VAR", "v"),
                 ("AWS_SECRET_ACCESS_KEY", "x"),
             ]),
@@ -150,13 +141,7 @@ mod tests {
         got.sort();
         assert_eq!(
             got,
-            [
-                "CANVAS_API_TOKEN",
-                "MY_VAR",
-                "PATH",
-                "PIP_INDEX_URL",
-                "SANDBOX_AGENT_WHEELS"
-            ]
+            ["CANVAS_API_TOKEN", "MY_VAR", "PATH", "SANDBOX_AGENT_WHEELS"]
         );
     }
 

@@ -11,6 +11,7 @@ use http::{Response, StatusCode};
 use serde_json::Value;
 
 use super::method_of;
+use super::reply::{Answer, Budget};
 use super::revision::{complete_result, discover};
 use crate::catalog::Catalog;
 use crate::gateway::{Body, Gateway, http_error};
@@ -37,7 +38,7 @@ impl<'a> Target<'a> {
 
 /// A POST's answers made from a catalog.
 pub(super) struct FromCatalog {
-    pub answers: Vec<Value>,
+    pub answers: Vec<Answer>,
     /// The session an `initialize` opened.
     pub new_session: Option<String>,
 }
@@ -66,9 +67,11 @@ impl Gateway {
         cat: &Catalog,
         messages: &[Value],
         (name, lease): (&str, &str),
+        budget: &Budget,
         (batch, wants_json, modern): (bool, bool, bool),
     ) -> Option<Response<Body>> {
-        if let Some(c) = self.answer_from_catalog(cat, messages, name, lease, modern) {
+        let at = (name, lease);
+        if let Some(c) = self.answer_from_catalog(cat, messages, at, budget, modern) {
             return Some(self.lease_ended(name, lease).unwrap_or_else(|| {
                 self.reply(c.answers, batch, wants_json, c.new_session, modern)
             }));
@@ -80,13 +83,15 @@ impl Gateway {
     }
 
     /// The answers to `messages` from `cat`, when it answers every one;
-    /// `None` (and nothing done) otherwise.
+    /// `None` (and nothing done) otherwise. Each answer is made, counted
+    /// against `budget` and serialized before the next: a batch never
+    /// holds more than one recorded listing's copy at a time.
     pub(super) fn answer_from_catalog(
         &self,
         cat: &Catalog,
         messages: &[Value],
-        name: &str,
-        lease: &str,
+        (name, lease): (&str, &str),
+        budget: &Budget,
         modern: bool,
     ) -> Option<FromCatalog> {
         if !messages.iter().all(|m| answerable(cat, m, modern)) {
@@ -122,7 +127,7 @@ impl Gateway {
                     answer
                 }
             };
-            out.answers.push(answer);
+            out.answers.push(budget.admit(&answer));
         }
         Some(out)
     }

@@ -22,6 +22,8 @@
 
 mod catalog;
 mod exchange;
+mod messages;
+mod reply;
 mod revision;
 
 use std::collections::VecDeque;
@@ -37,7 +39,7 @@ use tokio_util::task::AbortOnDropHandle;
 use tracing::debug;
 
 use super::router::Out;
-use super::{Body, Gateway, full, http_error, json_response, rpc_error, session, sse};
+use super::{Body, Gateway, full, http_error, json_response, json_text, rpc_error, session, sse};
 use crate::catalog::Catalog;
 use catalog::Target;
 
@@ -46,6 +48,7 @@ use sandbox_client::mcp::{
 };
 
 use exchange::{Exchange, call_child};
+use reply::{Answer, Budget};
 use revision::{check_envelope, discover, initialize, modern_status};
 
 fn method_of(m: &Value) -> Option<&str> {
@@ -165,8 +168,9 @@ impl Gateway {
         let route = self.route(name, lease);
         let rx = route.open_stream(&session);
         let ended = route.ended.clone().cancelled_owned();
+        let messages = tokio_stream::wrappers::ReceiverStream::new(rx);
         let stream = futures_util::StreamExt::take_until(
-            tokio_stream::wrappers::ReceiverStream::new(rx),
+            futures_util::StreamExt::map(messages, |m| m.to_string()),
             ended,
         );
         sse::response(stream, self.keep_alive())
@@ -193,10 +197,12 @@ impl Gateway {
             Ok(b) => b,
             Err(refused) => return *refused,
         };
-        let (messages, batch) = match parse_messages(&body, modern) {
+        let (messages, batch) = match messages::parse(&body, modern, self.cfg.max_batch_messages) {
             Ok(m) => m,
             Err(refused) => return *refused,
         };
+        drop(body);
+        let budget = Arc::new(Budget::new(self.cfg.max_reply_bytes));
         if modern && let Some(refused) = check_modern(&messages[0], &headers) {
             return refused;
         }
@@ -209,7 +215,13 @@ impl Gateway {
         }
         if let Some(cat) = at.catalog
             && let Some(answer) = self
-                .discovery(&cat, &messages, (name, lease), (batch, accept.json, modern))
+                .discovery(
+                    &cat,
+                    &messages,
+                    (name, lease),
+                    &budget,
+                    (batch, accept.json, modern),
+                )
                 .await
         {
             return answer;
@@ -218,6 +230,7 @@ impl Gateway {
             Ok(c) => c,
             Err(e) => {
                 let answers = not_connected(&messages, &e.to_string());
+                let answers = answers.iter().map(|a| budget.admit(a)).collect();
                 return self.reply(answers, batch, accept.json, None, modern);
             }
         };
@@ -235,22 +248,17 @@ impl Gateway {
             timeout: Duration::from_millis(self.cfg.request_timeout_ms),
         });
         let sorted = self.sort(&x, messages, name, lease).await;
+        let local: Vec<Answer> = sorted.local.iter().map(|a| budget.admit(a)).collect();
         if sorted.requests.is_empty() {
-            return if sorted.local.is_empty() {
+            return if local.is_empty() {
                 accepted()
             } else {
-                self.reply(sorted.local, batch, accept.json, sorted.new_session, modern)
+                self.reply(local, batch, accept.json, sorted.new_session, modern)
             };
         }
-        self.run(
-            x,
-            sorted.requests,
-            sorted.local,
-            batch,
-            accept.sse,
-            accept.json,
-        )
-        .await
+        let requests = (sorted.requests, budget);
+        self.run(x, requests, local, batch, accept.sse, accept.json)
+            .await
     }
 
     /// Sorts a POST's messages: answered here (`initialize`,
@@ -357,11 +365,12 @@ impl Gateway {
 
     /// Runs requests on the child. Answers JSON when they finish before the
     /// child sends anything for them; otherwise switches to SSE.
+    /// Each answer is counted against `budget` as it comes.
     async fn run(
         &self,
         x: Arc<Exchange>,
-        requests: Vec<Value>,
-        local: Vec<Value>,
+        (requests, budget): (Vec<Value>, Arc<Budget>),
+        local: Vec<Answer>,
         batch: bool,
         accepts_sse: bool,
         wants_json: bool,
@@ -369,11 +378,12 @@ impl Gateway {
         let modern = x.modern;
         let (tx, mut rx) = mpsc::channel::<Out>(self.cfg.stream_buffer_messages);
         let sink = accepts_sse.then(|| tx.clone());
-        let mut work = Box::pin(futures_util::future::join_all(
-            requests
-                .into_iter()
-                .map(|m| call_child(x.clone(), m, sink.clone())),
-        ));
+        let mut work = Box::pin(futures_util::future::join_all(requests.into_iter().map(
+            |m| {
+                let (x, sink, budget) = (x.clone(), sink.clone(), budget.clone());
+                async move { budget.admit(&call_child(x, m, sink).await) }
+            },
+        )));
         drop(sink);
         let first = tokio::select! {
             biased;
@@ -382,22 +392,22 @@ impl Gateway {
                 all.extend(answers);
                 return self.reply(all, batch, wants_json, None, modern);
             }
-            Some(Out::Message(first)) = rx.recv() => first,
+            Some(Out::Message(first)) = rx.recv() => first.to_string(),
         };
         // The child spoke first: stream. The work moves to a task that ends
         // (cancelling the requests on the child) if the client goes away.
         let task = AbortOnDropHandle::new(tokio::spawn(async move {
-            let answers = work.await;
+            let answers = work.await.into_iter().map(|a| a.json).collect();
             let _ = tx.send(Out::Done(answers)).await;
         }));
         struct St {
-            queue: VecDeque<Value>,
+            queue: VecDeque<String>,
             rx: mpsc::Receiver<Out>,
             done: bool,
             _task: AbortOnDropHandle<()>,
         }
         let mut queue = VecDeque::from([first]);
-        queue.extend(local);
+        queue.extend(local.into_iter().map(|a| a.json));
         let st = St {
             queue,
             rx,
@@ -413,7 +423,7 @@ impl Gateway {
                     return None;
                 }
                 match st.rx.recv().await {
-                    Some(Out::Message(m)) => st.queue.push_back(m),
+                    Some(Out::Message(m)) => st.queue.push_back(m.to_string()),
                     Some(Out::Done(answers)) => {
                         st.done = true;
                         st.queue.extend(answers);
@@ -427,29 +437,26 @@ impl Gateway {
 
     fn reply(
         &self,
-        answers: Vec<Value>,
+        answers: Vec<Answer>,
         batch: bool,
         wants_json: bool,
         session: Option<String>,
         modern: bool,
     ) -> Response<Body> {
-        let mut r = if answers.is_empty() {
-            accepted()
-        } else {
-            let status = if modern && !batch {
-                modern_status(&answers[0])
-            } else {
-                StatusCode::OK
-            };
-            let body = if batch {
-                Value::Array(answers)
-            } else {
-                answers.into_iter().next().unwrap_or(Value::Null)
-            };
-            if wants_json {
-                json_response(status, &body)
-            } else {
-                sse::response(futures_util::stream::iter([body]), self.keep_alive())
+        let mut r = match answers.first() {
+            None => accepted(),
+            Some(first) => {
+                let status = if modern && !batch {
+                    first.status
+                } else {
+                    StatusCode::OK
+                };
+                let body = reply::body(answers, batch);
+                if wants_json {
+                    json_text(status, body)
+                } else {
+                    sse::response(futures_util::stream::iter([body]), self.keep_alive())
+                }
             }
         };
         if let Some(id) = session
@@ -489,35 +496,6 @@ struct Sorted {
     requests: Vec<Value>,
     /// The session an `initialize` opened.
     new_session: Option<String>,
-}
-
-/// The body's messages and whether they came as a batch (2026-07-28: one
-/// object, no batches).
-fn parse_messages(body: &[u8], modern: bool) -> Result<(Vec<Value>, bool), Box<Response<Body>>> {
-    let parsed: Value = match serde_json::from_slice(body) {
-        Ok(v) => v,
-        Err(e) => {
-            return Err(Box::new(json_response(
-                StatusCode::BAD_REQUEST,
-                &rpc_error(&Value::Null, code::PARSE_ERROR, format!("parse error: {e}")),
-            )));
-        }
-    };
-    match parsed {
-        Value::Array(a) if !a.is_empty() && !modern => Ok((a, true)),
-        Value::Object(_) => Ok((vec![parsed], false)),
-        _ => {
-            let what = if modern {
-                "the body must be one JSON-RPC request or notification object (2026-07-28 has no batches)"
-            } else {
-                "expected a JSON-RPC message object or a batch"
-            };
-            Err(Box::new(json_response(
-                StatusCode::BAD_REQUEST,
-                &rpc_error(&Value::Null, code::INVALID_REQUEST, what),
-            )))
-        }
-    }
 }
 
 /// A 2026-07-28 message: a request with its envelope matching the headers

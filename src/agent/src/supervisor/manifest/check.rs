@@ -11,10 +11,6 @@ use super::schema::{
 };
 use super::{Benchmark, Override, Restart, Seed, ServerDef, Transport};
 
-/// Environment variables a child gets from the agent's own environment when
-/// neither the manifest nor the lease sets them.
-const BASE_PASS_ENV: &[&str] = &["PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR", "USER"];
-
 /// Longest server name.
 pub const MAX_NAME_LEN: usize = 64;
 
@@ -406,13 +402,12 @@ impl Entry<'_> {
         Ok(state_paths)
     }
 
-    /// The variables a child may take from the agent's environment (the
-    /// base ones, the defaults', the entry's); checks the names `requires`
-    /// and `auth_env` use too.
+    /// The variables a child may take from the agent's environment (only
+    /// what the manifest lists: the defaults', the entry's); checks the
+    /// names `requires` and `auth_env` use too.
     fn env_names(&self) -> Result<Vec<String>, FieldError> {
         let e = self.e;
-        let mut pass_env: Vec<String> = BASE_PASS_ENV.iter().map(|s| s.to_string()).collect();
-        pass_env.extend(self.file.defaults.pass_env.iter().cloned());
+        let mut pass_env: Vec<String> = self.file.defaults.pass_env.clone();
         pass_env.extend(e.pass_env.iter().cloned());
         let named = [
             ("pass_env", pass_env.iter().collect::<Vec<_>>()),

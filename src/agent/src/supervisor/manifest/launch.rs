@@ -85,7 +85,9 @@ impl ServerDef {
     }
 
     /// The exact process to run for a lease with `benchmark` and `creds`.
-    /// `agent_env` is the agent's own environment (for pass_env).
+    /// Its environment: the sandbox's fixed base, the `pass_env` names
+    /// read from `agent_env` (the agent's own), `env`, the profile's `env`,
+    /// then the lease's credentials and variables.
     pub fn launch(
         &self,
         benchmark: Option<Benchmark>,
@@ -93,7 +95,9 @@ impl ServerDef {
         agent_env: &dyn Fn(&str) -> Option<String>,
     ) -> Result<LaunchSpec, LaunchError> {
         let o = benchmark.and_then(|b| self.benchmarks.get(&b));
-        let mut env = BTreeMap::new();
+        // The sandbox's own base; of the agent's environment only what the
+        // manifest's pass_env lists.
+        let mut env = crate::tenant::env::base();
         for k in &self.pass_env {
             if let Some(v) = agent_env(k) {
                 env.insert(k.clone(), v);
