@@ -98,6 +98,9 @@ if [ "$install" = 1 ]; then
   # PyPI MCP servers: their venvs use the system's interpreter, whatever
   # python3 is first on PATH (pyenv's under a home is not for them).
   /usr/bin/python3 -c 'import venv, ensurepip' 2>/dev/null || pkgs+=(python3 python3-venv)
+  # The sandbox's own PATH (no host PATH reaches it) finds `python` for
+  # code runners as the benchmarks' images have it.
+  [ -x /usr/bin/python ] || pkgs+=(python-is-python3)
   command -v bwrap >/dev/null || pkgs+=(bubblewrap)                 # the sandboxes' namespaces
   command -v newuidmap >/dev/null || pkgs+=(uidmap)                 # their user namespace
   command -v unshare >/dev/null || pkgs+=(util-linux)

@@ -31,6 +31,9 @@ command -v node >/dev/null || apt_pkgs+=(nodejs npm)        # npm MCP servers
 # PyPI MCP servers: install-servers.sh makes their venvs with the system's
 # interpreter, whichever python3 is first on PATH.
 /usr/bin/python3 -c 'import venv, ensurepip' 2>/dev/null || apt_pkgs+=(python3 python3-venv)
+# The sandbox's own PATH (no host PATH reaches it) finds `python` for
+# code runners as the benchmarks' images have it.
+[ -x /usr/bin/python ] || apt_pkgs+=(python-is-python3)
 command -v qemu-system-x86_64 >/dev/null || apt_pkgs+=(qemu-system-x86)  # the VM test
 dpkg -s busybox-static >/dev/null 2>&1 || apt_pkgs+=(busybox-static)   # the VM image
 command -v pgrep >/dev/null || apt_pkgs+=(procps)

@@ -750,3 +750,75 @@ fn post_init(port: u16, init: &str, extra: &[&str]) -> String {
         .expect("curl");
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
+
+/// Issue 50: a JSON-RPC batch is bounded before it is answered, on a
+/// running server. 10,000 `tools/list` in one POST are refused whole (400,
+/// naming `gateway.max_batch_messages`) and the agent serves on; a batch
+/// at the limit is answered whole, each answer past
+/// `gateway.max_reply_bytes` replaced by an error for its id naming that
+/// limit, so the reply stays within it; the agent's peak memory grows by
+/// far less than the answers would have cost whole.
+#[tokio::test]
+async fn batches_and_their_answers_are_bounded() {
+    let agent = agent_with(
+        "",
+        "[gateway]\nmax_batch_messages = 16\nmax_reply_bytes = 100000\n",
+    );
+    acquire(&agent, &["filesystem"]).await;
+    let uds = agent.mcp_socket().display().to_string();
+    let body_file = agent.dir.path().join("batch.json");
+    let post = |n: usize| {
+        std::fs::write(&body_file, rpc_batch(n, "tools/list")).expect("batch");
+        let data = format!("@{}", body_file.display());
+        curl(&[
+            "--unix-socket",
+            &uds,
+            "-X",
+            "POST",
+            "-H",
+            "content-type: application/json",
+            "-H",
+            "accept: application/json, text/event-stream",
+            "--data-binary",
+            &data,
+            "http://localhost/filesystem/mcp",
+        ])
+    };
+    let (code, one) = post(1);
+    assert_eq!(code, 200, "{one}");
+    let listing = one.len();
+    assert!(listing > 8_000, "filesystem's listing is {listing} bytes");
+    let before = peak_rss(agent.child.id());
+
+    let (code, body) = post(10_000);
+    assert_eq!(code, 400, "{}", &body[..body.len().min(400)]);
+    assert!(body.contains("gateway.max_batch_messages = 16"), "{body}");
+
+    let (code, body) = post(16);
+    assert_eq!(code, 200, "{}", &body[..body.len().min(400)]);
+    let answers: Vec<serde_json::Value> = serde_json::from_str(&body).expect("a batch answer");
+    assert_eq!(answers.len(), 16);
+    let dropped: Vec<&serde_json::Value> = answers
+        .iter()
+        .filter(|a| a.get("error").is_some())
+        .collect();
+    // As many as fit (ids of two digits make a few a byte longer).
+    let fit = 100_000 / listing;
+    let kept = answers.len() - dropped.len();
+    assert!(
+        kept == fit || kept + 1 == fit,
+        "{kept} answers kept, {fit} fit"
+    );
+    for a in &dropped {
+        let msg = a["error"]["message"].as_str().unwrap_or_default();
+        assert!(msg.contains("gateway.max_reply_bytes = 100000"), "{a}");
+        assert!(a["id"].is_u64(), "{a}");
+    }
+    assert!(body.len() < 100_000 + 16 * 400, "{} bytes", body.len());
+    let grown = peak_rss(agent.child.id()).saturating_sub(before);
+    assert!(grown < 16 << 20, "the agent's peak RSS grew {grown} bytes");
+
+    // The server and the agent serve on.
+    let (code, one) = post(1);
+    assert_eq!(code, 200, "{one}");
+}

@@ -67,6 +67,7 @@ async fn release_stops_stalled_transfers() {
         .release(proto::ReleaseRequest {
             lease_id: "stalled-dump".into(),
             is_ttl: false,
+            ..Default::default()
         })
         .await;
     assert!(r.is_ok(), "{r:?}");
@@ -100,6 +101,7 @@ async fn release_stops_stalled_transfers() {
         .release(proto::ReleaseRequest {
             lease_id: "trickle".into(),
             is_ttl: false,
+            ..Default::default()
         })
         .await;
     assert!(r.is_ok(), "{r:?}");

@@ -31,6 +31,7 @@ async fn release(c: &sandbox_client::Client, lease: &str) {
         .release(proto::ReleaseRequest {
             lease_id: lease.into(),
             is_ttl: false,
+            ..Default::default()
         })
         .await
         .expect("Release");
@@ -147,6 +148,7 @@ async fn calls_bound_to_an_ended_lease_are_refused_and_change_nothing() {
         .release(proto::ReleaseRequest {
             lease_id: "lease-a".into(),
             is_ttl: false,
+            ..Default::default()
         })
         .await
         .expect("release a");

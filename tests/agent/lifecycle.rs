@@ -68,6 +68,7 @@ async fn acquire_three_real_servers_then_release_leaves_nothing() {
         .release(proto::ReleaseRequest {
             lease_id: "lease-1".into(),
             is_ttl: false,
+            ..Default::default()
         })
         .await
         .expect("Release")
@@ -96,6 +97,7 @@ async fn acquire_three_real_servers_then_release_leaves_nothing() {
         .release(proto::ReleaseRequest {
             lease_id: "lease-1".into(),
             is_ttl: false,
+            ..Default::default()
         })
         .await
         .expect("second Release");
@@ -104,6 +106,7 @@ async fn acquire_three_real_servers_then_release_leaves_nothing() {
         .release(proto::ReleaseRequest {
             lease_id: "other".into(),
             is_ttl: false,
+            ..Default::default()
         })
         .await
         .expect_err("unknown lease");
@@ -812,6 +815,7 @@ auth_env = {{ token = "SAAS_TOKEN" }}
         .release(proto::ReleaseRequest {
             lease_id: "all".into(),
             is_ttl: false,
+            ..Default::default()
         })
         .await
         .expect("release");

@@ -136,6 +136,7 @@ async fn the_lease_account_loads_dumps_and_resets() {
         .release(proto::ReleaseRequest {
             lease_id: "m1".into(),
             is_ttl: false,
+            ..Default::default()
         })
         .await
         .expect("Release");

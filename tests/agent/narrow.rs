@@ -174,6 +174,7 @@ async fn narrow_refuses_what_a_cold_acquire_would_not_give_and_trims_the_rest() 
         .release(proto::ReleaseRequest {
             lease_id: "warm".into(),
             is_ttl: false,
+            ..Default::default()
         })
         .await
         .expect_err("not current");
@@ -182,6 +183,7 @@ async fn narrow_refuses_what_a_cold_acquire_would_not_give_and_trims_the_rest() 
         .release(proto::ReleaseRequest {
             lease_id: "tenant".into(),
             is_ttl: false,
+            ..Default::default()
         })
         .await
         .expect("Release");

@@ -273,6 +273,7 @@ async fn on_the_operators_canvas_account_a_lease_cannot_claim_it_and_a_failed_cl
         .release(proto::ReleaseRequest {
             lease_id: "claims-own".into(),
             is_ttl: false,
+            ..Default::default()
         })
         .await
         .expect("Release")

@@ -367,6 +367,7 @@ async fn the_next_lease_never_sees_the_previous_ones_files() {
         .release(proto::ReleaseRequest {
             lease_id: "first".into(),
             is_ttl: false,
+            ..Default::default()
         })
         .await
         .expect("Release");
@@ -427,6 +428,7 @@ async fn release_frees_a_full_disk() {
         .release(proto::ReleaseRequest {
             lease_id: "full".into(),
             is_ttl: false,
+            ..Default::default()
         })
         .await
         .expect("Release on a full disk");

@@ -170,6 +170,7 @@ impl Pod {
             .release(proto::ReleaseRequest {
                 lease_id: lease.into(),
                 is_ttl: false,
+                ..Default::default()
             })
             .await
             .expect("Release");

@@ -291,17 +291,6 @@ async fn deep_trees_are_refused_by_name() {
     assert!(!archive.is_empty());
 }
 
-/// Peak resident memory of a process (VmHWM), in bytes.
-fn peak_rss(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
-    let kb: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmHWM");
-    kb << 10
-}
-
 /// A tar header whose data is `size` bytes of `fill`, zstd-compressed as
 /// it is generated (a hostile metadata entry: tiny compressed, huge read).
 fn zstd_metadata_bomb(kind: tar::EntryType, size: u64, fill: u8) -> Vec<u8> {

@@ -24,9 +24,10 @@ Scenarios print one JSON object on stdout:
                          list_directory, search_files, search_code, read_file) and
                          mcp-code-executor (get_environment_config, check_installed_packages,
                          execute_code, read_code_file), each call in a NEW session
-  atlas-flood            a hostile run through MCP_Atlas's mcp-code-executor: a process left
-                         in the run's group, then 64 MiB on stdout; then a run that counts
-                         what is left of the first
+  atlas-flood            hostile runs through MCP_Atlas's mcp-code-executor: processes left
+                         in the run's group, in a session of their own and as a daemon, all
+                         holding stdout, then 64 MiB on stdout; a run that exits leaving one
+                         that holds stdout; after each, a run that counts what is left
   mark TREE OUT          MCP_Mark's sequence (POST /local-sandbox filesystem, upload TREE with
                          arcname "."), the scripted solution of file_property/largest_rename,
                          dump into OUT, release
@@ -257,14 +258,28 @@ async def atlas_genres(base, headers):
     return out
 
 
-# A tenant's code that leaves a process behind in its group, then floods
-# stdout far past the executor's 1 MiB limit.
-FLOOD = """import subprocess, sys
+# A tenant's code that leaves processes behind, all holding its stdout:
+# one in its group, one in a session of its own, one a daemon (a double
+# fork out of a new session, its parent gone); then it floods stdout far
+# past the executor's 1 MiB limit.
+FLOOD = """import os, subprocess, sys
 subprocess.Popen(["sleep", "4242.5"])
+subprocess.Popen(["sleep", "4242.5"], start_new_session=True)
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        os.execvp("sleep", ["sleep", "4242.5"])
+    os._exit(0)
 sys.stdout.write("x" * (64 << 20))
 """
-# Counts the processes of FLOOD still running (their command line names
-# the sleeper's unusual duration).
+# Exits at once, leaving a process of its own session that holds stdout:
+# answered when the run's own process ends, not when that one would.
+LINGER = """import subprocess
+subprocess.Popen(["sleep", "4242.5"], start_new_session=True)
+print("main done")
+"""
+# Counts the processes of FLOOD and LINGER still running (their command
+# lines name the sleepers' unusual duration).
 LEFT = """import os
 left = 0
 for pid in filter(str.isdigit, os.listdir("/proc")):
@@ -285,6 +300,8 @@ async def atlas_flood(base, headers):
         try:
             out["flood"] = await call(ce, "execute_code", {"code": FLOOD})
             out["left"] = await call(ce, "execute_code", {"code": LEFT})
+            out["linger"] = await call(ce, "execute_code", {"code": LINGER})
+            out["left_after_linger"] = await call(ce, "execute_code", {"code": LEFT})
         finally:
             r = await c.delete(f"{base}/sandbox/local_dev/{box['sandbox_id']}", headers=headers, timeout=60)
             out["released"] = r.status_code

@@ -449,6 +449,25 @@ pub fn agent_once(args: &[&str], env: &[(&str, &str)]) -> Output {
     cmd.output().expect("run sandbox-agent")
 }
 
+/// Peak resident memory of a process (VmHWM), in bytes.
+pub fn peak_rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmHWM");
+    kb << 10
+}
+
+/// A JSON-RPC batch of `n` `method` requests (ids 0..n), as a POST body.
+pub fn rpc_batch(n: usize, method: &str) -> String {
+    let all: Vec<String> = (0..n)
+        .map(|i| format!(r#"{{"jsonrpc":"2.0","id":{i},"method":"{method}"}}"#))
+        .collect();
+    format!("[{}]", all.join(","))
+}
+
 pub fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }

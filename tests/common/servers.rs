@@ -113,6 +113,7 @@ pub async fn release(c: &sandbox_client::Client, id: &str) {
         .release(proto::ReleaseRequest {
             lease_id: id.into(),
             is_ttl: false,
+            ..Default::default()
         })
         .await
         .expect("Release");

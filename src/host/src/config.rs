@@ -192,6 +192,24 @@ pub struct Args {
     /// pids.max of each isolated sandbox (processes and threads).
     #[arg(long, default_value_t = 4096, value_name = "N")]
     pub slot_pids_max: u64,
+    /// Size of each isolated sandbox's own file system (a tmpfs holding
+    /// its workspace, state, executions and temporary directories; its
+    /// pages count against --slot-memory-max too), in bytes: past it a
+    /// tenant's writes fail with ENOSPC. 0: no file system of its own
+    /// (the data dir's, unbounded; the host then deletes what a lease
+    /// left file by file).
+    #[arg(long, default_value_t = 4 << 30, value_name = "BYTES")]
+    pub slot_disk_bytes: u64,
+    /// Files and directories each isolated sandbox's file system can hold
+    /// (the tmpfs's nr_inodes): past it ENOSPC.
+    #[arg(long, default_value_t = 262_144, value_name = "N",
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub slot_inodes: u64,
+    /// A released isolated sandbox whose file system holds more entries
+    /// than this is discarded whole (unmounted; a fresh one takes its place)
+    /// rather than emptied file by file and recycled.
+    #[arg(long, default_value_t = 20_000, value_name = "N")]
+    pub recycle_max_inodes: u64,
     /// Execution archives one sandbox may hold in the upload store (one per
     /// name; uploading to a name again replaces it). The same as the
     /// agent's exec.max_executions (32 by default): a name beyond it could
@@ -560,6 +578,10 @@ pub fn isolation(
                 host_ports: args.sandbox_host_ports.clone(),
                 data_dir: args.data_dir.clone(),
                 api_port,
+                slot_fs: (args.slot_disk_bytes > 0).then_some(pool::isolate::slot_fs::SlotFs {
+                    bytes: args.slot_disk_bytes,
+                    inodes: args.slot_inodes,
+                }),
             })?;
             Ok(Some(Arc::new(iso)))
         }

@@ -211,8 +211,20 @@ async fn release_slot(pool: Arc<Pool>, s: SandboxRow, is_ttl: bool, within: Dura
         info!(sandbox = %id, is_ttl, "released; its sandbox is replaced");
         return;
     }
+    if pool.discards(&slot_id) {
+        // What the lease left is dropped with the slot's file system: the
+        // agent only ends the lease, then the slot goes at once.
+        if let Some(slot) = pool.leased_slot(&slot_id)
+            && let Err(e) = release_on(&slot, &id, is_ttl, true, within).await
+        {
+            warn!(sandbox = %id, error = %e, "ending the lease before its discard failed");
+        }
+        let _ = tokio::task::spawn_blocking(move || pool.drop_slot(&slot_id)).await;
+        info!(sandbox = %id, is_ttl, "released; its sandbox is discarded with what it held");
+        return;
+    }
     let released = match pool.leased_slot(&slot_id) {
-        Some(slot) => release_on(&slot, &id, is_ttl, within).await,
+        Some(slot) => release_on(&slot, &id, is_ttl, false, within).await,
         None => Err("its agent is gone".to_owned()),
     };
     match released {
@@ -233,7 +245,7 @@ async fn release_slot(pool: Arc<Pool>, s: SandboxRow, is_ttl: bool, within: Dura
 async fn release_claim(cluster: Arc<Cluster>, s: SandboxRow, is_ttl: bool, within: Duration) {
     let released = async {
         let slot = cluster.slot_of(&s).map_err(|e| e.to_string())?;
-        release_on(&slot, &s.id, is_ttl, within).await
+        release_on(&slot, &s.id, is_ttl, false, within).await
     };
     match tokio::time::timeout(cluster.release_within(), released).await {
         Ok(Ok(())) => info!(sandbox = %s.id, is_ttl, "released"),
@@ -247,13 +259,21 @@ async fn release_claim(cluster: Arc<Cluster>, s: SandboxRow, is_ttl: bool, withi
     cluster.unclaim(&s.slot).await;
 }
 
-/// The Release of lease `id` by the agent of `slot`.
-async fn release_on(slot: &Slot, id: &str, is_ttl: bool, within: Duration) -> Result<(), String> {
+/// The Release of lease `id` by the agent of `slot` (`discard`: only the
+/// lease's end, the slot is dropped after).
+async fn release_on(
+    slot: &Slot,
+    id: &str,
+    is_ttl: bool,
+    discard: bool,
+    within: Duration,
+) -> Result<(), String> {
     let c = slot.client(within).await.map_err(|e| e.to_string())?;
     c.agent()
         .release(proto::ReleaseRequest {
             lease_id: id.to_owned(),
             is_ttl,
+            discard,
         })
         .await
         .map(|_| ())

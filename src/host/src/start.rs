@@ -128,6 +128,7 @@ impl Host {
             size: if cluster.is_some() { 0 } else { args.pool_size },
             warm: c.warm,
             on_release: args.on_release,
+            recycle_max_inodes: args.recycle_max_inodes,
             isolation: c.isolation,
             start_timeout: args.slot_start_timeout.map(Duration::from_secs),
             agent_env: c.agent_env,

@@ -124,6 +124,7 @@ pub async fn release(
         .release(proto::ReleaseRequest {
             lease_id: lease_id.unwrap_or_default().to_owned(),
             is_ttl,
+            ..Default::default()
         })
         .await
         .map_err(|s| rpc_error("Agent.Release", s))?

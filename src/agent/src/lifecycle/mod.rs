@@ -16,6 +16,7 @@
 
 mod acquire;
 mod catalog;
+mod discard;
 mod error;
 mod narrow;
 mod release;

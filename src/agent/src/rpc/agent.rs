@@ -127,7 +127,12 @@ impl proto::agent_server::Agent for AgentService {
         let meta = super::lease_of(&req)?;
         let r = req.into_inner();
         let lease = super::one_lease(&r.lease_id, meta)?;
-        let message = self.lc.release(&lease, r.is_ttl).await.map_err(lc_status)?;
+        let message = if r.discard {
+            self.lc.release_for_discard(&lease, r.is_ttl).await
+        } else {
+            self.lc.release(&lease, r.is_ttl).await
+        }
+        .map_err(lc_status)?;
         Ok(Response::new(proto::ReleaseResponse {
             status: sandbox_status(self.lc.view().status),
             message,

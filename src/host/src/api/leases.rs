@@ -333,6 +333,7 @@ async fn lease_slot(
             .release(proto::ReleaseRequest {
                 lease_id: w.lease_id,
                 is_ttl: false,
+                ..Default::default()
             })
             .await;
         if let Err(s) = ended

@@ -124,6 +124,9 @@ pub struct PoolConfig {
     pub warm: Vec<WarmProfile>,
     /// What a released sandbox becomes.
     pub on_release: OnRelease,
+    /// A released slot whose own file system holds more entries is
+    /// discarded whole rather than emptied and recycled.
+    pub recycle_max_inodes: u64,
     /// How the process backend confines its slots (`None`: it does not,
     /// `--isolation none`).
     pub isolation: Option<Arc<isolate::Isolation>>,
@@ -271,6 +274,18 @@ impl Pool {
 
     pub fn on_release(&self) -> OnRelease {
         self.cfg.on_release
+    }
+
+    /// Whether leased slot `id` is discarded at its Release: its own file
+    /// system holds more than `--recycle-max-inodes` entries, which an
+    /// unmount drops at once where emptying it would hold the slot.
+    pub fn discards(&self, id: &str) -> bool {
+        let dir = self
+            .leased()
+            .get(id)
+            .and_then(|s| s.dir().map(std::path::Path::to_owned));
+        dir.and_then(|d| isolate::slot_fs::used_inodes(&d))
+            .is_some_and(|n| n > self.cfg.recycle_max_inodes)
     }
 
     /// The asked names that the backend's agents do not carry, with the

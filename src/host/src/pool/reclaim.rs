@@ -92,6 +92,8 @@ impl Reclaim {
         if dir.as_os_str().is_empty() {
             return;
         }
+        // An isolated slot's own file system goes whole, whatever it holds.
+        super::isolate::slot_fs::unmount(dir);
         match sandbox_tree::remove_path(dir) {
             Ok(()) => {
                 self.pending_mut().remove(dir);

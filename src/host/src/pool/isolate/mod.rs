@@ -40,6 +40,7 @@ use std::process::Command;
 mod cgroups;
 mod ids;
 mod network;
+pub mod slot_fs;
 mod strays;
 mod users;
 
@@ -109,6 +110,8 @@ pub struct IsolationConfig {
     /// sandbox, through a read-only path or a forwarded port.
     pub data_dir: PathBuf,
     pub api_port: u16,
+    /// Each slot's own file system (`None`: the data dir's, unbounded).
+    pub slot_fs: Option<slot_fs::SlotFs>,
 }
 
 /// Why the process backend cannot isolate its slots.
@@ -276,15 +279,28 @@ impl Isolation {
         })
     }
 
-    /// Makes the slot's directories, owned by the root of its namespace.
+    /// Where the slot's directory `sub` is on the host: on the slot's own
+    /// file system when it has one (all but `run`, the agent's sockets).
+    fn place(&self, dir: &Path, sub: &str) -> PathBuf {
+        match self.cfg.slot_fs {
+            Some(_) if sub != "run" => slot_fs::path(dir).join(sub),
+            _ => dir.join(sub),
+        }
+    }
+
+    /// Makes the slot's directories, owned by the root of its namespace,
+    /// on the slot's own file system (mounted first) when it has one.
     pub(super) fn prepare_dirs(&self, dir: &Path, block: u32) -> Result<(), IsolationError> {
         let (uid, gid) = self.ids(block);
         // The host's root owns the slot directory (its log and pid files);
         // the agent only passes through it.
         std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o711))
             .map_err(io(format!("chmod {}", dir.display())))?;
+        if let Some(fs) = self.cfg.slot_fs {
+            slot_fs::mount(dir, fs, (uid, gid))?;
+        }
         for sub in ["ws", "state", "exec", "run"] {
-            let p = dir.join(sub);
+            let p = self.place(dir, sub);
             std::fs::create_dir_all(&p).map_err(io(format!("creating {}", p.display())))?;
             std::os::unix::fs::chown(&p, Some(uid), Some(gid))
                 .map_err(io(format!("chown {}", p.display())))?;
@@ -366,9 +382,13 @@ impl Isolation {
         mounts.push(("--dev", PathBuf::new(), "/dev".into()));
         mounts.push(("--tmpfs", PathBuf::new(), "/run".into()));
         // World-writable and sticky, as on any machine (POSIX shm, Chromium,
-        // multiprocessing and every program's temporary files need them).
-        for t in ["/tmp", "/var/tmp", "/dev/shm"] {
-            mounts.push(("--tmpfs-sticky", PathBuf::new(), t.into()));
+        // multiprocessing and every program's temporary files need them):
+        // on the slot's own file system when it has one.
+        for (name, t) in slot_fs::TMP_DIRS {
+            match self.cfg.slot_fs {
+                Some(_) => mounts.push(("--bind", slot_fs::path(dir).join(name), t.into())),
+                None => mounts.push(("--tmpfs-sticky", PathBuf::new(), t.into())),
+            }
         }
         for d in SYSTEM_DIRS.iter().filter(|d| Path::new(d).is_dir()) {
             mounts.push(("--ro-bind", d.into(), d.into()));
@@ -398,7 +418,7 @@ impl Isolation {
             ("exec", IN_EXEC),
             ("run", IN_RUN),
         ] {
-            mounts.push(("--bind", dir.join(sub), inside.into()));
+            mounts.push(("--bind", self.place(dir, sub), inside.into()));
         }
         // Before each mount, the directories leading to it that are not
         // there yet (made world-traversable); none inside a read-only bind.
