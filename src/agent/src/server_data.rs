@@ -319,9 +319,11 @@ pub(crate) fn tail_text(tail: &Mutex<VecDeque<u8>>) -> String {
 }
 
 /// One data-tool run's private directory (see the module docs). Removed by
-/// [`RunDir::remove`], or when dropped.
+/// [`RunDir::remove`], or when dropped, with `sandbox_tree` (no recursion,
+/// bounded descriptors: the tool runs as the tenant, which may leave a
+/// chain of any depth there; `TempDir`'s removal recursed per level).
 pub struct RunDir {
-    dir: Option<tempfile::TempDir>,
+    dir: Option<PathBuf>,
     /// The directory itself, opened: files are made relative to it.
     fd: Arc<OwnedFd>,
     owner: Option<(u32, u32)>,
@@ -340,8 +342,9 @@ impl RunDir {
                 let dir = tempfile::Builder::new()
                     .prefix("sandbox-data-")
                     .permissions(std::fs::Permissions::from_mode(0o700))
-                    .tempdir_in(&p)?;
-                let fd = open_dir(dir.path())?;
+                    .tempdir_in(&p)?
+                    .keep();
+                let fd = open_dir(&dir)?;
                 if let Some((uid, gid)) = owner {
                     rustix::fs::fchown(
                         &fd,
@@ -360,7 +363,7 @@ impl RunDir {
     }
 
     pub fn path(&self) -> &Path {
-        self.dir.as_ref().map_or(Path::new(""), |d| d.path())
+        self.dir.as_deref().unwrap_or(Path::new(""))
     }
 
     /// Writes `bytes` to a new file `name` (0600, `O_EXCL|O_NOFOLLOW`, the
@@ -430,12 +433,25 @@ impl RunDir {
     /// Removes the directory and everything in it.
     pub async fn remove(mut self) {
         if let Some(d) = self.dir.take() {
-            let shown = d.path().display().to_string();
-            let r = tokio::task::spawn_blocking(move || d.close()).await;
-            if let Ok(Err(e)) = r {
-                tracing::warn!(dir = %shown, error = %e, "removing a data tool's directory");
-            }
+            let _ = tokio::task::spawn_blocking(move || remove_run_dir(&d)).await;
         }
+    }
+}
+
+impl Drop for RunDir {
+    fn drop(&mut self) {
+        let Some(d) = self.dir.take() else { return };
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => drop(rt.spawn_blocking(move || remove_run_dir(&d))),
+            Err(_) => remove_run_dir(&d),
+        }
+    }
+}
+
+/// Removes a run's directory whatever the tool left in it (logged).
+fn remove_run_dir(d: &Path) {
+    if let Err(e) = sandbox_tree::remove_path(d) {
+        tracing::warn!(dir = %d.display(), error = %e, "removing a data tool's directory");
     }
 }
 
@@ -481,7 +497,48 @@ pub(crate) async fn write_new_file(path: &Path, bytes: &[u8]) -> Result<(), Data
 
 #[cfg(test)]
 mod tests {
-    use super::last_line;
+    use super::{RunDir, last_line};
+
+    /// A tenant's tool leaves a 10,000-level chain in its run directory:
+    /// removing it (dropped, or by `remove`) takes no stack per level. On
+    /// a 128 KiB thread a removal that recursed (as `TempDir`'s did)
+    /// overflows it and aborts the test binary.
+    #[test]
+    fn a_deep_chain_in_a_run_directory_is_removed_without_recursion() {
+        let parent = tempfile::tempdir().expect("tempdir");
+        let p = parent.path().to_owned();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("runtime");
+        for by_drop in [true, false] {
+            let dir = rt.block_on(RunDir::create(&p, None)).expect("run dir");
+            use rustix::fs::{Mode, OFlags};
+            let flags = OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC;
+            let mut fd = rustix::fs::open(dir.path(), flags, Mode::empty()).expect("open");
+            for _ in 0..10_000 {
+                rustix::fs::mkdirat(&fd, "d", Mode::from_raw_mode(0o755)).expect("mkdir");
+                fd = rustix::fs::openat(&fd, "d", flags, Mode::empty()).expect("open");
+            }
+            drop(fd);
+            let top = dir.path().to_owned();
+            std::thread::Builder::new()
+                .stack_size(128 << 10)
+                .spawn(move || {
+                    if by_drop {
+                        drop(dir);
+                    } else {
+                        tokio::runtime::Builder::new_current_thread()
+                            .build()
+                            .expect("runtime")
+                            .block_on(dir.remove());
+                    }
+                })
+                .expect("thread")
+                .join()
+                .expect("the removal");
+            assert!(!top.exists(), "{} is left", top.display());
+        }
+    }
 
     #[test]
     fn the_message_is_the_last_line_without_prefixes() {

@@ -525,7 +525,11 @@ fn row_of(l: Lease) -> Result<SandboxRow, StoreError> {
 pub fn cluster_error(e: KubeError) -> HostError {
     log_cluster_error(&e);
     match e {
-        KubeError::OwnerFull { held, limit } => HostError::TooManySandboxes { held, limit },
+        KubeError::OwnerFull { held, limit } => HostError::TooManySandboxes {
+            held,
+            cleaning: 0,
+            limit,
+        },
         e => HostError::Cluster(e),
     }
 }

@@ -53,9 +53,15 @@ pub enum HostError {
     SignedUrl(&'static str),
     /// The owner's cap on live sandboxes (429).
     #[error(
-        "this API key already holds {held} sandbox(es) (limit {limit}, --max-sandboxes-per-key): release one first"
+        "this API key already holds {held} sandbox(es){} (limit {limit}, --max-sandboxes-per-key): {}",
+        if *cleaning > 0 { format!(" and {cleaning} released one(s) still being cleaned up") } else { String::new() },
+        if *held > 0 { "release one first" } else { "retry once the released ones are clean" }
     )]
-    TooManySandboxes { held: usize, limit: usize },
+    TooManySandboxes {
+        held: usize,
+        cleaning: usize,
+        limit: usize,
+    },
     /// The upload store's bounds (413, 429) or its disk.
     #[error(transparent)]
     Upload(UploadError),

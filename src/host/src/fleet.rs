@@ -134,19 +134,32 @@ impl Fleet {
     }
 
     /// Ends lease `s` (already recorded released) in the background,
-    /// tracked by `releases`: the agent's Release, then the slot back to
+    /// tracked by `releases`; the agent's Release, then the slot back to
     /// the pool (replaced if the Release failed, or by `--on-release
     /// replace`), or the claim deleted (whatever the pod's agent did).
-    pub fn release(&self, s: &SandboxRow, is_ttl: bool, releases: &TaskTracker) {
+    /// `until_clean` is dropped once the sandbox is clean (or gone).
+    pub fn release(
+        &self,
+        s: &SandboxRow,
+        is_ttl: bool,
+        releases: &TaskTracker,
+        until_clean: impl Send + 'static,
+    ) {
         let (s, within) = (s.clone(), self.pool().deadlines().release);
         match self {
             Fleet::Local(pool) => {
                 let pool = pool.clone();
-                releases.spawn(release_slot(pool, s, is_ttl, within));
+                releases.spawn(async move {
+                    release_slot(pool, s, is_ttl, within).await;
+                    drop(until_clean);
+                });
             }
             Fleet::Claims { cluster, .. } => {
                 let cluster = cluster.clone();
-                releases.spawn(release_claim(cluster, s, is_ttl, within));
+                releases.spawn(async move {
+                    release_claim(cluster, s, is_ttl, within).await;
+                    drop(until_clean);
+                });
             }
         }
     }

@@ -200,6 +200,7 @@ impl Host {
             server_start: args.server_start,
             max_per_owner: args.max_sandboxes_per_key,
             acquiring: Default::default(),
+            cleaning: Default::default(),
             releases: tokio_util::task::TaskTracker::new(),
             inflight: Default::default(),
         });

@@ -3,7 +3,8 @@
 //! under a new id (by narrowing a warm lease or a cold Acquire), stored,
 //! counted against its owner's cap; reset; released in the background.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 use sandbox_client::proto;
 use serde_json::Value;
@@ -240,11 +241,13 @@ impl OwnerClaim {
         // takes the sandbox); this replica's Acquires are counted under
         // the lock, so two of them cannot both see room.
         let live = h.store.held(who).await?;
+        let cleaning = h.cleaning.get(who);
         let mut acquiring = h.acquiring.lock().unwrap_or_else(|p| p.into_inner());
         let n = acquiring.entry(who.to_owned()).or_default();
-        if live + *n >= h.max_per_owner {
+        if live + cleaning + *n >= h.max_per_owner {
             return Err(HostError::TooManySandboxes {
                 held: live + *n,
+                cleaning,
                 limit: h.max_per_owner,
             });
         }
@@ -400,5 +403,50 @@ pub async fn release_in_background(h: &Shared, s: &SandboxRow, is_ttl: bool) {
     // After the store says released: a request admitted later finds it so
     // (`inflight::admit`); one in flight stops here.
     h.inflight.end(&s.id);
-    h.fleet.release(s, is_ttl, &h.releases);
+    // Until it is clean, it counts against its owner's cap: an owner
+    // cannot leave more trash behind than it may hold sandboxes.
+    let until_clean = h.cleaning.count(&s.owner);
+    h.fleet.release(s, is_ttl, &h.releases, until_clean);
+}
+
+/// Per-owner counts of what is in progress, each unit held by a
+/// [`Counted`] until it drops.
+#[derive(Default)]
+pub struct OwnerCount(std::sync::Mutex<HashMap<String, usize>>);
+
+impl OwnerCount {
+    fn counts(&self) -> std::sync::MutexGuard<'_, HashMap<String, usize>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn get(&self, who: &str) -> usize {
+        self.counts().get(who).copied().unwrap_or(0)
+    }
+
+    /// One more for `who`, until the guard drops.
+    pub fn count(self: &Arc<Self>, who: &str) -> Counted {
+        *self.counts().entry(who.to_owned()).or_default() += 1;
+        Counted {
+            of: self.clone(),
+            who: who.to_owned(),
+        }
+    }
+}
+
+/// One unit of an [`OwnerCount`].
+pub struct Counted {
+    of: Arc<OwnerCount>,
+    who: String,
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        let mut counts = self.of.counts();
+        if let Some(n) = counts.get_mut(&self.who) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                counts.remove(&self.who);
+            }
+        }
+    }
 }

@@ -199,6 +199,9 @@ pub struct Host {
     /// Acquires in flight per owner, counted against `max_per_owner`
     /// until their sandbox is stored.
     pub acquiring: std::sync::Mutex<HashMap<String, usize>>,
+    /// Released sandboxes per owner still being cleaned up, counted
+    /// against `max_per_owner` until they are clean.
+    pub cleaning: Arc<leases::OwnerCount>,
     /// Releases running in the background; a shutdown waits for them, so a
     /// released sandbox is back in the pool (and stopped with it), never
     /// left running outside it.

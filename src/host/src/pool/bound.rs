@@ -62,6 +62,7 @@ mod tests {
             size: 1,
             warm: vec![],
             on_release: OnRelease::Recycle,
+            recycle_max_inodes: 20_000,
             isolation: None,
             start_timeout: None,
             agent_env: AgentEnv::default(),

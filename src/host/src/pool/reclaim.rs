@@ -252,6 +252,7 @@ mod tests {
             size: 0,
             warm: vec![],
             on_release: OnRelease::Recycle,
+            recycle_max_inodes: 20_000,
             isolation: None,
             start_timeout: None,
             agent_env: AgentEnv::default(),

@@ -140,18 +140,13 @@ mod tests {
             let one = r#"{"jsonrpc":"2.0","id":1,"method":"tools/list"}"#;
             format!("[{}]", vec![one; n].join(","))
         };
-        let (all, is_batch) = parse(batch(3).as_bytes(), false, 3)
-            .ok()
-            .expect("at the limit");
+        let (all, is_batch) = parse(batch(3).as_bytes(), false, 3).expect("at the limit");
         assert!(is_batch);
         assert_eq!(all.len(), 3);
-        let refused = parse(batch(10_000).as_bytes(), false, 3)
-            .err()
-            .expect("refused");
+        let refused = parse(batch(10_000).as_bytes(), false, 3).expect_err("refused");
         assert_eq!(refused.status(), StatusCode::BAD_REQUEST);
-        let (one, is_batch) = parse(br#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#, false, 1)
-            .ok()
-            .expect("one message");
+        let (one, is_batch) =
+            parse(br#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#, false, 1).expect("one message");
         assert!(!is_batch && one.len() == 1);
         for bad in [&b"[]"[..], b"3", b"\"x\"", b"null", b"{} {}", b"[1,"] {
             assert!(

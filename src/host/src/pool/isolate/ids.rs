@@ -263,6 +263,7 @@ mod tests {
                 host_ports: vec![],
                 data_dir: registry.to_owned(),
                 api_port: 0,
+                slot_fs: None,
             },
             uid_start: 3_000_000_000,
             gid_start: 3_000_000_000,
