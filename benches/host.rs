@@ -14,8 +14,9 @@
 //! - the qemu backend (full mode): Acquire from a VM booted ahead with
 //!   warm servers, from one without, and from a fresh VM;
 //! - a recycled slot's next Acquire after a tenant that left 30,000
-//!   directories or a deep chain, beside one after a clean lease
-//!   (`recycle`);
+//!   directories or a deep chain, beside one after a clean lease, and
+//!   another tenant's Acquires right after one filled three sandboxes'
+//!   file systems (`recycle`);
 //! - the benchmarks' start of a task, lazy with discovery catalogs beside
 //!   eager (`first-minute`, `host/first_minute.rs`);
 //! - executions: execute → `completed` of a trivial script (polling the
@@ -556,6 +557,7 @@ pub fn recycle_main() {
     let dir = tempfile::tempdir().expect("tempdir");
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     rt.block_on(recycle::run_all(dir.path()));
+    rt.block_on(recycle::trash_burst(dir.path()));
 }
 
 /// The benchmarks' pattern on `local_dev`, lazy beside eager

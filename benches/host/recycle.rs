@@ -5,12 +5,23 @@
 //! on the same slot, timed once the slot is idle again. The Release's own
 //! cost (DELETE to idle: the old trees are deleted before the slot goes
 //! back to the pool) is printed beside it; it is borne by no Acquire.
+//!
+//! And the worst a tenant can leave on a shared host (issue 50): with
+//! `--pool-size 2 --max-slots 4`, A fills three sandboxes' file systems to
+//! their `--slot-inodes` (ENOSPC) and releases them; another tenant's
+//! Acquires (then Release) at once, beside the same Acquires on the same
+//! host when nothing was left: p50, the slowest, and how many were refused
+//! (503) for want of a place.
 
 use std::time::{Duration, Instant};
 
 use super::{api, call, exec_archive, median, start_with};
 
 const BODY: &str = r#"{"server_names": ["filesystem"]}"#;
+/// The other tenant's Acquire: no server, so it times the place itself.
+const BARE: &str = r#"{"server_names": []}"#;
+/// Fills the sandbox's file system with directories until ENOSPC.
+const FILL: &str = "import os\ntry:\n    for i in range(10_000_000):\n        os.mkdir(f'/workspace/d{i}')\nexcept OSError:\n    pass\n";
 
 /// What the last tenant leaves, as a script.
 fn litter(kind: &str) -> String {
@@ -121,4 +132,82 @@ pub async fn run_all(dir: &std::path::Path) {
     ] {
         println!("| {what} | {a:.1} ms | {:.2}x | {r:.0} ms |", a / clean.0);
     }
+}
+
+/// B's Acquire+Release cycles at once: (latencies in ms, refused).
+async fn b_cycles(base: &str, n: usize) -> (Vec<f64>, usize) {
+    let (mut ms, mut refused) = (Vec::new(), 0);
+    while ms.len() < n {
+        let t = Instant::now();
+        let (status, body) = call(
+            "POST",
+            &format!("{base}/local-sandbox"),
+            true,
+            bytes::Bytes::from_static(BARE.as_bytes()),
+            true,
+        )
+        .await;
+        if status == 503 {
+            refused += 1;
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        }
+        assert_eq!(status, 201, "{}", String::from_utf8_lossy(&body));
+        ms.push(t.elapsed().as_secs_f64() * 1000.0);
+        let v: serde_json::Value = serde_json::from_slice(&body).expect("JSON");
+        let id = v["local_sandbox_id"].as_str().expect("id");
+        api("DELETE", &format!("{base}/local-sandbox/{id}"), "").await;
+    }
+    (ms, refused)
+}
+
+/// A fills three sandboxes, then releases them: B's cycles right after,
+/// and the same on a quiet host first (the reference).
+pub async fn trash_burst(dir: &std::path::Path) {
+    let inodes = crate::common::pick(262_144, 20_000).to_string();
+    let h = start_with(
+        dir,
+        "trash",
+        &[
+            "--pool-size",
+            "2",
+            "--max-slots",
+            "4",
+            "--slot-inodes",
+            &inodes,
+        ],
+    );
+    let n = crate::common::pick(20, 4);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (mut quiet, _) = b_cycles(&h.base, n).await;
+    let mut held = Vec::new();
+    for i in 0..3 {
+        let a = api("POST", &format!("{}/local-sandbox", h.base), BARE).await;
+        let id = a["local_sandbox_id"].as_str().expect("id").to_owned();
+        let b = format!("{}/local-sandbox/{id}", h.base);
+        run(&b, &format!("fill-{i}"), FILL).await;
+        held.push(b);
+    }
+    for b in &held {
+        api("DELETE", b, "").await;
+    }
+    let (mut after, refused) = b_cycles(&h.base, n).await;
+    drop(h);
+    let slowest = |v: &[f64]| v.iter().copied().fold(0.0, f64::max);
+    let (q50, a50) = (median(&mut quiet), median(&mut after));
+    println!(
+        "\n# another tenant's Acquire right after one left three sandboxes full ({inodes} inodes each, ENOSPC), --pool-size 2 --max-slots 4; {n} cycles each; {}",
+        crate::common::mode()
+    );
+    println!("| B's Acquire | p50 | slowest | refused (503) |");
+    println!("|---|---|---|---|");
+    println!(
+        "| quiet host (reference) | {q50:.1} ms | {:.1} ms | 0 |",
+        slowest(&quiet)
+    );
+    println!(
+        "| right after A's release | {a50:.1} ms ({:.2}x) | {:.1} ms | {refused} |",
+        a50 / q50,
+        slowest(&after)
+    );
 }

@@ -31,6 +31,9 @@ const BIG_MIB: u64 = 200;
 const RELEASE_BOUND: Duration = Duration::from_secs(600);
 /// The host's `--agent-release-timeout`, [`RELEASE_BOUND`].
 const RELEASE_TIMEOUT: &str = "600";
+/// `--recycle-max-inodes` that keeps a slot whatever its lease left: the
+/// agent's removal (any depth, any width) is what these tests try.
+const RECYCLE_ALWAYS: &str = "100000000";
 
 /// The script that reports a sandbox's slot (its uid block on the host and
 /// when its PID 1 started) and what it finds of A's: run by A first, then
@@ -509,6 +512,8 @@ fn recycled(chains: &[Chain], limited: bool) {
             "1",
             "--agent-release-timeout",
             RELEASE_TIMEOUT,
+            "--recycle-max-inodes",
+            RECYCLE_ALWAYS,
         ],
         limited,
     );
@@ -634,11 +639,24 @@ print('made', len(os.listdir('/workspace')), len([n for n in os.listdir(home) if
 
 /// B's Acquire never waits for A's trash: when the slot is idle again,
 /// none of A's 32,000 directories is left in the slot's directory, and B
-/// lands on that slot.
+/// lands on that slot. While the agent deletes them, the released sandbox
+/// still counts against A's cap (issue 50): A's next Acquire is refused,
+/// saying so.
 #[test]
 fn no_trash_is_left_when_a_recycled_slot_is_idle_again() {
     let dir = Scratch::in_memory();
-    let host = host_of_one(dir.path(), &["--max-slots", "1"], false);
+    let host = host_of_one(
+        dir.path(),
+        &[
+            "--max-slots",
+            "1",
+            "--max-sandboxes-per-key",
+            "1",
+            "--recycle-max-inodes",
+            RECYCLE_ALWAYS,
+        ],
+        false,
+    );
     let a = id(&acquire(&host, KEY_A, r#"{"server_names": []}"#));
     let (_, log) = run_script(&host, KEY_A, &a, "slot-a", CHECK);
     let a_slot = slot_line(&log);
@@ -649,6 +667,14 @@ fn no_trash_is_left_when_a_recycled_slot_is_idle_again() {
     let planted = scan(&slot);
     assert!(planted.marked >= 32_000, "{planted:?}");
     release(&host, KEY_A, &a);
+    let (code, v) = http(
+        "POST",
+        &format!("{}/local-sandbox", host.base),
+        Some(KEY_A),
+        Some(r#"{"server_names": []}"#),
+    );
+    assert_eq!(code, 429, "A's trash is not counted against A: {v}");
+    assert!(v.to_string().contains("still being cleaned up"), "{v}");
     wait_idle(&host, dir.path(), RELEASE_BOUND);
     let left = scan(&slot);
     assert_eq!(
@@ -798,4 +824,107 @@ fn inode_flags_and_xattrs_of_the_workspace_and_home_do_not_cross_a_lease() {
         assert!(!x.contains("user.msg"), "{path}: A's xattr reaches B: {x}");
     }
     release(&host, KEY_B, &b);
+}
+
+/// A fills its sandbox's own file system: as many directories as it can
+/// make in the workspace, its home and /tmp, until the kernel says no.
+const FILL: &str = r#"
+import errno, os
+made, why = 0, None
+try:
+    for top in ['/workspace', os.environ['HOME'], '/tmp']:
+        for i in range(1_000_000):
+            os.mkdir('%s/by-a-%d' % (top, i))
+            made += 1
+except OSError as e:
+    why = errno.errorcode.get(e.errno, e.errno)
+print('made', made, why)
+"#;
+
+/// Issue 50: what a lease can leave is bounded by the kernel, and A's
+/// trash costs no one else a place. Three of A's sandboxes fill
+/// their file systems (`--slot-inodes`) until ENOSPC; A releases them.
+/// Each is discarded whole (unmounted: its directory is gone, no removal
+/// file by file), and B then acquires every place of `--max-slots`.
+#[test]
+fn a_lease_that_fills_its_inodes_leaves_no_one_waiting_for_its_trash() {
+    let dir = Scratch::in_memory();
+    let host = Host::start(
+        dir.path(),
+        &[
+            "--pool-size",
+            "2",
+            "--max-slots",
+            "4",
+            "--slot-inodes",
+            "30000",
+        ],
+    );
+    let mut ids = Vec::new();
+    for n in 0..3 {
+        let a = id(&acquire(&host, KEY_A, r#"{"server_names": []}"#));
+        let (status, log) = run_script(&host, KEY_A, &a, &format!("fill-{n}"), FILL);
+        assert_eq!(status, "completed", "{log}");
+        let line = log
+            .lines()
+            .find(|l| l.starts_with("made "))
+            .unwrap_or_default();
+        let made: u64 = line
+            .split(' ')
+            .nth(1)
+            .and_then(|m| m.parse().ok())
+            .unwrap_or(0);
+        assert!(
+            line.ends_with(" ENOSPC") && made > 10_000 && made < 30_000,
+            "the kernel must stop A at --slot-inodes: {line:?}\n{log}"
+        );
+        ids.push(a);
+    }
+    // A's slots: those whose workspace holds A's directories.
+    let filled: Vec<PathBuf> = slot_dirs(&host)
+        .into_iter()
+        .filter(|d| {
+            let out = Command::new("find")
+                .arg(d)
+                .args(["-maxdepth", "5", "-name", "by-a-0", "-print", "-quit"])
+                .output()
+                .expect("find");
+            !out.stdout.is_empty()
+        })
+        .collect();
+    assert_eq!(filled.len(), 3, "{filled:?}");
+    for a in &ids {
+        release(&host, KEY_A, a);
+    }
+    let (mut acquired, mut refused) = (Vec::new(), 0);
+    crate::common::eventually(Duration::from_secs(60), "B holds 4 sandboxes", || {
+        let (code, v) = http(
+            "POST",
+            &format!("{}/local-sandbox", host.base),
+            Some(KEY_B),
+            Some(r#"{"server_names": []}"#),
+        );
+        match code {
+            201 => acquired.push(id(&v)),
+            503 => refused += 1,
+            _ => panic!("B's Acquire: {code} {v}"),
+        }
+        crate::common::when(acquired.len() == 4, || {
+            format!("{} of 4, {refused} refused", acquired.len())
+        })
+    });
+    let kept: Vec<&PathBuf> = filled.iter().filter(|d| d.exists()).collect();
+    assert!(
+        kept.is_empty(),
+        "A's filled slots must be discarded, not kept: {kept:?}; the host's log:\n{}",
+        host_log(dir.path())
+    );
+    assert!(
+        host_log(dir.path()).contains("discarded with what it held"),
+        "{}",
+        host_log(dir.path())
+    );
+    for b in &acquired {
+        release(&host, KEY_B, b);
+    }
 }
