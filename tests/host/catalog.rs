@@ -234,3 +234,92 @@ fn a_catalog_whose_key_no_longer_matches_is_not_used() {
         "a stale catalog answered filesystem's discovery: {running:?}"
     );
 }
+
+/// The host's agents' peak resident memory, summed (VmHWM, bytes).
+fn agents_peak(host: &Host) -> u64 {
+    host.agents()
+        .into_iter()
+        .filter(|p| std::fs::metadata(format!("/proc/{p}")).is_ok())
+        .map(|p| crate::common::peak_rss(p as u32))
+        .sum()
+}
+
+/// POSTs `body` to `url` as a streamable-HTTP client would: (status, body).
+fn post_mcp(url: &str, body: &str, scratch: &Path) -> (u16, String) {
+    let file = scratch.join("body.json");
+    std::fs::write(&file, body).expect("body");
+    let out = Command::new("curl")
+        .args(["-s", "-o", "-", "-w", "\n%{http_code}", "-X", "POST"])
+        .args(["-H", "content-type: application/json"])
+        .args(["-H", "accept: application/json, text/event-stream"])
+        .arg("--data-binary")
+        .arg(format!("@{}", file.display()))
+        .arg(url)
+        .output()
+        .expect("curl");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, code) = text.rsplit_once('\n').expect("status line");
+    (code.trim().parse().expect("status"), body.to_owned())
+}
+
+/// Issue 50: one POST of 10,000 `tools/list` to an idle server's URL
+/// (answered from its catalog, inside the sandbox's PID 1) is refused
+/// whole, 400 naming `gateway.max_batch_messages`, before any answer is
+/// made; the sandbox serves on. A batch at the limit (100) of
+/// desktop-commander's listing, its largest, is answered whole from the
+/// catalog (nothing starts), each answer made and serialized before the
+/// next, and the agents' peak memory grows by far less than 100 parsed
+/// listings (the old path held a parsed copy of each, 348 MiB for 1,000).
+#[test]
+fn a_batch_of_ten_thousand_listings_is_refused_and_one_at_the_limit_is_bounded() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let host = host_with_catalogs(dir.path(), &[]);
+    let url = acquire_all(&host, None)
+        .into_iter()
+        .find(|(n, _)| n == "desktop-commander")
+        .map(|(_, u)| u)
+        .expect("desktop-commander is served");
+    let (code, one) = post_mcp(&url, &crate::common::rpc_batch(1, "tools/list"), dir.path());
+    assert_eq!(code, 200, "{one}");
+    assert!(
+        one.len() > 20_000,
+        "desktop-commander's listing: {} bytes",
+        one.len()
+    );
+    let before = agents_peak(&host);
+
+    let (code, body) = post_mcp(
+        &url,
+        &crate::common::rpc_batch(10_000, "tools/list"),
+        dir.path(),
+    );
+    assert_eq!(code, 400, "{}", &body[..body.len().min(300)]);
+    assert!(body.contains("gateway.max_batch_messages = 100"), "{body}");
+
+    let (code, body) = post_mcp(
+        &url,
+        &crate::common::rpc_batch(100, "tools/list"),
+        dir.path(),
+    );
+    assert_eq!(code, 200, "{}", &body[..body.len().min(300)]);
+    let answers: Vec<Value> = serde_json::from_str(&body).expect("a batch answer");
+    assert_eq!(answers.len(), 100);
+    for a in &answers {
+        assert!(
+            a["result"]["tools"]
+                .as_array()
+                .is_some_and(|t| !t.is_empty()),
+            "{a}"
+        );
+    }
+    let grown = agents_peak(&host).saturating_sub(before);
+    assert!(grown < 24 << 20, "the agents' peak RSS grew {grown} bytes");
+    let running = server_processes(&host);
+    assert!(
+        running.is_empty(),
+        "the catalog's listing started {running:?}"
+    );
+    // The sandbox serves on.
+    let (code, one) = post_mcp(&url, &crate::common::rpc_batch(1, "tools/list"), dir.path());
+    assert_eq!(code, 200, "{one}");
+}
