@@ -3,9 +3,10 @@
 //! servers), its agent reached over real virtio-vsock through
 //! vhost-device-vsock. The Klavis notebook's flow with httpx, the official
 //! MCP client through mcp_server_url, a script execution (the image carries
-//! python3), ALL, a server the image lacks, a VM booted ahead with warm
-//! servers answering the notebook's Acquire, and nothing left running after
-//! the host stops.
+//! python3, its environment the sandbox's own with nothing of the host's
+//! PATH or user), ALL, a server the image lacks, a VM booted ahead with
+//! warm servers answering the notebook's Acquire, and nothing left running
+//! after the host stops.
 //!
 //! Needs what `tests/vm.rs` needs, plus the npm servers under
 //! `SANDBOX_AGENT_SERVERS_DIR`; the README's test command installs them.
@@ -22,6 +23,8 @@ use crate::common::host::{
 
 /// The warm profile of the test's pool: two of the image's servers.
 const WARM: &str = "filesystem,localmemory";
+/// Put in the host's PATH and USER: never in a sandbox's environment.
+const HOST_MARK: &str = "sandbox-test-host-mark";
 
 #[test]
 fn the_qemu_backend_serves_the_api_from_vms() {
@@ -48,7 +51,14 @@ fn the_qemu_backend_serves_the_api_from_vms() {
         "--warm".into(),
         format!("{WARM}=1"),
     ];
-    let mut host = Host::start_with(dir.path(), &args);
+    // A marker in the host's PATH and user: nothing of it may reach a
+    // sandbox's processes (issue 50; `run_an_execution` reads `env`).
+    let path = format!(
+        "/opt/{HOST_MARK}/bin:{}",
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let user = format!("user-{HOST_MARK}");
+    let mut host = Host::start_with_env(dir.path(), &args, &[("PATH", &path), ("USER", &user)]);
     let b = host.base.clone();
 
     // The pool boots a VM ahead and starts the warm servers in it.
@@ -131,7 +141,7 @@ fn run_an_execution(host: &Host, dir: &std::path::Path) {
     let b = &host.base;
     let a = acquire(host, KEY_A, r#"{"server_names": ["filesystem"]}"#);
     let id = a["local_sandbox_id"].as_str().expect("id").to_owned();
-    let main = "import os, platform, pwd\nprint('python', platform.python_version(), 'on', platform.node())\nprint('user', pwd.getpwuid(os.getuid()).pw_name)\nopen('hello.txt', 'w').write('from the VM')\nopen(os.path.join(os.environ['AGENT_WORKSPACE'], 'ws.txt'), 'w').write('x')\nprint('done')\n";
+    let main = "import os, platform, pwd\nprint('python', platform.python_version(), 'on', platform.node())\nprint('user', pwd.getpwuid(os.getuid()).pw_name)\nfor k, v in os.environ.items():\n    print(f'env {k}={v}')\nopen('hello.txt', 'w').write('from the VM')\nopen(os.path.join(os.environ['AGENT_WORKSPACE'], 'ws.txt'), 'w').write('x')\nprint('done')\n";
     let archive = dir.join("exec.tar.gz");
     {
         let f = std::fs::File::create(&archive).expect("archive");
@@ -190,6 +200,11 @@ fn run_an_execution(host: &Host, dir: &std::path::Path) {
     assert!(
         logs.contains("on sandbox") && logs.contains("user sandbox") && logs.contains("done"),
         "{logs}"
+    );
+    // The sandbox's own environment, nothing of the host's.
+    assert!(
+        !logs.contains(HOST_MARK) && logs.contains("env USER=sandbox\n"),
+        "the execution's environment: {logs}"
     );
     let (code, v) = http(
         "POST",
