@@ -37,7 +37,8 @@ pub fn agents(data: &Path) -> Vec<i32> {
 /// Ends every slot of the (stopped) host of `data`: an isolated agent is
 /// PID 1 of its pid namespace, so its death ends every process there; its
 /// pasta, whatever else is left in its cgroups (bubblewrap's own process
-/// when the host was killed mid-way), and the cgroups go after it.
+/// when the host was killed mid-way), the cgroups and its own file system
+/// go after it.
 pub fn end_all(data: &Path) {
     let sig = nix::sys::signal::Signal::SIGKILL;
     for pid in agents(data) {
@@ -77,6 +78,10 @@ pub fn end_all(data: &Path) {
             remove_cgroup(&group);
         }
     }
+    // The isolated slots' own file systems, which the host mounted and
+    // leaves to a restarted host: detached, so the test's directory can go
+    // and the kernel frees them.
+    unmount_slot_file_systems(data);
 }
 
 /// SIGKILLs every process whose command line names a path under `data`;
@@ -165,10 +170,30 @@ fn remove_cgroup(d: &Path) {
 }
 
 /// A slot's workspace as its tenants see it, from the host: the tree an
-/// isolated agent binds over /workspace (`<slot>/ws/tree`, its bookkeeping
-/// beside it in `<slot>/ws`), or `<slot>/ws` itself for an agent that is
-/// not PID 1 of its own namespaces.
+/// isolated agent binds over /workspace (`<slot>/fs/ws/tree` on the slot's
+/// own file system, its bookkeeping beside it), or `<slot>/ws` itself for
+/// an agent that is not PID 1 of its own namespaces.
 pub fn slot_workspace(slot: &Path) -> PathBuf {
-    let tree = slot.join("ws/tree");
-    if tree.is_dir() { tree } else { slot.join("ws") }
+    let ws = slot_place(slot, "ws");
+    let tree = ws.join("tree");
+    if tree.is_dir() { tree } else { ws }
+}
+
+/// Where a slot's directory `sub` (`ws`, `state`, `exec`) is on the host:
+/// on the slot's own file system (`<slot>/fs/<sub>`) when it has one.
+pub fn slot_place(slot: &Path, sub: &str) -> PathBuf {
+    let own = slot.join("fs").join(sub);
+    if own.is_dir() { own } else { slot.join(sub) }
+}
+
+/// Detaches the own file systems of the slots under data dir `data` (what
+/// an operator does before removing the data dir of a dead host).
+pub fn unmount_slot_file_systems(data: &Path) {
+    for slot in std::fs::read_dir(data.join("slots"))
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let _ = nix::mount::umount2(&slot.path().join("fs"), nix::mount::MntFlags::MNT_DETACH);
+    }
 }

@@ -619,6 +619,47 @@ fn deep_trees_under_an_open_file_limit_leave_nothing_in_a_recycled_slot() {
     recycled(UNDER_LIMIT, true);
 }
 
+/// Issue 50: round 5's crash of a slot's agent (1 run in 5), a 3,000-level
+/// chain with the big file at its bottom in the workspace released under
+/// a 1,024 open-file limit, looped: five leases on one recycled slot, and
+/// after each Release the same agent serves (no crash, no replacement)
+/// and nothing of A's is left.
+#[test]
+fn a_deep_workspace_chain_under_an_open_file_limit_released_five_times() {
+    const CHAIN: &[Chain] = &[Chain::new("wsbig", Place::Workspace, 3_000, BIG_MIB)];
+    let dir = Scratch::in_memory();
+    let host = host_of_one(
+        dir.path(),
+        &[
+            "--max-slots",
+            "1",
+            "--agent-release-timeout",
+            RELEASE_TIMEOUT,
+            "--recycle-max-inodes",
+            RECYCLE_ALWAYS,
+        ],
+        true,
+    );
+    let agents: Vec<i32> = host.agents().into_iter().filter(|a| alive(*a)).collect();
+    assert_eq!(agents.len(), 1, "{agents:?}");
+    let slot = only_slot(&host, dir.path());
+    for round in 1..=5 {
+        let a = id(&acquire(&host, KEY_A, r#"{"server_names": []}"#));
+        plant(&host, dir.path(), &a, CHAIN);
+        release(&host, KEY_A, &a);
+        wait_idle(&host, dir.path(), RELEASE_BOUND);
+        assert!(
+            alive(agents[0]),
+            "round {round}: the slot's agent died; its log:\n{}\nthe host's log:\n{}",
+            std::fs::read_to_string(slot.join("agent.log")).unwrap_or_default(),
+            host_log(dir.path())
+        );
+        assert_eq!(only_slot(&host, dir.path()), slot, "round {round}");
+        let left = scan(&slot);
+        assert_eq!(left.marked, 0, "round {round}: {left:?}");
+    }
+}
+
 /// The host's removal of a replaced slot under a 1,024 open-file limit.
 #[test]
 fn deep_trees_under_an_open_file_limit_leave_no_replaced_slot_behind() {

@@ -614,14 +614,19 @@ fn a_killed_host_whose_data_dir_is_removed_leaves_nothing_running() {
     // Sandboxes outlive their host on purpose.
     assert!(old.iter().all(|s| alive(s.pid)));
     // The data dir removed (a small tree: the plain removal will do; an
-    // agent may write while it goes, so again until it is gone).
+    // agent may write while it goes, so again until it is gone). The
+    // slots' own file systems are emptied by the first pass (their state
+    // roots go with it) and, as an operator would, unmounted after it.
     eventually(
         secs(30),
         "the data dir is removed",
         || match std::fs::remove_dir_all(&first.data) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(e.to_string()),
+            Err(e) => {
+                crate::common::slots::unmount_slot_file_systems(&first.data);
+                Err(e.to_string())
+            }
         },
     );
 

@@ -265,7 +265,7 @@ async fn serve_inner(
     info!(version = sandbox_client::VERSION, workspace = %settings.workspace.display(), "serving");
     tokio::spawn(
         watch_state_root(
-            settings.effective.state_root.clone(),
+            watched_dirs(&settings),
             Duration::from_millis(settings.limits.state_root_check_ms),
             shutdown.clone(),
         )
@@ -507,29 +507,61 @@ fn routes(
     Ok(b.routes())
 }
 
-/// Shuts the agent down once its state root is deleted: the host removed
+/// The directories whose deletion means no host can reach or end this
+/// agent: its state root, and, when the control plane listens on unix
+/// sockets only, their directories (a slot's `run/`, in the host's data
+/// dir even when the state root is on the slot's own file system).
+fn watched_dirs(settings: &Settings) -> Vec<std::path::PathBuf> {
+    let mut dirs = vec![settings.effective.state_root.clone()];
+    let unix: Vec<&std::path::Path> = settings
+        .listen
+        .iter()
+        .filter_map(|e| match e {
+            Endpoint::Unix(p) => Some(p.as_path()),
+            _ => None,
+        })
+        .collect();
+    if unix.len() == settings.listen.len() {
+        for p in unix {
+            let dir = p.parent().filter(|d| !d.as_os_str().is_empty());
+            dirs.push(dir.unwrap_or(std::path::Path::new(".")).to_owned());
+        }
+    }
+    dirs
+}
+
+/// Shuts the agent down once one of `dirs` is deleted: the host removed
 /// the slot's directory (or its whole data dir), so no host can reach or
 /// end this agent any more, and it would hold its servers, memory and id
 /// block until the machine stops.
-async fn watch_state_root(path: std::path::PathBuf, every: Duration, shutdown: CancellationToken) {
+async fn watch_state_root(
+    dirs: Vec<std::path::PathBuf>,
+    every: Duration,
+    shutdown: CancellationToken,
+) {
     use rustix::fs::{Mode, OFlags};
     let flags = OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC;
-    let fd = match rustix::fs::open(&path, flags, Mode::empty()) {
-        Ok(fd) => fd,
-        Err(e) => {
-            warn!(path = %path.display(), error = %e, "cannot watch the state root");
-            return;
+    let mut fds = Vec::new();
+    for path in dirs {
+        match rustix::fs::open(&path, flags, Mode::empty()) {
+            Ok(fd) => fds.push((path, fd)),
+            Err(e) => warn!(path = %path.display(), error = %e, "cannot watch the state root"),
         }
-    };
+    }
+    if fds.is_empty() {
+        return;
+    }
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = tokio::time::sleep(every) => {}
         }
-        if rustix::fs::fstat(&fd).is_ok_and(|st| st.st_nlink == 0) {
-            warn!(path = %path.display(), "the state root was deleted (the slot's directory is gone): shutting down");
-            shutdown.cancel();
-            return;
+        for (path, fd) in &fds {
+            if rustix::fs::fstat(fd).is_ok_and(|st| st.st_nlink == 0) {
+                warn!(path = %path.display(), "the agent's directory was deleted (the slot's directory is gone): shutting down");
+                shutdown.cancel();
+                return;
+            }
         }
     }
 }

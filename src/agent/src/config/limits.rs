@@ -28,9 +28,11 @@ pub struct Limits {
     /// this, else it is closed: idle or trickling clients cannot hold the
     /// `max_connections_per_listener` slots.
     pub handshake_timeout_ms: u64,
-    /// How often the agent checks that its state root still exists; once
-    /// it is deleted (the host removed the slot's directory, or its whole
-    /// data dir), no host can reach or end the agent, so it shuts down.
+    /// How often the agent checks that its state root (and, when the
+    /// control plane listens on unix sockets only, their directories)
+    /// still exists; once one is deleted (the host removed the slot's
+    /// directory, or its whole data dir), no host can reach or end the
+    /// agent, so it shuts down.
     pub state_root_check_ms: u64,
 }
 
