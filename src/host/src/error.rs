@@ -55,7 +55,7 @@ pub enum HostError {
     #[error(
         "this API key already holds {held} sandbox(es){} (limit {limit}, --max-sandboxes-per-key): {}",
         if *cleaning > 0 { format!(" and {cleaning} released one(s) still being cleaned up") } else { String::new() },
-        if *held > 0 { "release one first" } else { "retry once the released ones are clean" }
+        if *cleaning > 0 { "its Acquire waited --agent-release-timeout for them; release one, or retry" } else { "release one first" }
     )]
     TooManySandboxes {
         held: usize,

@@ -3,8 +3,7 @@
 //! under a new id (by narrowing a warm lease or a cold Acquire), stored,
 //! counted against its owner's cap; reset; released in the background.
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::Arc;
+use std::collections::BTreeMap;
 
 use sandbox_client::proto;
 use serde_json::Value;
@@ -235,7 +234,33 @@ struct OwnerClaim {
 }
 
 impl OwnerClaim {
+    /// Room for one more of `who`'s sandboxes. Where only its released
+    /// sandboxes still being cleaned up are in the way, waits (at most
+    /// `--agent-release-timeout`) for one of them to be clean.
     async fn take(h: &Shared, who: &str) -> HostResult<OwnerClaim> {
+        let deadline = tokio::time::Instant::now() + h.pool.deadlines().release;
+        loop {
+            let cleaned = h.cleaning.cleaned();
+            tokio::pin!(cleaned);
+            cleaned.as_mut().enable();
+            let cleaning = match Self::try_take(h, who).await? {
+                Ok(claim) => return Ok(claim),
+                Err(cleaning) => cleaning,
+            };
+            if tokio::time::timeout_at(deadline, cleaned).await.is_err() {
+                let live = h.store.held(who).await?;
+                return Err(HostError::TooManySandboxes {
+                    held: live,
+                    cleaning,
+                    limit: h.max_per_owner,
+                });
+            }
+        }
+    }
+
+    /// The claim, or (`Err`) how many of `who`'s released sandboxes still
+    /// being cleaned up are all that is in the way.
+    async fn try_take(h: &Shared, who: &str) -> HostResult<Result<OwnerClaim, usize>> {
         // The live sandboxes the store counts here (where replicas share
         // the leases, the fleet decides the cap across them when it
         // takes the sandbox); this replica's Acquires are counted under
@@ -244,18 +269,21 @@ impl OwnerClaim {
         let cleaning = h.cleaning.get(who);
         let mut acquiring = h.acquiring.lock().unwrap_or_else(|p| p.into_inner());
         let n = acquiring.entry(who.to_owned()).or_default();
-        if live + cleaning + *n >= h.max_per_owner {
+        if live + *n >= h.max_per_owner {
             return Err(HostError::TooManySandboxes {
                 held: live + *n,
                 cleaning,
                 limit: h.max_per_owner,
             });
         }
+        if live + cleaning + *n >= h.max_per_owner {
+            return Ok(Err(cleaning));
+        }
         *n += 1;
-        Ok(OwnerClaim {
+        Ok(Ok(OwnerClaim {
             h: h.clone(),
             who: who.to_owned(),
-        })
+        }))
     }
 }
 
@@ -407,46 +435,4 @@ pub async fn release_in_background(h: &Shared, s: &SandboxRow, is_ttl: bool) {
     // cannot leave more trash behind than it may hold sandboxes.
     let until_clean = h.cleaning.count(&s.owner);
     h.fleet.release(s, is_ttl, &h.releases, until_clean);
-}
-
-/// Per-owner counts of what is in progress, each unit held by a
-/// [`Counted`] until it drops.
-#[derive(Default)]
-pub struct OwnerCount(std::sync::Mutex<HashMap<String, usize>>);
-
-impl OwnerCount {
-    fn counts(&self) -> std::sync::MutexGuard<'_, HashMap<String, usize>> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    pub fn get(&self, who: &str) -> usize {
-        self.counts().get(who).copied().unwrap_or(0)
-    }
-
-    /// One more for `who`, until the guard drops.
-    pub fn count(self: &Arc<Self>, who: &str) -> Counted {
-        *self.counts().entry(who.to_owned()).or_default() += 1;
-        Counted {
-            of: self.clone(),
-            who: who.to_owned(),
-        }
-    }
-}
-
-/// One unit of an [`OwnerCount`].
-pub struct Counted {
-    of: Arc<OwnerCount>,
-    who: String,
-}
-
-impl Drop for Counted {
-    fn drop(&mut self) {
-        let mut counts = self.of.counts();
-        if let Some(n) = counts.get_mut(&self.who) {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
-                counts.remove(&self.who);
-            }
-        }
-    }
 }

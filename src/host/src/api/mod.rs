@@ -28,6 +28,7 @@
 //! Errors are `crate::error::HostError`, whose one `status()` decides
 //! every answer's status.
 
+mod cleaning;
 mod common;
 mod exec;
 pub mod inflight;
@@ -201,7 +202,7 @@ pub struct Host {
     pub acquiring: std::sync::Mutex<HashMap<String, usize>>,
     /// Released sandboxes per owner still being cleaned up, counted
     /// against `max_per_owner` until they are clean.
-    pub cleaning: Arc<leases::OwnerCount>,
+    pub cleaning: Arc<cleaning::OwnerCount>,
     /// Releases running in the background; a shutdown waits for them, so a
     /// released sandbox is back in the pool (and stopped with it), never
     /// left running outside it.

@@ -272,22 +272,6 @@ impl Pool {
         }
     }
 
-    pub fn on_release(&self) -> OnRelease {
-        self.cfg.on_release
-    }
-
-    /// Whether leased slot `id` is discarded at its Release: its own file
-    /// system holds more than `--recycle-max-inodes` entries, which an
-    /// unmount drops at once where emptying it would hold the slot.
-    pub fn discards(&self, id: &str) -> bool {
-        let dir = self
-            .leased()
-            .get(id)
-            .and_then(|s| s.dir().map(std::path::Path::to_owned));
-        dir.and_then(|d| isolate::slot_fs::used_inodes(&d))
-            .is_some_and(|n| n > self.cfg.recycle_max_inodes)
-    }
-
     /// The asked names that the backend's agents do not carry, with the
     /// names they do; `None` while no slot has served yet (the agent then
     /// decides). Lets an Acquire of a missing server fail before it takes

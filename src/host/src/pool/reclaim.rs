@@ -116,6 +116,22 @@ impl Reclaim {
 }
 
 impl Pool {
+    pub fn on_release(&self) -> super::OnRelease {
+        self.cfg.on_release
+    }
+
+    /// Whether leased slot `id` is discarded at its Release: its own file
+    /// system holds more than `--recycle-max-inodes` entries, which an
+    /// unmount drops at once where emptying it would hold the slot.
+    pub fn discards(&self, id: &str) -> bool {
+        let dir = self
+            .leased()
+            .get(id)
+            .and_then(|s| s.dir().map(Path::to_owned));
+        dir.and_then(|d| super::isolate::slot_fs::used_inodes(&d))
+            .is_some_and(|n| n > self.cfg.recycle_max_inodes)
+    }
+
     pub fn reclaim_counts(&self) -> ReclaimCounts {
         ReclaimCounts {
             pending: self.reclaim.pending_mut().len(),
