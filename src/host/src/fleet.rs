@@ -134,7 +134,7 @@ impl Fleet {
     }
 
     /// Ends lease `s` (already recorded released) in the background,
-    /// tracked by `releases`; the agent's Release, then the slot back to
+    /// tracked by `releases`: the agent's Release, then the slot back to
     /// the pool (replaced if the Release failed, or by `--on-release
     /// replace`), or the claim deleted (whatever the pod's agent did).
     /// `until_clean` is dropped once the sandbox is clean (or gone).
