@@ -339,12 +339,14 @@ impl RunDir {
             format!("making a private directory in {}", parent.display()),
             move || {
                 use std::os::unix::fs::PermissionsExt;
-                let dir = tempfile::Builder::new()
+                let made = tempfile::Builder::new()
                     .prefix("sandbox-data-")
                     .permissions(std::fs::Permissions::from_mode(0o700))
-                    .tempdir_in(&p)?
-                    .keep();
-                let fd = open_dir(&dir)?;
+                    .tempdir_in(&p)?;
+                // Still empty and the agent's: removed by TempDir if this
+                // fails; kept (for sandbox_tree's removal) only once it is
+                // the tool's.
+                let fd = open_dir(made.path())?;
                 if let Some((uid, gid)) = owner {
                     rustix::fs::fchown(
                         &fd,
@@ -353,7 +355,7 @@ impl RunDir {
                     )?;
                 }
                 Ok(RunDir {
-                    dir: Some(dir),
+                    dir: Some(made.keep()),
                     fd: Arc::new(fd),
                     owner,
                 })

@@ -232,16 +232,18 @@ pub struct Args {
     #[arg(long, default_value_t = 256 << 20, value_name = "BYTES")]
     pub max_multipart_bytes: u64,
     /// Live sandboxes one owner (an API key, or the keys sharing an owner in
-    /// --api-key-file) may hold at once; one more Acquire is a 429.
+    /// --api-key-file) may hold at once, its released ones still being
+    /// cleaned up counted too; one more Acquire is a 429 (or, when only
+    /// those keep it out, waits up to --agent-release-timeout for one).
     #[arg(long, default_value_t = 64, value_name = "N")]
     pub max_sandboxes_per_key: usize,
     /// A variable of this host's environment its agents get too
-    /// (repeatable; by name, its value read from this host's environment).
-    /// Agents start with a cleared environment: PATH, HOME, USER, LANG,
-    /// LC_ALL, TZ, TMPDIR, RUST_LOG, RUST_BACKTRACE, the package index and
-    /// proxy variables, SANDBOX_AGENT_*, the names the manifest's
-    /// `pass_env` lists, and these; nothing else of this host's
-    /// environment.
+    /// (repeatable; by name, its value read from this host's environment),
+    /// e.g. PIP_INDEX_URL or HTTPS_PROXY for executions (exec.pass_env).
+    /// Agents start with a cleared environment: PATH and HOME (for their
+    /// own tools, never passed on to a sandbox's processes), RUST_LOG,
+    /// RUST_BACKTRACE, SANDBOX_AGENT_*, the names the manifest's `pass_env`
+    /// lists, and these; nothing else of this host's environment.
     #[arg(long = "agent-env", value_name = "NAME")]
     pub agent_env: Vec<String>,
     /// Serve `GET /metrics` on this address of its own, without a key

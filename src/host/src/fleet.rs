@@ -224,26 +224,21 @@ async fn release_slot(pool: Arc<Pool>, s: SandboxRow, is_ttl: bool, within: Dura
         info!(sandbox = %id, is_ttl, "released; its sandbox is replaced");
         return;
     }
-    if pool.discards(&slot_id) {
-        // What the lease left is dropped with the slot's file system: the
-        // agent only ends the lease, then the slot goes at once.
-        if let Some(slot) = pool.leased_slot(&slot_id)
-            && let Err(e) = release_on(&slot, &id, is_ttl, true, within).await
-        {
-            warn!(sandbox = %id, error = %e, "ending the lease before its discard failed");
-        }
-        let _ = tokio::task::spawn_blocking(move || pool.drop_slot(&slot_id)).await;
-        info!(sandbox = %id, is_ttl, "released; its sandbox is discarded with what it held");
-        return;
-    }
+    let over = pool.discard_over_inodes(&slot_id);
     let released = match pool.leased_slot(&slot_id) {
-        Some(slot) => release_on(&slot, &id, is_ttl, false, within).await,
+        Some(slot) => release_on(&slot, &id, is_ttl, over, within).await,
         None => Err("its agent is gone".to_owned()),
     };
     match released {
-        Ok(()) => {
+        Ok(false) => {
             info!(sandbox = %id, is_ttl, "released");
             let _ = tokio::task::spawn_blocking(move || pool.give_back(&slot_id)).await;
+        }
+        Ok(true) => {
+            // What the lease left is dropped with the slot's own file
+            // system: an unmount, whatever the tenant made.
+            info!(sandbox = %id, is_ttl, "released; its sandbox is discarded with what it held");
+            let _ = tokio::task::spawn_blocking(move || pool.drop_slot(&slot_id)).await;
         }
         Err(e) => {
             warn!(sandbox = %id, error = %e, "release failed; the agent is replaced");
@@ -258,7 +253,9 @@ async fn release_slot(pool: Arc<Pool>, s: SandboxRow, is_ttl: bool, within: Dura
 async fn release_claim(cluster: Arc<Cluster>, s: SandboxRow, is_ttl: bool, within: Duration) {
     let released = async {
         let slot = cluster.slot_of(&s).map_err(|e| e.to_string())?;
-        release_on(&slot, &s.id, is_ttl, false, within).await
+        release_on(&slot, &s.id, is_ttl, 0, within)
+            .await
+            .map(|_| ())
     };
     match tokio::time::timeout(cluster.release_within(), released).await {
         Ok(Ok(())) => info!(sandbox = %s.id, is_ttl, "released"),
@@ -272,23 +269,25 @@ async fn release_claim(cluster: Arc<Cluster>, s: SandboxRow, is_ttl: bool, withi
     cluster.unclaim(&s.slot).await;
 }
 
-/// The Release of lease `id` by the agent of `slot` (`discard`: only the
-/// lease's end, the slot is dropped after).
+/// The Release of lease `id` by the agent of `slot`, a discard past
+/// `discard_over_inodes` entries of its own file system (0: never);
+/// whether it ended the lease for a discard (the slot is then dropped).
 async fn release_on(
     slot: &Slot,
     id: &str,
     is_ttl: bool,
-    discard: bool,
+    discard_over_inodes: u64,
     within: Duration,
-) -> Result<(), String> {
+) -> Result<bool, String> {
     let c = slot.client(within).await.map_err(|e| e.to_string())?;
     c.agent()
         .release(proto::ReleaseRequest {
             lease_id: id.to_owned(),
             is_ttl,
-            discard,
+            discard_over_inodes,
+            ..Default::default()
         })
         .await
-        .map(|_| ())
+        .map(|r| r.into_inner().discarded)
         .map_err(|s| s.to_string())
 }

@@ -13,8 +13,9 @@ pub struct GatewayConfig {
     pub max_batch_messages: usize,
     /// Most bytes of one POST's answers, counted as each answer is made
     /// (never after building the whole): an answer past it is replaced by a
-    /// JSON-RPC error saying so. At least one answer of the largest message
-    /// a server may send (`supervisor.stdio_message_bytes`) fits.
+    /// JSON-RPC error saying so. Keep it above
+    /// `supervisor.stdio_message_bytes`, so one answer of the largest
+    /// message a server may send fits.
     pub max_reply_bytes: usize,
     /// Sessions kept per server; beyond it the least recently used is
     /// dropped (its next request starts a new session).

@@ -127,15 +127,18 @@ impl proto::agent_server::Agent for AgentService {
         let meta = super::lease_of(&req)?;
         let r = req.into_inner();
         let lease = super::one_lease(&r.lease_id, meta)?;
-        let message = if r.discard {
-            self.lc.release_for_discard(&lease, r.is_ttl).await
+        let (message, discarded) = if r.discard {
+            let m = self.lc.release_for_discard(&lease, r.is_ttl).await;
+            m.map(|m| (m, true))
         } else {
-            self.lc.release(&lease, r.is_ttl).await
+            let over = r.discard_over_inodes;
+            self.lc.release_or_discard(&lease, r.is_ttl, over).await
         }
         .map_err(lc_status)?;
         Ok(Response::new(proto::ReleaseResponse {
             status: sandbox_status(self.lc.view().status),
             message,
+            discarded,
         }))
     }
 

@@ -40,8 +40,8 @@ pub struct NewLease {
 
 /// Leases a sandbox for `who` as `req` asks.
 pub async fn lease(h: &Shared, who: String, req: &AcquireBody) -> HostResult<NewLease> {
-    let _claim = OwnerClaim::take(h, &who).await?;
     check_servers_known(h, req)?;
+    let _claim = OwnerClaim::take(h, &who).await?;
     let started = std::time::Instant::now();
     let id = uuid::Uuid::new_v4().to_string();
     // Dropped before the lease is stored (the client went away: while the
@@ -272,7 +272,7 @@ impl OwnerClaim {
         if live + *n >= h.max_per_owner {
             return Err(HostError::TooManySandboxes {
                 held: live + *n,
-                cleaning,
+                cleaning: 0,
                 limit: h.max_per_owner,
             });
         }
@@ -424,6 +424,11 @@ fn auth_data(lease: Option<&proto::Lease>) -> BTreeMap<String, Value> {
 /// Ends a sandbox: marked released now, then ended by its fleet in the
 /// background ([`crate::fleet::Fleet::release`]).
 pub async fn release_in_background(h: &Shared, s: &SandboxRow, is_ttl: bool) {
+    // Until it is clean, it counts against its owner's cap: an owner
+    // cannot leave more trash behind than it may hold sandboxes. Counted
+    // before the store stops counting it as live (twice for a moment, never
+    // not at all).
+    let until_clean = h.cleaning.count(&s.owner);
     if let Err(e) = h.store.mark_released(&s.id, &timestamp()).await {
         warn!(sandbox = %s.id, error = %e, "cannot record the release");
     }
@@ -431,8 +436,5 @@ pub async fn release_in_background(h: &Shared, s: &SandboxRow, is_ttl: bool) {
     // After the store says released: a request admitted later finds it so
     // (`inflight::admit`); one in flight stops here.
     h.inflight.end(&s.id);
-    // Until it is clean, it counts against its owner's cap: an owner
-    // cannot leave more trash behind than it may hold sandboxes.
-    let until_clean = h.cleaning.count(&s.owner);
     h.fleet.release(s, is_ttl, &h.releases, until_clean);
 }

@@ -290,6 +290,7 @@ fn spawn_isolated_once(
 /// the error with the end of the slot's log, which says why.
 fn abandon(id: &str, dir: &Path, e: PoolError) -> PoolError {
     super::isolate::teardown(id, dir);
+    super::isolate::slot_fs::unmount(dir);
     let log = std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default();
     PoolError::Setup {
         error: Box::new(e),

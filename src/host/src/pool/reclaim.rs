@@ -120,16 +120,21 @@ impl Pool {
         self.cfg.on_release
     }
 
-    /// Whether leased slot `id` is discarded at its Release: its own file
-    /// system holds more than `--recycle-max-inodes` entries, which an
-    /// unmount drops at once where emptying it would hold the slot.
-    pub fn discards(&self, id: &str) -> bool {
+    /// Past how many entries of its own file system leased slot `id` is
+    /// discarded at its Release (`ReleaseRequest.discard_over_inodes`;
+    /// 0: never, the slot has none): an unmount drops them at once where
+    /// emptying them would hold the slot.
+    pub fn discard_over_inodes(&self, id: &str) -> u64 {
         let dir = self
             .leased()
             .get(id)
             .and_then(|s| s.dir().map(Path::to_owned));
-        dir.and_then(|d| super::isolate::slot_fs::used_inodes(&d))
-            .is_some_and(|n| n > self.cfg.recycle_max_inodes)
+        let own = dir.is_some_and(|d| super::isolate::slot_fs::used_inodes(&d).is_some());
+        if own {
+            self.cfg.recycle_max_inodes.max(1)
+        } else {
+            0
+        }
     }
 
     pub fn reclaim_counts(&self) -> ReclaimCounts {

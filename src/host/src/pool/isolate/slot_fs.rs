@@ -45,6 +45,8 @@ pub fn path(dir: &Path) -> PathBuf {
 /// (sticky, world-writable) made on it.
 pub fn mount(dir: &Path, fs: SlotFs, (uid, gid): (u32, u32)) -> Result<(), IsolationError> {
     let at = path(dir);
+    // A setup tried again on the same directory starts from nothing.
+    unmount(dir);
     std::fs::create_dir_all(&at).map_err(io(format!("creating {}", at.display())))?;
     let data = format!(
         "size={},nr_inodes={},mode=0711,uid={uid},gid={gid}",
@@ -73,14 +75,18 @@ pub fn mount(dir: &Path, fs: SlotFs, (uid, gid): (u32, u32)) -> Result<(), Isola
     Ok(())
 }
 
-/// Detaches the slot's file system, if it has one: the kernel frees it
-/// once the slot's namespaces are gone. Never blocks on what it holds.
+/// Detaches the slot's file system (every one mounted there), if it has
+/// one: the kernel frees it once the slot's namespaces are gone. Never
+/// blocks on what it holds.
 pub fn unmount(dir: &Path) {
     let at = path(dir);
-    match nix::mount::umount2(&at, MntFlags::MNT_DETACH) {
-        Ok(()) | Err(nix::errno::Errno::EINVAL) | Err(nix::errno::Errno::ENOENT) => {}
-        Err(e) => {
-            tracing::warn!(dir = %at.display(), error = %e, "cannot unmount a slot's file system")
+    for _ in 0..8 {
+        if !is_mounted(&at) {
+            return;
+        }
+        if let Err(e) = nix::mount::umount2(&at, MntFlags::MNT_DETACH) {
+            tracing::warn!(dir = %at.display(), error = %e, "cannot unmount a slot's file system");
+            return;
         }
     }
 }
