@@ -809,7 +809,13 @@ fn marks(log: &str, prefix: &str) -> Vec<(String, u64, u64, String)> {
 #[test]
 fn inode_flags_and_xattrs_of_the_workspace_and_home_do_not_cross_a_lease() {
     let dir = Scratch::new();
-    let host = host_of_one(dir.path(), &["--max-slots", "1"], false);
+    // The slots' files on the data dir's disk filesystem (the slot's own
+    // tmpfs takes no inode flags: there a tenant cannot set them at all).
+    let host = host_of_one(
+        dir.path(),
+        &["--max-slots", "1", "--slot-disk-bytes", "0"],
+        false,
+    );
     let a = id(&acquire(&host, KEY_A, r#"{"server_names": []}"#));
     let (status, log) = run_script(&host, KEY_A, &a, "marks", MARKS);
     assert_eq!(status, "completed", "{log}");
