@@ -1,23 +1,25 @@
 #!/usr/bin/env bash
 # The whole test suite (the README's test command): installs what it needs
-# when missing, then runs the formatting and lint checks, the unit and
-# integration tests (real binaries over real sockets; some need root, e.g.
-# to mount a tmpfs workspace, and skip with a message without it, or fail
-# under CI=true), the
-# static musl build check, a short fuzz run of the archive extractor, and
-# the benchmarks.
+# when missing, then checks the formatting, builds the debug tree once
+# (clippy linting the workspace's crates as they compile), runs the unit
+# and integration tests (real binaries over real sockets; some need root,
+# e.g. to mount a tmpfs workspace, and skip with a message without it, or
+# fail under CI=true) with the kubernetes backend's, checks the static
+# musl build, fuzzes the archive extractor briefly and runs the
+# benchmarks. At the end: each step's wall and CPU time, and the 20
+# slowest tests.
 #
 #   ./.ci/test-all.sh                    everything, benchmarks in short mode
 #   BENCH=full ./.ci/test-all.sh         the full benchmarks (the README's figures)
 #   SKIP_BENCH=1 ./.ci/test-all.sh       without the benchmarks
 #   FUZZ_SECONDS=600 ./.ci/test-all.sh   a longer fuzz run (default 30)
+#
+# The author's fast loop is ./.ci/quick.sh (docs/testing.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-export PATH="$HOME/.cargo/bin:$PATH"
-
-# Each step says when it starts (minutes:seconds since the start), so a run's
-# log shows where the time goes.
-step() { printf '\n==> [%d:%02d] %s\n' $((SECONDS / 60)) $((SECONDS % 60)) "$*"; }
+. .ci/lib.sh
+mkdir -p target/ci-times
+trap 'steps_report' EXIT
 
 # In CI (CI=true) every test runs: those that need root fail instead of
 # skipping (tests/common root_or_skip), so say so now rather than after
@@ -41,7 +43,6 @@ export SANDBOX_AGENT_WHEELS=${SANDBOX_AGENT_WHEELS:-/opt/sandbox-agent/wheels}
 
 # The other shipped MCP servers (every_shipped_server_starts_and_answers)
 # install while the code compiles; the tests wait for them.
-mkdir -p target
 ./.ci/install-prereqs.sh --all-servers > target/install-all-servers.log 2>&1 &
 all_servers=$!
 
@@ -49,43 +50,45 @@ step "cargo fmt --check"
 cargo fmt --all --check
 (cd fuzz && cargo fmt --check)
 
-step "cargo clippy --workspace --all-targets -- -D warnings"
-cargo clippy --locked --workspace --all-targets -- -D warnings
+# Every package, every target, the kubernetes backend on: the one debug
+# build of the run, linted as `cargo clippy --workspace --all-targets
+# --features kubernetes -- -D warnings` would.
+lint_env
+features=(--workspace --features kubernetes)
+step "debug build, linted (clippy -D warnings on every workspace target)"
+cargo test --locked "${features[@]}" --all-targets --no-run
 
-step "cargo test --workspace"
-# Builds every package's binaries too: the integration tests in tests/ run
-# them from target/debug.
-cargo test --locked --workspace --no-run
-
-# The release builds of the later steps (the guest's static binaries, which
-# the VM tests' image takes too; the host and the benchmarks; the fuzz
-# target) are made meanwhile at the lowest priority, in the CPU time the
-# tests leave idle while they wait on servers, VMs and deadlines. Cargo
-# locks each profile's directory apart, so neither waits on the other; a
-# VM test's image build that comes first waits for the release lock.
-./.ci/release-builds.sh > target/release-builds.log 2>&1 &
-release_builds=$!
+# The release builds (packaging/build-static.sh: the static binaries and
+# the benchmarks' binary; then the fuzz target) are made beside the tests
+# at the lowest priority, in the CPU time the tests leave idle while they
+# wait on servers and deadlines. The VM tests run beside the others too:
+# their image build waits for the static build (cargo's lock), then finds
+# it done.
+background release-builds target/release-builds.log nice -n 19 .ci/release-builds.sh
+background vm-tests target/test-vm.log \
+  cargo test --locked "${features[@]}" --test vm -- "${TEST_TIME_ARGS[@]}"
 
 if ! wait "$all_servers"; then
   cat target/install-all-servers.log >&2
   echo "installing the shipped MCP servers failed" >&2
   exit 1
 fi
-cargo test --locked --workspace
+step "cargo test (all but the VM tests, which run beside)"
+cargo test --locked "${features[@]}" --lib --bins --tests -- "${TEST_TIME_ARGS[@]}" \
+  --skip vm::the_agent_runs_a_vm_as_init_over_real_vsock \
+  --skip host_vm::the_qemu_backend_serves_the_api_from_vms 2>&1 | tee target/test-rest.log
+cargo test --locked "${features[@]}" --doc
 
-step "release builds (made during the tests)"
-if ! wait "$release_builds"; then
-  cat target/release-builds.log >&2
-  echo "the release builds failed" >&2
-  exit 1
-fi
+step "the VM tests (run beside the others)"
+background_wait vm-tests target/test-vm.log
+cat target/test-vm.log
+
+step "release builds (made beside the tests)"
+background_wait release-builds target/release-builds.log
 grep -E '^(==>|    Finished)' target/release-builds.log || true
 
-step "static build (x86_64-unknown-linux-musl, the guest's binaries)"
-# As the VM image builds them: the agent's package alone, so none of the
-# host's crates can be unified into it (the VM test's image build is reused).
+step "static build check (x86_64-unknown-linux-musl, the guest's binaries)"
 musl=x86_64-unknown-linux-musl
-cargo build --locked --release --target $musl -p sandbox-agent -p sandboxctl
 for bin in sandbox-agent sandboxctl; do
   f=target/$musl/release/$bin
   if readelf -lW "$f" | grep -q INTERP || readelf -dW "$f" | grep -q NEEDED; then
@@ -106,24 +109,29 @@ step "fuzz the archive extractor (${FUZZ_SECONDS:-30} s, asserting confinement)"
 # aborted extraction is detached by design and may still be exiting when
 # the check runs (a 32-byte thread-local registration).
 corpus=$(mktemp -d)
-(cd fuzz && ASAN_OPTIONS=detect_leaks=0 RUSTC_BOOTSTRAP=1 cargo fuzz run extract "$corpus" seeds/extract -- \
+(cd fuzz && unset RUSTC_WORKSPACE_WRAPPER CLIPPY_ARGS && ASAN_OPTIONS=detect_leaks=0 RUSTC_BOOTSTRAP=1 \
+  cargo fuzz run extract "$corpus" seeds/extract -- \
   -max_total_time="${FUZZ_SECONDS:-30}" -rss_limit_mb=2048 -detect_leaks=0 -print_final_stats=1)
 rm -rf "$corpus"
 
 if [ "${SKIP_BENCH:-0}" != 1 ]; then
   export BENCH=${BENCH:-short}
-  step "cargo bench (BENCH=$BENCH; static release binaries; the full workspace bench needs ~6 GB of disk)"
-  # The benches run the release binaries: the agent and sandboxctl built
-  # above (the guest's own build), the host built here. Both commands
-  # resolve features as the VM test's example server build did (-p
-  # sandbox-suite -p sandbox-host, dev-dependencies on), so the shared
-  # dependencies are compiled once.
-  cargo build --locked --release --target $musl -p sandbox-suite -p sandbox-host \
-    --bin sandbox-host --example mcp_notes
-  cargo bench --locked --target $musl -p sandbox-suite -p sandbox-host
+  if [ "$BENCH" = short ]; then
+    # The short mode is a smoke check of every bench (fewer rounds,
+    # smaller corpora; its figures are not quoted): the bench binary and
+    # the binaries it runs are the debug build's, built above.
+    step "benchmarks, short mode (BENCH=short: every bench once, on the debug build; figures: BENCH=full)"
+    cargo test --locked "${features[@]}" --bench all
+  else
+    # The full benchmarks run the static release binaries
+    # (packaging/build-static.sh --bench; its commands, so nothing is
+    # compiled twice).
+    step "benchmarks (BENCH=$BENCH; static release binaries; the full workspace bench needs ~6 GB of disk)"
+    (unset RUSTC_WORKSPACE_WRAPPER CLIPPY_ARGS && packaging/build-static.sh --bench \
+      && $(packaging/build-static.sh --print | tail -1))
+  fi
 fi
 
 step "all checks passed"
-# The CPU time of every step (user, system; this shell's, then its
-# children's): against twice the wall time, how busy the two cores were.
-times
+step_end
+slow_tests target/test-rest.log target/test-vm.log

@@ -13,6 +13,7 @@ mod gateway;
 mod host;
 mod lifecycle;
 /// The real kube-apiserver of the kubernetes tests (`kube-api`).
+#[cfg(feature = "kubernetes")]
 #[allow(dead_code)]
 #[path = "../src/kube/tests/real/mod.rs"]
 mod real;

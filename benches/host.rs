@@ -36,6 +36,7 @@ use crate::common;
 mod burst;
 #[path = "host/first_minute.rs"]
 pub mod first_minute;
+#[cfg(feature = "kubernetes")]
 #[path = "host/kube.rs"]
 mod kube_api;
 #[path = "host/memory.rs"]
@@ -539,6 +540,18 @@ pub fn main() {
 
 /// The kubernetes backend's API requests on a real kube-apiserver
 /// (`host/kube.rs`).
+#[cfg(not(feature = "kubernetes"))]
+pub fn kube_main() {
+    let why = "kube-api: this bench binary was built without the `kubernetes` feature \
+               (cargo bench -p sandbox-suite -p sandbox-host --features kubernetes)";
+    let ci = std::env::var("CI").is_ok_and(|v| v.eq_ignore_ascii_case("true") || v == "1");
+    assert!(!ci, "CI=true: {why}");
+    println!("SKIPPED {why}");
+}
+
+/// The kubernetes backend's API requests on a real kube-apiserver
+/// (`host/kube.rs`).
+#[cfg(feature = "kubernetes")]
 pub fn kube_main() {
     let dir = tempfile::tempdir().expect("tempdir");
     // Passable by the sandboxes' users (tempdir makes 0700).

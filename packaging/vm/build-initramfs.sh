@@ -6,7 +6,7 @@
 # Contents: the static musl sandbox-agent as /init (PID 1), busybox-static
 # (for debugging from the console), the virtio/vsock modules of Debian's
 # linux-image-amd64 (loaded by the agent at boot, in dependency order), and
-# one small stdio MCP server, `notes` (examples/mcp_notes.rs, built on the
+# one small stdio MCP server, `notes` (tests/mcp-notes, built on the
 # official Rust MCP SDK). The agent serves gRPC on vsock port 1024 and the
 # MCP data plane on 1025; its workspace is /workspace.
 #
@@ -79,18 +79,14 @@ modules=(
 
 echo "build-initramfs: static binaries" >&2
 target=x86_64-unknown-linux-musl
-# The agent's package on its own (nothing of the host or of the tests'
-# dev-dependencies unified into it): the same binary as the static build
-# and build-rootfs.sh.
-(cd "$root" && cargo build --release --locked --quiet -p sandbox-agent --target $target \
-  --bin sandbox-agent)
-# The example test server (package sandbox-suite). Its dependencies resolve
-# with sandbox-host's, as the test command's benches build them (-p
-# sandbox-suite -p sandbox-host), so they are compiled once; none of the
-# host's crates is built here.
-(cd "$root" && cargo build --release --locked --quiet -p sandbox-suite -p sandbox-host --target $target --example mcp_notes)
+# The workspace's one static build (packaging/build-static.sh): the agent
+# and the test server with the other static binaries, every dependency
+# compiled once (a build of the agent alone resolves features differently
+# and compiles most of the tree again); the same agent as build-rootfs.sh's
+# and the static check's.
+"$root/packaging/build-static.sh" >/dev/null
 agent=$root/target/$target/release/sandbox-agent
-notes=$root/target/$target/release/examples/mcp_notes
+notes=$root/target/$target/release/mcp_notes
 
 # busybox-static: the installed package, else downloaded into the cache.
 if dpkg -s busybox-static >/dev/null 2>&1; then

@@ -27,7 +27,8 @@ command -v debootstrap >/dev/null || die "debootstrap not found (apt-get install
 command -v mkfs.ext4 >/dev/null || die "mkfs.ext4 not found (apt-get install e2fsprogs)"
 
 target=x86_64-unknown-linux-musl
-(cd "$root" && cargo build --release --locked -p sandbox-agent --target $target --bin sandbox-agent)
+# The workspace's one static build (the agent and the rest, compiled once).
+"$root/packaging/build-static.sh"
 
 dir=$(mktemp -d)
 cleanup() {

@@ -6,6 +6,7 @@
 mod common;
 /// The real kube-apiserver tier, shared with `sandbox-kube`'s tests (not
 /// every helper is used here).
+#[cfg(feature = "kubernetes")]
 #[allow(dead_code)]
 #[path = "../../src/kube/tests/real/mod.rs"]
 mod real;
@@ -21,10 +22,16 @@ mod google_cloud;
 mod hardening;
 mod host;
 mod isolation;
+// The kubernetes backend's (`--features kubernetes`, on in CI).
+#[cfg(feature = "kubernetes")]
 mod kube_api;
+#[cfg(feature = "kubernetes")]
 mod kube_cluster;
+#[cfg(feature = "kubernetes")]
 mod kube_real;
+#[cfg(feature = "kubernetes")]
 mod kubernetes;
+#[cfg(feature = "kubernetes")]
 mod kubernetes_attacks;
 mod lease_bound;
 mod mail;

@@ -12,8 +12,31 @@ use clap::Parser;
 
 use crate::{api, pool};
 
+#[cfg(feature = "kubernetes")]
 mod kube;
+#[cfg(feature = "kubernetes")]
 pub use kube::{ClusterPlan, cluster};
+/// A build without the `kubernetes` feature: that backend is refused at
+/// start, naming the feature.
+#[cfg(not(feature = "kubernetes"))]
+pub use kube::{ClusterPlan, cluster};
+#[cfg(not(feature = "kubernetes"))]
+mod kube {
+    /// No cluster can be planned in this build.
+    pub type ClusterPlan = std::convert::Infallible;
+
+    pub fn cluster(_: &super::Args) -> anyhow::Result<Option<ClusterPlan>> {
+        Ok(None)
+    }
+
+    pub fn backend(_: &super::Args) -> anyhow::Result<crate::pool::Backend> {
+        anyhow::bail!(
+            "--backend kubernetes: this sandbox-host was built without its `kubernetes` feature; \
+             build it with `cargo build --release -p sandbox-host --features kubernetes` \
+             (the packaged image has it)"
+        )
+    }
+}
 
 /// The manifest a local agent reads when the host passes none.
 pub const INSTALLED_MANIFEST: &str = "/etc/sandbox-agent/servers.toml";
@@ -402,17 +425,7 @@ pub fn backend(args: &Args) -> anyhow::Result<pool::Backend> {
                 manifest: args.manifest.as_deref().map(abs).transpose()?,
             })
         }
-        BackendKind::Kubernetes => {
-            anyhow::ensure!(
-                args.manifest.is_none() && args.vm_image.is_none(),
-                "--manifest and --vm-image are for the local backends: a pod runs its image's manifest"
-            );
-            anyhow::ensure!(
-                args.warm.is_empty() && args.warm_servers.trim().is_empty(),
-                "--warm is for the local backends: on kubernetes the SandboxWarmPools keep sandboxes warm (--kube-pool)"
-            );
-            Ok(pool::Backend::Kubernetes)
-        }
+        BackendKind::Kubernetes => kube::backend(args),
         BackendKind::Qemu => {
             let image = args.vm_image.clone().context(
                 "--backend qemu needs --vm-image (build one with packaging/vm/build-initramfs.sh)",

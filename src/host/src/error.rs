@@ -96,6 +96,7 @@ pub enum HostError {
     /// The kubernetes backend's fleet: no pool for the benchmark (400);
     /// the pool empty past the wait, a failed claim, the API server
     /// unreachable or forbidding (503).
+    #[cfg(feature = "kubernetes")]
     #[error(transparent)]
     Cluster(sandbox_kube::KubeError),
     /// Anything else of the host's own (500).
@@ -141,7 +142,9 @@ impl HostError {
             HostError::DataPlane(_) => StatusCode::BAD_GATEWAY,
             HostError::LeaseEnded(_) => StatusCode::CONFLICT,
             HostError::Agent { status, .. } => agent_status(status.code()),
+            #[cfg(feature = "kubernetes")]
             HostError::Cluster(sandbox_kube::KubeError::NoPool { .. }) => StatusCode::BAD_REQUEST,
+            #[cfg(feature = "kubernetes")]
             HostError::Cluster(_)
             | HostError::Store(StoreError::Cluster(_) | StoreError::ClaimGone(_)) => {
                 StatusCode::SERVICE_UNAVAILABLE

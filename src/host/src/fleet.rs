@@ -19,6 +19,7 @@ use sandbox_client::proto;
 use tokio_util::task::TaskTracker;
 use tracing::{info, warn};
 
+#[cfg(feature = "kubernetes")]
 use crate::cluster::Cluster;
 use crate::error::{HostError, HostResult};
 use crate::pool::{OnRelease, Pool, Slot, Taken, Want};
@@ -26,6 +27,7 @@ use crate::store::SandboxRow;
 
 pub enum Fleet {
     Local(Arc<Pool>),
+    #[cfg(feature = "kubernetes")]
     Claims {
         cluster: Arc<Cluster>,
         pool: Arc<Pool>,
@@ -49,7 +51,9 @@ pub struct Ask<'a> {
 impl Fleet {
     fn pool(&self) -> &Arc<Pool> {
         match self {
-            Fleet::Local(pool) | Fleet::Claims { pool, .. } => pool,
+            Fleet::Local(pool) => pool,
+            #[cfg(feature = "kubernetes")]
+            Fleet::Claims { pool, .. } => pool,
         }
     }
 
@@ -59,6 +63,7 @@ impl Fleet {
     pub async fn take(&self, ask: Ask<'_>) -> HostResult<Taken> {
         match self {
             Fleet::Local(pool) => pool.take(&ask.want).await.map_err(HostError::NoSandbox),
+            #[cfg(feature = "kubernetes")]
             Fleet::Claims { cluster, .. } => {
                 let slot = cluster
                     .claim(
@@ -84,12 +89,13 @@ impl Fleet {
     /// armed (the request abandoned mid-way), what was taken for lease
     /// `id` is given up in the background.
     pub fn guard(&self, id: &str) -> Guard {
-        Guard {
-            cluster: match self {
-                Fleet::Local(_) => None,
-                Fleet::Claims { cluster, .. } => Some(cluster.clone()),
+        match self {
+            Fleet::Local(_) => Guard::default(),
+            #[cfg(feature = "kubernetes")]
+            Fleet::Claims { cluster, .. } => Guard {
+                cluster: Some(cluster.clone()),
+                claim: sandbox_kube::fleet::claim_name(id),
             },
-            claim: sandbox_kube::fleet::claim_name(id),
         }
     }
 
@@ -98,6 +104,7 @@ impl Fleet {
     /// first (replaced if that fails), in the background.
     pub async fn abandon(&self, slot: Slot) {
         match self {
+            #[cfg(feature = "kubernetes")]
             Fleet::Claims { cluster, .. } => cluster.unclaim(&slot.id).await,
             Fleet::Local(pool) => settle_failed_lease(pool.clone(), slot),
         }
@@ -106,23 +113,30 @@ impl Fleet {
     /// A sandbox leased whose record failed: a claim is deleted (a slot
     /// stays leased, ended by the reaper with its agent).
     pub async fn unrecorded(&self, slot: &Slot) {
+        #[cfg(feature = "kubernetes")]
         if let Fleet::Claims { cluster, .. } = self {
             cluster.unclaim(&slot.id).await;
         }
+        #[cfg(not(feature = "kubernetes"))]
+        let _ = slot;
     }
 
     /// A sandbox just leased: a claimed pod teaches the pool its servers'
     /// catalog (the pool learns it from the slots it starts itself).
     pub async fn leased(&self, slot: &Slot) {
+        #[cfg(feature = "kubernetes")]
         if let Fleet::Claims { pool, .. } = self {
             pool.learn_catalog(slot).await;
         }
+        #[cfg(not(feature = "kubernetes"))]
+        let _ = slot;
     }
 
     /// The slot a live sandbox runs in: the pool's, or its claimed pod.
     pub fn slot_of(&self, s: &SandboxRow) -> HostResult<Slot> {
         match self {
             Fleet::Local(pool) => pool.leased_slot(&s.slot).ok_or(HostError::AgentGone),
+            #[cfg(feature = "kubernetes")]
             Fleet::Claims { cluster, .. } => cluster.slot_of(s),
         }
     }
@@ -130,7 +144,11 @@ impl Fleet {
     /// Whether other replicas serve the same leases (so this one learns of
     /// their releases from the store, not by itself).
     pub fn shared(&self) -> bool {
-        matches!(self, Fleet::Claims { .. })
+        match self {
+            Fleet::Local(_) => false,
+            #[cfg(feature = "kubernetes")]
+            Fleet::Claims { .. } => true,
+        }
     }
 
     /// Ends lease `s` (already recorded released) in the background,
@@ -154,6 +172,7 @@ impl Fleet {
                     drop(until_clean);
                 });
             }
+            #[cfg(feature = "kubernetes")]
             Fleet::Claims { cluster, .. } => {
                 let cluster = cluster.clone();
                 releases.spawn(async move {
@@ -166,18 +185,25 @@ impl Fleet {
 }
 
 /// See [`Fleet::guard`]; [`Guard::keep`] disarms it.
+#[derive(Default)]
 pub struct Guard {
+    #[cfg(feature = "kubernetes")]
     cluster: Option<Arc<Cluster>>,
+    #[cfg(feature = "kubernetes")]
     claim: String,
 }
 
 impl Guard {
     /// The lease is stored, or its Acquire gave up what it took itself.
     pub fn keep(&mut self) {
-        self.cluster = None;
+        #[cfg(feature = "kubernetes")]
+        {
+            self.cluster = None;
+        }
     }
 }
 
+#[cfg(feature = "kubernetes")]
 impl Drop for Guard {
     fn drop(&mut self) {
         let Some(c) = self.cluster.take() else {
@@ -250,6 +276,7 @@ async fn release_slot(pool: Arc<Pool>, s: SandboxRow, is_ttl: bool, within: Dura
 /// The kubernetes backend's end of a lease: the pod's agent releases it
 /// (servers stopped, outside accounts cleaned), then the claim is deleted
 /// and its sandbox pod with it.
+#[cfg(feature = "kubernetes")]
 async fn release_claim(cluster: Arc<Cluster>, s: SandboxRow, is_ttl: bool, within: Duration) {
     let released = async {
         let slot = cluster.slot_of(&s).map_err(|e| e.to_string())?;

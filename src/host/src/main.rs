@@ -10,6 +10,7 @@
 //! for Prometheus), `store` (SQLite state), `signed` (transfer URLs).
 
 mod api;
+#[cfg(feature = "kubernetes")]
 mod cluster;
 mod config;
 mod error;

@@ -108,17 +108,14 @@ impl Host {
     /// reaper and the warm-keeper, and binds the listener.
     pub async fn start(args: &Args, c: Checked) -> anyhow::Result<Started> {
         let cluster = match c.cluster {
-            Some(plan) => {
-                let c = Arc::new(connect_cluster(args, plan, &c.signing_key).await?);
-                c.coordinate();
-                Some(c)
-            }
+            Some(plan) => Some(connect_cluster(args, plan, &c.signing_key).await?),
             None => None,
         };
         let store = match (c.store, &cluster) {
             (Some(db), _) => db,
+            #[cfg(feature = "kubernetes")]
             (None, Some(k)) => store::Store::Cluster(k.clone()),
-            (None, None) => anyhow::bail!("no state store"),
+            (None, _) => anyhow::bail!("no state store"),
         };
         let discovery = discovery(args, cluster.is_some())?;
         let pool = pool::Pool::new(pool::PoolConfig {
@@ -181,11 +178,12 @@ impl Host {
             uploads_live.map(|l| l.iter().map(|s| (s.id.clone(), s.owner.clone())).collect());
         let local = cluster.is_none();
         let fleet = match cluster {
+            #[cfg(feature = "kubernetes")]
             Some(cluster) => crate::fleet::Fleet::Claims {
                 cluster,
                 pool: pool.clone(),
             },
-            None => crate::fleet::Fleet::Local(pool.clone()),
+            _ => crate::fleet::Fleet::Local(pool.clone()),
         };
         let host = Arc::new(Host {
             metrics: metrics::Metrics::new(&pool, args.metrics_listen.is_none()),
@@ -234,6 +232,7 @@ impl Started {
     /// pool closes: its idle and starting sandboxes stop, leased ones keep
     /// running for the next start.
     pub async fn stop(host: Shared) {
+        #[cfg(feature = "kubernetes")]
         if let crate::fleet::Fleet::Claims { cluster, .. } = &host.fleet {
             cluster.stop().await;
         }
@@ -490,13 +489,30 @@ fn private_dirs(data: &std::path::Path) -> anyhow::Result<PathBuf> {
     Ok(uploads)
 }
 
-/// The kubernetes backend's fleet: a client of the API server (the
-/// kubeconfig of KUBECONFIG or ~/.kube, else the pod's service account).
+/// The kubernetes backend's fleet, or nothing in a build without it.
+#[cfg(feature = "kubernetes")]
+use crate::cluster::Cluster;
+#[cfg(not(feature = "kubernetes"))]
+type Cluster = std::convert::Infallible;
+
+#[cfg(not(feature = "kubernetes"))]
+async fn connect_cluster(
+    _: &Args,
+    plan: config::ClusterPlan,
+    _: &[u8],
+) -> anyhow::Result<Arc<Cluster>> {
+    match plan {}
+}
+
+/// The kubernetes backend's fleet, coordinating with the other replicas:
+/// a client of the API server (the kubeconfig of KUBECONFIG or ~/.kube,
+/// else the pod's service account).
+#[cfg(feature = "kubernetes")]
 async fn connect_cluster(
     args: &Args,
     plan: config::ClusterPlan,
     signing_key: &[u8],
-) -> anyhow::Result<crate::cluster::Cluster> {
+) -> anyhow::Result<Arc<Cluster>> {
     let mut kube_config = sandbox_kube::kube::Config::infer()
         .await
         .context("--backend kubernetes: no Kubernetes API server configured (KUBECONFIG, ~/.kube/config, or the pod's service account)")?;
@@ -530,7 +546,7 @@ async fn connect_cluster(
             },
         },
     );
-    let cluster = crate::cluster::Cluster::new(
+    let cluster = Arc::new(Cluster::new(
         fleet,
         crate::cluster::ClusterConfig {
             bootstrap: plan.bootstrap,
@@ -541,7 +557,8 @@ async fn connect_cluster(
             release_within: Duration::from_secs(args.kube_release_timeout),
         },
         signing_key.to_vec(),
-    );
+    ));
+    cluster.coordinate();
     Ok(cluster)
 }
 

@@ -4,6 +4,19 @@ use anyhow::Context;
 
 use super::{Args, BackendKind};
 
+/// The kubernetes backend: none of the local backends' flags.
+pub fn backend(args: &Args) -> anyhow::Result<crate::pool::Backend> {
+    anyhow::ensure!(
+        args.manifest.is_none() && args.vm_image.is_none(),
+        "--manifest and --vm-image are for the local backends: a pod runs its image's manifest"
+    );
+    anyhow::ensure!(
+        args.warm.is_empty() && args.warm_servers.trim().is_empty(),
+        "--warm is for the local backends: on kubernetes the SandboxWarmPools keep sandboxes warm (--kube-pool)"
+    );
+    Ok(crate::pool::Backend::Kubernetes)
+}
+
 /// The kubernetes backend's settings from the flags, checked (`None` for
 /// the other backends).
 pub fn cluster(args: &Args) -> anyhow::Result<Option<ClusterPlan>> {

@@ -8,10 +8,10 @@
 mod sqlite;
 
 use std::path::Path;
-use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
+#[cfg(feature = "kubernetes")]
 use crate::cluster::Cluster;
 
 /// One server of a sandbox, as the REST API shows it.
@@ -78,9 +78,11 @@ pub enum StoreError {
     #[error("state database: unknown status {0:?} in a row")]
     Status(String),
     /// The kubernetes backend's state: the claims, through the API server.
+    #[cfg(feature = "kubernetes")]
     #[error(transparent)]
     Cluster(#[from] sandbox_kube::KubeError),
     /// The claim of a lease being recorded is gone (deleted under it).
+    #[cfg(feature = "kubernetes")]
     #[error("the claim {0} of this sandbox was deleted while it was acquired")]
     ClaimGone(String),
 }
@@ -88,7 +90,8 @@ pub enum StoreError {
 /// Where the leases are kept.
 pub enum Store {
     Db(sqlite::Db),
-    Cluster(Arc<Cluster>),
+    #[cfg(feature = "kubernetes")]
+    Cluster(std::sync::Arc<Cluster>),
 }
 
 impl Store {
@@ -99,6 +102,7 @@ impl Store {
     pub async fn insert(&self, s: &SandboxRow) -> Result<(), StoreError> {
         match self {
             Store::Db(d) => d.insert(s),
+            #[cfg(feature = "kubernetes")]
             Store::Cluster(c) => c.insert(s).await,
         }
     }
@@ -114,6 +118,7 @@ impl Store {
     pub async fn get_live(&self, id: &str) -> Result<Option<SandboxRow>, StoreError> {
         match self {
             Store::Db(d) => d.get_live(id),
+            #[cfg(feature = "kubernetes")]
             Store::Cluster(c) => c.get_live(id).await,
         }
     }
@@ -124,6 +129,7 @@ impl Store {
     pub async fn admit_live(&self, id: &str) -> Result<Option<SandboxRow>, StoreError> {
         match self {
             Store::Db(d) => d.get_live(id),
+            #[cfg(feature = "kubernetes")]
             Store::Cluster(c) => c.admit_live(id).await,
         }
     }
@@ -133,6 +139,7 @@ impl Store {
     pub fn live_now(&self, id: &str) -> bool {
         match self {
             Store::Db(d) => matches!(d.get_live(id), Ok(Some(_))),
+            #[cfg(feature = "kubernetes")]
             Store::Cluster(c) => c.live_now(id),
         }
     }
@@ -141,6 +148,7 @@ impl Store {
     pub async fn list(&self, owner: Option<&str>) -> Result<Vec<SandboxRow>, StoreError> {
         match self {
             Store::Db(d) => d.list(owner),
+            #[cfg(feature = "kubernetes")]
             Store::Cluster(c) => c.list(owner).await,
         }
     }
@@ -154,6 +162,7 @@ impl Store {
     pub async fn held(&self, owner: &str) -> Result<usize, StoreError> {
         match self {
             Store::Db(d) => Ok(d.list(Some(owner))?.len()),
+            #[cfg(feature = "kubernetes")]
             Store::Cluster(_) => Ok(0),
         }
     }
@@ -161,6 +170,7 @@ impl Store {
     pub async fn set_status(&self, id: &str, status: Status, now: &str) -> Result<(), StoreError> {
         match self {
             Store::Db(d) => d.set_status(id, status, now),
+            #[cfg(feature = "kubernetes")]
             Store::Cluster(c) => c.set_status(id, status, now).await,
         }
     }
@@ -168,6 +178,7 @@ impl Store {
     pub async fn mark_released(&self, id: &str, now: &str) -> Result<(), StoreError> {
         match self {
             Store::Db(d) => d.mark_released(id, now),
+            #[cfg(feature = "kubernetes")]
             Store::Cluster(c) => c.mark_released(id, now).await,
         }
     }
@@ -176,6 +187,7 @@ impl Store {
     pub async fn expired(&self, now_ms: i64) -> Result<Vec<SandboxRow>, StoreError> {
         match self {
             Store::Db(d) => d.expired(now_ms),
+            #[cfg(feature = "kubernetes")]
             Store::Cluster(c) => c.expired(now_ms).await,
         }
     }

@@ -4,7 +4,7 @@
 //! working directory, the sandbox's workspace).
 //!
 //! Not part of the agent; built with
-//! `cargo build --release --target x86_64-unknown-linux-musl --example mcp_notes`.
+//! `cargo build --release --target x86_64-unknown-linux-musl -p mcp-notes`.
 
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::schemars::{self, JsonSchema};

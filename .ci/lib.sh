@@ -1,0 +1,92 @@
+# Shared by .ci/test-all.sh and .ci/quick.sh (sourced): the debug build's
+# environment, the step clock, and the slow-test report.
+
+export PATH="$HOME/.cargo/bin:$PATH"
+
+# One debug build serves clippy and the tests: clippy's driver compiles the
+# workspace's own crates (linting them, then generating code as rustc
+# does), plain rustc the dependencies. The same environment for every
+# debug cargo command, or cargo rebuilds the workspace's crates.
+# CLIPPY_ARGS is how `cargo clippy -- -D warnings` hands its arguments
+# to the driver.
+lint_env() {
+  RUSTC_WORKSPACE_WRAPPER=$(rustup which clippy-driver 2>/dev/null || command -v clippy-driver)
+  export RUSTC_WORKSPACE_WRAPPER
+  export CLIPPY_ARGS="-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__"
+}
+
+# The CPU time (user + system, in clock ticks) of this shell and of the
+# children it has waited for.
+cpu_ticks() {
+  local s
+  read -r s < /proc/$$/stat
+  s=${s##*) }
+  # shellcheck disable=SC2086
+  set -- $s
+  echo $((${12} + ${13} + ${14} + ${15}))
+}
+TICKS=$(getconf CLK_TCK)
+mmss() { printf '%d:%02d' $(($1 / 60)) $(($1 % 60)); }
+
+# step NAME: starts a step (ending the one before) and says when, in
+# minutes:seconds since the start; `steps_report` prints each step's wall
+# and CPU time.
+STEP_ROWS=()
+STEP_NAME=""
+step() {
+  step_end
+  STEP_NAME="$*"
+  STEP_T0=$SECONDS
+  STEP_C0=$(cpu_ticks)
+  printf '\n==> [%s] %s\n' "$(mmss $SECONDS)" "$*"
+}
+step_end() {
+  [ -n "$STEP_NAME" ] || return 0
+  local cpu=$((($(cpu_ticks) - STEP_C0) / TICKS))
+  STEP_ROWS+=("$(printf '| %s | %s | %s |' "$STEP_NAME" "$(mmss $((SECONDS - STEP_T0)))" "$(mmss $cpu)")")
+  STEP_NAME=""
+}
+# A job run beside the steps (`background NAME LOG cmd…`, then
+# `background_wait NAME`): its own wall and CPU time, as a row of its own.
+background() {
+  local name=$1 log=$2
+  shift 2
+  /usr/bin/time -f "%e %U %S" -o "target/ci-times/$name" "$@" > "$log" 2>&1 &
+  eval "BG_${name//-/_}=$!"
+}
+background_wait() {
+  local name=$1 log=$2 pid
+  eval "pid=\$BG_${name//-/_}"
+  if ! wait "$pid"; then
+    cat "$log" >&2
+    echo "$name failed (its log: $log)" >&2
+    return 1
+  fi
+  local wall user sys
+  read -r wall user sys < "target/ci-times/$name"
+  STEP_ROWS+=("$(printf '| (beside) %s | %s | %s |' "$name" "$(mmss "${wall%.*}")" "$(mmss $(( ${user%.*} + ${sys%.*} )))")")
+}
+steps_report() {
+  step_end
+  echo
+  echo "| step | wall | CPU (user + system) |"
+  echo "|---|---|---|"
+  printf '%s\n' "${STEP_ROWS[@]}"
+  echo "| all | $(mmss $SECONDS) | $(mmss $(($(cpu_ticks) / TICKS))) |"
+}
+
+# The tests' own clock: libtest's --report-time, an unstable option of the
+# harness, allowed by RUSTC_BOOTSTRAP in the test processes only (cargo's
+# runner, .ci/test-runner; the builds never see it). Doc tests are run by
+# rustdoc, not the runner: they run without it (`cargo test --doc`).
+# `slow_tests LOG…` prints the 20 slowest.
+export CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUNNER="$PWD/.ci/test-runner"
+TEST_TIME_ARGS=(-Z unstable-options --report-time)
+slow_tests() {
+  echo
+  echo "The 20 slowest tests (libtest's --report-time):"
+  awk '/^ *Running / { suite = $2 }
+       /^test .* \.\.\. (ok|FAILED) <[0-9.]+s>$/ {
+         t = $NF; gsub(/[<>s]/, "", t); printf "%9.3f s  %s  %s\n", t, suite, $2 }' "$@" \
+    | sort -rn | head -20
+}
