@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The release builds of the test command's later steps (`.ci/test-all.sh`
-# runs this beside the tests, at the lowest CPU priority): the workspace's
+# runs this beside the debug build and the tests): the workspace's
 # one static build (packaging/build-static.sh, the same command the VM
 # images are built with; with the benchmarks' binaries for BENCH=full),
 # then the fuzz target (as `cargo fuzz run` builds it). Never linted: the

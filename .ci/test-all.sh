@@ -58,13 +58,16 @@ features=(--workspace --features kubernetes)
 step "debug build, linted (clippy -D warnings on every workspace target)"
 cargo test --locked "${features[@]}" --all-targets --no-run
 
-# The release builds (packaging/build-static.sh: the static binaries and
-# the benchmarks' binary; then the fuzz target) are made beside the tests
-# at the lowest priority, in the CPU time the tests leave idle while they
-# wait on servers and deadlines. The VM tests run beside the others too:
-# their image build waits for the static build (cargo's lock), then finds
-# it done.
-background release-builds target/release-builds.log nice -n 19 .ci/release-builds.sh
+# The static release build (packaging/build-static.sh: the guest's
+# binaries, which the VM images take too; then the fuzz target) runs
+# beside the tests, at their priority: the run is CPU-bound from end to
+# end, and the VM tests wait for it (at nice 19 it starved behind the
+# tests for 15 minutes, and the VM tests ran last, alone). A build fills
+# the CPU the tests leave idle while they wait on servers and deadlines;
+# beside the debug build it would only slow it.
+background release-builds target/release-builds.log .ci/release-builds.sh
+# The VM tests run beside the others: their image build waits for the
+# static build (cargo's lock), then finds it done.
 background vm-tests target/test-vm.log \
   cargo test --locked "${features[@]}" --test vm -- "${TEST_TIME_ARGS[@]}"
 
@@ -78,6 +81,24 @@ cargo test --locked "${features[@]}" --lib --bins --tests -- "${TEST_TIME_ARGS[@
   --skip vm::the_agent_runs_a_vm_as_init_over_real_vsock \
   --skip host_vm::the_qemu_backend_serves_the_api_from_vms 2>&1 | tee target/test-rest.log
 cargo test --locked "${features[@]}" --doc
+
+if [ "${SKIP_BENCH:-0}" != 1 ]; then
+  export BENCH=${BENCH:-short}
+  if [ "$BENCH" = short ]; then
+    # The short mode is a smoke check of every bench (fewer rounds,
+    # smaller corpora; its figures are not quoted): the bench binary and
+    # the binaries it runs are the debug build's, built above.
+    step "benchmarks, short mode (BENCH=short: every bench once, on the debug build; figures: BENCH=full)"
+    cargo test --locked "${features[@]}" --bench all
+  else
+    # The full benchmarks run the static release binaries
+    # (packaging/build-static.sh --bench; its commands, so nothing is
+    # compiled twice).
+    step "benchmarks (BENCH=$BENCH; static release binaries; the full workspace bench needs ~6 GB of disk)"
+    (unset RUSTC_WORKSPACE_WRAPPER CLIPPY_ARGS && packaging/build-static.sh --bench \
+      && $(packaging/build-static.sh --print | tail -1))
+  fi
+fi
 
 step "the VM tests (run beside the others)"
 background_wait vm-tests target/test-vm.log
@@ -113,24 +134,6 @@ corpus=$(mktemp -d)
   cargo fuzz run extract "$corpus" seeds/extract -- \
   -max_total_time="${FUZZ_SECONDS:-30}" -rss_limit_mb=2048 -detect_leaks=0 -print_final_stats=1)
 rm -rf "$corpus"
-
-if [ "${SKIP_BENCH:-0}" != 1 ]; then
-  export BENCH=${BENCH:-short}
-  if [ "$BENCH" = short ]; then
-    # The short mode is a smoke check of every bench (fewer rounds,
-    # smaller corpora; its figures are not quoted): the bench binary and
-    # the binaries it runs are the debug build's, built above.
-    step "benchmarks, short mode (BENCH=short: every bench once, on the debug build; figures: BENCH=full)"
-    cargo test --locked "${features[@]}" --bench all
-  else
-    # The full benchmarks run the static release binaries
-    # (packaging/build-static.sh --bench; its commands, so nothing is
-    # compiled twice).
-    step "benchmarks (BENCH=$BENCH; static release binaries; the full workspace bench needs ~6 GB of disk)"
-    (unset RUSTC_WORKSPACE_WRAPPER CLIPPY_ARGS && packaging/build-static.sh --bench \
-      && $(packaging/build-static.sh --print | tail -1))
-  fi
-fi
 
 step "all checks passed"
 step_end

@@ -37,12 +37,21 @@ fn main() {
         .skip(1)
         .filter(|a| !a.starts_with('-'))
         .collect();
+    let mut took = Vec::new();
     for (name, run) in benches {
         // `host` measures executions too: `exec` alone is for when asked.
         let all = asked.is_empty() && name != "exec";
         if all || asked.iter().any(|a| a == name) {
             println!("\n### {name}");
+            let t = std::time::Instant::now();
             run();
+            took.push((name, t.elapsed()));
         }
+    }
+    // What each bench took, so a slower run shows where (the short mode
+    // is CI's smoke check of every bench).
+    println!("\n### wall time per bench");
+    for (name, d) in took {
+        println!("| {name} | {:.1} s |", d.as_secs_f64());
     }
 }

@@ -34,7 +34,8 @@ pub enum Fleet {
     },
 }
 
-/// What an Acquire asks of the fleet.
+/// What an Acquire asks of the fleet (a local pool reads `want` only).
+#[cfg_attr(not(feature = "kubernetes"), allow(dead_code))]
 pub struct Ask<'a> {
     /// The new lease's id.
     pub id: &'a str,
@@ -90,7 +91,10 @@ impl Fleet {
     /// `id` is given up in the background.
     pub fn guard(&self, id: &str) -> Guard {
         match self {
-            Fleet::Local(_) => Guard::default(),
+            Fleet::Local(_) => {
+                let _ = id;
+                Guard::default()
+            }
             #[cfg(feature = "kubernetes")]
             Fleet::Claims { cluster, .. } => Guard {
                 cluster: Some(cluster.clone()),

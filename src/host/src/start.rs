@@ -177,14 +177,16 @@ impl Host {
         let owners: Option<Vec<(String, String)>> =
             uploads_live.map(|l| l.iter().map(|s| (s.id.clone(), s.owner.clone())).collect());
         let local = cluster.is_none();
+        #[cfg(feature = "kubernetes")]
         let fleet = match cluster {
-            #[cfg(feature = "kubernetes")]
             Some(cluster) => crate::fleet::Fleet::Claims {
                 cluster,
                 pool: pool.clone(),
             },
-            _ => crate::fleet::Fleet::Local(pool.clone()),
+            None => crate::fleet::Fleet::Local(pool.clone()),
         };
+        #[cfg(not(feature = "kubernetes"))]
+        let fleet = crate::fleet::Fleet::Local(pool.clone());
         let host = Arc::new(Host {
             metrics: metrics::Metrics::new(&pool, args.metrics_listen.is_none()),
             store,

@@ -33,7 +33,9 @@ pub enum Backend {
         accel: String,
     },
     /// Pods claimed from agent-sandbox's warm pools (`crate::cluster`):
-    /// the pool makes no slot itself.
+    /// the pool makes no slot itself. (Made only with the `kubernetes`
+    /// feature.)
+    #[cfg_attr(not(feature = "kubernetes"), allow(dead_code))]
     Kubernetes,
 }
 

@@ -53,7 +53,9 @@ use backend::{agent_args, spawn_in_session, spawn_isolated};
 pub use discovery::{CatalogMode, Discovery};
 pub use error::PoolError;
 use reclaim::Reclaim;
-pub use slot::{Deadlines, Remote, Slot};
+#[cfg(feature = "kubernetes")]
+pub use slot::Remote;
+pub use slot::{Deadlines, Slot};
 pub use warm::{Want, WarmLease, WarmProfile};
 
 /// What [`Pool::take`] hands out.

@@ -28,6 +28,7 @@ pub enum Place {
     },
     /// A sandbox of the kubernetes backend: its pod's agent over TCP;
     /// nothing of it runs here.
+    #[cfg_attr(not(feature = "kubernetes"), allow(dead_code))]
     Pod(Remote),
 }
 
@@ -42,6 +43,7 @@ pub struct Remote {
 
 impl Slot {
     /// A claimed pod's sandbox: `id` is its claim.
+    #[cfg_attr(not(feature = "kubernetes"), allow(dead_code))]
     pub fn remote(id: String, remote: Remote) -> Slot {
         Slot {
             id,

@@ -66,6 +66,7 @@ pub struct SandboxRow {
     /// Unix ms; None: no TTL.
     pub expires_at_ms: Option<i64>,
     /// A claimed pod's IP (the kubernetes backend; `None` elsewhere).
+    #[cfg_attr(not(feature = "kubernetes"), allow(dead_code))]
     pub endpoint: Option<String>,
 }
 
