@@ -12,31 +12,11 @@ use clap::Parser;
 
 use crate::{api, pool};
 
-#[cfg(feature = "kubernetes")]
+/// The kubernetes backend's flags; a build without the `kubernetes`
+/// feature refuses that backend at start, naming the feature.
+#[cfg_attr(not(feature = "kubernetes"), path = "config/kube_off.rs")]
 mod kube;
-#[cfg(feature = "kubernetes")]
 pub use kube::{ClusterPlan, cluster};
-/// A build without the `kubernetes` feature: that backend is refused at
-/// start, naming the feature.
-#[cfg(not(feature = "kubernetes"))]
-pub use kube::{ClusterPlan, cluster};
-#[cfg(not(feature = "kubernetes"))]
-mod kube {
-    /// No cluster can be planned in this build.
-    pub type ClusterPlan = std::convert::Infallible;
-
-    pub fn cluster(_: &super::Args) -> anyhow::Result<Option<ClusterPlan>> {
-        Ok(None)
-    }
-
-    pub fn backend(_: &super::Args) -> anyhow::Result<crate::pool::Backend> {
-        anyhow::bail!(
-            "--backend kubernetes: this sandbox-host was built without its `kubernetes` feature; \
-             build it with `cargo build --release -p sandbox-host --features kubernetes` \
-             (the packaged image has it)"
-        )
-    }
-}
 
 /// The manifest a local agent reads when the host passes none.
 pub const INSTALLED_MANIFEST: &str = "/etc/sandbox-agent/servers.toml";
