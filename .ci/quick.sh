@@ -16,6 +16,8 @@ cd "$(dirname "$0")/.."
 . .ci/lib.sh
 lint_env
 
+case "${1:-}" in -h | --help) sed -n '2,14p' "$0"; exit 0 ;; esac
+
 args=() filter=()
 while [ $# -gt 0 ]; do
   if [ "$1" = -- ]; then
@@ -27,8 +29,10 @@ while [ $# -gt 0 ]; do
   shift
 done
 
-# What changed: a path under src/NAME names its package, tests/NAME its
-# suite; tests/common, benches/ and the manifests touch every suite.
+# What changed: a path under src/NAME names its package (src/agent and
+# src/host: their suites, which test them), tests/NAME its suite;
+# tests/common, tests/clients and packaging/ touch the agent's and the
+# host's suites. benches/ only needs the build.
 if [ ${#args[@]} -eq 0 ]; then
   base=$(git merge-base HEAD origin/main 2>/dev/null || git merge-base HEAD main 2>/dev/null || echo HEAD)
   mapfile -t changed < <({ git diff --name-only "$base"; git ls-files --others --exclude-standard; } | sort -u)
