@@ -176,6 +176,24 @@ async fn silent_peer_times_out_with_a_clear_error() {
     assert_eq!(out.status.code(), Some(1));
     let e = text(&out.stderr);
     assert!(e.contains("no OK within") && e.contains("hvsock://"), "{e}");
+
+    // The retry deadline is the bound, even past the per-attempt connect
+    // timeout: the error read is the handshake's, not tonic's bare
+    // "deadline has elapsed" (which won the race under CI's load once).
+    let opts = sandbox_client::ConnectOptions {
+        connect_timeout: Duration::from_millis(200),
+        hvsock: HvsockOptions {
+            handshake_timeout: Duration::from_millis(300),
+            retry_deadline: Duration::from_millis(1200),
+            ..HvsockOptions::default()
+        },
+        ..sandbox_client::ConnectOptions::default()
+    };
+    let err = match opts.connect(&peer.uri(1024)).await {
+        Ok(_) => panic!("a silent peer connected"),
+        Err(e) => sandbox_client::error_chain(&e),
+    };
+    assert!(err.contains("no OK within"), "{err}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -19,6 +19,9 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Uri};
 
 use crate::auth::{BearerInterceptor, Token};
+
+/// How much later than the connector's own bounds tonic's connect timer fires.
+const CONNECT_BACKSTOP: Duration = Duration::from_secs(1);
 use crate::proto::agent_client::AgentClient;
 use crate::proto::exec_client::ExecClient;
 use crate::proto::health::health_client::HealthClient;
@@ -101,8 +104,14 @@ impl ConnectOptions {
         // The URI given to tonic only names the HTTP/2 authority; the
         // connector decides where bytes really go.
         // Large flow-control windows: workspace dumps are bulk transfers.
+        // The connector bounds itself (`connect_timeout` per attempt, the
+        // hybrid-vsock retry deadline); tonic's own timer is only a backstop
+        // set later, so the error a person reads is the connector's, which
+        // names the endpoint and the cause, never a bare "deadline has
+        // elapsed" that wins a race against it under load.
+        let backstop = self.connect_timeout.max(self.hvsock.retry_deadline) + CONNECT_BACKSTOP;
         let mut builder = Channel::from_static("http://sandbox-agent")
-            .connect_timeout(self.connect_timeout)
+            .connect_timeout(backstop)
             .initial_stream_window_size(Some(2 << 20))
             .initial_connection_window_size(Some(8 << 20))
             .tcp_nodelay(true);
