@@ -90,3 +90,12 @@ slow_tests() {
          t = $NF; gsub(/[<>s]/, "", t); printf "%9.3f s  %s  %s\n", t, suite, $2 }' "$@" \
     | sort -rn | head -20
 }
+
+# The static build of the test command's short mode (test-all.sh says why):
+# the release profile without LTO at opt-level 1. The VM tests' image
+# scripts build through packaging/build-static.sh under the same settings,
+# so they find that build done (quick.sh sets them too).
+light_static_env() {
+  export CARGO_PROFILE_RELEASE_LTO=false CARGO_PROFILE_RELEASE_CODEGEN_UNITS=16 \
+    CARGO_PROFILE_RELEASE_OPT_LEVEL=1
+}

@@ -15,6 +15,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . .ci/lib.sh
 lint_env
+light_static_env
 
 case "${1:-}" in -h | --help) sed -n '2,14p' "$0"; exit 0 ;; esac
 

@@ -21,6 +21,7 @@ use rustix::fs::{AtFlags, FileType, Mode, OFlags};
 
 use super::confine::list;
 use super::error::{ArchiveError, sys};
+use exact::Exact;
 
 /// At most this many changed paths are reported in a trailer.
 pub const MAX_CHANGED_REPORTED: usize = 1000;
@@ -299,12 +300,7 @@ fn pack_file<W: Write>(
     };
     let size = before.st_size.max(0) as u64;
     let mut h = header(&before, tar::EntryType::Regular, size);
-    let mut reader = Exact {
-        file: File::from(fd),
-        left: size,
-        short: false,
-        cancelled: opts.cancelled,
-    };
+    let mut reader = Exact::new(File::from(fd), size, opts.cancelled);
     if let Err(e) = append(b, &mut h, &archive_path(path, false), &mut reader) {
         if opts.cancelled.is_some_and(|c| c.load(Ordering::Relaxed)) {
             return Err(ArchiveError::Cancelled(
@@ -400,42 +396,6 @@ fn pack_symlink<W: Write>(
     Ok(())
 }
 
-/// Reads exactly `left` bytes: a file that shrank is padded with zeros, one
-/// that grew is cut, so the header's size stays true.
-struct Exact<'a> {
-    file: File,
-    left: u64,
-    short: bool,
-    /// Checked on every read: a big file stops mid-way when the dump is
-    /// cancelled.
-    cancelled: Option<&'a AtomicBool>,
-}
-
-impl Read for Exact<'_> {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        if self.left == 0 {
-            return Ok(0);
-        }
-        if self.cancelled.is_some_and(|c| c.load(Ordering::Relaxed)) {
-            return Err(io::Error::other("the dump was cancelled"));
-        }
-        let want = buf.len().min(self.left.min(usize::MAX as u64) as usize);
-        let n = if self.short {
-            0
-        } else {
-            self.file.read(&mut buf[..want])?
-        };
-        let n = if n == 0 {
-            self.short = true;
-            buf[..want].fill(0);
-            want
-        } else {
-            n
-        };
-        self.left -= n as u64;
-        Ok(n)
-    }
-}
-
+mod exact;
 #[cfg(test)]
 mod tests;

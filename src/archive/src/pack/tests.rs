@@ -145,12 +145,7 @@ fn a_cancelled_dump_stops_inside_a_file() {
     let p = src.path().join("f");
     fs::write(&p, b"abc").expect("write");
     let cancelled = AtomicBool::new(true);
-    let mut r = Exact {
-        file: File::open(&p).expect("open"),
-        left: 3,
-        short: false,
-        cancelled: Some(&cancelled),
-    };
+    let mut r = Exact::new(File::open(&p).expect("open"), 3, Some(&cancelled));
     let e = r.read(&mut [0; 8]).expect_err("cancelled");
     assert_eq!(e.to_string(), "the dump was cancelled");
 }
@@ -160,12 +155,7 @@ fn a_file_that_shrank_is_padded_to_its_size() {
     let src = tempfile::tempdir().expect("tempdir");
     let p = src.path().join("f");
     fs::write(&p, b"abc").expect("write");
-    let mut r = Exact {
-        file: File::open(&p).expect("open"),
-        left: 6,
-        short: false,
-        cancelled: None,
-    };
+    let mut r = Exact::new(File::open(&p).expect("open"), 6, None);
     let mut out = Vec::new();
     r.read_to_end(&mut out).expect("read");
     assert_eq!(out, b"abc\0\0\0");
@@ -196,4 +186,51 @@ fn a_fifo_never_blocks_the_pack() {
     let (tar, stats) = pack_dir_at(s, &PackOptions::default()).expect("pack");
     assert_eq!(stats.skipped_special, 1);
     assert_eq!(names(&tar), ["./", "./file"]);
+}
+
+/// A sparse file packs byte for byte: holes at its start, between data
+/// and at its end come out as zeros, its data as written, whatever the
+/// reads' sizes; and a file that shrinks while it is read is padded.
+#[test]
+fn sparse_files_pack_byte_for_byte() {
+    use std::os::unix::fs::FileExt;
+    let src = tempfile::tempdir().expect("tempdir");
+    let path = src.path().join("sparse");
+    let f = fs::File::create(&path).expect("create");
+    let size: u64 = 5 << 20;
+    f.set_len(size).expect("set_len");
+    let mut want = vec![0u8; size as usize];
+    // Data at 1 MiB + 3 (unaligned), at 3 MiB, and in the last bytes.
+    for (at, len, byte) in [
+        (1 << 20 | 3, 70_001, 0xa5u8),
+        (3 << 20, 4096, 0x5a),
+        (size - 10, 10, 0x33),
+    ] {
+        f.write_all_at(&vec![byte; len], at).expect("write");
+        want[at as usize..at as usize + len].fill(byte);
+    }
+    for chunk in [1usize, 4093, 8192, 1 << 20] {
+        let file = fs::File::open(&path).expect("open");
+        let mut r = Exact::new(file, size, None);
+        let mut got = Vec::with_capacity(size as usize);
+        let mut buf = vec![0xffu8; chunk];
+        loop {
+            let n = r.read(&mut buf).expect("read");
+            if n == 0 {
+                break;
+            }
+            got.extend_from_slice(&buf[..n]);
+        }
+        assert!(got == want, "chunk {chunk}: the bytes differ");
+        assert!(!r.short);
+    }
+    // Shrunk after opening: the rest reads as zeros, reported short.
+    let file = fs::File::open(&path).expect("open");
+    let mut r = Exact::new(file, size, None);
+    f.set_len(2 << 20).expect("shrink");
+    let mut got = Vec::new();
+    r.read_to_end(&mut got).expect("read");
+    assert_eq!(got.len() as u64, size);
+    assert!(got[..2 << 20] == want[..2 << 20] && got[2 << 20..].iter().all(|b| *b == 0));
+    assert!(r.short, "a shrunk file is reported");
 }
