@@ -90,3 +90,23 @@ pub fn bin(name: &str) -> String {
 pub static AGENT: LazyLock<String> = LazyLock::new(|| bin("sandbox-agent"));
 pub static CTL: LazyLock<String> = LazyLock::new(|| bin("sandboxctl"));
 pub static HOST: LazyLock<String> = LazyLock::new(|| bin("sandbox-host"));
+
+/// The discovery catalogs one build of the agent and host records, shared
+/// by every test and short bench run with that build (a directory under
+/// cargo's target tmpdir named by the binaries' sizes and times): the
+/// first host that records there starts every server once, and a later
+/// recorder (`--catalogs record` records only what the directory lacks)
+/// finds them made. A catalog's key covers the servers' launches, not the
+/// agent's build; the name covers that.
+pub fn shared_catalog_dir() -> PathBuf {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    for b in [&*AGENT, &*HOST] {
+        let m = std::fs::metadata(b).unwrap_or_else(|e| panic!("{b}: {e}"));
+        (b.as_str(), m.len(), m.modified().ok()).hash(&mut h);
+    }
+    let dir =
+        PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("catalogs-{:016x}", h.finish()));
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    dir
+}

@@ -24,21 +24,20 @@ const UNCATALOGUED: [&str; 3] = ["poste_email_toolathlon", "canvas", "google_clo
 /// answer proves the session reached it.
 const NO_SUCH_TOOL: &str = "sandbox-test-no-such-tool";
 
-/// The tests' catalogs, recorded once (a host with `--catalogs record`
-/// until `/metrics` says the recording ended).
+/// The tests' catalogs, recorded once per build (a host with `--catalogs
+/// record` over the shared directory, until `/metrics` says the recording
+/// ended; the short benches' recorder then finds them made).
 fn recorded() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
+        let catalogs = crate::common::bins::shared_catalog_dir();
         let root = tempfile::Builder::new()
-            .prefix("sandbox-suite-catalogs")
+            .prefix("sandbox-suite-recorder")
             .tempdir()
             .expect("tempdir")
             .keep();
-        let catalogs = root.join("catalogs");
-        let dir = root.join("recorder");
-        std::fs::create_dir_all(&dir).expect("dir");
         let host = Host::start(
-            &dir,
+            &root,
             &[
                 "--catalogs",
                 "record",
