@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # The whole test suite (the README's test command): installs what it needs
 # when missing, then checks the formatting, builds the debug tree once
-# (clippy linting the workspace's crates as they compile), runs the unit
-# and integration tests (real binaries over real sockets; some need root,
-# e.g. to mount a tmpfs workspace, and skip with a message without it, or
-# fail under CI=true) with the kubernetes backend's, checks the static
-# musl build, fuzzes the archive extractor briefly and runs the
-# benchmarks. At the end: each step's wall and CPU time, and the 20
+# (clippy linting the workspace's crates as they compile), builds and
+# checks the static musl binaries, runs the unit and integration tests
+# (real binaries over real sockets; some need root, e.g. to mount a tmpfs
+# workspace, and skip with a message without it, or fail under CI=true)
+# with the kubernetes backend's, and beside them the VM tests, the short
+# benchmarks and the fuzz target's build; then fuzzes the archive
+# extractor briefly. At the end: each step's wall and CPU time, and the 20
 # slowest tests.
 #
 #   ./.ci/test-all.sh                    everything, benchmarks in short mode
@@ -58,66 +59,27 @@ features=(--workspace --features kubernetes)
 step "debug build, linted (clippy -D warnings on every workspace target)"
 cargo test --locked "${features[@]}" --all-targets --no-run
 
-# The static release build (packaging/build-static.sh: the guest's
-# binaries, which the VM images take too; then the fuzz target) runs
-# beside the tests, at their priority: the run is CPU-bound from end to
-# end, and the VM tests wait for it (at nice 19 it starved behind the
-# tests for 15 minutes, and the VM tests ran last, alone). A build fills
-# the CPU the tests leave idle while they wait on servers and deadlines;
-# beside the debug build it would only slow it.
+# The static release build, alone, right after the debug build: two
+# builds side by side, or one beside the tests, each take far more CPU
+# than alone on these two cores (the guest's static build: 7.5
+# CPU-minutes alone, 18 minutes of wall and some 15 CPU-minutes beside the
+# tests; docs/benchmarks.md), and the VM tests wait for it.
 #
-# In the short mode the static build checks what CI needs of it (it links
-# statically, carries no test hook, boots as the VMs' init and serves
-# their tests), not the shipped binaries' speed or size: the release
-# profile without LTO, at opt-level 1 (the codecs keep their level 3),
-# 7.5 CPU-minutes instead of 9.6 (docs/benchmarks.md). Set for the VM
-# tests too, whose image scripts build through the same command. BENCH=full
-# builds and measures the shipped profile.
-if [ "${BENCH:-short}" = short ]; then
+# In the short mode it checks what CI needs of it (it links statically,
+# carries no test hook, boots as the VMs' init and serves their tests),
+# not the shipped binaries' speed or size: the release profile without
+# LTO, at opt-level 1 (the codecs keep their level 3), 7.5 CPU-minutes
+# instead of 9.6. Set for the VM tests too, whose image scripts build
+# through the same command. BENCH=full builds and measures the shipped
+# profile, every binary and the bench's.
+export BENCH=${BENCH:-short}
+step "static build (packaging/build-static.sh: the guest's binaries, for the static check and the VM images)"
+if [ "$BENCH" = short ]; then
   light_static_env
+  packaging/build-static.sh
+else
+  packaging/build-static.sh --bench
 fi
-background release-builds target/release-builds.log .ci/release-builds.sh
-# The VM tests run beside the others: their image build waits for the
-# static build (cargo's lock), then finds it done.
-background vm-tests target/test-vm.log \
-  cargo test --locked "${features[@]}" --test vm -- "${TEST_TIME_ARGS[@]}"
-
-if ! wait "$all_servers"; then
-  cat target/install-all-servers.log >&2
-  echo "installing the shipped MCP servers failed" >&2
-  exit 1
-fi
-step "cargo test (all but the VM tests, which run beside)"
-cargo test --locked "${features[@]}" --lib --bins --tests -- "${TEST_TIME_ARGS[@]}" \
-  --skip vm::the_agent_runs_a_vm_as_init_over_real_vsock \
-  --skip host_vm::the_qemu_backend_serves_the_api_from_vms 2>&1 | tee target/test-rest.log
-cargo test --locked "${features[@]}" --doc
-
-if [ "${SKIP_BENCH:-0}" != 1 ]; then
-  export BENCH=${BENCH:-short}
-  if [ "$BENCH" = short ]; then
-    # The short mode is a smoke check of every bench (fewer rounds,
-    # smaller corpora; its figures are not quoted): the bench binary and
-    # the binaries it runs are the debug build's, built above.
-    step "benchmarks, short mode (BENCH=short: every bench once, on the debug build; figures: BENCH=full)"
-    cargo test --locked "${features[@]}" --bench all
-  else
-    # The full benchmarks run the static release binaries
-    # (packaging/build-static.sh --bench; its commands, so nothing is
-    # compiled twice).
-    step "benchmarks (BENCH=$BENCH; static release binaries; the full workspace bench needs ~6 GB of disk)"
-    (unset RUSTC_WORKSPACE_WRAPPER CLIPPY_ARGS && packaging/build-static.sh --bench \
-      && $(packaging/build-static.sh --print | tail -1))
-  fi
-fi
-
-step "the VM tests (run beside the others)"
-background_wait vm-tests target/test-vm.log
-cat target/test-vm.log
-
-step "release builds (made beside the tests)"
-background_wait release-builds target/release-builds.log
-grep -E '^(==>|    Finished)' target/release-builds.log || true
 
 step "static build check (x86_64-unknown-linux-musl, the guest's binaries)"
 musl=x86_64-unknown-linux-musl
@@ -134,6 +96,52 @@ if grep -q SANDBOX_AGENT_TEST_FAULT target/$musl/release/sandbox-agent; then
   echo "the release agent carries the test fault hook" >&2
   exit 1
 fi
+
+# Beside the tests, which leave CPU idle while they wait on servers,
+# deadlines and VMs: the VM tests (their image build finds the static
+# build done), the fuzz target's build at nice 19 (it fills idle CPU only;
+# nothing waits for it but the fuzz run at the end) and, in the short
+# mode, the benches (a smoke check; their figures are the full mode's).
+background vm-tests target/test-vm.log \
+  cargo test --locked "${features[@]}" --test vm -- "${TEST_TIME_ARGS[@]}"
+background fuzz-build target/fuzz-build.log nice -n 19 .ci/fuzz-build.sh
+if [ "${SKIP_BENCH:-0}" != 1 ] && [ "$BENCH" = short ]; then
+  # The bench binary and the binaries it runs are the debug build's.
+  background benches-short target/bench-short.log \
+    cargo test --locked "${features[@]}" --bench all
+fi
+
+if ! wait "$all_servers"; then
+  cat target/install-all-servers.log >&2
+  echo "installing the shipped MCP servers failed" >&2
+  exit 1
+fi
+step "cargo test (all but the VM tests, which run beside)"
+cargo test --locked "${features[@]}" --lib --bins --tests -- "${TEST_TIME_ARGS[@]}" \
+  --skip vm::the_agent_runs_a_vm_as_init_over_real_vsock \
+  --skip host_vm::the_qemu_backend_serves_the_api_from_vms 2>&1 | tee target/test-rest.log
+cargo test --locked "${features[@]}" --doc
+
+if [ "${SKIP_BENCH:-0}" != 1 ]; then
+  if [ "$BENCH" = short ]; then
+    step "benchmarks, short mode (BENCH=short: every bench once, on the debug build, beside the tests; figures: BENCH=full)"
+    background_wait benches-short target/bench-short.log
+    cat target/bench-short.log
+  else
+    # The full benchmarks run alone, on the static release binaries
+    # built above (packaging/build-static.sh --bench).
+    step "benchmarks (BENCH=$BENCH; static release binaries; the full workspace bench needs ~6 GB of disk)"
+    (unset RUSTC_WORKSPACE_WRAPPER CLIPPY_ARGS && $(packaging/build-static.sh --print | tail -1))
+  fi
+fi
+
+step "the VM tests (run beside the others)"
+background_wait vm-tests target/test-vm.log
+cat target/test-vm.log
+
+step "the fuzz target's build (made beside the tests)"
+background_wait fuzz-build target/fuzz-build.log
+grep -E '^(==>|    Finished)' target/fuzz-build.log || true
 
 step "fuzz the archive extractor (${FUZZ_SECONDS:-30} s, asserting confinement)"
 # cargo-fuzz wants nightly features; RUSTC_BOOTSTRAP enables them on the
