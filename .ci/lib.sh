@@ -66,6 +66,22 @@ background_wait() {
   read -r wall user sys < "target/ci-times/$name"
   STEP_ROWS+=("$(printf '| (beside) %s | %s | %s |' "$name" "$(mmss "${wall%.*}")" "$(mmss $(( ${user%.*} + ${sys%.*} )))")")
 }
+# Ends the jobs still running beside the steps, with everything they
+# started (a failed step must not leave a build, VMs or benches running).
+# Never fails: it runs from the EXIT trap.
+end_background() {
+  local p
+  for p in $(jobs -p); do
+    kill_tree "$p"
+  done
+}
+kill_tree() {
+  local c
+  for c in $(pgrep -P "$1" 2>/dev/null); do
+    kill_tree "$c"
+  done
+  kill "$1" 2>/dev/null || true
+}
 steps_report() {
   step_end
   echo

@@ -20,7 +20,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . .ci/lib.sh
 mkdir -p target/ci-times
-trap 'steps_report' EXIT
+trap 'rc=$?; if [ "$rc" != 0 ]; then end_background; fi; steps_report' EXIT
 
 # In CI (CI=true) every test runs: those that need root fail instead of
 # skipping (tests/common root_or_skip), so say so now rather than after

@@ -28,10 +28,13 @@ async def sleep(seconds: float, started: str = "") -> str:
 
 @app.tool()
 async def count(n: int, ctx: Context) -> str:
-    """Reports progress 1..n, then answers."""
+    """Reports progress 1..n, then answers right after the last (the two
+    messages often in one read of the pipe: the answer must not overtake
+    the progress)."""
     for i in range(1, n + 1):
         await ctx.report_progress(i, n)
-        await asyncio.sleep(0.02)
+        if i < n:
+            await asyncio.sleep(0.02)
     return f"counted {n}"
 
 

@@ -339,8 +339,8 @@ impl Gateway {
         while !route.ended.is_cancelled() && self.leased(&route.name, &route.lease) {
             match self.conn(&route.name).await {
                 Ok(conn) => {
-                    route.attach(&conn);
-                    router::pump(&route, &conn).await;
+                    let generation = route.attach(&conn);
+                    router::pump(&route, &conn, generation).await;
                 }
                 Err(e) => {
                     debug!(error = %e, "no connection to route");

@@ -85,7 +85,15 @@ pub struct Route {
     stream_buffer: usize,
     server_request_timeout: Duration,
     dropped: AtomicU64,
+    /// The child generation and number of the last of its messages routed
+    /// ([`pump`]): an answer waits for what the child sent before it
+    /// ([`Route::caught_up`]).
+    seen: tokio::sync::watch::Sender<(u64, u64)>,
 }
+
+/// How long an answer waits for the child's messages sent before it to be
+/// routed (they normally are within a scheduling turn).
+const CATCH_UP: Duration = Duration::from_secs(2);
 
 /// What a child's request needs of a client to be routed to it.
 fn capability_for(method: &str) -> Option<&'static str> {
@@ -118,6 +126,22 @@ impl Route {
             stream_buffer,
             server_request_timeout,
             dropped: AtomicU64::new(0),
+            seen: tokio::sync::watch::channel((0, 0)).0,
+        }
+    }
+
+    /// Waits until the child's messages numbered up to `seq` (generation
+    /// `generation`) are routed, so a request's progress reaches its
+    /// stream before its answer; at most [`CATCH_UP`], and not past the
+    /// route's end.
+    pub async fn caught_up(&self, generation: u64, seq: u64) {
+        let mut rx = self.seen.subscribe();
+        tokio::select! {
+            _ = rx.wait_for(|&(g, s)| g != generation || s >= seq) => {}
+            _ = self.ended.cancelled() => {}
+            _ = tokio::time::sleep(CATCH_UP) => {
+                debug!(server = %self.name, seq, "the child's earlier messages were not routed in time; answering");
+            }
         }
     }
 
@@ -457,17 +481,20 @@ impl Route {
     }
 }
 
-/// Reads the child's messages into `route` until the connection closes or
-/// the route is retired.
-pub async fn pump(route: &Route, conn: &StdioConn) {
+/// Reads the child's messages (generation `generation`) into `route` until
+/// the connection closes or the route is retired.
+pub async fn pump(route: &Route, conn: &StdioConn, generation: u64) {
     use tokio::sync::broadcast::error::RecvError;
-    let mut rx = conn.subscribe();
+    let (mut rx, before) = conn.subscribe();
+    route.seen.send_replace((generation, before));
     let mut sweep = tokio::time::interval(Duration::from_millis(500));
     loop {
         tokio::select! {
             m = rx.recv() => match m {
-                Ok(m) => {
-                    if let Some(answer) = route.on_child_message(&m)
+                Ok((seq, m)) => {
+                    let answer = route.on_child_message(&m);
+                    route.seen.send_replace((generation, seq));
+                    if let Some(answer) = answer
                         && conn.send_message(&answer).await.is_err()
                     {
                         return;

@@ -43,9 +43,14 @@ pub enum McpError {
 
 pub struct StdioConn {
     out: mpsc::Sender<Bytes>,
-    pending: Mutex<HashMap<u64, oneshot::Sender<Value>>>,
+    /// Each waiting request's answer, with how many events were broadcast
+    /// before it ([`StdioConn::request_seq`]).
+    pending: Mutex<HashMap<u64, oneshot::Sender<(Value, u64)>>>,
     next_id: AtomicU64,
-    events: broadcast::Sender<Arc<Value>>,
+    /// The server's other messages, numbered from 1 in the order read.
+    events: broadcast::Sender<(u64, Arc<Value>)>,
+    /// The number of the last event broadcast (written by the reader only).
+    sent: AtomicU64,
     closed: CancellationToken,
     init: OnceLock<Value>,
 }
@@ -66,6 +71,7 @@ impl StdioConn {
             pending: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(1),
             events: broadcast::channel(256).0,
+            sent: AtomicU64::new(0),
             closed: CancellationToken::new(),
             init: OnceLock::new(),
         });
@@ -155,7 +161,7 @@ impl StdioConn {
                 .unwrap_or_else(|p| p.into_inner())
                 .remove(&id);
             if let Some(tx) = waiter {
-                let _ = tx.send(msg);
+                let _ = tx.send((msg, self.sent.load(Ordering::Acquire)));
                 return;
             }
         }
@@ -172,13 +178,18 @@ impl StdioConn {
             }
             return;
         }
-        let _ = self.events.send(Arc::new(msg));
+        let seq = self.sent.load(Ordering::Acquire) + 1;
+        self.sent.store(seq, Ordering::Release);
+        let _ = self.events.send((seq, Arc::new(msg)));
     }
 
     /// Messages from the server that are not answers to this connection's
-    /// own requests.
-    pub fn subscribe(&self) -> broadcast::Receiver<Arc<Value>> {
-        self.events.subscribe()
+    /// own requests, each with its number, and the number of the last one
+    /// broadcast before the subscription (read after it: at worst one
+    /// counted before it is received).
+    pub fn subscribe(&self) -> (broadcast::Receiver<(u64, Arc<Value>)>, u64) {
+        let rx = self.events.subscribe();
+        (rx, self.sent.load(Ordering::Acquire))
     }
 
     /// Cancelled when either pipe closes.
@@ -244,6 +255,22 @@ impl StdioConn {
         params: Value,
         timeout: Duration,
     ) -> Result<Value, McpError> {
+        self.request_seq(id, method, params, timeout)
+            .await
+            .map(|(answer, _)| answer)
+    }
+
+    /// [`StdioConn::request_with_id`], with the number of the last event
+    /// the server sent before its answer ([`StdioConn::subscribe`]): what
+    /// a router must have passed on before the answer, to keep the
+    /// server's order (progress, then the result).
+    pub async fn request_seq(
+        &self,
+        id: u64,
+        method: &str,
+        params: Value,
+        timeout: Duration,
+    ) -> Result<(Value, u64), McpError> {
         let (tx, rx) = oneshot::channel();
         self.pending
             .lock()

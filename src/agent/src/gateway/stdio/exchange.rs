@@ -89,11 +89,17 @@ pub(super) async fn call_child(
     };
     let r = x
         .conn
-        .request_with_id(child_id, &method, params, x.timeout)
+        .request_seq(child_id, &method, params, x.timeout)
         .await;
+    if let Ok((_, seq)) = &r {
+        // What the child sent for this request before answering (its
+        // progress) reaches the request's stream first, while the request
+        // is still in flight to route it.
+        x.route.caught_up(x.generation, *seq).await;
+    }
     guard.done = true;
     drop(guard);
-    match r {
+    match r.map(|(answer, _)| answer) {
         Ok(mut answer) => {
             answer["id"] = id;
             if x.modern {

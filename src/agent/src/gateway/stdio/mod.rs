@@ -385,54 +385,46 @@ impl Gateway {
             },
         )));
         drop(sink);
-        let first = tokio::select! {
+        let (first, tail, task) = tokio::select! {
             biased;
-            answers = &mut work => {
-                let mut all = local;
-                all.extend(answers);
-                return self.reply(all, batch, wants_json, None, modern);
+            answers = &mut work => match rx.try_recv() {
+                // The child sent something for the requests before their
+                // answers (the answers wait for it to be routed): stream
+                // it, then the answers.
+                Ok(Out::Message(first)) => {
+                    drop(tx);
+                    (first, answers.into_iter().map(|a| a.json).collect(), None)
+                }
+                _ => {
+                    let mut all = local;
+                    all.extend(answers);
+                    return self.reply(all, batch, wants_json, None, modern);
+                }
+            },
+            Some(Out::Message(first)) = rx.recv() => {
+                // The child spoke first: stream. The work moves to a task
+                // that ends (cancelling the requests on the child) if the
+                // client goes away.
+                let task = AbortOnDropHandle::new(tokio::spawn(async move {
+                    let answers = work.await.into_iter().map(|a| a.json).collect();
+                    let _ = tx.send(Out::Done(answers)).await;
+                }));
+                (first, Vec::new(), Some(task))
             }
-            Some(Out::Message(first)) = rx.recv() => first.to_string(),
         };
-        // The child spoke first: stream. The work moves to a task that ends
-        // (cancelling the requests on the child) if the client goes away.
-        let task = AbortOnDropHandle::new(tokio::spawn(async move {
-            let answers = work.await.into_iter().map(|a| a.json).collect();
-            let _ = tx.send(Out::Done(answers)).await;
-        }));
-        struct St {
-            queue: VecDeque<String>,
-            rx: mpsc::Receiver<Out>,
-            done: bool,
-            _task: AbortOnDropHandle<()>,
-        }
-        let mut queue = VecDeque::from([first]);
+        let mut queue = VecDeque::from([first.to_string()]);
         queue.extend(local.into_iter().map(|a| a.json));
         let st = St {
             queue,
             rx,
+            tail,
             done: false,
             _task: task,
         };
-        let stream = futures_util::stream::unfold(st, |mut st| async move {
-            loop {
-                if let Some(m) = st.queue.pop_front() {
-                    return Some((m, st));
-                }
-                if st.done {
-                    return None;
-                }
-                match st.rx.recv().await {
-                    Some(Out::Message(m)) => st.queue.push_back(m.to_string()),
-                    Some(Out::Done(answers)) => {
-                        st.done = true;
-                        st.queue.extend(answers);
-                    }
-                    None => return None,
-                }
-            }
-        });
-        sse::response(stream, self.keep_alive())
+        sse::response(
+            futures_util::stream::unfold(st, St::next),
+            self.keep_alive(),
+        )
     }
 
     fn reply(
@@ -573,4 +565,39 @@ fn accepted() -> Response<Body> {
     let mut r = Response::new(full(Bytes::new()));
     *r.status_mut() = StatusCode::ACCEPTED;
     r
+}
+
+/// A streamed POST answer: the child's messages for its requests as they
+/// come, then the answers (sent on the channel by the work's task, or
+/// `tail` when the work had ended before the stream began).
+struct St {
+    queue: VecDeque<String>,
+    rx: mpsc::Receiver<Out>,
+    tail: Vec<String>,
+    done: bool,
+    _task: Option<AbortOnDropHandle<()>>,
+}
+
+impl St {
+    async fn next(mut self) -> Option<(String, St)> {
+        loop {
+            if let Some(m) = self.queue.pop_front() {
+                return Some((m, self));
+            }
+            if self.done {
+                return None;
+            }
+            match self.rx.recv().await {
+                Some(Out::Message(m)) => self.queue.push_back(m.to_string()),
+                Some(Out::Done(answers)) => {
+                    self.done = true;
+                    self.queue.extend(answers);
+                }
+                None => {
+                    self.done = true;
+                    self.queue.extend(std::mem::take(&mut self.tail));
+                }
+            }
+        }
+    }
 }
