@@ -25,6 +25,7 @@ mod exchange;
 mod messages;
 mod reply;
 mod revision;
+mod streamed;
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -50,6 +51,7 @@ use sandbox_client::mcp::{
 use exchange::{Exchange, call_child};
 use reply::{Answer, Budget};
 use revision::{check_envelope, discover, initialize, modern_status};
+use streamed::St;
 
 fn method_of(m: &Value) -> Option<&str> {
     m.get("method").and_then(Value::as_str)
@@ -414,13 +416,7 @@ impl Gateway {
         };
         let mut queue = VecDeque::from([first.to_string()]);
         queue.extend(local.into_iter().map(|a| a.json));
-        let st = St {
-            queue,
-            rx,
-            tail,
-            done: false,
-            _task: task,
-        };
+        let st = St::new(queue, rx, tail, task);
         sse::response(
             futures_util::stream::unfold(st, St::next),
             self.keep_alive(),
@@ -565,39 +561,4 @@ fn accepted() -> Response<Body> {
     let mut r = Response::new(full(Bytes::new()));
     *r.status_mut() = StatusCode::ACCEPTED;
     r
-}
-
-/// A streamed POST answer: the child's messages for its requests as they
-/// come, then the answers (sent on the channel by the work's task, or
-/// `tail` when the work had ended before the stream began).
-struct St {
-    queue: VecDeque<String>,
-    rx: mpsc::Receiver<Out>,
-    tail: Vec<String>,
-    done: bool,
-    _task: Option<AbortOnDropHandle<()>>,
-}
-
-impl St {
-    async fn next(mut self) -> Option<(String, St)> {
-        loop {
-            if let Some(m) = self.queue.pop_front() {
-                return Some((m, self));
-            }
-            if self.done {
-                return None;
-            }
-            match self.rx.recv().await {
-                Some(Out::Message(m)) => self.queue.push_back(m.to_string()),
-                Some(Out::Done(answers)) => {
-                    self.done = true;
-                    self.queue.extend(answers);
-                }
-                None => {
-                    self.done = true;
-                    self.queue.extend(std::mem::take(&mut self.tail));
-                }
-            }
-        }
-    }
 }
