@@ -107,11 +107,10 @@ slow_tests() {
     | sort -rn | head -20
 }
 
-# The static build of the test command's short mode (test-all.sh says why):
-# the release profile without LTO at opt-level 1. The VM tests' image
-# scripts build through packaging/build-static.sh under the same settings,
-# so they find that build done (quick.sh sets them too).
+# The static build of the test command's short mode (test-all.sh says why;
+# packaging/build-static.sh applies it). The VM tests' image scripts build
+# through that script too, and inherit it, so they find that build done
+# (quick.sh sets it too).
 light_static_env() {
-  export CARGO_PROFILE_RELEASE_LTO=false CARGO_PROFILE_RELEASE_CODEGEN_UNITS=16 \
-    CARGO_PROFILE_RELEASE_OPT_LEVEL=1
+  export SANDBOX_STATIC_PROFILE=light
 }

@@ -65,13 +65,12 @@ cargo test --locked "${features[@]}" --all-targets --no-run
 # CPU-minutes alone, 18 minutes of wall and some 15 CPU-minutes beside the
 # tests; docs/benchmarks.md), and the VM tests wait for it.
 #
-# In the short mode it checks what CI needs of it (it links statically,
-# carries no test hook, boots as the VMs' init and serves their tests),
-# not the shipped binaries' speed or size: the release profile without
-# LTO, at opt-level 1 (the codecs keep their level 3), 7.5 CPU-minutes
-# instead of 9.6. Set for the VM tests too, whose image scripts build
-# through the same command. BENCH=full builds and measures the shipped
-# profile, every binary and the bench's.
+# In the short mode it checks what CI needs of it, not the shipped
+# binaries' speed or size (SANDBOX_STATIC_PROFILE=light: opt-level 0, no
+# LTO; packaging/build-static.sh says more), 4.4 CPU-minutes instead of
+# 9.6. Set for the VM tests too, whose image scripts build through the
+# same command. BENCH=full builds and measures the shipped profile, every
+# binary and the bench's.
 export BENCH=${BENCH:-short}
 step "static build (packaging/build-static.sh: the guest's binaries, for the static check and the VM images)"
 if [ "$BENCH" = short ]; then
@@ -104,7 +103,7 @@ fi
 # mode, the benches (a smoke check; their figures are the full mode's).
 background vm-tests target/test-vm.log \
   cargo test --locked "${features[@]}" --test vm -- "${TEST_TIME_ARGS[@]}"
-background fuzz-build target/fuzz-build.log nice -n 19 .ci/fuzz-build.sh
+background fuzz-build target/fuzz-build.log nice -n 19 .ci/fuzz.sh build
 if [ "${SKIP_BENCH:-0}" != 1 ] && [ "$BENCH" = short ]; then
   # The bench binary and the binaries it runs are the debug build's.
   background benches-short target/bench-short.log \
@@ -144,15 +143,7 @@ background_wait fuzz-build target/fuzz-build.log
 grep -E '^(==>|    Finished)' target/fuzz-build.log || true
 
 step "fuzz the archive extractor (${FUZZ_SECONDS:-30} s, asserting confinement)"
-# cargo-fuzz wants nightly features; RUSTC_BOOTSTRAP enables them on the
-# machine's stable toolchain. Leak checks are off: the decoder thread of an
-# aborted extraction is detached by design and may still be exiting when
-# the check runs (a 32-byte thread-local registration).
-corpus=$(mktemp -d)
-(cd fuzz && unset RUSTC_WORKSPACE_WRAPPER CLIPPY_ARGS CARGO_PROFILE_RELEASE_LTO CARGO_PROFILE_RELEASE_CODEGEN_UNITS CARGO_PROFILE_RELEASE_OPT_LEVEL && ASAN_OPTIONS=detect_leaks=0 RUSTC_BOOTSTRAP=1 \
-  cargo fuzz run extract "$corpus" seeds/extract -- \
-  -max_total_time="${FUZZ_SECONDS:-30}" -rss_limit_mb=2048 -detect_leaks=0 -print_final_stats=1)
-rm -rf "$corpus"
+.ci/fuzz.sh run "${FUZZ_SECONDS:-30}"
 
 step "all checks passed"
 step_end

@@ -12,6 +12,14 @@
 #                                       binary (`cargo bench --no-run`)
 #   packaging/build-static.sh --print   the --bench mode's two commands
 #
+# SANDBOX_STATIC_PROFILE=light (the test command's short mode, through
+# .ci/lib.sh light_static_env; the VM tests' image scripts inherit it)
+# builds what CI checks of the guest (it links statically, carries no test
+# hook, boots as the VMs' init and serves their tests), not the shipped
+# binaries' speed or size: the release profile at opt-level 0, without
+# LTO, zstd's C code at -O1 (the other codecs and the hash keep level 3).
+# 4.4 CPU-minutes instead of 9.6 (docs/testing.md). Into the same
+# directory: a light build replaces a shipped one, and back.
 # The binaries land in target/x86_64-unknown-linux-musl/release/. Cargo
 # unifies a dependency's features over the packages of one command, so a
 # build of another subset (the agent alone) resolves some of them
@@ -27,6 +35,19 @@ target=x86_64-unknown-linux-musl
 guest=(-p sandbox-agent -p sandboxctl -p mcp-notes)
 all=("${guest[@]}" -p sandbox-host)
 build=(cargo build --locked --release --target $target)
+case "${SANDBOX_STATIC_PROFILE:-shipped}" in
+  shipped) ;;
+  light)
+    for c in profile.release.lto=false profile.release.codegen-units=16 profile.release.opt-level=0 \
+      profile.release.package.zstd-sys.opt-level=1; do
+      build+=(--config "$c")
+    done
+    ;;
+  *)
+    echo "SANDBOX_STATIC_PROFILE: '$SANDBOX_STATIC_PROFILE' is neither 'shipped' nor 'light'" >&2
+    exit 2
+    ;;
+esac
 bench=(cargo bench --locked --target $target -p sandbox-suite "${all[@]}" --features kubernetes)
 
 mode=${1:-}

@@ -3,167 +3,16 @@
 //! command, the file that says so) and what this project serves under its
 //! profile. Checked here against the manifest and the installed trees;
 //! its tool surfaces (names, properties, required ones) against what the
-//! servers list through the sandbox (`tool_schemas`, which lists them).
+//! servers list (tests/common/tool_surface.rs, where the table is read).
 
-use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
-use serde::Deserialize;
 use serde_json::Value;
 
 use crate::common::mcp::servers_dir;
+use crate::common::tool_surface::{Match, Pin, load};
 use crate::common::*;
 use sandbox_agent::supervisor::manifest::{Benchmark, Manifest, Roots};
-
-const PINS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/packaging/pins.toml");
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Bench {
-    /// The repository and commit read.
-    pub source: String,
-    pub servers: BTreeMap<String, Pin>,
-}
-
-/// How what is served relates to the benchmark's pin.
-#[derive(Debug, Deserialize, PartialEq, Eq, Clone, Copy)]
-#[serde(rename_all = "lowercase")]
-pub enum Match {
-    /// The benchmark's package at its exact version.
-    Exact,
-    /// The benchmark names no version (it runs the registry's latest):
-    /// the default install serves.
-    Unpinned,
-    /// The pinned version (or fork) is not in the registries: the nearest
-    /// published one, or the fork's base (`note` says what remains).
-    Nearest,
-    /// The package is published nowhere: a server of this project's own.
-    Own,
-    /// Neither the pin nor a stand-in of the same surface is served: the
-    /// default implementation runs (`note` says why).
-    Unavailable,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Pin {
-    pub package: String,
-    /// The benchmark's exact version ("" when it pins none).
-    pub version: String,
-    /// The benchmark's command and arguments, shortened.
-    pub run: String,
-    /// The file of `source` that says so.
-    pub file: String,
-    #[serde(rename = "match")]
-    pub matches: Match,
-    /// The package installed under this profile ("" for our own).
-    #[serde(default)]
-    pub serves_package: String,
-    /// The version this project serves under the profile (its metadata).
-    pub serves: String,
-    #[serde(default)]
-    pub note: String,
-    /// The benchmark's version's tools, `name(prop*, prop)` (`*` = required).
-    #[serde(default)]
-    pub tools: Vec<String>,
-    /// Where what is served lists other tools, those (the note says why).
-    pub served_tools: Option<Vec<String>>,
-}
-
-pub fn load() -> BTreeMap<String, Bench> {
-    let text = std::fs::read_to_string(PINS).expect("packaging/pins.toml");
-    toml::from_str(&text).unwrap_or_else(|e| panic!("packaging/pins.toml: {e}"))
-}
-
-/// `name(a*, b)`: a tool's properties, sorted, required ones starred.
-pub fn render(name: &str, schema: &Value) -> String {
-    let required: BTreeSet<&str> = schema["required"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(Value::as_str)
-        .collect();
-    let props: Vec<String> = schema["properties"]
-        .as_object()
-        .map(|p| p.keys().cloned().collect::<BTreeSet<_>>())
-        .unwrap_or_default()
-        .into_iter()
-        .map(|p| {
-            if required.contains(p.as_str()) {
-                format!("{p}*")
-            } else {
-                p
-            }
-        })
-        .collect();
-    format!("{name}({})", props.join(", "))
-}
-
-/// The table's form of a tool line, sorted the same way.
-fn normal(line: &str) -> String {
-    let (name, rest) = line.split_once('(').unwrap_or((line, ")"));
-    let mut props: Vec<&str> = rest
-        .trim_end_matches(')')
-        .split(',')
-        .map(str::trim)
-        .filter(|p| !p.is_empty())
-        .collect();
-    props.sort_by_key(|p| p.trim_end_matches('*'));
-    format!("{}({})", name.trim(), props.join(", "))
-}
-
-/// The servers pinned for `profile` (none for "default").
-pub fn pinned(pins: &BTreeMap<String, Bench>, profile: &str) -> Vec<String> {
-    pins.get(profile)
-        .map(|b| b.servers.keys().cloned().collect())
-        .unwrap_or_default()
-}
-
-/// Every difference between what `listed` (one SDK's listing under
-/// `profile`: server → tool → inputSchema) shows and the table.
-pub fn tool_problems(
-    pins: &BTreeMap<String, Bench>,
-    profile: &str,
-    listed: &Value,
-    out: &mut Vec<String>,
-) {
-    let Some(bench) = pins.get(profile) else {
-        return;
-    };
-    for (server, pin) in &bench.servers {
-        let expected: BTreeSet<String> = pin
-            .served_tools
-            .as_ref()
-            .unwrap_or(&pin.tools)
-            .iter()
-            .map(|l| normal(l))
-            .collect();
-        if expected.is_empty() {
-            // Unavailable and unpinned: no surface to hold it to.
-            continue;
-        }
-        let Some(tools) = listed.get(server).and_then(Value::as_object) else {
-            // Not listed: not installed (CI=true installs every one).
-            if ci() {
-                out.push(format!("{profile} {server}: pinned, not listed"));
-            } else {
-                skipped(&format!("{profile} {server}: pinned, not installed"));
-            }
-            continue;
-        };
-        let got: BTreeSet<String> = tools.iter().map(|(n, s)| render(n, s)).collect();
-        for missing in expected.difference(&got) {
-            out.push(format!(
-                "{profile} {server}: the table's {missing} is not listed"
-            ));
-        }
-        for extra in got.difference(&expected) {
-            out.push(format!(
-                "{profile} {server}: lists {extra}, not in the table"
-            ));
-        }
-    }
-}
 
 /// The shipped manifest as installed here (the install prefix of the
 /// tests), its commands the installed ones (no launcher of the checkout).

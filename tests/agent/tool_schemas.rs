@@ -1,8 +1,12 @@
-//! What the shipped servers advertise, as the official MCP Python SDKs
-//! (1.x and 2.x) list it through the agent's data plane: every tool's
-//! `inputSchema` is an object schema with its properties, under every
-//! profile. And a server whose install is absent is not advertised:
-//! naming it is refused with the install command.
+//! What the shipped servers that the host's catalog comparisons do not
+//! list advertise (those whose launch carries a lease's secret, and those
+//! ALL leaves out), as the official MCP Python SDKs (1.x and 2.x) list it
+//! through the agent's data plane: every tool's `inputSchema` is an object
+//! schema with its properties, under every profile
+//! (tests/common/tool_surface.rs). Every other shipped server is listed
+//! live, under every profile and with both SDKs, by those comparisons
+//! (tests/host/catalog.rs), which check the same surface. And a server whose install is absent is not
+//! advertised: naming it is refused with the install command.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -11,87 +15,17 @@ use std::process::Command;
 use serde_json::Value;
 
 use crate::common::mcp::*;
+use crate::common::tool_surface::{self, UNCATALOGUED};
 use crate::common::*;
 use sandbox_agent::supervisor::manifest::{Manifest, Roots};
 
-type Pins = BTreeMap<String, crate::pins::Bench>;
+type Pins = BTreeMap<String, tool_surface::Bench>;
 
 const MCP1_CLIENT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/clients/mcp_client.py");
 const MCP2_CLIENT: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/tests/clients/mcp2/mcp2_client.py"
 );
-
-/// One argument each server's tool takes, by the tool's and argument's
-/// names across the pinned versions (server, tools, arguments).
-const KNOWN: &[(&str, &[&str], &[&str])] = &[
-    ("filesystem", &["read_text_file", "read_file"], &["path"]),
-    ("git", &["git_status"], &["repo_path"]),
-    ("terminal", &["run_command"], &["command"]),
-    ("desktop-commander", &["list_directory"], &["path"]),
-    ("arxiv", &["search_papers"], &["query"]),
-    ("excel", &["create_workbook"], &["path", "filepath"]),
-    ("word", &["create_document"], &["filename"]),
-    ("powerpoint", &["create_presentation"], &["id"]),
-    (
-        "code-executor",
-        &["run_python_code", "execute_code"],
-        &["code"],
-    ),
-    ("code-runner", &["run-code"], &["code"]),
-    ("pdf-tools", &["read_pdf_pages"], &["pdf_file_path"]),
-    ("localmemory", &["create_entities"], &["entities"]),
-    ("playwright", &["browser_navigate"], &["url"]),
-    ("google_cloud", &["bigquery_run_query"], &["query"]),
-    ("canvas", &["get_course_details"], &["course_identifier"]),
-    ("poste_email_toolathlon", &["get_emails"], &["page"]),
-    ("calculator", &["calculate"], &["expression"]),
-    ("context7", &["resolve-library-id"], &["libraryName"]),
-    ("open_library", &["get_book_by_title"], &["title"]),
-    ("osm", &["geocode_address"], &["address"]),
-    ("wikipedia", &["search_wikipedia"], &["query"]),
-];
-
-/// Every tool schema problem of one SDK's listing (`sdk` names it).
-fn schema_problems(sdk: &str, profile: &str, listed: &Value, out: &mut Vec<String>) {
-    let Some(servers) = listed.as_object() else {
-        out.push(format!("{sdk} {profile}: not a listing: {listed}"));
-        return;
-    };
-    for (server, tools) in servers {
-        let at = format!("{sdk} {profile} {server}");
-        if let Some(e) = tools.get("error") {
-            out.push(format!("{at}: listing failed: {e}"));
-            continue;
-        }
-        let tools = tools.as_object().cloned().unwrap_or_default();
-        if tools.is_empty() {
-            out.push(format!("{at}: no tools"));
-        }
-        for (tool, schema) in &tools {
-            let props = schema.get("properties").and_then(Value::as_object);
-            if schema.get("type") != Some(&Value::from("object")) || props.is_none() {
-                out.push(format!(
-                    "{at} {tool}: not an object schema with properties: {schema}"
-                ));
-                continue;
-            }
-            let props = props.cloned().unwrap_or_default();
-            for r in schema["required"].as_array().into_iter().flatten() {
-                if !r.as_str().is_some_and(|r| props.contains_key(r)) {
-                    out.push(format!("{at} {tool}: requires {r}, not in its properties"));
-                }
-            }
-        }
-        if let Some((_, names, args)) = KNOWN.iter().find(|k| k.0 == server) {
-            let tool = names.iter().find_map(|n| tools.get(*n));
-            let has = tool.is_some_and(|t| args.iter().any(|a| t["properties"].get(*a).is_some()));
-            if !has {
-                out.push(format!("{at}: no {names:?} taking {args:?}"));
-            }
-        }
-    }
-}
 
 /// Lists every tool of `servers` with the SDK at `python` running `client`.
 fn list_schemas(agent: &Agent, python: &str, client: &str, servers: &[String]) -> Value {
@@ -146,13 +80,21 @@ fn service_account() -> String {
     .to_string()
 }
 
-/// Per profile, the servers to list: every installed one by default; under
-/// a benchmark, those whose profile runs another command or arguments
-/// (another version, a launcher): the others run what the default runs.
+/// Whether the host's catalog comparisons leave `server` to this test:
+/// uncatalogued, or left out of ALL.
+fn ours(m: &Manifest, server: &str) -> bool {
+    UNCATALOGUED.contains(&server) || m.servers.get(server).is_some_and(|d| !d.in_all)
+}
+
+/// Per profile, the servers of `ours` to list: every installed one by
+/// default; under a benchmark, those whose profile runs another command or
+/// arguments (another version, a launcher): the others run what the
+/// default runs.
 fn profiles(m: &Manifest, pins: &Pins) -> BTreeMap<&'static str, Vec<String>> {
-    let mut out = BTreeMap::from([("default", m.names())]);
+    let is_ours = |n: &String| ours(m, n);
+    let mut out = BTreeMap::from([("default", m.names().into_iter().filter(is_ours).collect())]);
     for b in ["MCP_Atlas", "Toolathlon", "MCP_Mark"] {
-        let pinned = crate::pins::pinned(pins, b);
+        let pinned = tool_surface::pinned(pins, b);
         let names = m
             .servers
             .values()
@@ -169,18 +111,20 @@ fn profiles(m: &Manifest, pins: &Pins) -> BTreeMap<&'static str, Vec<String>> {
                     .any(|(n, k)| n == &d.name && k.as_str() == b)
             })
             .map(|d| d.name.clone())
+            .filter(is_ours)
             .collect();
         out.insert(b, names);
     }
     out
 }
 
-/// Every shipped server of every profile lists its tools with object
-/// schemas to both SDKs, and a benchmark's pinned servers list the tools
-/// packaging/pins.toml says (names, properties, required ones). Absent installs are skipped, saying so, except
-/// under CI=true, where every shipped server must be installed.
+/// Every server of `ours` under every profile lists its tools with object
+/// schemas to both SDKs, and a benchmark's pinned ones list the tools
+/// packaging/pins.toml says (names, properties, required ones). Absent
+/// installs are skipped, saying so, except under CI=true, where every
+/// shipped server must be installed.
 #[test]
-fn every_tool_of_every_shipped_server_has_an_object_schema() {
+fn every_tool_of_the_servers_the_catalog_tests_leave_has_an_object_schema() {
     let agent = agent_with("", "mail_ports = \"auto\"\n");
     let (all, installed) = (manifest_of(&agent, false), manifest_of(&agent, true));
     let absent: Vec<String> = installed.not_installed.keys().cloned().collect();
@@ -202,7 +146,7 @@ fn every_tool_of_every_shipped_server_has_an_object_schema() {
     let sa = agent.dir.path().join("service-account.json");
     std::fs::write(&sa, service_account()).expect("key file");
     let mut problems = Vec::new();
-    let pins = crate::pins::load();
+    let pins = tool_surface::load();
     for (profile, names) in profiles(&installed, &pins) {
         if names.is_empty() {
             continue;
@@ -226,11 +170,11 @@ fn every_tool_of_every_shipped_server_has_an_object_schema() {
             }
         }
         sandboxctl(&agent, &args);
+        let lists = |s: &str| ours(&installed, s);
         let one = list_schemas(&agent, "python3", MCP1_CLIENT, &names);
-        schema_problems("SDK 1.x", profile, &one, &mut problems);
-        crate::pins::tool_problems(&pins, profile, &one, &mut problems);
+        tool_surface::surface_problems("SDK 1.x", &pins, profile, &one, lists, &mut problems);
         let two = list_schemas(&agent, &py2, MCP2_CLIENT, &names);
-        schema_problems("SDK 2.x", profile, &two, &mut problems);
+        tool_surface::schema_problems("SDK 2.x", profile, &two, &mut problems);
         sandboxctl(&agent, &["release"]);
     }
     assert!(problems.is_empty(), "{}", problems.join("\n"));

@@ -8,6 +8,7 @@ pub mod mcp;
 pub mod servers;
 pub mod slots;
 pub mod standin;
+pub mod tool_surface;
 pub mod vm;
 pub mod ws;
 

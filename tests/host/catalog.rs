@@ -4,7 +4,11 @@
 //! process list says so), what the catalog answers is what the started
 //! server answers (field for field, every page, both SDKs), a call in the
 //! same session after a catalog-served listing reaches the started
-//! server, and a catalog whose key no longer matches is not used.
+//! server, and a catalog whose key no longer matches is not used. The live
+//! listings are also held to the servers' tool surfaces
+//! (tests/common/tool_surface.rs): the one place every catalogued server
+//! of ALL is listed live under every profile (the agent's `tool_schemas`
+//! lists the others).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -15,11 +19,10 @@ use serde_json::Value;
 
 use crate::common::host::{Host, KEY_A, acquire, metric, process_tree, wait_metric};
 use crate::common::mcp::servers_dir;
+use crate::common::tool_surface::{self, UNCATALOGUED};
 
 const CLIENT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/clients/discovery.py");
 const RECORDING: &str = "sandbox_host_discovery_recording";
-/// Servers whose launch carries a lease's secret: never catalogued.
-const UNCATALOGUED: [&str; 3] = ["poste_email_toolathlon", "canvas", "google_cloud"];
 /// A tool no server has: calling it starts the server, whose error
 /// answer proves the session reached it.
 const NO_SUCH_TOOL: &str = "sandbox-test-no-such-tool";
@@ -62,11 +65,16 @@ fn host_with_catalogs(dir: &Path, extra: &[&str]) -> Host {
 
 /// Every server of an Acquire of ALL under `benchmark`: (name, URL).
 fn acquire_all(host: &Host, benchmark: Option<&str>) -> Vec<(String, String)> {
-    let body = match benchmark {
-        Some(b) => format!(r#"{{"server_names": "ALL", "benchmark": "{b}"}}"#),
-        None => r#"{"server_names": "ALL"}"#.to_owned(),
-    };
-    let a = acquire(host, KEY_A, &body);
+    acquire_named(host, benchmark, &serde_json::json!("ALL"))
+}
+
+/// The servers of an Acquire of `names` under `benchmark`: (name, URL).
+fn acquire_named(host: &Host, benchmark: Option<&str>, names: &Value) -> Vec<(String, String)> {
+    let mut body = serde_json::json!({ "server_names": names });
+    if let Some(b) = benchmark {
+        body["benchmark"] = b.into();
+    }
+    let a = acquire(host, KEY_A, &body.to_string());
     a["servers"]
         .as_array()
         .expect("servers")
@@ -77,6 +85,31 @@ fn acquire_all(host: &Host, benchmark: Option<&str>) -> Vec<(String, String)> {
             (name, url)
         })
         .collect()
+}
+
+/// One SDK's discovery of `servers` as tool_surface reads a listing:
+/// server → tool → inputSchema (every page), or the listing's error.
+fn schemas_of(discovered: &Value, servers: &[(String, String)]) -> Value {
+    let mut out = serde_json::Map::new();
+    for (name, url) in servers {
+        let listing = &discovered[url]["tools"];
+        let Some(pages) = listing.as_array() else {
+            out.insert(name.clone(), serde_json::json!({ "error": listing }));
+            continue;
+        };
+        let tools = pages
+            .iter()
+            .flat_map(|p| p["tools"].as_array().into_iter().flatten())
+            .map(|t| {
+                (
+                    t["name"].as_str().unwrap_or("").to_owned(),
+                    t["inputSchema"].clone(),
+                )
+            })
+            .collect();
+        out.insert(name.clone(), Value::Object(tools));
+    }
+    Value::Object(out)
 }
 
 /// `discovery.py` under SDK 1.x (`python3`) or 2.x (the mcp2 venv).
@@ -156,6 +189,15 @@ fn catalog_answers_as_the_server(benchmark: Option<&str>) {
         server_processes(&host)
     );
     let live = [discover(false, &urls), discover(true, &urls)];
+    let profile = benchmark.unwrap_or("default");
+    let pins = tool_surface::load();
+    let mut problems = Vec::new();
+    let listed = |s: &str| servers.iter().any(|(n, _)| n == s);
+    let sdk1 = schemas_of(&live[0], &servers);
+    tool_surface::surface_problems("SDK 1.x", &pins, profile, &sdk1, listed, &mut problems);
+    let sdk2 = schemas_of(&live[1], &servers);
+    tool_surface::schema_problems("SDK 2.x", profile, &sdk2, &mut problems);
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
     for (sdk, (cat, live)) in by_catalog.iter().zip(&live).enumerate() {
         for (name, url) in &servers {
             assert!(
