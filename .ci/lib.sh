@@ -91,13 +91,16 @@ steps_report() {
   echo "| all | $(mmss $SECONDS) | $(mmss $(($(cpu_ticks) / TICKS))) |"
 }
 
-# The tests' own clock: libtest's --report-time, an unstable option of the
-# harness, allowed by RUSTC_BOOTSTRAP in the test processes only (cargo's
-# runner, .ci/test-runner; the builds never see it). Doc tests are run by
-# rustdoc, not the runner: they run without it (`cargo test --doc`).
-# `slow_tests LOG…` prints the 20 slowest.
+# The test harness's arguments. Four tests at a time in each test binary:
+# many of them wait (on servers, deadlines, agents), so two leave a core
+# idle (tests/host: 331 s at 1.3 cores with two, 222 s with four; tests/agent
+# 169 → 116 s). And the tests' own clock: libtest's --report-time, an
+# unstable option of the harness, allowed by RUSTC_BOOTSTRAP in the test
+# processes only (cargo's runner, .ci/test-runner; the builds never see
+# it). Doc tests are run by rustdoc, not the runner: they run without it
+# (`cargo test --doc`). `slow_tests LOG…` prints the 20 slowest.
 export CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUNNER="$PWD/.ci/test-runner"
-TEST_TIME_ARGS=(-Z unstable-options --report-time)
+TEST_ARGS=(--test-threads=4 -Z unstable-options --report-time)
 slow_tests() {
   echo
   echo "The 20 slowest tests (libtest's --report-time):"

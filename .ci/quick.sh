@@ -74,7 +74,7 @@ cargo fmt --all --check
 step "debug build, linted (every workspace target)"
 cargo test --locked --workspace --features kubernetes --all-targets --no-run
 step "tests: ${args[*]}"
-cargo test --locked --workspace --features kubernetes "${targets[@]}" -- "${TEST_TIME_ARGS[@]}" "${filter[@]}" 2>&1 \
+cargo test --locked --workspace --features kubernetes "${targets[@]}" -- "${TEST_ARGS[@]}" "${filter[@]}" 2>&1 \
   | tee target/quick-tests.log
 step_end
 steps_report

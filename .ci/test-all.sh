@@ -102,7 +102,7 @@ fi
 # nothing waits for it but the fuzz run at the end) and, in the short
 # mode, the benches (a smoke check; their figures are the full mode's).
 background vm-tests target/test-vm.log \
-  cargo test --locked "${features[@]}" --test vm -- "${TEST_TIME_ARGS[@]}"
+  cargo test --locked "${features[@]}" --test vm -- "${TEST_ARGS[@]}"
 background fuzz-build target/fuzz-build.log nice -n 19 .ci/fuzz.sh build
 if [ "${SKIP_BENCH:-0}" != 1 ] && [ "$BENCH" = short ]; then
   # The bench binary and the binaries it runs are the debug build's.
@@ -116,7 +116,7 @@ if ! wait "$all_servers"; then
   exit 1
 fi
 step "cargo test (all but the VM tests, which run beside)"
-cargo test --locked "${features[@]}" --lib --bins --tests -- "${TEST_TIME_ARGS[@]}" \
+cargo test --locked "${features[@]}" --lib --bins --tests -- "${TEST_ARGS[@]}" \
   --skip vm::the_agent_runs_a_vm_as_init_over_real_vsock \
   --skip host_vm::the_qemu_backend_serves_the_api_from_vms 2>&1 | tee target/test-rest.log
 cargo test --locked "${features[@]}" --doc
