@@ -26,6 +26,22 @@ cpu_ticks() {
   echo $((${12} + ${13} + ${14} + ${15}))
 }
 TICKS=$(getconf CLK_TCK)
+# The machine's busy time (user, nice, system, irq, softirq: every core,
+# every process, in clock ticks). With nothing else running it is the
+# run's, including what no parent waited for (the slots' processes); the
+# step table shows it as cores busy on average.
+busy_ticks() {
+  local _cpu u n s _idle _io irq soft _rest
+  read -r _cpu u n s _idle _io irq soft _rest < /proc/stat
+  echo $((u + n + s + irq + soft))
+}
+RUN_B0=$(busy_ticks)
+# busy_cores TICKS SECONDS: the cores busy on average, e.g. 1.87.
+busy_cores() {
+  local t=$1 w=$2
+  [ "$w" -gt 0 ] || w=1
+  printf '%d.%02d' $((t / TICKS / w)) $((t * 100 / TICKS / w % 100))
+}
 mmss() { printf '%d:%02d' $(($1 / 60)) $(($1 % 60)); }
 
 # step NAME: starts a step (ending the one before) and says when, in
@@ -38,12 +54,15 @@ step() {
   STEP_NAME="$*"
   STEP_T0=$SECONDS
   STEP_C0=$(cpu_ticks)
+  STEP_B0=$(busy_ticks)
   printf '\n==> [%s] %s\n' "$(mmss $SECONDS)" "$*"
 }
 step_end() {
   [ -n "$STEP_NAME" ] || return 0
-  local cpu=$((($(cpu_ticks) - STEP_C0) / TICKS))
-  STEP_ROWS+=("$(printf '| %s | %s | %s |' "$STEP_NAME" "$(mmss $((SECONDS - STEP_T0)))" "$(mmss $cpu)")")
+  local cpu=$((($(cpu_ticks) - STEP_C0) / TICKS)) wall=$((SECONDS - STEP_T0))
+  local busy
+  busy=$(busy_cores $(($(busy_ticks) - STEP_B0)) "$wall")
+  STEP_ROWS+=("$(printf '| %s | %s | %s | %s |' "$STEP_NAME" "$(mmss "$wall")" "$(mmss $cpu)" "$busy")")
   STEP_NAME=""
 }
 # A job run beside the steps (`background NAME LOG cmd…`, then
@@ -64,7 +83,7 @@ background_wait() {
   fi
   local wall user sys
   read -r wall user sys < "target/ci-times/$name"
-  STEP_ROWS+=("$(printf '| (beside) %s | %s | %s |' "$name" "$(mmss "${wall%.*}")" "$(mmss $(( ${user%.*} + ${sys%.*} )))")")
+  STEP_ROWS+=("$(printf '| (beside) %s | %s | %s | |' "$name" "$(mmss "${wall%.*}")" "$(mmss $(( ${user%.*} + ${sys%.*} )))")")
 }
 # Ends the jobs still running beside the steps, with everything they
 # started (a failed step must not leave a build, VMs or benches running).
@@ -85,10 +104,10 @@ kill_tree() {
 steps_report() {
   step_end
   echo
-  echo "| step | wall | CPU (user + system) |"
-  echo "|---|---|---|"
+  echo "| step | wall | CPU (user + system, of the processes waited for) | machine busy (cores, of $(nproc)) |"
+  echo "|---|---|---|---|"
   printf '%s\n' "${STEP_ROWS[@]}"
-  echo "| all | $(mmss $SECONDS) | $(mmss $(($(cpu_ticks) / TICKS))) |"
+  echo "| all | $(mmss $SECONDS) | $(mmss $(($(cpu_ticks) / TICKS))) | $(busy_cores $(($(busy_ticks) - RUN_B0)) $SECONDS) |"
 }
 
 # The test harness's arguments. Four tests at a time in each test binary:

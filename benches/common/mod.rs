@@ -43,7 +43,7 @@ pub mod vm;
 #[path = "../../tests/common/bins.rs"]
 mod bins;
 #[allow(unused_imports)]
-pub use bins::{AGENT, HOST, shared_catalog_dir};
+pub use bins::{AGENT, HOST, catalog_recording_lock, shared_catalog_dir};
 
 /// `BENCH=short` (what the test command runs in CI): fewer rounds and
 /// smaller corpora, so the suite stays fast while every bench still runs

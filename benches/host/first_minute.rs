@@ -75,6 +75,7 @@ async fn record(dir: &Path) -> (PathBuf, f64, f64) {
     };
     let c = catalogs.display().to_string();
     let t = Instant::now();
+    let _one_recorder = common::short().then(|| common::catalog_recording_lock(&catalogs));
     let args = [
         "--pool-size",
         "0",

@@ -97,7 +97,8 @@ pub static HOST: LazyLock<String> = LazyLock::new(|| bin("sandbox-host"));
 /// first host that records there starts every server once, and a later
 /// recorder (`--catalogs record` records only what the directory lacks)
 /// finds them made. A catalog's key covers the servers' launches, not the
-/// agent's build; the name covers that.
+/// agent's build; the name covers that. Recorders take
+/// [`catalog_recording_lock`] first, so they record one after another.
 pub fn shared_catalog_dir() -> PathBuf {
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
@@ -109,4 +110,15 @@ pub fn shared_catalog_dir() -> PathBuf {
         PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("catalogs-{:016x}", h.finish()));
     std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
     dir
+}
+
+/// Held while a host records into `dir` (an exclusive `flock` of
+/// `dir.lock`, waited for): the tests' recorder and the short benches',
+/// running side by side, would otherwise both start every server; the
+/// second one finds the catalogs made.
+pub fn catalog_recording_lock(dir: &std::path::Path) -> nix::fcntl::Flock<std::fs::File> {
+    let path = dir.with_extension("lock");
+    let file = std::fs::File::create(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
+        .unwrap_or_else(|(_, e)| panic!("flock {}: {e}", path.display()))
 }

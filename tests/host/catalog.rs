@@ -34,6 +34,7 @@ fn recorded() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
         let catalogs = crate::common::bins::shared_catalog_dir();
+        let _one_recorder = crate::common::bins::catalog_recording_lock(&catalogs);
         let root = tempfile::Builder::new()
             .prefix("sandbox-suite-recorder")
             .tempdir()
