@@ -180,8 +180,12 @@ say "starting sandbox-host (log: $data/host.log)"
   --manifest "$repo/packaging/servers.toml" --api-key-file "$data/api-key" \
   --pool-size "$pool" "${ro_args[@]}"
 
+# The host serves once its discovery catalogs are recorded (every server
+# started once, in a sandbox of its own: a minute or two at the first
+# start; a restart finds them made).
+echo "waiting for sandbox-host (its first start records the servers' discovery catalogs: a minute or two)…"
 base=""
-for _ in $(seq 300); do
+for _ in $(seq 3000); do
   base=$("${SUDO[@]}" sed -n 's/^sandbox-host: base URL //p' "$data/host.log" 2>/dev/null || true)
   [ -n "$base" ] && curl -fsS -o /dev/null -H "Authorization: Bearer $key" "$base/local-sandbox" 2>/dev/null && break
   pid=$("${SUDO[@]}" cat "$data/host.pid" 2>/dev/null || true)
@@ -192,7 +196,7 @@ for _ in $(seq 300); do
   base=""
   sleep 0.2
 done
-[ -n "$base" ] || die "sandbox-host did not answer within 60 s (log: $data/host.log)"
+[ -n "$base" ] || die "sandbox-host did not answer within 600 s (log: $data/host.log)"
 echo "$base" | "${SUDO[@]}" tee "$data/base-url" >/dev/null
 
 cat <<EOF

@@ -236,7 +236,7 @@ async fn run(dir: &Path) {
         common::mode()
     );
     println!(
-        "(catalogs: {held} recorded in {record_s:.0} s by a host with `--catalogs record`{}; MCP_Atlas's data: {})",
+        "(a fresh host with `--catalogs record` served after {record_s:.0} s, its {held} catalogs recorded first{}; MCP_Atlas's data: {})",
         if common::short() {
             ", most of them found made by the tests of this build"
         } else {

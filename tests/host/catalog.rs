@@ -237,6 +237,52 @@ fn mcp_mark_profile_catalogs_answer_as_its_servers() {
     catalog_answers_as_the_server(Some("MCP_Mark"));
 }
 
+/// A fresh host recording its catalogs serves only once they are made:
+/// right after its start (its base URL printed), an Acquire's discovery is
+/// answered from them, nothing started. Before, the host served at once and
+/// recorded beside: a benchmark's first discovery started every server. A
+/// manifest of the filesystem server alone keeps the recording short.
+#[test]
+fn a_fresh_host_answers_its_first_discovery_from_catalogs() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut manifest: toml::Table =
+        crate::common::mcp::shipped_manifest(Path::new("${state_root}"))
+            .parse()
+            .expect("packaging/servers.toml");
+    let servers = manifest["servers"].as_table_mut().expect("[servers]");
+    servers.retain(|name, _| name == "filesystem");
+    std::fs::write(dir.path().join("servers.toml"), manifest.to_string()).expect("manifest");
+    let catalogs = dir.path().join("catalogs").display().to_string();
+    let host = Host::start(
+        dir.path(),
+        &[
+            "--catalogs",
+            "record",
+            "--catalog-dir",
+            &catalogs,
+            "--server-start",
+            "lazy",
+        ],
+    );
+    assert_eq!(
+        metric(&host, RECORDING),
+        0.0,
+        "still recording once serving"
+    );
+    for benchmark in [None, Some("MCP_Atlas")] {
+        let servers = acquire_named(&host, benchmark, &serde_json::json!(["filesystem"]));
+        let urls: Vec<String> = servers.iter().map(|(_, u)| u.clone()).collect();
+        let listed = discover(false, &urls);
+        let tools = &listed[&urls[0]]["tools"];
+        assert!(tools.is_array(), "{benchmark:?}: {listed}");
+        let running = server_processes(&host);
+        assert!(
+            running.is_empty(),
+            "{benchmark:?}: the first discovery after the start started {running:?}"
+        );
+    }
+}
+
 /// A new version of a server (the manifest says so) makes its catalog's
 /// key stale: listing it starts it; an unchanged server's does not.
 #[test]

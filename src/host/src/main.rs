@@ -44,6 +44,15 @@ fn main() -> anyhow::Result<()> {
         .build()?;
     runtime.block_on(async move {
         let started = Host::start(&args, checked).await?;
+        // The base URL is printed, and the listener served, once the
+        // catalogs are ready; a stop meanwhile stops the host.
+        tokio::select! {
+            () = started.record_catalogs() => {}
+            () = terminated() => {
+                Started::stop(started.host).await;
+                return anyhow::Ok(());
+            }
+        }
         println!("sandbox-host: base URL {}", started.public_url);
         if let Some(k) = &started.generated_key {
             println!("sandbox-host: API key {k}");

@@ -29,6 +29,8 @@ pub struct Started {
     /// `--metrics-listen`'s listener, serving `/metrics` alone, without a
     /// key.
     pub metrics_listener: Option<Listener>,
+    /// Whether [`Started::record_catalogs`] records before serving.
+    record_catalogs: bool,
 }
 
 /// What [`Host::start`] checks before anything runs: the flags, the keys,
@@ -204,9 +206,6 @@ impl Host {
             releases: tokio_util::task::TaskTracker::new(),
             inflight: Default::default(),
         });
-        if args.catalogs == pool::CatalogMode::Record && local {
-            tokio::spawn(pool.clone().record_catalogs());
-        }
         tokio::spawn(api::reap(host.clone()));
         // The local slots' upkeep; on the kubernetes backend the pool
         // holds no slot (the warm pools are the cluster's) and none runs.
@@ -224,11 +223,32 @@ impl Host {
             public_url,
             generated_key: c.generated_key,
             metrics_listener,
+            record_catalogs: args.catalogs == pool::CatalogMode::Record && local,
         })
     }
 }
 
 impl Started {
+    /// With `--catalogs record` on a local backend: records the discovery
+    /// catalogs the directory lacks, before the host serves (the caller
+    /// serves after this). So no Acquire meets a sandbox without them: a
+    /// benchmark's discovery right after a start is answered from them,
+    /// nothing started. A restart finds them made and records only a
+    /// server whose launch changed. The pool warms meanwhile; its
+    /// sandboxes are given the catalogs when the recording ends.
+    pub async fn record_catalogs(&self) {
+        if !self.record_catalogs {
+            return;
+        }
+        let t = std::time::Instant::now();
+        tracing::info!("recording discovery catalogs before serving");
+        self.host.pool.clone().record_catalogs().await;
+        tracing::info!(
+            took_ms = t.elapsed().as_millis() as u64,
+            "discovery catalogs ready"
+        );
+    }
+
     /// After the listener stopped: releases already accepted finish first
     /// (their slots go back to the pool, and are stopped with it), then the
     /// pool closes: its idle and starting sandboxes stop, leased ones keep
