@@ -8,8 +8,10 @@ use serde_json::{Value, json};
 use crate::common::bench_data::{atlas, atlas_source};
 use crate::common::host::{Host, KEY_A, acquire, py, release, server_names};
 
-/// MCP_Atlas's terminal runs only `ls`, `cat` and `find`; by default the
-/// same command runs.
+/// MCP_Atlas's terminal runs only `ls`, `cat` and `find`, without flags
+/// (Klavis's MCP_Atlas integration: `ALLOWED_FLAGS=""`, an empty list in
+/// `show_security_rules`, as the recorded trajectories show); by default
+/// the same command runs.
 #[test]
 fn mcp_atlas_confines_the_terminal() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -39,18 +41,21 @@ fn mcp_atlas_confines_the_terminal() {
         !text.contains("profile-check") && text.contains("not allowed"),
         "{atlas}"
     );
-    let ls = py(
-        &host,
-        KEY_A,
-        &[
-            "profile",
-            "MCP_Atlas",
-            "terminal",
-            "run_command",
-            r#"{"command":"ls -a"}"#,
-        ],
+    let calls = json!([
+        ["terminal", "run_command", {"command": "ls"}],
+        ["terminal", "run_command", {"command": "ls -a"}],
+        ["terminal", "show_security_rules", {}],
+    ]);
+    let t = py(&host, KEY_A, &["calls", "MCP_Atlas", &calls.to_string()]);
+    let text = |i: usize| t["results"][i]["text"].as_str().unwrap_or_default();
+    assert_eq!(t["results"][0]["is_error"], false, "{t}");
+    assert!(text(0).contains("return code: 0"), "{t}");
+    assert!(text(1).contains("Flag '-a' is not allowed"), "{t}");
+    assert!(
+        text(2).contains("Allowed Commands:\n----------------\ncat, find, ls\n")
+            && text(2).contains("Allowed Flags:\n-------------\n\n"),
+        "{t}"
     );
-    assert_eq!(ls["is_error"], false, "{ls}");
 }
 
 /// Toolathlon's terminal (configs/mcp_servers/terminal.yaml): 59 commands,
