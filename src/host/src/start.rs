@@ -7,7 +7,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use sandbox_client::transport::Endpoint;
 use sandbox_serve::listen::Listener;
 
 use crate::api::{self, Host, Shared};
@@ -17,6 +16,9 @@ use crate::{metrics, pool, signed, store};
 
 /// How long a shutdown waits for releases already accepted (a Release
 /// stops the sandbox's servers; in a VM under TCG that takes seconds).
+mod listen;
+use listen::{listen, listen_metrics, raise_open_files};
+
 const RELEASE_DRAIN: Duration = Duration::from_secs(60);
 
 /// A host that is ready to serve.
@@ -403,79 +405,6 @@ fn upload_limits(args: &Args) -> api::UploadLimits {
         sandbox_bytes: args.max_stored_bytes_per_sandbox,
         owner_bytes: args.max_stored_bytes_per_key,
         multipart_bytes: args.max_multipart_bytes,
-    }
-}
-
-/// Binds `--listen`; returns the listener and the base URL it is reached
-/// at (`--public-url`, else the bound address).
-async fn listen(args: &Args) -> anyhow::Result<(Listener, String)> {
-    let endpoint: Endpoint = format!("tcp://{}", args.listen)
-        .parse()
-        .with_context(|| format!("--listen {}", args.listen))?;
-    let listener = Listener::bind(&endpoint)
-        .await
-        .with_context(|| format!("listening on {}", args.listen))?;
-    let addr = match listener.local_endpoint() {
-        Endpoint::Tcp { host, port } => {
-            anyhow::ensure!(
-                !args.sandbox_host_ports.contains(port),
-                "--sandbox-host-port {port} is this host's own API port: never forwarded into a sandbox"
-            );
-            if host.contains(':') {
-                format!("[{host}]:{port}")
-            } else {
-                format!("{host}:{port}")
-            }
-        }
-        other => other.to_string(),
-    };
-    let public_url = args
-        .public_url
-        .clone()
-        .unwrap_or_else(|| format!("http://{addr}"))
-        .trim_end_matches('/')
-        .to_owned();
-    Ok((listener, public_url))
-}
-
-/// Binds `--metrics-listen` (never the API's address: the bind fails).
-async fn listen_metrics(addr: &str) -> anyhow::Result<Listener> {
-    let endpoint: Endpoint = format!("tcp://{addr}")
-        .parse()
-        .with_context(|| format!("--metrics-listen {addr}"))?;
-    let listener = Listener::bind(&endpoint)
-        .await
-        .with_context(|| format!("listening on {addr} (--metrics-listen)"))?;
-    tracing::info!(
-        address = %listener.local_endpoint(),
-        "serving /metrics on its own address, without a key"
-    );
-    Ok(listener)
-}
-
-/// Raises the soft open-file limit to the hard one when the connection
-/// cap (plus room for the store, the agents and the uploads) does not fit
-/// in it, and warns when even the hard limit is too small: then an accept
-/// may fail with EMFILE (it is retried; nothing else misjudges it).
-fn raise_open_files(max_connections: usize) {
-    use nix::sys::resource::{Resource, getrlimit, setrlimit};
-    let want = max_connections as u64 + 512;
-    let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {
-        return;
-    };
-    if soft >= want {
-        return;
-    }
-    let new = want.min(hard);
-    if new > soft && setrlimit(Resource::RLIMIT_NOFILE, new, hard).is_err() {
-        tracing::warn!(soft, hard, "could not raise the open-file limit");
-    }
-    if new < want {
-        tracing::warn!(
-            limit = new,
-            max_connections,
-            "the open-file limit is below --max-connections + 512; lower --max-connections or raise `ulimit -n`"
-        );
     }
 }
 
