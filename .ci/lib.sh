@@ -110,19 +110,18 @@ steps_report() {
   echo "| all | $(mmss $SECONDS) | $(mmss $(($(cpu_ticks) / TICKS))) | $(busy_cores $(($(busy_ticks) - RUN_B0)) $SECONDS) |"
 }
 
-# The test harness's arguments. Two tests at a time in each test binary.
-# Four filled the idle cores (tests/host 331 -> 222 s alone, the whole run
-# 17:39-18:04), but under that load bubblewrap once failed to set up a
-# slot's loopback ("Failed RTM_NEWADDR: No child processes"), and the
-# host answered that Acquire 503 (docs/benchmarks.md): back to two until
-# the host retries a slot whose start failed. And the tests' own clock:
+# The test harness's arguments. Four tests at a time in each test binary:
+# they fill the cores the tests' sleeps and waits leave idle (tests/host
+# 331 -> 222 s alone, the whole run 17:39-18:04). Under that load
+# bubblewrap once failed a slot's loopback setup ("Failed RTM_NEWADDR");
+# the host now starts such a slot again (pool::start). And the tests' own clock:
 # libtest's --report-time, an unstable option of the harness, allowed by
 # RUSTC_BOOTSTRAP in the test processes only (cargo's runner,
 # .ci/test-runner; the builds never see it). Doc tests are run by
 # rustdoc, not the runner: they run without it (`cargo test --doc`).
 # `slow_tests LOG…` prints the 20 slowest.
 export CARGO_TARGET_X86_64_UNKNOWN_LINUX_GNU_RUNNER="$PWD/.ci/test-runner"
-TEST_ARGS=(--test-threads=2 -Z unstable-options --report-time)
+TEST_ARGS=(--test-threads=4 -Z unstable-options --report-time)
 slow_tests() {
   echo
   echo "The 20 slowest tests (libtest's --report-time):"

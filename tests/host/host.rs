@@ -450,3 +450,79 @@ stop_grace_ms = 4000
         "the host stopped in {took:?}"
     );
 }
+
+/// A new sandbox whose agent exits before it serves (bubblewrap failing
+/// its loopback setup once in a while under load does this) is started
+/// again, once: the Acquire that asked for it is answered 201, not 503. An
+/// agent that always exits is not started forever: two starts, then a 503
+/// that says so, and the host still serves the next Acquire.
+#[test]
+fn a_sandbox_that_exits_before_it_serves_is_started_again_once() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (mode, starts) = (dir.path().join("mode"), dir.path().join("starts"));
+    // The agent as the host starts it, behind a script the test steers:
+    // `once` exits this start and lets the next one run, `fail` always
+    // exits, anything else runs the agent.
+    let wrapper = dir.path().join("agent");
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\necho start >> '{s}'\ncase \"$(cat '{m}')\" in\n\
+             once) echo ok > '{m}'; exit 1 ;;\nfail) exit 1 ;;\nesac\nexec '{a}' \"$@\"\n",
+            s = starts.display(),
+            m = mode.display(),
+            a = *crate::common::AGENT,
+        ),
+    )
+    .expect("wrapper");
+    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let starts_so_far = || {
+        std::fs::read_to_string(&starts)
+            .unwrap_or_default()
+            .lines()
+            .count()
+    };
+    std::fs::write(&mode, "once").expect("mode");
+    let wrapper = wrapper.display().to_string();
+    let host = Host::start(
+        dir.path(),
+        &[
+            "--isolation",
+            "none",
+            "--pool-size",
+            "0",
+            "--agent-bin",
+            &wrapper,
+        ],
+    );
+    let one = r#"{"server_names": ["localmemory"]}"#;
+    let a = acquire(&host, KEY_A, one);
+    let id = a["local_sandbox_id"].as_str().expect("id").to_owned();
+    assert_eq!(
+        starts_so_far(),
+        2,
+        "the exited start and the one that serves"
+    );
+    release(&host, KEY_A, &id);
+
+    std::fs::write(&mode, "fail").expect("mode");
+    let before = starts_so_far();
+    let (code, v) = http(
+        "POST",
+        &format!("{}/local-sandbox", host.base),
+        Some(KEY_A),
+        Some(one),
+    );
+    let detail = v["detail"].as_str().unwrap_or_default();
+    assert_eq!(code, 503, "{v}");
+    assert!(
+        detail.contains("exited") && detail.contains("started 2 times"),
+        "{v}"
+    );
+    assert_eq!(starts_so_far() - before, 2, "two starts, no more: {v}");
+
+    std::fs::write(&mode, "ok").expect("mode");
+    let a = acquire(&host, KEY_A, one);
+    release(&host, KEY_A, a["local_sandbox_id"].as_str().expect("id"));
+}

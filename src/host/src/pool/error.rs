@@ -33,6 +33,9 @@ pub enum PoolError {
         /// the connect's error).
         why: String,
         log: String,
+        /// Its process had exited (rather than stayed up, mute): the start
+        /// is tried again (`super::start`).
+        exited: bool,
     },
     /// The slot's agent does not answer.
     #[error("agent of slot {slot}: {source}")]

@@ -34,6 +34,7 @@ mod reclaim;
 mod recover;
 mod serving;
 mod slot;
+mod start;
 mod warm;
 
 use std::collections::HashMap;
@@ -49,7 +50,6 @@ use tracing::info;
 pub use agent_env::{AgentEnv, manifest_pass_env};
 pub use backend::{Backend, Kind, probe_accel, slots_dir};
 use backend::{VM_AGENT_PORT, VM_MCP_PORT};
-use backend::{agent_args, spawn_in_session, spawn_isolated};
 pub use discovery::{CatalogMode, Discovery};
 pub use error::PoolError;
 use reclaim::Reclaim;
@@ -458,110 +458,6 @@ impl Pool {
             .filter(|s| s.dead())
             .map(|s| s.id.clone())
             .collect()
-    }
-
-    /// Starts a slot and waits until its agent serves.
-    async fn spawn(&self) -> Result<Slot, PoolError> {
-        if self.is_closed() || matches!(self.cfg.backend, Backend::Kubernetes) {
-            // The kubernetes backend's sandboxes are claimed pods
-            // (`crate::cluster`), never made here.
-            return Err(PoolError::Stopping);
-        }
-        let id = uuid::Uuid::new_v4().simple().to_string();
-        // Not an orphan for the reclaim while it is in no list yet.
-        let _making = self.reclaim.making(&id);
-        let dir = self.cfg.dir.join(&id);
-        std::fs::create_dir_all(&dir)
-            .map_err(PoolError::io(format!("creating {}", dir.display())))?;
-        let kind = self.cfg.backend.kind();
-        std::fs::write(dir.join("backend"), kind.name())
-            .map_err(PoolError::io(format!("writing {}/backend", dir.display())))?;
-        let log = std::fs::File::create(dir.join("agent.log")).map_err(PoolError::io(format!(
-            "creating {}/agent.log",
-            dir.display()
-        )))?;
-        let pid = match &self.cfg.backend {
-            Backend::Kubernetes => return Err(PoolError::Stopping),
-            Backend::Process {
-                agent_bin,
-                manifest,
-            } => match &self.cfg.isolation {
-                Some(iso) => {
-                    let (iso, d, i) = (iso.clone(), dir.clone(), id.clone());
-                    let (agent_bin, manifest) = (agent_bin.clone(), manifest.clone());
-                    let env = self.cfg.agent_env.clone();
-                    let started = tokio::task::spawn_blocking(move || {
-                        spawn_isolated(&iso, &d, &i, &agent_bin, manifest.as_deref(), &env, log)
-                    })
-                    .await
-                    .map_err(|e| PoolError::io("the task starting a sandbox")(e.into()));
-                    match started {
-                        Ok(Ok(pid)) => pid,
-                        Ok(Err(e)) | Err(e) => {
-                            let (r, d) = (self.reclaim.clone(), dir.clone());
-                            let _ = tokio::task::spawn_blocking(move || r.remove_dir(&d)).await;
-                            return Err(e);
-                        }
-                    }
-                }
-                None => {
-                    let a = agent_args(&dir, &id, agent_bin, manifest.as_deref(), false)?;
-                    let mut cmd = std::process::Command::new(&a[0]);
-                    self.cfg.agent_env.apply(&mut cmd);
-                    cmd.args(&a[1..]).env("SANDBOX_AGENT_CONFIG", "/dev/null");
-                    spawn_in_session(cmd, log)?
-                }
-            },
-            Backend::Qemu {
-                run_script,
-                image,
-                memory_mib,
-                cpus,
-                accel,
-            } => {
-                let mut c = std::process::Command::new(run_script);
-                self.cfg.agent_env.apply(&mut c);
-                c.arg("--initramfs")
-                    .arg(image)
-                    .arg("--vsock-uds")
-                    .arg(dir.join("vsock.sock"))
-                    .arg("--memory")
-                    .arg(memory_mib.to_string())
-                    .env("SANDBOX_AGENT_ACCEL", accel);
-                if let Some(n) = cpus {
-                    c.arg("--cpus").arg(n.to_string());
-                }
-                spawn_in_session(c, log)?
-            }
-        };
-        std::fs::write(dir.join("agent.pid"), pid.to_string()).map_err(PoolError::io(format!(
-            "writing {}/agent.pid",
-            dir.display()
-        )))?;
-        let slot = Slot::local(id, kind, dir, pid);
-        {
-            let mut starting = self.starting();
-            if self.is_closed() {
-                drop(starting);
-                self.reclaim.discard_off_runtime(slot).await;
-                return Err(PoolError::Stopping);
-            }
-            starting.insert(slot.id.clone(), slot.clone());
-        }
-        // From here until it leaves `starting`, a close stops it; after
-        // that the caller places it (idle or leased) without awaiting.
-        let ready = self.wait_serving(&slot).await;
-        if ready.is_ok() {
-            self.learn_catalog(&slot).await;
-            self.give_catalogs(&slot).await;
-        }
-        let still_ours = self.starting().remove(&slot.id).is_some();
-        ready?;
-        if !still_ours {
-            return Err(PoolError::Stopping);
-        }
-        info!(slot = %slot.id, pid, backend = kind.name(), "sandbox started");
-        Ok(slot)
     }
 
     fn start_deadline(&self) -> Duration {

@@ -27,7 +27,8 @@ impl Pool {
                 },
                 Err(e) => sandbox_client::error_chain(&e),
             };
-            let why = if !slot.alive() {
+            let exited = !slot.alive();
+            let why = if exited {
                 Some(format!("its process exited; last probe: {last}"))
             } else if Instant::now() > deadline {
                 Some(format!(
@@ -47,6 +48,7 @@ impl Pool {
                     backend: kind.name(),
                     why,
                     log: tail(&log, 2000).to_owned(),
+                    exited,
                 });
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
