@@ -113,7 +113,9 @@ SERVERS=(
     # pin resolves its dependencies as they were the day after its release
     # (--uploaded-prior-to, pip >= 25.3): today's pydantic and MCP SDK break
     # most of them.
-    "filesystem@MCP_Atlas|npm|@modelcontextprotocol/server-filesystem@2026.7.10"
+    # MCP_Atlas: the pins of Klavis's MCP_Atlas integration (zihaolin96/
+    # mcp-atlas; packaging/launches.toml says why that source).
+    "filesystem@MCP_Atlas|npm|@modelcontextprotocol/server-filesystem@2025.11.25"
     "localmemory@MCP_Atlas|npm|@modelcontextprotocol/server-memory@2025.8.4"
     "code-runner@MCP_Atlas|npm|mcp-server-code-runner@0.1.7"
     # MCP_Atlas pins desktop-commander 0.2.7, which npm does not publish:
@@ -122,7 +124,7 @@ SERVERS=(
     # those of 2026-05-08: @vscode/ripgrep before 1.18.0 downloads its
     # binary from GitHub at install, 1.18.0 takes it from npm.
     "desktop-commander@MCP_Atlas|npm|@wonderwhy-er/desktop-commander@0.2.10|--before=2026-05-08T00:00:00Z"
-    "git@MCP_Atlas|pip|mcp-server-git==2026.7.10|$MCP1 --uploaded-prior-to=2026-07-11T00:00:00Z"
+    "git@MCP_Atlas|pip|mcp-server-git==2025.7.1|--uploaded-prior-to=2025-07-02T00:00:00Z"
     "arxiv@MCP_Atlas|pip|arxiv-mcp-server==0.2.11|--uploaded-prior-to=2025-06-07T00:00:00Z"
     # MCP_Atlas's mcp-code-executor (@geobio/code_execution_server 0.2.1)
     # is published nowhere reachable: the server is our own

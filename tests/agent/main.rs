@@ -11,6 +11,7 @@ mod first_day;
 mod gateway;
 mod hardening;
 mod hvsock;
+mod launches;
 mod lazy;
 mod lease_bound;
 mod lifecycle;

@@ -87,7 +87,7 @@ async fn mcp_atlas_runs_the_versions_it_pins() {
         &[
             (
                 "filesystem",
-                "2026.7.10",
+                "2025.11.25",
                 "list_allowed_directories",
                 "{}".into(),
                 "/",
@@ -108,7 +108,7 @@ async fn mcp_atlas_runs_the_versions_it_pins() {
             ),
             (
                 "git",
-                "2026.7.10",
+                "2025.7.1",
                 "git_status",
                 r#"{"repo_path":"{ws}"}"#.into(),
                 "No commits yet",

@@ -34,9 +34,9 @@ fn tasks(host: &Host, args: &[&str]) -> Value {
     serde_json::from_slice(&out.stdout).expect("client JSON")
 }
 
-/// The calls of one profile: every file-touching server on `/data`, on a
-/// relative path (the workspace, as the prompts' `.`) and, where the server
-/// takes two roots, on the workspace's own path.
+/// The calls of one profile: every file-touching server on `/data` and on
+/// a relative path (the workspace, as the prompts' `.`); the filesystem
+/// server's roots first (its benchmark gives it one: /data).
 fn file_calls(bench: &str) -> Vec<Value> {
     let read = if bench == "Toolathlon" {
         "read_file"
@@ -51,9 +51,9 @@ fn file_calls(bench: &str) -> Vec<Value> {
     let py =
         "import os; print(os.getcwd(), open('/data/probe.txt').read(), open('probe.txt').read())";
     let mut calls = vec![
+        json!(["filesystem", "list_allowed_directories", {}]),
         json!(["filesystem", read, {"path": "/data/probe.txt"}]),
         json!(["filesystem", read, {"path": "probe.txt"}]),
-        json!(["filesystem", read, {"path": "/workspace/probe.txt"}]),
         json!(["filesystem", "directory_tree", {"path": "/data"}]),
         json!(["terminal", "run_command", {"command": "cat /data/probe.txt"}]),
         json!(["terminal", "run_command", {"command": "cat probe.txt"}]),
@@ -94,7 +94,7 @@ fn file_calls(bench: &str) -> Vec<Value> {
 }
 
 #[test]
-fn every_file_touching_server_of_every_profile_works_on_data_and_the_workspace() {
+fn every_file_touching_server_of_every_profile_works_on_data_and_relative_paths() {
     atlas();
     let dir = tempfile::tempdir().expect("tempdir");
     let host = Host::start(dir.path(), &[]);
@@ -113,6 +113,9 @@ fn every_file_touching_server_of_every_profile_works_on_data_and_the_workspace()
                 r["call"]
             );
             let (server, tool) = (r["call"][0].as_str(), r["call"][1].as_str());
+            if tool == Some("list_allowed_directories") {
+                assert_eq!(text, "Allowed directories:\n/data", "{bench}: one root");
+            }
             if matches!(
                 tool,
                 Some("read_file" | "read_text_file" | "run_command" | "run-code")

@@ -61,6 +61,12 @@ struct Args {
     #[arg(long)]
     check_config: bool,
 
+    /// Print, as JSON, the exact process every installed server runs
+    /// under a benchmark profile (MCP_Atlas, Toolathlon, MCP_Mark, or
+    /// `none`) for an Acquire without credentials, and exit.
+    #[arg(long, value_name = "BENCHMARK")]
+    print_launch: Option<String>,
+
     /// Log format. Filter with RUST_LOG (default: info).
     #[arg(long, value_enum, env = "SANDBOX_AGENT_LOG_FORMAT")]
     log_format: Option<LogFormat>,
@@ -201,6 +207,12 @@ fn run(args: Args, pid1: bool) -> anyhow::Result<()> {
     let settings = config.validate(env_token.as_deref(), args.token_file.is_some() || args.dev)?;
     if args.check_config {
         print!("{}", settings.render());
+        return Ok(());
+    }
+    if let Some(b) = &args.print_launch {
+        let b = sandbox_agent::supervisor::manifest::Benchmark::parse_profile(b)?;
+        let launches = settings.manifest.launches(b, &|k| std::env::var(k).ok());
+        println!("{}", serde_json::to_string_pretty(&launches)?);
         return Ok(());
     }
     let json_logs = settings.log_format == LogFormat::Json;

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use super::check::valid_env_name;
-use super::{Benchmark, Credentials, LaunchSpec, Seed, ServerDef};
+use super::{Benchmark, Credentials, LaunchSpec, Manifest, Seed, ServerDef};
 
 /// Why a server cannot be launched for a lease.
 #[derive(Debug, thiserror::Error)]
@@ -195,5 +195,52 @@ impl ServerDef {
     /// The endpoint path of this server on the MCP data plane.
     pub fn mcp_path(&self) -> String {
         format!("/{}/mcp", self.name)
+    }
+}
+
+impl Manifest {
+    /// What every installed server runs under `benchmark` for a lease
+    /// without credentials, by name (`--print-launch`): its command,
+    /// arguments, whole environment and directory, and the profile's
+    /// metadata. A variable a lease's credentials must set reads
+    /// `<credential>` and is named in `credentials`.
+    pub fn launches(
+        &self,
+        benchmark: Option<Benchmark>,
+        agent_env: &dyn Fn(&str) -> Option<String>,
+    ) -> BTreeMap<String, serde_json::Value> {
+        self.servers
+            .iter()
+            .map(|(name, def)| (name.clone(), def.launch_shown(benchmark, agent_env)))
+            .collect()
+    }
+}
+
+impl ServerDef {
+    fn launch_shown(
+        &self,
+        benchmark: Option<Benchmark>,
+        agent_env: &dyn Fn(&str) -> Option<String>,
+    ) -> serde_json::Value {
+        let mut creds = Credentials::default();
+        let mut spec = self.launch(benchmark, &creds, agent_env);
+        if let Err(LaunchError::MissingCredentials { missing, .. }) = &spec {
+            for m in missing {
+                creds.env.insert(m.var.clone(), "<credential>".into());
+            }
+            spec = self.launch(benchmark, &creds, agent_env);
+        }
+        let metadata = self.metadata_for(benchmark);
+        match spec {
+            Ok(s) => serde_json::json!({
+                "command": s.command,
+                "args": s.args,
+                "env": s.env,
+                "cwd": s.cwd,
+                "credentials": creds.env.keys().collect::<Vec<_>>(),
+                "metadata": metadata,
+            }),
+            Err(e) => serde_json::json!({ "error": e.to_string(), "metadata": metadata }),
+        }
     }
 }

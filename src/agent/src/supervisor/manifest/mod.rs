@@ -70,6 +70,22 @@ pub enum Benchmark {
 }
 
 impl Benchmark {
+    /// A profile as `--print-launch` names it: a benchmark, or `none`.
+    pub fn parse_profile(s: &str) -> Result<Option<Benchmark>, UnknownBenchmark> {
+        match s {
+            "none" => Ok(None),
+            _ => [
+                Benchmark::McpAtlas,
+                Benchmark::Toolathlon,
+                Benchmark::McpMark,
+            ]
+            .into_iter()
+            .find(|b| b.as_str() == s)
+            .map(Some)
+            .ok_or_else(|| UnknownBenchmark(s.to_owned())),
+        }
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Benchmark::McpAtlas => "MCP_Atlas",
@@ -78,6 +94,11 @@ impl Benchmark {
         }
     }
 }
+
+/// A profile name that is no benchmark's.
+#[derive(Debug, thiserror::Error)]
+#[error("unknown benchmark profile {0:?}: use MCP_Atlas, Toolathlon, MCP_Mark or none")]
+pub struct UnknownBenchmark(pub String);
 
 /// Resolved restart policy.
 #[derive(Debug, Clone, PartialEq, Eq)]
