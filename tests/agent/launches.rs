@@ -155,6 +155,18 @@ fn each_profile_launches_what_its_benchmark_does_or_says_why_not() {
     assert!(problems.is_empty(), "{}", problems.join("\n"));
 }
 
+#[test]
+fn print_launch_refuses_an_unknown_profile_naming_the_known_ones() {
+    let out = agent_once(&["--print-launch", "MCP-Atlas"], &[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("\"MCP-Atlas\"") && err.contains("MCP_Atlas, Toolathlon, MCP_Mark or none"),
+        "{err}"
+    );
+    assert!(out.stdout.is_empty(), "nothing printed");
+}
+
 /// A row as found: `why` is the table's alone.
 fn key(d: &Differs) -> Differs {
     Differs {

@@ -278,9 +278,12 @@ fn public_data_servers_start_and_list_their_tools() {
 
 /// `--data-path`: the servers also see the workspace there (the
 /// benchmarks' `/data`; here a path of the test's own, as a symlink). A
-/// benchmark profile's filesystem server has it as its root, so a task's
-/// `/data/...` path reads the uploaded file. A restart finds the link in
-/// place; something else in the way stops the start with a clear error.
+/// benchmark profile's terminal has it as its root, so a task's
+/// `/data/...` path reads the uploaded file. (Its filesystem server
+/// resolves its one root, the link, to the workspace, and refuses the
+/// link's own paths: sandbox-host's slots and the VMs bind-mount /data,
+/// `tests/host/benchmark_tasks.rs`.) A restart finds the link in place;
+/// something else in the way stops the start with a clear error.
 #[test]
 fn the_workspace_is_also_at_the_data_path() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -302,23 +305,16 @@ fn the_workspace_is_also_at_the_data_path() {
         &[
             "acquire",
             "--servers",
-            "filesystem",
+            "terminal",
             "--benchmark",
             "MCP_Atlas",
         ],
     );
     std::fs::write(ws.join("Barber Shop.csv"), "chair,price\n1,20\n").expect("csv");
-    let read = format!(r#"{{"path":"{d}/Barber Shop.csv"}}"#);
+    let read = serde_json::json!({ "command": format!("cat '{d}/Barber Shop.csv'") }).to_string();
     let out = sandboxctl(
         &agent,
-        &[
-            "mcp",
-            "filesystem",
-            "call",
-            "read_text_file",
-            "--args",
-            &read,
-        ],
+        &["mcp", "terminal", "call", "run_command", "--args", &read],
     );
     assert!(out.contains("chair,price"), "{out}");
     sandboxctl(&agent, &["release"]);

@@ -63,7 +63,8 @@ struct Args {
 
     /// Print, as JSON, the exact process every installed server runs
     /// under a benchmark profile (MCP_Atlas, Toolathlon, MCP_Mark, or
-    /// `none`) for an Acquire without credentials, and exit.
+    /// `none`) for an Acquire without credentials (a variable they would
+    /// set reads `<credential>`, the lease's home `<lease home>`), and exit.
     #[arg(long, value_name = "BENCHMARK")]
     print_launch: Option<String>,
 

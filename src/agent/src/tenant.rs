@@ -131,22 +131,7 @@ impl Tenant {
     /// The variables every tenant process gets, replacing the agent's:
     /// its home, the XDG directories and TMPDIR inside it, and its user.
     pub fn env(&self, env: &mut BTreeMap<String, String>) {
-        let h = self.home.display().to_string();
-        for (k, sub) in [
-            ("XDG_CONFIG_HOME", ".config"),
-            ("XDG_CACHE_HOME", ".cache"),
-            ("XDG_DATA_HOME", ".local/share"),
-            ("XDG_STATE_HOME", ".local/state"),
-            ("TMPDIR", "tmp"),
-        ] {
-            env.insert(k.into(), format!("{h}/{sub}"));
-        }
-        env.insert("HOME".into(), h);
-        if self.ids.is_some() {
-            env.insert("USER".into(), "sandbox".into());
-            env.insert("LOGNAME".into(), "sandbox".into());
-        }
-        env.remove("XDG_RUNTIME_DIR");
+        overlay(env, &self.home.display().to_string(), self.ids.is_some());
     }
 
     /// A fresh, empty home (with its XDG and temp directories), owned by
@@ -495,6 +480,27 @@ pub fn chown_tree(path: &Path, uid: u32, gid: u32, skip: &[&std::ffi::OsStr]) ->
         }
     }
     Ok(())
+}
+
+/// A tenant process's own variables over `env`: its `home`, the XDG
+/// directories and TMPDIR inside it, and, when it runs as the tenant user,
+/// that user's name.
+pub fn overlay(env: &mut BTreeMap<String, String>, home: &str, as_tenant: bool) {
+    for (k, sub) in [
+        ("XDG_CONFIG_HOME", ".config"),
+        ("XDG_CACHE_HOME", ".cache"),
+        ("XDG_DATA_HOME", ".local/share"),
+        ("XDG_STATE_HOME", ".local/state"),
+        ("TMPDIR", "tmp"),
+    ] {
+        env.insert(k.into(), format!("{home}/{sub}"));
+    }
+    env.insert("HOME".into(), home.to_owned());
+    if as_tenant {
+        env.insert("USER".into(), "sandbox".into());
+        env.insert("LOGNAME".into(), "sandbox".into());
+    }
+    env.remove("XDG_RUNTIME_DIR");
 }
 
 #[cfg(test)]

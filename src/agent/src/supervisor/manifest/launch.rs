@@ -232,14 +232,18 @@ impl ServerDef {
         }
         let metadata = self.metadata_for(benchmark);
         match spec {
-            Ok(s) => serde_json::json!({
+            Ok(mut s) => {
+                // As the tenant's spawn sets them (`Tenant::env`).
+                crate::tenant::overlay(&mut s.env, "<lease home>", true);
+                serde_json::json!({
                 "command": s.command,
                 "args": s.args,
                 "env": s.env,
                 "cwd": s.cwd,
                 "credentials": creds.env.keys().collect::<Vec<_>>(),
                 "metadata": metadata,
-            }),
+                })
+            }
             Err(e) => serde_json::json!({ "error": e.to_string(), "metadata": metadata }),
         }
     }
