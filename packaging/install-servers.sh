@@ -114,8 +114,11 @@ SERVERS=(
     # (--uploaded-prior-to, pip >= 25.3): today's pydantic and MCP SDK break
     # most of them.
     # MCP_Atlas: the pins of Klavis's MCP_Atlas integration (zihaolin96/
-    # mcp-atlas; packaging/launches.toml says why that source).
-    "filesystem@MCP_Atlas|npm|@modelcontextprotocol/server-filesystem@2025.11.25"
+    # mcp-atlas; packaging/launches.toml says why that source). Its
+    # filesystem 2025.11.25 fails its own output validation in three tools
+    # (modelcontextprotocol/servers#3106): 2025.12.18, the next release,
+    # has the fix and the same tools (packaging/pins.toml).
+    "filesystem@MCP_Atlas|npm|@modelcontextprotocol/server-filesystem@2025.12.18"
     "localmemory@MCP_Atlas|npm|@modelcontextprotocol/server-memory@2025.8.4"
     "code-runner@MCP_Atlas|npm|mcp-server-code-runner@0.1.7"
     # MCP_Atlas pins desktop-commander 0.2.7, which npm does not publish:

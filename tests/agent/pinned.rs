@@ -87,7 +87,7 @@ async fn mcp_atlas_runs_the_versions_it_pins() {
         &[
             (
                 "filesystem",
-                "2025.11.25",
+                "2025.12.18",
                 "list_allowed_directories",
                 "{}".into(),
                 "/",
