@@ -70,7 +70,8 @@ enum Format {
     McpServersJson,
     /// A directory of `{name, params: {command, args, env, cwd}}` files.
     ToolathlonYaml,
-    /// Stated in `facts`; the file (prose) is pinned by its sum.
+    /// Stated in `facts`, from the file (prose) and ../shared/benchmarks.md,
+    /// both pinned by their sums.
     Facts,
 }
 
@@ -136,6 +137,9 @@ fn each_profile_launches_what_its_benchmark_does_or_says_why_not() {
         );
     }
     let listed: BTreeSet<Differs> = table.differs.iter().map(key).collect();
+    if listed.len() != table.differs.len() {
+        problems.push("packaging/launches.toml lists a difference twice".to_owned());
+    }
     for d in found.difference(&listed) {
         problems.push(format!(
             "not in packaging/launches.toml: {{ benchmark = {:?}, server = {:?}, field = {:?}, ours = {:?}, theirs = {:?} }}",
@@ -239,15 +243,29 @@ fn read_launches(root: &Path, s: &Source) -> BTreeMap<String, Launch> {
         .collect()
 }
 
-/// `${workspace placeholder}` → /data; a credential (`${token.…}`, `${VAR}`)
-/// → `<credential>`.
+/// `${workspace placeholder}` → /data; each other `${…}` span: a
+/// credential (`${token.…}`, `${UPPER_CASE}`) → `<credential>`, anything
+/// else (the harness's own paths) → `<harness NAME>`; the rest stays.
 fn map_theirs(v: &str, s: &Source) -> String {
-    let v = v.replace(&s.workspace, DATA);
-    if v.contains("${") {
-        "<credential>".to_owned()
-    } else {
-        v
+    let mut rest = v.replace(&s.workspace, DATA);
+    let mut out = String::new();
+    while let Some(i) = rest.find("${") {
+        let Some(len) = rest[i..].find('}') else {
+            break;
+        };
+        let name = &rest[i + 2..i + len];
+        let upper = name
+            .chars()
+            .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_');
+        out.push_str(&rest[..i]);
+        if name.starts_with("token.") || upper {
+            out.push_str("<credential>");
+        } else {
+            out.push_str(&format!("<harness {name}>"));
+        }
+        rest = rest[i + len + 1..].to_owned();
     }
+    out + &rest
 }
 
 fn normalize_theirs(f: Fact, s: &Source) -> Launch {
@@ -276,7 +294,9 @@ fn program_of(command: &str, args: &[String]) -> (Option<String>, Option<String>
     let first = |a: &[String], i: usize| a.get(i).cloned().unwrap_or_default();
     match command {
         "npx" => {
-            a.retain(|x| x != "-y");
+            // npx's own options come before the package (`-y`).
+            let opts = a.iter().take_while(|x| x.starts_with('-')).count();
+            let mut a = a.split_off(opts);
             let (p, v) = split_spec(&first(&a, 0), "@");
             (Some(p), v, a.split_off(1.min(a.len())))
         }
@@ -417,6 +437,15 @@ fn compare_benchmark(
                 why: String::new(),
             });
         };
+        // The version the profile says it runs is pins.toml's (pins.rs
+        // checks the installed tree the launch names holds it).
+        let says = o["metadata"]["version"].as_str().unwrap_or_default();
+        if says != pin.serves {
+            problems.push(format!(
+                "{bench}/{klavis}: the profile says version {says:?}, pins.toml serves {:?}",
+                pin.serves
+            ));
+        }
         let o = normalize_ours(o);
         if o.args != t.args {
             diff("args".into(), show(&o.args), show(&t.args));
@@ -435,6 +464,20 @@ fn compare_benchmark(
         }
         if o.cwd != t.cwd {
             diff("cwd".into(), o.cwd.clone(), t.cwd.clone());
+        }
+    }
+    for (name, klavis) in &source.names {
+        if !theirs.contains_key(name) || !pins.servers.contains_key(klavis) {
+            problems.push(format!(
+                "{bench}: names maps {name:?} to {klavis:?}: the launch file has no such server, or pins.toml no such Klavis name"
+            ));
+        }
+    }
+    for (name, why) in &source.unserved {
+        if !theirs.contains_key(name) || why.trim().is_empty() {
+            problems.push(format!(
+                "{bench}: unserved {name:?}: not a server of the launch file, or no reason"
+            ));
         }
     }
     for name in pins.servers.keys().filter(|n| !served.contains(*n)) {
@@ -474,6 +517,9 @@ fn fold_wildcards(bench: &str, table: &Table, found: &mut BTreeSet<Differs>) {
 /// arguments; /data and the workspace's own path stay as they are.
 fn normalize_ours(o: &Value) -> Launch {
     let install = servers_dir();
+    // The install's prefix as servers.toml writes it, whatever this
+    // machine's is.
+    let shown = |v: &str| v.replace(&install, "${install_dir}");
     let args: Vec<String> = o["args"]
         .as_array()
         .into_iter()
@@ -482,12 +528,12 @@ fn normalize_ours(o: &Value) -> Launch {
         .collect();
     let skip = args.iter().take_while(|a| a.starts_with(&install)).count();
     Launch {
-        args: args[skip..].to_vec(),
+        args: args[skip..].iter().map(|a| shown(a)).collect(),
         env: o["env"]
             .as_object()
             .into_iter()
             .flatten()
-            .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_owned()))
+            .map(|(k, v)| (k.clone(), shown(v.as_str().unwrap_or_default())))
             .collect(),
         cwd: o["cwd"].as_str().unwrap_or_default().to_owned(),
         ..Launch::default()

@@ -455,7 +455,9 @@ stop_grace_ms = 4000
 /// its loopback setup once in a while under load does this) is started
 /// again, once: the Acquire that asked for it is answered 201, not 503. An
 /// agent that always exits is not started forever: two starts, then a 503
-/// that says so, and the host still serves the next Acquire.
+/// that says so; one that stays up mute is not started again (it had its
+/// whole start timeout). No failed start leaves its directory, and the
+/// host still serves the next Acquire.
 #[test]
 fn a_sandbox_that_exits_before_it_serves_is_started_again_once() {
     use std::os::unix::fs::PermissionsExt;
@@ -469,7 +471,7 @@ fn a_sandbox_that_exits_before_it_serves_is_started_again_once() {
         &wrapper,
         format!(
             "#!/bin/sh\necho start >> '{s}'\ncase \"$(cat '{m}')\" in\n\
-             once) echo ok > '{m}'; exit 1 ;;\nfail) exit 1 ;;\nesac\nexec '{a}' \"$@\"\n",
+             once) echo ok > '{m}'; exit 1 ;;\nfail) exit 1 ;;\nmute) exec python3 -c 'import time; time.sleep(600)' \"$@\" ;;\nesac\nexec '{a}' \"$@\"\n",
             s = starts.display(),
             m = mode.display(),
             a = *crate::common::AGENT,
@@ -494,6 +496,8 @@ fn a_sandbox_that_exits_before_it_serves_is_started_again_once() {
             "0",
             "--agent-bin",
             &wrapper,
+            "--slot-start-timeout",
+            "5",
         ],
     );
     let one = r#"{"server_names": ["localmemory"]}"#;
@@ -521,6 +525,33 @@ fn a_sandbox_that_exits_before_it_serves_is_started_again_once() {
         "{v}"
     );
     assert_eq!(starts_so_far() - before, 2, "two starts, no more: {v}");
+
+    std::fs::write(&mode, "mute").expect("mode");
+    let before = starts_so_far();
+    let (code, v) = http(
+        "POST",
+        &format!("{}/local-sandbox", host.base),
+        Some(KEY_A),
+        Some(one),
+    );
+    let detail = v["detail"].as_str().unwrap_or_default();
+    assert_eq!(code, 503, "{v}");
+    assert!(detail.contains("not serving within 5 s"), "{v}");
+    assert_eq!(
+        starts_so_far() - before,
+        1,
+        "a mute sandbox is started once: {v}"
+    );
+    // Every failed start was discarded whole. (The mute one runs with the
+    // agent's arguments: the host knows its slot's process by them.)
+    let left: Vec<PathBuf> = slot_dirs(&host)
+        .into_iter()
+        .filter(|d| {
+            let pid = std::fs::read_to_string(d.join("agent.pid")).unwrap_or_default();
+            !pid.trim().parse().is_ok_and(alive)
+        })
+        .collect();
+    assert!(left.is_empty(), "directories of failed starts: {left:?}");
 
     std::fs::write(&mode, "ok").expect("mode");
     let a = acquire(&host, KEY_A, one);

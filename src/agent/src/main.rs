@@ -63,7 +63,8 @@ struct Args {
 
     /// Print, as JSON, the exact process every installed server runs
     /// under a benchmark profile (MCP_Atlas, Toolathlon, MCP_Mark, or
-    /// `none`) for an Acquire without credentials (a variable they would
+    /// `none`) for an Acquire without credentials, from a sandbox's own base
+    /// (the agent's environment is not read; a variable credentials would
     /// set reads `<credential>`, the lease's home `<lease home>`), and exit.
     #[arg(long, value_name = "BENCHMARK")]
     print_launch: Option<String>,
@@ -212,7 +213,8 @@ fn run(args: Args, pid1: bool) -> anyhow::Result<()> {
     }
     if let Some(b) = &args.print_launch {
         let b = sandbox_agent::supervisor::manifest::Benchmark::parse_profile(b)?;
-        let launches = settings.manifest.launches(b, &|k| std::env::var(k).ok());
+        // Never the agent's own environment: it may hold secrets.
+        let launches = settings.manifest.launches(b, &|_| None);
         println!("{}", serde_json::to_string_pretty(&launches)?);
         return Ok(());
     }
