@@ -16,7 +16,7 @@ use sha2::{Digest, Sha256};
 
 use crate::common::agent_once;
 use crate::common::bench_data::shared_data;
-use crate::common::mcp::servers_dir;
+use crate::common::mcp::{installed_manifest, servers_dir};
 use crate::common::tool_surface::{Bench, Match, load};
 
 const TABLE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/packaging/launches.toml");
@@ -330,16 +330,7 @@ fn split_spec(spec: &str, sep: &str) -> (String, Option<String>) {
 fn print_launches(bench: &str) -> BTreeMap<String, Value> {
     let dir = tempfile::tempdir().expect("tempdir");
     let manifest = dir.path().join("servers.toml");
-    let text = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/packaging/servers.toml"
-    ))
-    .expect("packaging/servers.toml")
-    .replace(
-        "install_dir = \"/opt/sandbox-agent/servers\"",
-        &format!("install_dir = \"{}\"", servers_dir()),
-    );
-    std::fs::write(&manifest, text).expect("manifest");
+    std::fs::write(&manifest, installed_manifest()).expect("manifest");
     let out = agent_once(
         &[
             "--manifest",

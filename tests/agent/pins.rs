@@ -9,7 +9,7 @@ use std::path::Path;
 
 use serde_json::Value;
 
-use crate::common::mcp::servers_dir;
+use crate::common::mcp::installed_manifest;
 use crate::common::tool_surface::{Match, Pin, load};
 use crate::common::*;
 use sandbox_agent::supervisor::manifest::{Benchmark, Manifest, Roots};
@@ -20,16 +20,7 @@ fn manifest() -> (Manifest, tempfile::TempDir) {
     let dir = tempfile::tempdir().expect("tempdir");
     let state = dir.path().join("state");
     let path = dir.path().join("servers.toml");
-    let shipped = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/packaging/servers.toml"
-    ))
-    .expect("packaging/servers.toml")
-    .replace(
-        "install_dir = \"/opt/sandbox-agent/servers\"",
-        &format!("install_dir = \"{}\"", servers_dir()),
-    )
-    .replace("${state_root}", &state.display().to_string());
+    let shipped = installed_manifest().replace("${state_root}", &state.display().to_string());
     std::fs::write(&path, shipped).expect("manifest");
     let ws = dir.path().join("ws");
     let roots = Roots {

@@ -52,6 +52,20 @@ fn checkout_launcher(server: &str, tool: &str) -> PathBuf {
 /// The shipped manifest, pointed at the installed servers (the data tools
 /// at this checkout's) and with its state directories moved under `state`
 /// (tests run in parallel).
+/// packaging/servers.toml as installed here: its `install_dir` the tests'
+/// install prefix, nothing else changed.
+pub fn installed_manifest() -> String {
+    std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/packaging/servers.toml"
+    ))
+    .expect("packaging/servers.toml")
+    .replace(
+        "install_dir = \"/opt/sandbox-agent/servers\"",
+        &format!("install_dir = \"{}\"", servers_dir()),
+    )
+}
+
 pub fn shipped_manifest(state: &Path) -> String {
     let mut text = std::fs::read_to_string(concat!(
         env!("CARGO_MANIFEST_DIR"),

@@ -510,38 +510,25 @@ fn a_sandbox_that_exits_before_it_serves_is_started_again_once() {
     );
     release(&host, KEY_A, &id);
 
-    std::fs::write(&mode, "fail").expect("mode");
-    let before = starts_so_far();
-    let (code, v) = http(
-        "POST",
-        &format!("{}/local-sandbox", host.base),
-        Some(KEY_A),
-        Some(one),
-    );
-    let detail = v["detail"].as_str().unwrap_or_default();
-    assert_eq!(code, 503, "{v}");
+    // An Acquire in `m`ode: its 503's detail and how many starts it took.
+    let refused = |m: &str| {
+        std::fs::write(&mode, m).expect("mode");
+        let before = starts_so_far();
+        let url = format!("{}/local-sandbox", host.base);
+        let (code, v) = http("POST", &url, Some(KEY_A), Some(one));
+        assert_eq!(code, 503, "{m}: {v}");
+        let detail = v["detail"].as_str().unwrap_or_default().to_owned();
+        (detail, starts_so_far() - before)
+    };
+    let (detail, starts) = refused("fail");
     assert!(
         detail.contains("exited") && detail.contains("started 2 times"),
-        "{v}"
+        "{detail}"
     );
-    assert_eq!(starts_so_far() - before, 2, "two starts, no more: {v}");
-
-    std::fs::write(&mode, "mute").expect("mode");
-    let before = starts_so_far();
-    let (code, v) = http(
-        "POST",
-        &format!("{}/local-sandbox", host.base),
-        Some(KEY_A),
-        Some(one),
-    );
-    let detail = v["detail"].as_str().unwrap_or_default();
-    assert_eq!(code, 503, "{v}");
-    assert!(detail.contains("not serving within 5 s"), "{v}");
-    assert_eq!(
-        starts_so_far() - before,
-        1,
-        "a mute sandbox is started once: {v}"
-    );
+    assert_eq!(starts, 2, "two starts, no more: {detail}");
+    let (detail, starts) = refused("mute");
+    assert!(detail.contains("not serving within 5 s"), "{detail}");
+    assert_eq!(starts, 1, "a mute sandbox is started once: {detail}");
     // Every failed start was discarded whole. (The mute one runs with the
     // agent's arguments: the host knows its slot's process by them.)
     let left: Vec<PathBuf> = slot_dirs(&host)
