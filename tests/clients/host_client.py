@@ -20,7 +20,8 @@ Scenarios print one JSON object on stdout:
   calls BENCH CALLS acquire the servers of CALLS (a JSON list of [server, tool, args]) with
                     benchmark BENCH ("-": none), upload nothing, make each call in an MCP
                     session of its own (as MCP_Atlas's client does), dump, release; the
-                    calls' texts and the files of the dump
+                    calls' texts, the files of the dump, and each entry's type, mode,
+                    link target and SHA-256
   sandbox NAME BENCH
                     as MCP_Atlas's Klavis integration: POST /sandbox/NAME with benchmark
                     BENCH ("-": none), list the tools through server_urls[NAME] alone
@@ -36,6 +37,7 @@ Scenarios print one JSON object on stdout:
                     the same, the sandboxes left for the caller to read and release
 """
 import asyncio
+import hashlib
 import io
 import json
 import sys
@@ -177,16 +179,22 @@ async def calls(base, headers, bench, calls_json):
                 got = await s.call_tool(tool, args)
                 results.append({"text": "".join(c.text for c in got.content if c.type == "text"),
                                 "is_error": bool(got.isError)})
-    files = {}
+    files, entries = {}, {}
     async with httpx.AsyncClient(timeout=300.0) as client:
         resp = await client.get(f"{base}/local-sandbox/{sid}/dump", headers=headers)
         resp = await client.get(resp.json()["download_url"])
         with tarfile.open(fileobj=io.BytesIO(resp.content), mode="r:gz") as tar:
             for m in tar.getmembers():
                 f = tar.extractfile(m) if m.isfile() else None
-                files[m.name] = f.read(65536).decode("utf-8", "replace") if f else None
+                body = f.read() if f else None
+                files[m.name] = body[:65536].decode("utf-8", "replace") if f else None
+                kind = "dir" if m.isdir() else "symlink" if m.issym() else "file" if m.isfile() else "other"
+                entries[m.name] = {"type": kind, "mode": m.mode & 0o7777,
+                                   "link": m.linkname if m.issym() else None,
+                                   "sha256": hashlib.sha256(body).hexdigest() if f else None}
         await client.delete(f"{base}/local-sandbox/{sid}", headers=headers)
-    return {"acquire_status": 201, "acquire": data, "results": results, "files": files}
+    return {"acquire_status": 201, "acquire": data, "results": results, "files": files,
+            "entries": entries}
 
 
 MAILBOX = {"users": {"jsmith@mcp.com": {"emails": [

@@ -97,6 +97,8 @@ pub struct StandIn {
     /// The stand-in's commits, oldest first: the pin is the middle one, the
     /// last is its default branch's tip (after the pin).
     pub commits: [String; 3],
+    /// The stand-in repository itself (what the URL stands for).
+    pub source: PathBuf,
 }
 
 impl StandIn {
@@ -155,6 +157,7 @@ pub fn make_stand_ins(list: &Path, mirror: &Path, repos_csv: &Path) -> Vec<Stand
             url: url.to_owned(),
             path: path.to_owned(),
             commits,
+            source: dir,
         });
     }
     let csv: Vec<String> = out

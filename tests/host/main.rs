@@ -11,6 +11,7 @@ mod common;
 #[path = "../../src/kube/tests/real/mod.rs"]
 mod real;
 
+mod atlas_tree;
 mod benchmark_tasks;
 mod canvas;
 mod catalog;

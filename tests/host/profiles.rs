@@ -239,7 +239,8 @@ fn a_public_data_server_is_a_sandbox_of_its_own() {
 /// benchmark's real data (installed by packaging/install-benchmark-data.sh
 /// against the committed pins, its repositories from local stand-ins), at
 /// `/data` for the filesystem, terminal and git servers, byte for byte; its
-/// memory server starts with the 41 entities and 55 relations of the graph.
+/// memory server starts with the 41 entities and 55 relations of the graph;
+/// its dump is the tree MCP_Atlas's Dockerfile builds (`atlas_tree`).
 #[test]
 fn mcp_atlas_comes_with_its_data() {
     let src = atlas_source();
@@ -339,7 +340,9 @@ fn mcp_atlas_comes_with_its_data() {
         // ...and the default branch's commits after it.
         assert!(show.contains("after the pin"), "{}: {show}", r.path);
     }
-    // The dump carries the data as installed.
+    // The dump carries the data as installed: the whole tree as MCP_Atlas's
+    // Dockerfile makes it, but for what atlas_tree::GAPS lists.
+    crate::atlas_tree::check(&out["entries"], &src, repos);
     assert_eq!(out["files"]["./Barber Shop.csv"], csv.as_str(), "the dump");
     assert_eq!(
         out["files"]["./repos/memory_mcp_server/memories-for-mcp.json"],
