@@ -7,8 +7,8 @@
 //
 // DIST_DIR is desktop-commander's dist/ directory. DC_ALLOWED_DIRECTORIES
 // (":"-separated absolute paths) is written through desktop-commander's own
-// config manager into its config ($HOME/.claude-server-commander, a state
-// path the agent empties on release); unset, nothing is changed. With
+// config manager into its config ($HOME/.claude-server-commander, in the
+// lease's home, made fresh at every Acquire); unset, nothing is changed. With
 // DC_DISABLE_TELEMETRY=1, telemetryEnabled is set false the same way
 // (versions before 0.2.42 read no variable for it, and send usage events
 // by default). Then the server starts in this process with ARGS.
