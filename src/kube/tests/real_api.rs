@@ -227,9 +227,14 @@ async fn a_claim_without_a_ready_sandbox_is_pool_empty_and_deleted() {
             }
             other => panic!("{case}: {other:?}"),
         }
+        // It waited its claim timeout (3 s), and ended: the create, the
+        // watches and the deletion around that wait are the API server's
+        // round trips, whose time is the machine's (11 s once on a slow
+        // hour with the whole suite beside), so the bound only says that
+        // nothing hangs. How fast it is, is the kube bench's to say.
         let waited = started.elapsed();
         assert!(
-            waited >= Duration::from_secs(3) && waited < Duration::from_secs(10),
+            waited >= Duration::from_secs(3) && waited < Duration::from_secs(60),
             "{case}: {waited:?}"
         );
         nothing_left(api, NS).await;
