@@ -122,6 +122,26 @@ impl Host {
     pub fn agents(&self) -> Vec<i32> {
         super::slots::agents(&self.data)
     }
+
+    /// The end of the host's log and of each slot's `agent.log` (a VM's
+    /// console): what a failing wait shows.
+    pub fn log_tails(&self) -> String {
+        let mut out = format!(
+            "the end of the host's log:\n{}",
+            tail(&self.data.with_file_name("host.log"), 6000)
+        );
+        let slots = std::fs::read_dir(self.data.join("slots"))
+            .into_iter()
+            .flatten();
+        for e in slots.flatten() {
+            let log = e.path().join("agent.log");
+            if log.exists() {
+                let t = tail(&log, 3000);
+                out.push_str(&format!("\nthe end of {}:\n{t}", log.display()));
+            }
+        }
+        out
+    }
 }
 
 impl Drop for Host {
@@ -155,15 +175,9 @@ pub fn assert_nothing_left(host: &Host, also: &[&str]) {
                 .map(processes_mentioning)
                 .collect();
             super::when(left.is_empty(), || {
-                let log = host.data.with_file_name("host.log");
-                let log = std::fs::read_to_string(log).unwrap_or_default();
-                let mut from = log.len().saturating_sub(6000);
-                while !log.is_char_boundary(from) {
-                    from += 1;
-                }
                 format!(
                     "left running:\n{left}\nthe end of the host's log:\n{}",
-                    &log[from..]
+                    tail(&host.data.with_file_name("host.log"), 6000)
                 )
             })
         },
@@ -433,14 +447,41 @@ pub fn metric(host: &Host, sample: &str) -> f64 {
 
 /// Waits until a `/metrics` sample reads `want`.
 pub fn wait_metric(host: &Host, sample: &str, want: f64, within: std::time::Duration) {
-    super::eventually(within, sample, || {
+    wait_host(host, within, sample, || {
         let got = metric(host, sample);
-        if got == want {
-            Ok(())
-        } else {
-            Err(format!("{got}"))
-        }
+        super::when(got == want, || format!("{got}, not {want}"))
     });
+}
+
+/// [`super::eventually`] on a host: on timeout the failure carries the end
+/// of the host's log and of each slot's (a VM's console).
+pub fn wait_host(
+    host: &Host,
+    within: std::time::Duration,
+    what: &str,
+    mut check: impl FnMut() -> Result<(), String>,
+) {
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        match check() {
+            Ok(()) => return,
+            Err(last) if std::time::Instant::now() >= deadline => panic!(
+                "{what}: not within {within:?}; last seen: {last}\n{}",
+                host.log_tails()
+            ),
+            Err(_) => std::thread::sleep(std::time::Duration::from_millis(200)),
+        }
+    }
+}
+
+/// The last `n` bytes of a text file (from a character boundary).
+fn tail(path: &Path, n: usize) -> String {
+    let log = std::fs::read_to_string(path).unwrap_or_default();
+    let mut from = log.len().saturating_sub(n);
+    while !log.is_char_boundary(from) {
+        from += 1;
+    }
+    log[from..].to_owned()
 }
 
 /// What the tests' isolated sandboxes must see besides the system

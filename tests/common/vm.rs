@@ -1,5 +1,6 @@
 //! The test VM image: `packaging/vm/build-initramfs.sh`, built from this
-//! tree.
+//! tree. Shared by the VM tests and the benches (which use only part of it).
+#![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -21,4 +22,42 @@ pub fn build_initramfs(dir: &Path, name: &str, extra: &[&str]) -> PathBuf {
         String::from_utf8_lossy(&r.stderr)
     );
     out
+}
+
+/// The VM tests' one image, built once per test process (both VM tests
+/// boot it): the npm filesystem and memory servers of `servers`, python3,
+/// and the
+/// `notes` example server. `SANDBOX_AGENT_VM_NODE_INITRAMFS` names a
+/// prebuilt one (its `.vmlinuz` beside it) to skip the build.
+pub fn node_image(servers: &str) -> PathBuf {
+    static IMAGE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    IMAGE
+        .get_or_init(|| {
+            if let Ok(p) = std::env::var("SANDBOX_AGENT_VM_NODE_INITRAMFS") {
+                return PathBuf::from(p);
+            }
+            // Under target/tmp, one directory per test process; those of
+            // processes gone are removed.
+            let tmp = Path::new(env!("CARGO_TARGET_TMPDIR"));
+            let mine = format!("vm-image-{}", std::process::id());
+            for e in std::fs::read_dir(tmp).into_iter().flatten().flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                let gone = name
+                    .strip_prefix("vm-image-")
+                    .and_then(|p| p.parse::<u32>().ok())
+                    .is_some_and(|p| !Path::new(&format!("/proc/{p}")).exists());
+                if gone {
+                    let _ = std::fs::remove_dir_all(e.path());
+                }
+            }
+            let dir = tmp.join(mine);
+            std::fs::create_dir_all(&dir).expect("the image's directory");
+            build_initramfs(&dir, "node", &["--node-servers", servers, "--python"])
+        })
+        .clone()
+}
+
+/// The kernel beside an image (`NAME.cpio.gz` → `NAME.vmlinuz`).
+pub fn kernel_of(image: &Path) -> PathBuf {
+    image.with_extension("").with_extension("vmlinuz")
 }

@@ -10,15 +10,13 @@
 //!
 //! Needs what `tests/vm.rs` needs, plus the npm servers under
 //! `SANDBOX_AGENT_SERVERS_DIR`; the README's test command installs them.
-//! `SANDBOX_AGENT_VM_NODE_INITRAMFS` names a prebuilt image to skip the
-//! build.
+//! The image is the one `vm.rs` boots too (`common::vm::node_image`).
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::common::host::{
     Host, KEY_A, KEY_B, acquire, assert_mcp_client_works, assert_mcp_initializes,
-    assert_notebook_outcome, http, metric, py, release, server_names, wait_metric,
+    assert_notebook_outcome, http, metric, py, release, server_names, wait_host, wait_metric,
 };
 
 /// The warm profile of the test's pool: two of the image's servers.
@@ -29,18 +27,7 @@ const HOST_MARK: &str = "sandbox-test-host-mark";
 #[test]
 fn the_qemu_backend_serves_the_api_from_vms() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let image = match std::env::var("SANDBOX_AGENT_VM_NODE_INITRAMFS") {
-        Ok(p) => PathBuf::from(p),
-        Err(_) => crate::common::vm::build_initramfs(
-            dir.path(),
-            "node",
-            &[
-                "--node-servers",
-                &crate::common::mcp::servers_dir(),
-                "--python",
-            ],
-        ),
-    };
+    let image = crate::common::vm::node_image(&crate::common::mcp::servers_dir());
     let args: Vec<String> = vec![
         "--backend".into(),
         "qemu".into(),
@@ -50,6 +37,13 @@ fn the_qemu_backend_serves_the_api_from_vms() {
         "1024".into(),
         "--warm".into(),
         format!("{WARM}=1"),
+        // One VM carries every lease of the test, recycled between them
+        // (the default `--on-release recycle`): a TCG boot is a minute of
+        // a loaded core, and a fresh VM per Acquire checks nothing more.
+        "--pool-size".into(),
+        "1".into(),
+        "--max-slots".into(),
+        "1".into(),
     ];
     // A marker in the host's PATH and user: nothing of it may reach a
     // sandbox's processes (issue 50; `run_an_execution` reads `env`).
@@ -64,6 +58,7 @@ fn the_qemu_backend_serves_the_api_from_vms() {
     // The pool boots a VM ahead and starts the warm servers in it.
     let warm = format!("sandbox_host_pool_sandboxes{{state=\"warm\",profile=\"{WARM}\"}}");
     wait_metric(&host, &warm, 1.0, Duration::from_secs(300));
+    let vm = host.agents();
 
     // The notebook's steps, in that VM: its Acquire narrows the warm lease
     // to filesystem (localmemory stops inside the VM after the answer).
@@ -80,13 +75,16 @@ fn the_qemu_backend_serves_the_api_from_vms() {
         "the notebook's Acquire was answered by the warm VM"
     );
 
-    // The official MCP client, through the host, into the VM.
+    // The official MCP client, through the host, into the VM (recycled).
+    settled(&host);
     assert_mcp_client_works(&host);
 
     // A script execution inside a VM.
+    settled(&host);
     run_an_execution(&host, dir.path());
 
     // ALL is every server of the image.
+    settled(&host);
     let a = acquire(
         &host,
         KEY_A,
@@ -119,20 +117,42 @@ fn the_qemu_backend_serves_the_api_from_vms() {
     );
 
     release(&host, KEY_A, &all);
-    // Releases end in the background; then one idle VM is left (the pool).
-    crate::common::eventually(Duration::from_secs(120), "one idle VM is left", || {
-        let live = host
-            .agents()
-            .into_iter()
-            .filter(|p| crate::common::host::alive(*p))
-            .count();
-        crate::common::when(live <= 1, || format!("{live} VMs still running"))
-    });
+    // Releases end in the background; then the VM booted first is idle
+    // again (under --max-slots 1 none could have replaced it while alive).
+    settled(&host);
+    let booted = host.agents();
+    assert!(
+        booted == vm && vm.len() == 1 && crate::common::host::alive(vm[0]),
+        "one VM served every lease: {vm:?} at first, {booted:?} now"
+    );
     // Stopping the host stops its idle VM: no QEMU, vhost-device-vsock or
     // run-qemu.sh of this host is left (QEMU's command line names the
     // image, the others the slot's directory).
     host.stop();
     crate::common::host::assert_nothing_left(&host, &[&image.display().to_string()]);
+}
+
+/// Waits until the last release has ended and the VM is back in the pool
+/// (under `--max-slots 1`, an Acquire before that would find no room).
+fn settled(host: &Host) {
+    let sample = |state: &str, profile: &str| {
+        metric(
+            host,
+            &format!("sandbox_host_pool_sandboxes{{state=\"{state}\",profile=\"{profile}\"}}"),
+        )
+    };
+    wait_host(
+        host,
+        Duration::from_secs(300),
+        "the VM back in the pool",
+        || {
+            let leased = sample("leased", "");
+            let idle = sample("bare", "") + sample("warm", WARM) + sample("warming", WARM);
+            crate::common::when(leased == 0.0 && idle == 1.0, || {
+                format!("{leased} leased, {idle} idle")
+            })
+        },
+    );
 }
 
 /// Klavis's execution endpoints against a VM: upload, execute, poll the

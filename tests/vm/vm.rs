@@ -5,8 +5,8 @@
 //!
 //! Needs qemu-system-x86_64, vhost-device-vsock, apt-get (to fetch Debian's
 //! kernel and busybox-static) and the musl target; the README's test
-//! command installs them. `SANDBOX_AGENT_VM_INITRAMFS` names a prebuilt
-//! initramfs (with its `.vmlinuz` beside it) to skip the build.
+//! command installs them. It boots the image `host_vm.rs` boots (one build,
+//! `common::vm::node_image`), whose `notes` server it calls.
 
 use std::io::Read;
 use std::os::unix::process::CommandExt;
@@ -87,16 +87,12 @@ impl Drop for Vm {
     }
 }
 
-/// The initramfs (prebuilt, or built now from this tree) and the guest
-/// kernel's release.
-fn initramfs(dir: &Path) -> (PathBuf, String) {
-    if let Ok(p) = std::env::var("SANDBOX_AGENT_VM_INITRAMFS") {
-        let p = PathBuf::from(p);
-        let kernel = p.with_extension("").with_extension("vmlinuz");
-        return (p, kernel_release(&kernel));
-    }
-    let out = crate::common::vm::build_initramfs(dir, "initramfs", &[]);
-    (out, kernel_release(&dir.join("initramfs.vmlinuz")))
+/// The VM tests' image (built once, `common::vm::node_image`) and its
+/// guest kernel's release.
+fn initramfs() -> (PathBuf, String) {
+    let image = crate::common::vm::node_image(&crate::common::mcp::servers_dir());
+    let release = kernel_release(&crate::common::vm::kernel_of(&image));
+    (image, release)
 }
 
 /// The release string a bzImage carries (at the offset its header names).
@@ -132,7 +128,7 @@ fn untar(gz: &[u8]) -> Vec<(String, Vec<u8>)> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_agent_runs_a_vm_as_init_over_real_vsock() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let (image, release) = initramfs(dir.path());
+    let (image, release) = initramfs();
     let uds = dir.path().join("vsock.sock");
     let started = Instant::now();
     let mut vm = Vm::boot(&image, &uds);
