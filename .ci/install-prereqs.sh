@@ -35,6 +35,7 @@ command -v node >/dev/null || apt_pkgs+=(nodejs npm)        # npm MCP servers
 # code runners as the benchmarks' images have it.
 [ -x /usr/bin/python ] || apt_pkgs+=(python-is-python3)
 command -v qemu-system-x86_64 >/dev/null || apt_pkgs+=(qemu-system-x86)  # the VM test
+compgen -G '/usr/lib/llvm-*/lib/libFuzzer.a' >/dev/null || apt_pkgs+=(libfuzzer-14-dev)  # the fuzz build links LLVM's libFuzzer
 dpkg -s busybox-static >/dev/null 2>&1 || apt_pkgs+=(busybox-static)   # the VM image
 command -v pgrep >/dev/null || apt_pkgs+=(procps)
 command -v chromium >/dev/null || apt_pkgs+=(chromium)    # the playwright MCP server

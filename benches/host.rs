@@ -53,7 +53,13 @@ use common::{AGENT, HOST};
 
 const KEY: &str = "bench-key-0123456789";
 fn rounds() -> usize {
-    common::pick(15, 2)
+    common::pick(15, 1)
+}
+
+/// The pools' size: three in the full mode, one in the short mode (a
+/// smoke check: each pooled sandbox starts its servers).
+fn pool() -> usize {
+    common::pick(3, 1)
 }
 
 struct Host {
@@ -454,13 +460,13 @@ pub fn main() {
     rt.block_on(async {
         // Settle times let the pool refill between rounds (a warm lease is
         // an agent start plus the servers' start).
-        let warm = start(dir.path(), "warm", 3, "filesystem,git,terminal");
+        let warm = start(dir.path(), "warm", pool(), "filesystem,git,terminal");
         tokio::time::sleep(Duration::from_secs(5)).await;
         let warm_ms = acquire_rounds(&warm, Duration::from_millis(2500)).await;
         let warm_cycle = cycle_rounds(&warm, Duration::from_millis(2500)).await;
         drop(warm);
 
-        let bare = start(dir.path(), "bare", 3, "");
+        let bare = start(dir.path(), "bare", pool(), "");
         tokio::time::sleep(Duration::from_secs(3)).await;
         let bare_ms = acquire_rounds(&bare, Duration::from_millis(1500)).await;
         let bare_cycle = cycle_rounds(&bare, Duration::from_millis(1500)).await;

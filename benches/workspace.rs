@@ -5,7 +5,7 @@
 //! Corpora (generated): ~20,000 files of 1–8 KiB in nested directories, and
 //! 10 files totalling 512 MiB (half text, half random). Plus a 1 GiB archive
 //! for the agent's peak RSS while extracting. `BENCH=short` (CI) uses 2,000
-//! files, 64 MiB and 256 MiB, with fewer runs.
+//! files, 16 MiB and 32 MiB, with fewer runs.
 //!
 //! Each Initialize goes into a fresh, empty workspace of a fresh agent, and
 //! each reference extraction into a fresh directory, so no run pays for
@@ -230,7 +230,7 @@ fn small_corpus(root: &Path) {
 fn large_corpus(root: &Path) {
     let mut rng = fastrand::Rng::with_seed(8);
     std::fs::create_dir_all(root).expect("mkdir");
-    let each = common::pick(512 << 20, 64 << 20) / 10;
+    let each = common::pick(512 << 20, 16 << 20) / 10;
     for i in 0..10 {
         let data: Vec<u8> = if i % 2 == 0 {
             text(&mut rng, each)
@@ -263,7 +263,7 @@ pub async fn main() {
     let small = common::pick("20,000 files of 1-8 KiB", "2,000 files of 1-8 KiB");
     let large = common::pick(
         "10 files, 512 MiB (half random)",
-        "10 files, 64 MiB (half random)",
+        "10 files, 16 MiB (half random)",
     );
     for (name, tag, runs, generate) in [
         (
@@ -386,12 +386,14 @@ pub async fn main() {
         ));
     }
 
-    // Peak RSS while extracting a 1 GiB archive (256 MiB in the short mode).
+    // Peak RSS while extracting a 1 GiB archive (32 MiB in the short mode).
     let gib = b.join("gib-corpus");
     std::fs::create_dir_all(&gib).expect("mkdir");
     let mut rng = fastrand::Rng::with_seed(9);
     for i in 0..common::pick(4, 1) {
-        let data: Vec<u8> = (0..256 << 20).map(|_| rng.u8(..)).collect();
+        let data: Vec<u8> = (0..common::pick(256 << 20, 32 << 20))
+            .map(|_| rng.u8(..))
+            .collect();
         std::fs::write(gib.join(format!("r{i}")), data).expect("write");
     }
     let gib_archive = b.join("gib.tar.zst");
@@ -416,7 +418,7 @@ pub async fn main() {
     );
     println!(
         "| peak agent RSS extracting a {} archive (tar.zst) | {:.1} MiB | took {:.2} s |",
-        common::pick("1 GiB", "256 MiB"),
+        common::pick("1 GiB", "32 MiB"),
         gib_peak as f64 / 1024.0,
         took.as_secs_f64()
     );

@@ -184,9 +184,9 @@ async fn mode(dir: &Path, start: &str, rounds: usize, n: usize) -> Mode {
 }
 
 pub async fn run(dir: &Path) -> Report {
-    let n = crate::common::pick(20, 4);
+    let n = crate::common::pick(20, 2);
     Report {
-        lazy: mode(dir, "auto", crate::common::pick(15, 3), n).await,
+        lazy: mode(dir, "auto", crate::common::pick(15, 1), n).await,
         eager: mode(dir, "eager", crate::common::pick(3, 1), n).await,
     }
 }

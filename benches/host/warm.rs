@@ -12,7 +12,10 @@ use super::{Host, api, call, start_with};
 /// The warm set: the five servers the test command installs (node and
 /// Python), sorted as the host labels the profile.
 pub const WARM_SET: [&str; 5] = ["excel", "filesystem", "git", "localmemory", "terminal"];
-const POOL: usize = 3;
+/// The warm pool's size (one in the short mode: five servers a sandbox).
+fn pool() -> usize {
+    crate::common::pick(3, 1)
+}
 
 pub struct Report {
     pub rounds: usize,
@@ -106,17 +109,17 @@ async fn rounds(h: &Host, bodies: &[String], ready: &str) -> (f64, f64) {
 }
 
 pub async fn run(dir: &Path) -> Report {
-    let n = crate::common::pick(50, 8);
+    let n = crate::common::pick(50, 2);
     let bodies = subsets(n);
     let set = WARM_SET.join(",");
-    let profile = format!("{set}={POOL}");
+    let profile = format!("{set}={}", pool());
     let warm = start_with(
         dir,
         "subsets-warm",
-        &["--pool-size", "3", "--warm", &profile],
+        &["--pool-size", &pool().to_string(), "--warm", &profile],
     );
     let ready = format!("sandbox_host_pool_sandboxes{{state=\"warm\",profile=\"{set}\"}}");
-    until(&warm, &ready, POOL as f64).await;
+    until(&warm, &ready, pool() as f64).await;
     let warm_mib = idle_slots_mib(&warm);
     let warm_lat = rounds(&warm, &bodies, &ready).await;
     let hits = metric(
@@ -126,9 +129,9 @@ pub async fn run(dir: &Path) -> Report {
     .await;
     drop(warm);
 
-    let bare = start_with(dir, "subsets-bare", &["--pool-size", "3"]);
+    let bare = start_with(dir, "subsets-bare", &["--pool-size", &pool().to_string()]);
     let ready = "sandbox_host_pool_sandboxes{state=\"bare\",profile=\"\"}";
-    until(&bare, ready, POOL as f64).await;
+    until(&bare, ready, pool() as f64).await;
     let bare_mib = idle_slots_mib(&bare);
     let bare_lat = rounds(&bare, &bodies, ready).await;
     drop(bare);

@@ -1,5 +1,9 @@
-//! Workspace operations back to back. In a test binary of its own: it runs
-//! busy threads, which would slow the other workspace tests beside it.
+//! Workspace operations back to back under busy threads, which slow the
+//! tests beside it: two (one per core here), for 80 rounds. With the
+//! workspace freed after the last message instead, it failed in rounds 0,
+//! 6 and 13 of three runs so (and in round 9 with four threads); with
+//! duty-cycled threads, or the agent and the threads pinned to one CPU, it
+//! passed, so they stay busy and unpinned.
 
 use crate::common::ws::*;
 use crate::common::*;
@@ -31,7 +35,7 @@ async fn the_next_operation_may_start_as_soon_as_one_answers() {
     // machine: that is when a workspace released after the last message
     // shows (without them the gap is a few microseconds wide).
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let hogs: Vec<_> = (0..4)
+    let hogs: Vec<_> = (0..2)
         .map(|_| {
             let stop = stop.clone();
             std::thread::spawn(move || {
@@ -45,7 +49,7 @@ async fn the_next_operation_may_start_as_soon_as_one_answers() {
     initialize(&client, proto::InitializeHeader::default(), small.clone())
         .await
         .expect("first Initialize");
-    for round in 0..200 {
+    for round in 0..80 {
         let (_, t) = dump(&client, proto::DumpRequest::default())
             .await
             .unwrap_or_else(|e| panic!("round {round}: Dump: {e}"));
