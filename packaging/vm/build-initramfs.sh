@@ -251,8 +251,10 @@ TOML
   fi
 fi
 
+# gzip's default level: the node image's 179 MB in 7 s of CPU to 59.2 MB;
+# -9 took 23 s for 58.8 MB (0.7 % smaller), -1 2.5 s for 66.8 MB.
 (cd "$stage" && find . -mindepth 1 | LC_ALL=C sort | "$busybox" cpio -o -H newc 2>/dev/null) \
-  | gzip -9 > "$out.tmp"
+  | gzip -6 > "$out.tmp"
 mv "$out.tmp" "$out"
 cp "$kernel" "${out%.cpio.gz}.vmlinuz"
 echo "build-initramfs: $out ($(du -h "$out" | cut -f1)), kernel ${out%.cpio.gz}.vmlinuz ($kver)" >&2
