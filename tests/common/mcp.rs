@@ -49,9 +49,6 @@ fn checkout_launcher(server: &str, tool: &str) -> PathBuf {
     path
 }
 
-/// The shipped manifest, pointed at the installed servers (the data tools
-/// at this checkout's) and with its state directories moved under `state`
-/// (tests run in parallel).
 /// packaging/servers.toml as installed here: its `install_dir` the tests'
 /// install prefix, nothing else changed.
 pub fn installed_manifest() -> String {
@@ -66,6 +63,9 @@ pub fn installed_manifest() -> String {
     )
 }
 
+/// The shipped manifest, pointed at the installed servers (the data tools
+/// at this checkout's) and with its state directories moved under `state`
+/// (tests run in parallel).
 pub fn shipped_manifest(state: &Path) -> String {
     let mut text = std::fs::read_to_string(concat!(
         env!("CARGO_MANIFEST_DIR"),
