@@ -26,9 +26,8 @@ pub fn build_initramfs(dir: &Path, name: &str, extra: &[&str]) -> PathBuf {
 
 /// The VM tests' one image, built once per test process (both VM tests
 /// boot it): the npm filesystem and memory servers of `servers`, python3,
-/// and the
-/// `notes` example server. `SANDBOX_AGENT_VM_NODE_INITRAMFS` names a
-/// prebuilt one (its `.vmlinuz` beside it) to skip the build.
+/// and the `notes` example server. `SANDBOX_AGENT_VM_NODE_INITRAMFS` names
+/// a prebuilt one (its `.vmlinuz` beside it) to skip the build.
 pub fn node_image(servers: &str) -> PathBuf {
     static IMAGE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     IMAGE
