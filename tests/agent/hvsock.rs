@@ -260,3 +260,65 @@ async fn a_reply_that_is_not_ok_is_reported() {
         "{err}"
     );
 }
+
+/// vhost-device-vsock 0.3.0 panics its vring thread (and the VM's vsock is
+/// dead from then on) when its `OK` meets a socket the client already
+/// closed. So a client that stops waiting must leave the socket open until
+/// the VMM has answered: here every answer comes after the per-attempt
+/// timeout, and every one must still be written to an open socket, which the
+/// client then closes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_answer_meets_an_open_socket_after_the_client_gave_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let listener = UnixListener::bind(dir.path().join("vm.sock")).unwrap();
+    let answers: Arc<Mutex<Vec<Result<bool, String>>>> = Arc::default();
+    let a = answers.clone();
+    let vmm = tokio::spawn(async move {
+        loop {
+            let (stream, _) = listener.accept().await.unwrap();
+            let a = a.clone();
+            tokio::spawn(async move {
+                let mut reader = BufReader::new(stream);
+                let mut line = String::new();
+                let _ = reader.read_line(&mut line).await;
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                let mut stream = reader.into_inner();
+                let answer = match stream.write_all(b"OK 1073741824\n").await {
+                    // Then the client, who no longer wants the stream, closes it.
+                    Ok(()) => {
+                        let mut rest = Vec::new();
+                        let read = tokio::time::timeout(
+                            Duration::from_secs(5),
+                            tokio::io::AsyncReadExt::read_to_end(&mut stream, &mut rest),
+                        )
+                        .await;
+                        Ok(matches!(read, Ok(Ok(0))))
+                    }
+                    Err(e) => Err(e.to_string()),
+                };
+                a.lock().unwrap().push(answer);
+            });
+        }
+    });
+    let opts = HvsockOptions {
+        handshake_timeout: Duration::from_millis(150),
+        retry_deadline: Duration::from_millis(600),
+        ..HvsockOptions::default()
+    };
+    let err = hvsock::connect(&dir.path().join("vm.sock"), 1024, &opts)
+        .await
+        .expect_err("every answer comes after the per-attempt timeout");
+    assert!(matches!(err.last, AttemptError::Timeout(_)), "{err}");
+    assert!(err.attempts >= 2, "{err}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while answers.lock().unwrap().len() < err.attempts as usize && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    vmm.abort();
+    let answers = answers.lock().unwrap().clone();
+    assert_eq!(answers.len(), err.attempts as usize, "{answers:?}");
+    assert!(
+        answers.iter().all(|a| a == &Ok(true)),
+        "each OK reached an open socket, closed afterwards: {answers:?}"
+    );
+}

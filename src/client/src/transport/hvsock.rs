@@ -8,6 +8,14 @@
 //! VMM then closes the connection (or, with some VMMs, never answers). So
 //! every attempt has a handshake timeout, and failed attempts are retried
 //! with backoff until an overall deadline.
+//!
+//! A socket is never closed before the VMM has answered its `CONNECT`:
+//! vhost-device-vsock 0.3.0 (the newest) unwraps its write of `OK` to the
+//! host's socket, so a socket closed while a slow guest (TCG, or a busy one)
+//! was still accepting panics its vring thread, and the VM's vsock is dead for
+//! good. Each handshake therefore runs in a task of its own: a caller that
+//! stops waiting (the per-attempt timeout, or its future dropped) leaves the
+//! task to read the answer, for at most [`HvsockOptions::answer_wait`].
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -27,6 +35,9 @@ pub struct HvsockOptions {
     /// First pause between attempts; doubles up to `max_backoff`.
     pub initial_backoff: Duration,
     pub max_backoff: Duration,
+    /// How long a handshake its caller gave up on keeps the socket open,
+    /// waiting for the VMM's answer, before closing it anyway.
+    pub answer_wait: Duration,
 }
 
 impl Default for HvsockOptions {
@@ -36,6 +47,7 @@ impl Default for HvsockOptions {
             retry_deadline: Duration::from_secs(10),
             initial_backoff: Duration::from_millis(50),
             max_backoff: Duration::from_millis(500),
+            answer_wait: Duration::from_secs(60),
         }
     }
 }
@@ -91,7 +103,7 @@ pub async fn connect(
         let budget = opts
             .handshake_timeout
             .min(remaining.max(Duration::from_millis(1)));
-        let last = match tokio::time::timeout(budget, attempt(path, port)).await {
+        let last = match tokio::time::timeout(budget, attempt(path, port, opts.answer_wait)).await {
             Ok(Ok(stream)) => {
                 tracing::debug!(path = %path.display(), port, attempts, "hybrid vsock connected");
                 return Ok(stream);
@@ -115,7 +127,24 @@ pub async fn connect(
     }
 }
 
-async fn attempt(path: &Path, port: u32) -> Result<UnixStream, AttemptError> {
+/// One handshake, in a task of its own that outlives a caller who stops
+/// waiting (see the module's comment), bounded by `answer_wait`.
+async fn attempt(
+    path: &Path,
+    port: u32,
+    answer_wait: Duration,
+) -> Result<UnixStream, AttemptError> {
+    let path = path.to_owned();
+    let task = tokio::spawn(async move {
+        tokio::time::timeout(answer_wait, handshake(&path, port))
+            .await
+            .unwrap_or(Err(AttemptError::Timeout(answer_wait)))
+    });
+    task.await
+        .unwrap_or_else(|e| Err(AttemptError::Io(io::Error::other(e))))
+}
+
+async fn handshake(path: &Path, port: u32) -> Result<UnixStream, AttemptError> {
     let mut s = UnixStream::connect(path)
         .await
         .map_err(AttemptError::Connect)?;
