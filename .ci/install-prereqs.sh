@@ -92,6 +92,11 @@ command -v uv >/dev/null \
 SANDBOX_AGENT_WHEELS=${SANDBOX_AGENT_WHEELS:-/opt/sandbox-agent/wheels}
 ls "$SANDBOX_AGENT_WHEELS"/psutil-7.2.2-*.whl "$SANDBOX_AGENT_WHEELS"/requests-2.34.2-*.whl >/dev/null 2>&1 \
   || $SUDO python3 -m pip download -q -d "$SANDBOX_AGENT_WHEELS" requests==2.34.2 psutil==7.2.2
+# And the wheels MCP_Atlas's workspace project resolves to, which the
+# tests' install-benchmark-data.sh syncs offline.
+ls "$SANDBOX_AGENT_WHEELS"/pandas-2.3.1-*.whl "$SANDBOX_AGENT_WHEELS"/scipy-1.16.0-*.whl >/dev/null 2>&1 \
+  || $SUDO python3 -m pip download -q -d "$SANDBOX_AGENT_WHEELS" --no-deps --require-hashes \
+       -r packaging/benchmark-data/MCP_Atlas-wheels.txt
 
 command -v cargo-fuzz >/dev/null || cargo install --locked cargo-fuzz
 # The host side of the test VM's virtio-vsock device.

@@ -5,6 +5,7 @@
 #
 #   packaging/install-benchmark-data.sh BENCH --from DIR|URL [--pins FILE] [--prefix DIR]
 #                                       [--repos CSV] [--git-mirror BASE]
+#                                       [--python PY] [--exclude-newer DATE]
 #   packaging/install-benchmark-data.sh BENCH --pin --from DIR [--pins FILE]
 #
 # --from   a directory, or an http(s)/file URL of a tar archive (.tar,
@@ -34,6 +35,22 @@
 #                   url.BASE/.insteadOf). Each clone's origin stays the
 #                   list's URL. Git's own insteadOf settings apply as well.
 #
+# uv projects: where the benchmark's image runs `uv sync` in its data
+# (MCP_Atlas: repos/mcp_code_executor_workspace, whose pyproject.toml is
+# pinned data), so does this when the data has that pyproject.toml, which needs uv (`pip install uv`): the same
+# uv.lock and .venv, the venv's scripts naming /data/PATH/.venv as the
+# image's do. The packages' directories (≈ 300 MB for MCP_Atlas) are kept
+# once, read-only, in PREFIX/.BENCH-venv.ID; the data's .venv holds
+# everything else of the venv (≈ 100 entries) and links each of them there,
+# so an Acquire copies kilobytes, not the packages.
+# --python PY          the venv's interpreter (default /usr/bin/python3: one
+#                      a sandbox's user can run; the image's is 3.12).
+# --exclude-newer DATE uv's --exclude-newer: what PyPI had then (default
+#                      for MCP_Atlas 2026-07-18T00:00:00Z, as its image 1.2.7
+#                      resolved; '' for none). uv's own variables apply too
+#                      (UV_OFFLINE, UV_NO_INDEX, UV_FIND_LINKS, UV_INDEX_URL,
+#                      UV_CACHE_DIR).
+#
 # The new tree replaces the old one by rename, so a sandbox never sees half
 # of it.
 set -euo pipefail
@@ -45,6 +62,8 @@ PINS=
 PIN=0
 REPOS=
 MIRROR=
+PY=
+EXCLUDE_NEWER=unset
 die() { echo "install-benchmark-data: $*" >&2; exit 2; }
 
 [[ $# -ge 1 ]] || die "usage: $0 BENCH --from DIR|URL [--pins FILE] [--prefix DIR] | BENCH --pin --from DIR"
@@ -62,6 +81,8 @@ while [[ $# -gt 0 ]]; do
     --pin) PIN=1; shift ;;
     --repos) REPOS=${2:?--repos needs a value}; shift 2 ;;
     --git-mirror) MIRROR=${2:?--git-mirror needs a value}; shift 2 ;;
+    --python) PY=${2:?--python needs a value}; shift 2 ;;
+    --exclude-newer) EXCLUDE_NEWER=${2?--exclude-newer needs a value}; shift 2 ;;
     *) die "unknown argument '$1'" ;;
     esac
 done
@@ -78,6 +99,18 @@ fi
 if [[ -n $MIRROR && $MIRROR != *://* ]]; then
     [[ -d $MIRROR ]] || die "--git-mirror $MIRROR is neither a directory nor a URL"
     MIRROR=$(cd "$MIRROR" && pwd)
+fi
+
+# The data's uv projects (relative to its top), as the benchmark's image
+# syncs them, and the date its resolution stands at.
+case $BENCH in
+MCP_Atlas) UV_PROJECTS=(repos/mcp_code_executor_workspace) UV_DATE=2026-07-18T00:00:00Z ;;
+*) UV_PROJECTS=() UV_DATE= ;;
+esac
+[[ $EXCLUDE_NEWER != unset ]] || EXCLUDE_NEWER=$UV_DATE
+if [[ -z $PY ]]; then
+    PY=python3
+    [[ -x /usr/bin/python3 ]] && PY=/usr/bin/python3
 fi
 
 # Regular files only, as ./relative paths, sorted.
@@ -158,8 +191,80 @@ if [[ -f $list ]]; then
 fi
 
 chmod -R u+rwX,go+rX,go-w "$STAGE/data"
+
+# `uv sync` in each uv project, as the image's Dockerfile runs it there.
+VENVS=$PREFIX/.$BENCH-venv.${STAGE##*.}
+BUILD=
+trap 'rm -rf "$STAGE" ${BUILD:+"$BUILD"}' EXIT
+for rel in "${UV_PROJECTS[@]}"; do
+    dest=$STAGE/data/$rel
+    # The pins say whether the data must have it (MCP_Atlas's do).
+    [[ -f $dest/pyproject.toml ]] || continue
+    command -v uv >/dev/null || die "uv is needed to make $rel/.venv as the image does (pip install uv)"
+    # A short path, so the scripts' shebangs are direct (#!PATH) as at /data.
+    BUILD=$(mktemp -d /tmp/uv-sync.XXXXXX)
+    cp "$dest/pyproject.toml" "$BUILD/"
+    # Copies, not links into uv's cache: the install owns its files.
+    (cd "$BUILD" && UV_LINK_MODE=${UV_LINK_MODE:-copy} uv sync --quiet --python "$PY" \
+        ${EXCLUDE_NEWER:+--exclude-newer "$EXCLUDE_NEWER"}) ||
+        die "uv sync of $rel failed (its output is above)"
+    # The venv's scripts name where it was made; the image's name /data/…,
+    # and their packages' RECORD lists their sums and sizes as there.
+    python3 - "$BUILD/.venv" "/data/$rel/.venv" <<'PY' || die "cannot move $rel/.venv's scripts to /data/$rel/.venv"
+import base64, hashlib, sys
+from pathlib import Path
+
+venv, there = Path(sys.argv[1]), sys.argv[2].encode()
+here = str(venv).encode()
+moved = {}
+for f in sorted((venv / "bin").iterdir()):
+    if f.is_file() and not f.is_symlink() and here in (data := f.read_bytes()):
+        moved[f.name] = data.replace(here, there)
+        f.write_bytes(moved[f.name])
+for record in venv.glob("lib/python*/site-packages/*.dist-info/RECORD"):
+    lines = record.read_bytes().decode().splitlines(keepends=True)
+    for i, line in enumerate(lines):
+        path = line.split(",", 1)[0]
+        data = moved.get(path.removeprefix("../../../bin/")) if path.startswith("../../../bin/") else None
+        if data is not None:
+            digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+            lines[i] = f"{path},sha256={digest},{len(data)}" + line[len(line.rstrip("\r\n")):]
+    record.write_bytes("".join(lines).encode())
+PY
+    cp "$BUILD/uv.lock" "$dest/uv.lock"
+    full=$STAGE/venv/$rel
+    mkdir -p "$(dirname "$full")"
+    mv "$BUILD/.venv" "$full"
+    rm -rf "$BUILD"
+    BUILD=
+    # The data's .venv: all of the venv but its packages' directories,
+    # which are links to the one read-only copy.
+    site=$(cd "$full" && echo lib/python3*/site-packages)
+    [[ -d $full/$site ]] || die "uv made no $site in $rel/.venv"
+    mkdir "$dest/.venv"
+    tar -C "$full" --exclude="./$site/*" -cf - . | tar -C "$dest/.venv" -xpf -
+    shopt -s dotglob nullglob
+    for e in "$full/$site"/*; do
+        n=${e##*/}
+        if [[ -d $e && ! -L $e && $n != *.dist-info ]]; then
+            ln -s "$VENVS/$rel/$site/$n" "$dest/.venv/$site/$n"
+        else
+            cp -a "$e" "$dest/.venv/$site/"
+        fi
+    done
+    shopt -u dotglob nullglob
+    chmod -R go+rX "$full"
+done
+
+if [[ -d $STAGE/venv ]]; then
+    mv "$STAGE/venv" "$VENVS"
+fi
 if [[ -e $PREFIX/$BENCH ]]; then
     mv "$PREFIX/$BENCH" "$STAGE/old"
 fi
 mv "$STAGE/data" "$PREFIX/$BENCH"
+# The packages of the trees replaced.
+for old in "$PREFIX/.$BENCH-venv."*; do
+    [[ $old == "$VENVS" || ! -d $old ]] || rm -rf "$old"
+done
 echo "install-benchmark-data: installed $(wc -l <"$PINS") files and $cloned repositories of $BENCH in $PREFIX/$BENCH ($(du -sh "$PREFIX/$BENCH" | cut -f1))"

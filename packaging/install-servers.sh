@@ -133,11 +133,10 @@ SERVERS=(
     # is published nowhere reachable: the server is our own
     # (launchers/mcp-code-executor), in a venv with the MCP SDK and uv (for
     # install_dependencies). The packages MCP_Atlas's image gives the code
-    # it runs (its workspace pyproject's pandas, numpy, scipy, as resolved
-    # when its image 1.2.7 was released) are a venv of their own, which the
-    # server's workspace venv links.
+    # it runs (its workspace's pyproject: pandas, numpy, scipy) come with
+    # the benchmark's data: install-benchmark-data.sh runs the image's `uv
+    # sync` there.
     "code-executor@MCP_Atlas|pip|mcp>=1.10,<2|uv"
-    "code-executor-packages@MCP_Atlas|pip|pandas==2.3.1|numpy==2.3.1 scipy==1.16.0 --uploaded-prior-to=2026-07-18T00:00:00Z"
     "filesystem@Toolathlon|npm|@modelcontextprotocol/server-filesystem@2025.7.1|@modelcontextprotocol/server-filesystem>@modelcontextprotocol/sdk@1.13.2 zod@3.25.76"
     "localmemory@Toolathlon|npm|@modelcontextprotocol/server-memory@2025.4.25"
     # Toolathlon runs @lockon0927/playwright-mcp-with-chunk 0.1.2 (npm: 404),
@@ -158,10 +157,6 @@ for s in "${SELECTED[@]}"; do
         echo "install-servers: unknown server '$s'; known: $(printf '%s ' "${SERVERS[@]%%|*}")" >&2
         exit 2
     fi
-done
-# The code executor's packages come with it.
-for s in "${SELECTED[@]}"; do
-    [[ $s == code-executor@MCP_Atlas ]] && SELECTED+=(code-executor-packages@MCP_Atlas)
 done
 want() {
     [[ ${#SELECTED[@]} -eq 0 ]] && return 0

@@ -282,6 +282,110 @@ mod benchmark_data {
         assert_eq!(std::fs::read(&csv_installed).expect("kept"), good);
     }
 
+    /// The data's uv project is synced as MCP_Atlas's image does it: a
+    /// `uv.lock`, and a `.venv` whose scripts name /data and whose package
+    /// directories link to one read-only copy beside the data (here a
+    /// one-dependency project, offline from the test wheels). A reinstall
+    /// removes the copy it replaced; a sync that fails installs nothing
+    /// and leaves nothing behind.
+    #[test]
+    fn the_uv_project_is_synced_as_the_image_does() {
+        use crate::common::bench_data::{
+            WORKSPACE_PROJECT, installer_env, write_workspace_project,
+        };
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (src, pins, prefix) = (
+            dir.path().join("src"),
+            dir.path().join("pins"),
+            dir.path().join("prefix"),
+        );
+        write_atlas_data(&src);
+        write_workspace_project(&src, Some(&["python-dateutil==2.9.0.post0"]));
+        let (src_s, pins_s, prefix_s) = (s(&src), s(&pins), s(&prefix));
+        run_installer(&["MCP_Atlas", "--pin", "--from", &src_s, "--pins", &pins_s]);
+        let install = [
+            "MCP_Atlas",
+            "--from",
+            &src_s,
+            "--pins",
+            &pins_s,
+            "--prefix",
+            &prefix_s,
+        ];
+        let copies = || -> Vec<std::path::PathBuf> {
+            let mut v: Vec<_> = std::fs::read_dir(&prefix)
+                .expect("prefix")
+                .flatten()
+                .map(|e| e.path())
+                .filter(|p| p.to_string_lossy().contains("/.MCP_Atlas-venv."))
+                .collect();
+            v.sort();
+            v
+        };
+        run_installer(&install);
+        let project = prefix.join("MCP_Atlas").join(WORKSPACE_PROJECT);
+        let venv = project.join(".venv");
+        let lock = std::fs::read_to_string(project.join("uv.lock")).expect("uv.lock");
+        assert!(lock.contains("name = \"python-dateutil\""), "{lock}");
+        let activate = std::fs::read_to_string(venv.join("bin/activate")).expect("activate");
+        assert!(
+            activate.contains(&format!("/data/{WORKSPACE_PROJECT}/.venv")),
+            "{activate}"
+        );
+        let site = std::fs::read_dir(venv.join("lib"))
+            .expect("lib")
+            .flatten()
+            .next()
+            .expect("lib/pythonX.Y")
+            .path()
+            .join("site-packages");
+        let link = std::fs::read_link(site.join("dateutil")).expect("dateutil is a link");
+        let first = copies();
+        assert_eq!(first.len(), 1, "{first:?}");
+        assert!(link.starts_with(&first[0]), "{link:?} into {first:?}");
+        assert!(site.join("six.py").is_file(), "a module file is copied");
+        let out = Command::new(venv.join("bin/python"))
+            .args(["-c", "import dateutil, six; print(dateutil.__file__)"])
+            .output()
+            .expect("the data's venv python");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+
+        run_installer(&install);
+        let second = copies();
+        assert!(
+            second.len() == 1 && second != first,
+            "{first:?} → {second:?}"
+        );
+
+        // A dependency the wheels do not have: uv fails offline.
+        write_workspace_project(&src, Some(&["no-such-package-here==1.0"]));
+        run_installer(&["MCP_Atlas", "--pin", "--from", &src_s, "--pins", &pins_s]);
+        let out = Command::new("bash")
+            .arg(installer())
+            .args(install)
+            .envs(installer_env())
+            .output()
+            .expect("bash");
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{said}");
+        assert!(
+            said.contains("uv sync of repos/mcp_code_executor_workspace failed"),
+            "{said}"
+        );
+        assert_eq!(copies(), second, "the installed copy stays");
+        assert!(std::fs::read_link(site.join("dateutil")).is_ok_and(|l| l.starts_with(&second[0])));
+        let stages: Vec<_> = std::fs::read_dir(&prefix)
+            .expect("prefix")
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with(".MCP_Atlas."))
+            .collect();
+        assert!(stages.is_empty(), "a stage was left behind");
+    }
+
     /// A profile with preloaded data: an Acquire of it fails, naming the
     /// installer, until the data is installed; then every Acquire and
     /// Reset places it in the workspace.

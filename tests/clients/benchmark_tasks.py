@@ -83,6 +83,17 @@ def pack(root, arcname_dot=False):
     return buf.getvalue()
 
 
+def tar_of(files):
+    """A tar.gz of files {name: bytes}."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as t:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            t.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
 async def load(c, base, api, sid, headers, data):
     up = (await c.post(f"{base}/{api}/{sid}/upload-url", headers=headers)).json()["upload_url"]
     r = await c.put(up, content=data, headers={"Content-Type": "application/gzip"})
@@ -232,6 +243,11 @@ for genre, n in counts.items():
     print(f"{genre}: {n}")
 """
 
+# After an upload: the venv is back, its packages linked.
+AFTER_UPLOAD = """import os, pandas
+print(pandas.__version__, os.path.islink(".venv/lib/python3.11/site-packages/pandas"), sorted(os.listdir("/data")))
+"""
+
 
 async def atlas_genres(base, headers):
     out = {}
@@ -252,6 +268,11 @@ async def atlas_genres(base, headers):
             out["run"] = await call(ce, "execute_code", {"code": GENRES, "filename": "genres.py"})
             ran = json.loads(out["run"][1])
             out["code"] = await call(ce, "read_code_file", {"file_path": ran.get("file_path", "")})
+            # Installed already: uv audits it, offline.
+            out["install"] = await call(ce, "install_dependencies", {"packages": ["pandas==2.3.1"]})
+            # An upload replaces /data, venv and all: the next run has it again.
+            await load(c, base, "sandbox/local_dev", box["sandbox_id"], headers, tar_of({"note.txt": b"hi\n"}))
+            out["after_upload"] = await call(ce, "execute_code", {"code": AFTER_UPLOAD})
         finally:
             r = await c.delete(f"{base}/sandbox/local_dev/{box['sandbox_id']}", headers=headers, timeout=60)
             out["released"] = r.status_code

@@ -11,8 +11,12 @@
 //! on GitHub, which tests never reach: each is a local stand-in (same URL
 //! and path, a few commits of its own, pinned at the middle one), cloned
 //! through the installer's `--git-mirror` with a `--repos` list of the
-//! stand-ins' pins. A small made-up dataset ([`write_atlas_data`]) serves
-//! the installer's own tests.
+//! stand-ins' pins. The code executor workspace's `pyproject.toml`, which
+//! the shared data leaves out, is stood in too ([`write_workspace_project`]:
+//! its facts, pinned in place of the real file's sum), and the installer's
+//! `uv sync` resolves offline from the test wheels
+//! ([`installer_env`]). A small made-up dataset ([`write_atlas_data`])
+//! serves the installer's own tests.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -44,11 +48,49 @@ pub fn write_atlas_data(dir: &Path) {
     .expect("memory graph");
 }
 
+/// Where the code executor's uv project is in MCP_Atlas's data.
+pub const WORKSPACE_PROJECT: &str = "repos/mcp_code_executor_workspace";
+
+/// Writes a stand-in of MCP_Atlas's `WORKSPACE_PROJECT/pyproject.toml` into
+/// the data at `dir` (its facts: the project's name and version, pandas,
+/// numpy and scipy at their pins; not its text), or, with `deps`, one with
+/// those dependencies. Returns its SHA-256.
+pub fn write_workspace_project(dir: &Path, deps: Option<&[&str]>) -> String {
+    use sha2::Digest;
+    let deps = deps.unwrap_or(&["pandas==2.3.1", "numpy==2.3.1", "scipy==1.16.0"]);
+    let list: Vec<String> = deps.iter().map(|d| format!("\"{d}\"")).collect();
+    let text = format!(
+        "[project]\nname = \"mcp-code-executor-workspace\"\nversion = \"0.1.0\"\n\
+         description = \"a stand-in with the facts of MCP_Atlas's (tests/common/bench_data.rs)\"\n\
+         dependencies = [{}]\n",
+        list.join(", ")
+    );
+    let project = dir.join(WORKSPACE_PROJECT);
+    std::fs::create_dir_all(&project).expect("project dir");
+    std::fs::write(project.join("pyproject.toml"), &text).expect("pyproject.toml");
+    hex::encode(sha2::Sha256::digest(text.as_bytes()))
+}
+
+/// The environment the installer's `uv sync` runs with in tests, which
+/// reach no index: offline, from the test wheels (`SANDBOX_AGENT_WHEELS`,
+/// which .ci/install-prereqs.sh fills from
+/// packaging/locks/py/code-executor-workspace@MCP_Atlas.txt).
+pub fn installer_env() -> Vec<(&'static str, String)> {
+    let wheels = std::env::var("SANDBOX_AGENT_WHEELS")
+        .unwrap_or_else(|_| "/opt/sandbox-agent/wheels".into());
+    vec![
+        ("UV_OFFLINE", "1".into()),
+        ("UV_NO_INDEX", "1".into()),
+        ("UV_FIND_LINKS", wheels),
+    ]
+}
+
 /// Runs the installer; panics with its output unless it succeeds.
 pub fn run_installer(args: &[&str]) -> String {
     let out = Command::new("bash")
         .arg(installer())
         .args(args)
+        .envs(installer_env())
         .output()
         .expect("bash");
     let text =
@@ -172,6 +214,9 @@ pub fn make_stand_ins(list: &Path, mirror: &Path, repos_csv: &Path) -> Vec<Stand
 pub struct Installed {
     /// The prefix holding `MCP_Atlas/`.
     pub prefix: PathBuf,
+    /// The data installed from (the shared data, or a copy of it with the
+    /// stand-in pyproject.toml).
+    pub src: PathBuf,
     /// MCP_Atlas's repositories, as stood in.
     pub repos: Vec<StandIn>,
     /// MCP_Atlas's real data, or (where this machine lacks it) the made-up
@@ -195,7 +240,42 @@ pub fn atlas() -> &'static Installed {
         let (mirror, csv) = (root.join("mirror"), root.join("repos.csv"));
         let prefix = root.join("installed");
         let (src, mut pins, real) = match atlas_source() {
-            Some(src) => (src, Vec::new(), true),
+            Some(shared) if shared.join(WORKSPACE_PROJECT).join("pyproject.toml").exists() => {
+                (shared, Vec::new(), true)
+            }
+            Some(shared) => {
+                // The shared data leaves the project's pyproject.toml out:
+                // a copy with its stand-in, pinned in the real one's place.
+                let src = root.join("src");
+                let cp = Command::new("cp")
+                    .arg("-R")
+                    .arg(&shared)
+                    .arg(&src)
+                    .status()
+                    .expect("cp");
+                assert!(cp.success(), "copying {}", shared.display());
+                make_writable(&src);
+                let sum = write_workspace_project(&src, None);
+                let name = format!("{WORKSPACE_PROJECT}/pyproject.toml");
+                let committed = Path::new(env!("CARGO_MANIFEST_DIR"))
+                    .join("packaging/benchmark-data/MCP_Atlas.sha256");
+                let text = std::fs::read_to_string(&committed).expect("the committed pins");
+                let mut replaced = 0;
+                let lines: Vec<String> = text
+                    .lines()
+                    .map(|l| match l.split_once("  ") {
+                        Some((_, path)) if path == name => {
+                            replaced += 1;
+                            format!("{sum}  {path}")
+                        }
+                        _ => l.to_owned(),
+                    })
+                    .collect();
+                assert_eq!(replaced, 1, "{} pins {name} once", committed.display());
+                let pins = root.join("MCP_Atlas.sha256");
+                std::fs::write(&pins, lines.join("\n") + "\n").expect("pins");
+                (src, vec!["--pins".to_owned(), s(&pins)], true)
+            }
             None => {
                 // (Shared with the benches' common module: no helper of
                 // the tests' own.)
@@ -253,10 +333,21 @@ pub fn atlas() -> &'static Installed {
         }
         Installed {
             prefix,
+            src,
             repos,
             real,
         }
     })
+}
+
+/// Makes the tree at `dir` writable by its owner (a copy of read-only data).
+fn make_writable(dir: &Path) {
+    let ok = Command::new("chmod")
+        .args(["-R", "u+rwX"])
+        .arg(dir)
+        .status()
+        .expect("chmod");
+    assert!(ok.success(), "chmod {}", dir.display());
 }
 
 /// The prefix holding the installed test data.

@@ -478,6 +478,15 @@ fn mcp_atlas_genres_task_passes_its_claims() {
             && path.ends_with(".py"),
         "{run}"
     );
+    let install: Value = serde_json::from_str(&ok("install")).expect("install JSON");
+    assert_eq!(install["status"], "success", "{install}");
+    // After an upload replaced /data, the venv is there again for the run.
+    let again: Value = serde_json::from_str(&ok("after_upload")).expect("run JSON");
+    assert_eq!(
+        again["output"].as_str().map(str::trim),
+        Some("2.3.1 True ['note.txt', 'repos']"),
+        "{again}"
+    );
     let counts: Vec<(String, u32)> = run["output"]
         .as_str()
         .unwrap_or_default()

@@ -341,8 +341,8 @@ fn mcp_atlas_comes_with_its_data() {
         assert!(show.contains("after the pin"), "{}: {show}", r.path);
     }
     // The dump carries the data as installed: the whole tree as MCP_Atlas's
-    // Dockerfile makes it, but for what atlas_tree::GAPS lists.
-    crate::atlas_tree::check(&out["entries"], &src, repos);
+    // Dockerfile makes it (atlas_tree: its venv's packages linked).
+    crate::atlas_tree::check(&out["entries"], &atlas().src, repos);
     assert_eq!(out["files"]["./Barber Shop.csv"], csv.as_str(), "the dump");
     assert_eq!(
         out["files"]["./repos/memory_mcp_server/memories-for-mcp.json"],

@@ -4,7 +4,7 @@
 //! paths, so a process that swaps a directory for a symlink while the dump
 //! runs cannot make the agent read outside the tree. Entries are sorted by
 //! name (reproducible archives). Paths are `./`-relative; long and non-UTF-8
-//! names use GNU long-name headers and sizes over 8 GiB GNU binary size
+//! names (and link targets) use GNU long-name (long-link) records and sizes over 8 GiB GNU binary size
 //! fields (what GNU tar reads and writes). Files that change while they are
 //! read never break the archive: a short read is padded and the file is
 //! reported as changed.
@@ -106,6 +106,29 @@ fn archive_path(rel: &Path, dir: bool) -> PathBuf {
     p
 }
 
+/// What a tar header's name and link name fields hold.
+const NAME_LEN: usize = 100;
+
+/// A GNU long-name (`L`) or long-link (`K`) record holding `bytes` whole,
+/// for the entry that follows, written with the tar crate's own header.
+fn append_long<W: Write>(
+    b: &mut tar::Builder<W>,
+    kind: tar::EntryType,
+    bytes: &[u8],
+) -> io::Result<()> {
+    let mut h = tar::Header::new_gnu();
+    let name = b"././@LongLink";
+    h.as_old_mut().name[..name.len()].copy_from_slice(name);
+    h.set_entry_type(kind);
+    h.set_mode(0o644);
+    h.set_uid(0);
+    h.set_gid(0);
+    h.set_mtime(0);
+    h.set_size(bytes.len() as u64 + 1);
+    h.set_cksum();
+    b.append(&h, bytes.chain(&[0u8][..]))
+}
+
 fn header(st: &rustix::fs::Stat, kind: tar::EntryType, size: u64) -> tar::Header {
     let mut h = tar::Header::new_gnu();
     h.set_entry_type(kind);
@@ -126,9 +149,9 @@ fn append_dir_header<W: Write>(
     append(b, &mut h, path, io::empty())
 }
 
-/// Appends an entry named exactly `path` (keeping the `./` prefix that the
-/// tar crate strips from short names; long names go through its GNU
-/// long-name records, which keep the bytes as given).
+/// Appends an entry named exactly `path`, its `./` prefix kept (the tar
+/// crate drops it, and writes a GNU long-name record only for what does not
+/// fit once it is dropped, so names of 101–102 bytes would lose it).
 fn append<W: Write>(
     b: &mut tar::Builder<W>,
     h: &mut tar::Header,
@@ -136,15 +159,17 @@ fn append<W: Write>(
     data: impl Read,
 ) -> Result<(), ArchiveError> {
     let raw = path.as_os_str().as_bytes();
-    let r = if raw.len() <= 100 {
+    let r = (|| {
+        if raw.len() > NAME_LEN {
+            append_long(b, tar::EntryType::GNULongName, raw)?;
+        }
+        let shown = &raw[..raw.len().min(NAME_LEN)];
         let name = &mut h.as_old_mut().name;
         name.fill(0);
-        name[..raw.len()].copy_from_slice(raw);
+        name[..shown.len()].copy_from_slice(shown);
         h.set_cksum();
         b.append(h, data)
-    } else {
-        b.append_data(h, path, data)
-    };
+    })();
     r.map_err(|e| ArchiveError::io(format!("archiving {}", path.display()), e))
 }
 
@@ -382,16 +407,16 @@ fn pack_symlink<W: Write>(
     };
     let mut h = header(st, tar::EntryType::Symlink, 0);
     let name = archive_path(path, false);
-    if target.as_bytes().len() <= 100 && name.as_os_str().len() <= 100 {
-        let link = &mut h.as_old_mut().linkname;
-        link.fill(0);
-        link[..target.as_bytes().len()].copy_from_slice(target.as_bytes());
-        append(b, &mut h, &name, io::empty())?;
-    } else {
-        let target = Path::new(OsStr::from_bytes(target.as_bytes()));
-        b.append_link(&mut h, &name, target)
+    let target = target.as_bytes();
+    if target.len() > NAME_LEN {
+        append_long(b, tar::EntryType::GNULongLink, target)
             .map_err(|e| ArchiveError::io(format!("archiving {}", path.display()), e))?;
     }
+    let shown = &target[..target.len().min(NAME_LEN)];
+    let link = &mut h.as_old_mut().linkname;
+    link.fill(0);
+    link[..shown.len()].copy_from_slice(shown);
+    append(b, &mut h, &name, io::empty())?;
     stats.symlinks += 1;
     Ok(())
 }
