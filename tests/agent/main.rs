@@ -16,6 +16,7 @@ mod lazy;
 mod lease_bound;
 mod lifecycle;
 mod mail;
+mod module_graph;
 mod narrow;
 mod outside_accounts;
 mod packaging;

@@ -165,7 +165,7 @@ impl Tenant {
                 crate::workspace::root::scrub(fd.as_fd()).map_err(io::Error::other)?;
                 return Ok(());
             }
-            Err(e) => return Err(crate::lifecycle::seed::into_io(e)),
+            Err(e) => return Err(e.into()),
         }
         std::fs::create_dir_all(&self.home)?;
         use std::os::unix::fs::PermissionsExt;

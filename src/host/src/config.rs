@@ -334,25 +334,7 @@ pub struct Args {
     pub max_slots: Option<usize>,
 }
 
-/// `--server-start`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum ServerStart {
-    Auto,
-    Eager,
-    Lazy,
-}
-
-impl ServerStart {
-    /// Whether an Acquire starts its servers on first use; `many` is
-    /// `auto`'s case for it (ALL, `local_dev`).
-    pub fn lazy(self, many: bool) -> bool {
-        match self {
-            ServerStart::Auto => many,
-            ServerStart::Eager => false,
-            ServerStart::Lazy => true,
-        }
-    }
-}
+pub use crate::pool::ServerStart;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum LogFormat {
@@ -498,10 +480,7 @@ pub fn warm_profiles(args: &Args) -> anyhow::Result<Vec<pool::WarmProfile>> {
     Ok(out)
 }
 
-/// The environment variable that may hold API keys (comma- or
-/// newline-separated). Read once at start, then removed, so no child
-/// process inherits it.
-pub(crate) const API_KEY_ENV: &str = "SANDBOX_HOST_API_KEY";
+pub(crate) use crate::pool::API_KEY_ENV;
 
 pub fn keys(args: &Args, from_env: Option<String>) -> anyhow::Result<HashMap<String, String>> {
     anyhow::ensure!(

@@ -9,9 +9,10 @@ use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::api::UploadError;
+use crate::fleet::FleetError;
 use crate::pool::PoolError;
 use crate::store::StoreError;
+use crate::uploads::UploadError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum HostError {
@@ -256,6 +257,26 @@ impl From<String> for Loc {
 impl From<usize> for Loc {
     fn from(i: usize) -> Loc {
         Loc::Index(i)
+    }
+}
+
+impl From<FleetError> for HostError {
+    fn from(e: FleetError) -> HostError {
+        match e {
+            FleetError::NoSandbox(p) => HostError::NoSandbox(p),
+            FleetError::AgentGone => HostError::AgentGone,
+            FleetError::AgentUnreachable(p) => HostError::AgentUnreachable(p),
+            FleetError::Agent { what, status } => HostError::agent(what)(status),
+            FleetError::OwnerFull { held, limit } => HostError::TooManySandboxes {
+                held,
+                cleaning: 0,
+                limit,
+            },
+            #[cfg(feature = "kubernetes")]
+            FleetError::Cluster(k) => HostError::Cluster(k),
+            FleetError::Store(s) => HostError::Store(s),
+            FleetError::Internal(m) => HostError::Internal(m),
+        }
     }
 }
 

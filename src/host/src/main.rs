@@ -10,18 +10,15 @@
 //! for Prometheus), `store` (SQLite state), `signed` (transfer URLs).
 
 mod api;
-#[cfg(feature = "kubernetes")]
-mod cluster;
 mod config;
 mod error;
 mod fleet;
-mod mcp_proxy;
 mod metrics;
-mod openapi;
 mod pool;
 mod signed;
 mod start;
 mod store;
+mod uploads;
 
 use std::io::Write;
 use std::time::Duration;
@@ -71,7 +68,8 @@ fn main() -> anyhow::Result<()> {
             ..
         } = started;
         if let Some(l) = metrics_listener {
-            let app = hyper_util::service::TowerToHyperService::new(metrics::router(host.clone()));
+            let app =
+                hyper_util::service::TowerToHyperService::new(api::metrics::router(host.clone()));
             tokio::spawn(sandbox_serve::http::serve_http(
                 l,
                 limits,

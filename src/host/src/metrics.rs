@@ -19,9 +19,9 @@
 //! | `sandbox_host_discovery_recording` (gauge) | — (1 until the recording at start has ended) |
 //!
 //! Aggregates only (no ids, owners or keys), yet pool and lease counts are
-//! the operator's: on the API's address `/metrics` needs an API key
-//! ([`guard`]); with `--metrics-listen` it is served without one on that
-//! address alone ([`router`]) and the API's address answers 404.
+//! the operator's: on the API's address `/metrics` needs an API key; with
+//! `--metrics-listen` it is served without one on that address alone and
+//! the API's address answers 404 (`api::metrics`, the HTTP side).
 
 use std::time::Duration;
 
@@ -83,7 +83,7 @@ pub struct Metrics {
     profiles: Vec<String>,
     /// Whether `/metrics` is on the API's address, behind its keys (else
     /// on `--metrics-listen`'s).
-    keyed: bool,
+    pub keyed: bool,
 }
 
 impl Metrics {
@@ -260,63 +260,5 @@ impl Metrics {
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &self.registry)?;
         Ok(out)
-    }
-}
-
-/// In front of `/metrics` on the API's address: an API key, as every
-/// route; 404 when `--metrics-listen` serves it elsewhere.
-pub async fn guard(
-    axum::extract::State(h): axum::extract::State<crate::api::Shared>,
-    req: axum::extract::Request,
-    next: axum::middleware::Next,
-) -> axum::response::Response {
-    use axum::response::IntoResponse;
-    if !h.metrics.keyed {
-        return (
-            http::StatusCode::NOT_FOUND,
-            axum::Json(serde_json::json!({"detail": "Not Found"})),
-        )
-            .into_response();
-    }
-    // The scheme is case-insensitive (RFC 9110 11.1), as on every route.
-    let key = req
-        .headers()
-        .get(http::header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim_start().split_once(' '))
-        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-        .map(|(_, k)| k.trim());
-    match key {
-        None => crate::error::HostError::NoKey.into_response(),
-        Some(k) if !h.keys.contains_key(k) => crate::error::HostError::BadKey.into_response(),
-        Some(_) => next.run(req).await,
-    }
-}
-
-/// `--metrics-listen`'s server: `GET /metrics` alone, without a key.
-pub fn router(h: crate::api::Shared) -> axum::Router {
-    axum::Router::new()
-        .route("/metrics", axum::routing::get(unkeyed))
-        .with_state(h)
-}
-
-async fn unkeyed(
-    axum::extract::State(h): axum::extract::State<crate::api::Shared>,
-) -> axum::response::Response {
-    use axum::response::IntoResponse;
-    match h.metrics.render(&h.pool) {
-        Ok(text) => (
-            [(
-                http::header::CONTENT_TYPE,
-                "application/openmetrics-text; version=1.0.0; charset=utf-8",
-            )],
-            text,
-        )
-            .into_response(),
-        Err(_) => (
-            http::StatusCode::INTERNAL_SERVER_ERROR,
-            "encoding the metrics failed",
-        )
-            .into_response(),
     }
 }

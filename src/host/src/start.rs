@@ -118,7 +118,7 @@ impl Host {
         let store = match (c.store, &cluster) {
             (Some(db), _) => db,
             #[cfg(feature = "kubernetes")]
-            (None, Some(k)) => store::Store::Cluster(k.clone()),
+            (None, Some(k)) => store::Store::new(k.clone()),
             (None, _) => anyhow::bail!("no state store"),
         };
         let discovery = discovery(args, cluster.is_some())?;
@@ -442,7 +442,7 @@ fn private_dirs(data: &std::path::Path) -> anyhow::Result<PathBuf> {
 
 /// The kubernetes backend's fleet, or nothing in a build without it.
 #[cfg(feature = "kubernetes")]
-use crate::cluster::Cluster;
+use crate::fleet::cluster::Cluster;
 #[cfg(not(feature = "kubernetes"))]
 type Cluster = std::convert::Infallible;
 
@@ -499,7 +499,7 @@ async fn connect_cluster(
     );
     let cluster = Arc::new(Cluster::new(
         fleet,
-        crate::cluster::ClusterConfig {
+        crate::fleet::cluster::ClusterConfig {
             bootstrap: plan.bootstrap,
             agent_port: args.kube_agent_port,
             mcp_port: args.kube_mcp_port,

@@ -9,7 +9,7 @@ use sandbox_client::Client;
 use sandbox_client::proto;
 use serde_json::{Value, json};
 
-use crate::output::{rpc_error, status_name};
+use crate::output::{benchmark_name, rpc_error, status_str};
 use crate::servers::{print_servers, server_json};
 /// `--auth NAME.KEY=VALUE` / `--env NAME.VAR=VALUE` → (server, key, value).
 fn split_assignment(flag: &str, s: &str) -> anyhow::Result<(String, String, String)> {
@@ -40,13 +40,6 @@ fn benchmark(b: &str) -> anyhow::Result<proto::Benchmark> {
         Some(p) => Ok(p),
         None => bail!("unknown benchmark {b:?}; use MCP_Atlas, Toolathlon or MCP_Mark"),
     }
-}
-
-pub(crate) fn benchmark_name(v: i32) -> Value {
-    proto::Benchmark::try_from(v)
-        .ok()
-        .and_then(proto::Benchmark::klavis_name)
-        .map_or(Value::Null, |n| json!(n))
 }
 
 fn new_lease_id() -> anyhow::Result<String> {
@@ -249,10 +242,6 @@ pub async fn status(client: &Client, json_out: bool) -> anyhow::Result<ExitCode>
     outln!();
     print_servers(&servers);
     Ok(ExitCode::SUCCESS)
-}
-
-pub(crate) fn status_str(v: i32) -> &'static str {
-    proto::SandboxStatus::try_from(v).map_or("unknown", status_name)
 }
 
 /// What Acquire and Reset answer, as JSON.

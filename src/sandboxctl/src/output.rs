@@ -37,6 +37,7 @@ pub(crate) fn is_closed_pipe(e: &anyhow::Error) -> bool {
 }
 use sandbox_client::error_chain;
 use sandbox_client::proto;
+use serde_json::{Value, json};
 
 /// Formats a failed RPC as `Method: CODE: message`.
 pub(crate) fn rpc_error(method: &str, s: tonic::Status) -> anyhow::Error {
@@ -56,6 +57,19 @@ pub(crate) fn status_name(s: proto::SandboxStatus) -> &'static str {
         proto::SandboxStatus::Error => "error",
         proto::SandboxStatus::Unspecified => "unspecified",
     }
+}
+
+/// A status number in Klavis's spelling (`unknown` for a newer one).
+pub(crate) fn status_str(v: i32) -> &'static str {
+    proto::SandboxStatus::try_from(v).map_or("unknown", status_name)
+}
+
+/// A benchmark number as Klavis names it (null for none or a newer one).
+pub(crate) fn benchmark_name(v: i32) -> Value {
+    proto::Benchmark::try_from(v)
+        .ok()
+        .and_then(proto::Benchmark::klavis_name)
+        .map_or(Value::Null, |n| json!(n))
 }
 
 pub(crate) fn bytes(n: u64) -> String {

@@ -9,8 +9,7 @@ use sandbox_client::Client;
 use sandbox_client::proto;
 use serde_json::{Value, json};
 
-use crate::lease::{benchmark_name, status_str};
-use crate::output::{bytes, rpc_error};
+use crate::output::{benchmark_name, bytes, rpc_error, status_str};
 
 pub enum ServerVerb<'a> {
     List,

@@ -59,6 +59,13 @@ impl std::error::Error for RemoveError {
     }
 }
 
+/// An I/O error of the removal's kind that keeps its path and cause.
+impl From<RemoveError> for io::Error {
+    fn from(e: RemoveError) -> io::Error {
+        io::Error::new(e.source.kind(), e)
+    }
+}
+
 impl RemoveError {
     fn new(what: &'static str, path: PathBuf, e: Errno) -> RemoveError {
         RemoveError {

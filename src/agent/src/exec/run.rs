@@ -420,26 +420,6 @@ pub fn env_key(server: &str) -> String {
         .collect()
 }
 
-/// `uv` to use: the configured path, the one on `path` ("auto"), or none.
-pub(super) fn find_uv(setting: &str, path: &str) -> Option<String> {
-    match setting {
-        "off" => None,
-        "auto" => which("uv", path),
-        path => Some(path.to_owned()),
-    }
-}
-
-fn which(name: &str, path: &str) -> Option<String> {
-    use std::os::unix::fs::PermissionsExt;
-    path.split(':')
-        .filter(|d| !d.is_empty())
-        .map(|d| Path::new(d).join(name))
-        .find(|p| {
-            std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-        })
-        .map(|p| p.display().to_string())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

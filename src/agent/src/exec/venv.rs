@@ -57,7 +57,7 @@ pub(crate) type Fingerprint = BTreeMap<PathBuf, String>;
 pub(super) async fn prepare(cfg: &ExecConfig, sup: &Supervisor, base: &Path) -> Prepared {
     let started = std::time::Instant::now();
     let env = agent_env(cfg);
-    let uv = super::run::find_uv(&cfg.uv, env.get("PATH").map(String::as_str).unwrap_or(""));
+    let uv = find_uv(&cfg.uv, env.get("PATH").map(String::as_str).unwrap_or(""));
     let python = match run_job(
         sup,
         &cfg.python,
@@ -444,6 +444,26 @@ fn copy_dir(
         }
     }
     Ok(())
+}
+
+/// `uv` to use: the configured path, the one on `path` ("auto"), or none.
+fn find_uv(setting: &str, path: &str) -> Option<String> {
+    match setting {
+        "off" => None,
+        "auto" => which("uv", path),
+        path => Some(path.to_owned()),
+    }
+}
+
+fn which(name: &str, path: &str) -> Option<String> {
+    use std::os::unix::fs::PermissionsExt;
+    path.split(':')
+        .filter(|d| !d.is_empty())
+        .map(|d| Path::new(d).join(name))
+        .find(|p| {
+            std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
+        .map(|p| p.display().to_string())
 }
 
 #[cfg(test)]

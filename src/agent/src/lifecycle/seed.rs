@@ -118,7 +118,7 @@ pub fn wipe(path: &Path) -> std::io::Result<()> {
             for name in sandbox_tree::list(dir.as_fd())? {
                 let at = path.join(&name);
                 if let Err(e) = sandbox_tree::remove_at(dir.as_fd(), &name, &at) {
-                    first.get_or_insert(into_io(e));
+                    first.get_or_insert(e.into());
                 }
             }
             first.map_or(Ok(()), Err)
@@ -130,9 +130,4 @@ pub fn wipe(path: &Path) -> std::io::Result<()> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => std::fs::create_dir_all(path),
         Err(e) => Err(e),
     }
-}
-
-/// A removal's error as an I/O error that keeps its path and cause.
-pub fn into_io(e: sandbox_tree::RemoveError) -> std::io::Error {
-    std::io::Error::new(e.source.kind(), e)
 }

@@ -300,7 +300,7 @@ fn base_env() -> BTreeMap<String, String> {
 async fn empty_dir(dir: &Path) -> Result<(), DataError> {
     let d = dir.to_owned();
     tokio::task::spawn_blocking(move || {
-        sandbox_tree::remove_path(&d).map_err(crate::lifecycle::seed::into_io)?;
+        sandbox_tree::remove_path(&d).map_err(std::io::Error::from)?;
         std::fs::create_dir_all(&d)?;
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o711))

@@ -9,8 +9,12 @@ use std::path::{Path, PathBuf};
 use rustix::fs::{AtFlags, Mode, OFlags};
 
 use super::confine::list;
-use super::error::{ArchiveError, WorkspaceError, sys};
-use super::txn::{ctx, dir_flags};
+use super::error::{ArchiveError, WorkspaceError, ctx, sys};
+
+/// How the swap opens a directory of the workspace.
+pub(super) fn dir_flags() -> OFlags {
+    OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC
+}
 
 pub(super) fn clone_dir(
     src: BorrowedFd<'_>,

@@ -43,3 +43,9 @@ impl WorkspaceError {
         ArchiveError::invalid(msg).into()
     }
 }
+
+/// An I/O error's context: what was being done.
+pub(super) fn ctx(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> WorkspaceError {
+    let what = what.into();
+    move |e| WorkspaceError::io(what, e)
+}

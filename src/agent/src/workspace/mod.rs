@@ -29,6 +29,7 @@ pub use sandbox_archive::{codec, confine, extract, limits, pack, stream};
 mod clone;
 pub mod data_path;
 pub mod error;
+mod fault;
 mod fence;
 mod moves;
 mod ops;

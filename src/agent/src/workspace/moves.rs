@@ -10,8 +10,8 @@ use std::path::Path;
 use rustix::fs::{AtFlags, Mode};
 
 use super::confine::list;
-use super::error::{WorkspaceError, sys};
-use super::txn::{ctx, fault_point};
+use super::error::{WorkspaceError, ctx, sys};
+use super::fault::fault_point;
 
 /// The top-level directories of `dir` (but `skip`) that this process
 /// cannot rename to another directory: that rewrites a directory's `..`,

@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::fence::Fence;
 use super::{ArchiveError, ArchiveLimits, Compression, WorkspaceError};
-use super::{confine, error, extract, limits, pack, stream, txn};
+use super::{confine, error, extract, fault, limits, pack, stream, txn};
 
 /// Result of an Initialize.
 #[derive(Debug, Clone, Default)]
@@ -456,7 +456,7 @@ impl Workspace {
                 )));
             }
             self.make_dirs(stage.as_fd(), &self.kept());
-            txn::fault_point("before-commit");
+            fault::fault_point("before-commit");
             Ok((stats, sha, count))
         })();
         // The whole archive is read: the lease it came under must still be

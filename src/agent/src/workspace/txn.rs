@@ -33,9 +33,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use rustix::fs::{AtFlags, Mode, OFlags};
 
-use super::clone::clone_dir;
+use super::clone::{clone_dir, dir_flags};
 use super::confine::{list, remove_at};
-use super::error::{WorkspaceError, sys};
+use super::error::{WorkspaceError, ctx, sys};
+use super::fault::fault_point;
 use super::moves::{move_entries, open_up, restore_modes, unmovable};
 
 /// Name of the state directory when it lives inside the workspace.
@@ -55,15 +56,6 @@ pub struct Txn {
     /// Old trees still being deleted in the background, and a signal when
     /// that count changes.
     trash: std::sync::Arc<(std::sync::Mutex<Trash>, std::sync::Condvar)>,
-}
-
-pub(super) fn ctx(what: impl Into<String>) -> impl FnOnce(io::Error) -> WorkspaceError {
-    let what = what.into();
-    move |e| WorkspaceError::io(what, e)
-}
-
-pub(super) fn dir_flags() -> OFlags {
-    OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC
 }
 
 impl Txn {
@@ -479,23 +471,3 @@ fn unique(kind: &str) -> OsString {
         SEQ.fetch_add(1, Ordering::Relaxed)
     ))
 }
-
-/// Test hook: with `SANDBOX_AGENT_TEST_FAULT=<point>`, the agent stops at
-/// that point of a swap (sleeping until killed), so tests can SIGKILL it
-/// there deterministically. Points: `after-journal`, `mid-move-out`,
-/// `mid-move-in`, `before-commit`. Only debug builds (what the tests run)
-/// have it: in a release binary this is an empty function.
-#[cfg(debug_assertions)]
-pub fn fault_point(point: &str) {
-    if std::env::var("SANDBOX_AGENT_TEST_FAULT").is_ok_and(|v| v == point) {
-        tracing::warn!(point, "SANDBOX_AGENT_TEST_FAULT: pausing here until killed");
-        loop {
-            std::thread::sleep(std::time::Duration::from_secs(3600));
-        }
-    }
-}
-
-/// Release builds carry no fault points.
-#[cfg(not(debug_assertions))]
-#[inline(always)]
-pub fn fault_point(_point: &str) {}

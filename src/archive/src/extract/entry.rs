@@ -32,7 +32,7 @@ use crate::confine::{self, remove_at};
 use crate::error::{ArchiveError, sys};
 
 use super::dirs::DirTree;
-use super::fsops::times;
+use super::meta::times;
 use super::writers::Writers;
 use super::{ExtractOptions, ExtractStats, Meter, invalid};
 

@@ -13,7 +13,7 @@ use rustix::fs::{Mode, OFlags};
 use crate::error::ArchiveError;
 
 use super::entry::{Extractor, Meta, Target};
-use super::fsops::{FileMeta, umask};
+use super::meta::{FileMeta, umask};
 use super::writers::{Create, Dest, Writers};
 use super::{invalid, read_error};
 
@@ -71,7 +71,7 @@ impl Extractor<'_> {
             (None, Some(mut file)) => {
                 let n = self.copy_data(e, &mut file, t, size)?;
                 if n == size {
-                    super::fsops::apply_meta(file.as_fd(), &meta, &t.path)?;
+                    super::meta::apply_meta(file.as_fd(), &meta, &t.path)?;
                 }
                 n
             }

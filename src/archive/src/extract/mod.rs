@@ -28,6 +28,7 @@ mod dirs;
 mod entry;
 mod file;
 mod fsops;
+mod meta;
 #[cfg(test)]
 mod tests;
 mod writers;

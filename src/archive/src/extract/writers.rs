@@ -47,8 +47,8 @@ use rustix::fs::{Mode, OFlags};
 use crate::error::{ArchiveError, sys};
 
 use super::as_owner::AsOwner;
-use super::fsops::{FileMeta, apply_meta};
 use super::invalid;
+use super::meta::{FileMeta, apply_meta};
 
 /// What goes down a writer's queue.
 enum Job {

@@ -4,7 +4,7 @@
 //! handler modules import from here (and from `validation`, `uploads`,
 //! `model`), never from each other.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -89,7 +89,7 @@ pub async fn agent_of(
 
 /// The slot a live sandbox runs in: the pool's, or its claimed pod.
 pub fn slot_of(h: &Host, s: &SandboxRow) -> HostResult<crate::pool::Slot> {
-    h.fleet.slot_of(s)
+    Ok(h.fleet.slot_of(s)?)
 }
 
 /// `<public_url>/transfer/<path>?<signature of action on sandbox id>`.
@@ -329,6 +329,23 @@ pub fn archive_response(
     }
     r.body(Body::from_stream(bytes))
         .map_err(|e| HostError::Internal(e.to_string()))
+}
+
+/// Where replicas share the leases (the kubernetes backend), before an
+/// upload is counted: what this replica counts for `owner`'s sandboxes
+/// that another replica released stops counting
+/// (`Uploads::forget_released`), the live ones read from the store.
+pub async fn forget_released_elsewhere(
+    h: &super::Host,
+    owner: &str,
+) -> crate::error::HostResult<()> {
+    if !h.fleet.shared() {
+        return Ok(());
+    }
+    let live = h.store.list(Some(owner)).await?;
+    let ids: HashSet<&str> = live.iter().map(|s| s.id.as_str()).collect();
+    h.uploads.forget_released(owner, &ids);
+    Ok(())
 }
 
 #[cfg(test)]

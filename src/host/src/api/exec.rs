@@ -29,9 +29,9 @@ use super::model::{
     DownloadUrlResponse, ExecuteResponse, ExecutionLogsResponse, ExecutionStatusResponse,
     UploadUrlResponse,
 };
-use super::uploads::Kind;
 use super::validation::{body_object, check_region, query_error, verr};
 use super::{Shared, inflight};
+use crate::uploads::Kind;
 
 /// The signed-URL action for an execution `name` (the signature binds it).
 fn action(kind: &str, name: &str) -> String {
@@ -167,7 +167,7 @@ pub async fn exec_upload(
 ) -> HostResult<StatusCode> {
     check_name("path", &name)?;
     let s = check_signed(&h, &action("exec-upload", &name), &id, &q).await?;
-    super::uploads::forget_released_elsewhere(&h, &s.owner).await?;
+    super::common::forget_released_elsewhere(&h, &s.owner).await?;
     let total = h
         .uploads
         .store(&id, &s.owner, Kind::Exec(&name), body, || {

@@ -65,7 +65,7 @@ pub async fn lease(h: &Shared, who: String, req: &AcquireBody) -> HostResult<New
             // A failed claim or bind deleted the claim already.
             guard.keep();
             h.metrics.failed();
-            return Err(e);
+            return Err(e.into());
         }
     };
     let slot = taken.slot.clone();

@@ -20,7 +20,6 @@
 //!   `klavis_data`: Klavis's per-server data models.
 //! - `validation`: request bodies and queries checked as Klavis's pydantic
 //!   models check them, with the same 422 bodies.
-//! - `uploads`: the bounded store of uploaded archives.
 //! - `inflight`: requests in flight per sandbox, stopped when its lease
 //!   ends or is reset.
 //! - `reaper`: TTL expiry, dead agents, and mute ones (`probe`).
@@ -34,31 +33,31 @@ mod exec;
 pub mod inflight;
 pub mod klavis_data;
 mod leases;
+mod mcp_proxy;
+pub mod metrics;
 pub mod model;
 mod names;
+pub mod openapi;
 mod reaper;
 mod sandbox_api;
 mod sandboxes;
 mod server_data;
 mod transfer;
-mod uploads;
 mod validation;
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use axum::Router;
-use axum::http::{StatusCode, header};
-use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 
 use crate::pool::Pool;
 use crate::signed::Signer;
 use crate::store::Store;
 
+pub use crate::uploads::{UploadLimits, Uploads};
 pub use common::{MCP_TOKEN_ACTION, MCP_TOKEN_PARAM, sandbox_of, slot_of, timestamp};
 pub use reaper::{probe, reap};
-pub use uploads::{UploadError, UploadLimits, Uploads};
 
 /// The largest per-server data document (`POST /local-sandbox/{server}/{id}/initialize`)
 /// the host reads; the agent applies its own mail.max_data_bytes (16 MiB by default).
@@ -116,12 +115,12 @@ pub fn router(host: Shared) -> Router {
         .route("/openapi.json", get(openapi))
         .route(
             "/metrics",
-            get(metrics).layer(axum::middleware::from_fn_with_state(
+            get(metrics::unkeyed).layer(axum::middleware::from_fn_with_state(
                 host.clone(),
-                crate::metrics::guard,
+                metrics::guard,
             )),
         )
-        .fallback(crate::mcp_proxy::proxy)
+        .fallback(mcp_proxy::proxy)
         .with_state(host)
 }
 
@@ -157,7 +156,7 @@ fn sandbox_api_routes() -> Router<Shared> {
 
 /// `GET /openapi.json`: the document of what this host serves.
 async fn openapi() -> axum::Json<serde_json::Value> {
-    axum::Json(crate::openapi::document())
+    axum::Json(openapi::document())
 }
 
 /// The server names of Klavis's `LocalSandboxMCPServer` enum.
@@ -194,7 +193,7 @@ pub struct Host {
     /// Multiplies TTLs (tests shorten the clock with it).
     pub time_scale: f64,
     /// When servers start (`--server-start`).
-    pub server_start: crate::config::ServerStart,
+    pub server_start: crate::pool::ServerStart,
     /// Live sandboxes per owner (`--max-sandboxes-per-key`).
     pub max_per_owner: usize,
     /// Acquires in flight per owner, counted against `max_per_owner`
@@ -212,23 +211,3 @@ pub struct Host {
 }
 
 pub type Shared = Arc<Host>;
-
-/// `GET /metrics`: the pool and Acquire metrics, for Prometheus. No key:
-/// aggregates only.
-async fn metrics(axum::extract::State(h): axum::extract::State<Shared>) -> Response {
-    match h.metrics.render(&h.pool) {
-        Ok(text) => (
-            [(
-                header::CONTENT_TYPE,
-                "application/openmetrics-text; version=1.0.0; charset=utf-8",
-            )],
-            text,
-        )
-            .into_response(),
-        Err(_) => (
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "encoding the metrics failed",
-        )
-            .into_response(),
-    }
-}

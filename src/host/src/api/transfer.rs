@@ -20,9 +20,9 @@ use super::common::{
     signed_url, stored_chunks, stream_to_agent,
 };
 use super::model::{DownloadUrlResponse, InitializeResponse, UploadUrlResponse};
-use super::uploads::Kind;
 use super::validation::check_region;
 use super::{Shared, inflight};
+use crate::uploads::Kind;
 
 /// The `message` of Klavis's initialize answer.
 const KLAVIS_INITIALIZE_MESSAGE: &str = "Extracted archive from GCS to workspace";
@@ -76,7 +76,7 @@ pub async fn upload(
     body: Body,
 ) -> HostResult<StatusCode> {
     let s = check_signed(&h, "upload", &id, &q).await?;
-    super::uploads::forget_released_elsewhere(&h, &s.owner).await?;
+    super::common::forget_released_elsewhere(&h, &s.owner).await?;
     let total = h
         .uploads
         .store(&id, &s.owner, Kind::Workspace, body, || {
@@ -203,7 +203,7 @@ async fn files_archive(req: Request, limit: u64) -> HostResult<Vec<u8>> {
             total += chunk.len() as u64;
             if total > limit {
                 return Err(HostError::Upload(
-                    super::uploads::UploadError::MultipartTooLarge { limit },
+                    crate::uploads::UploadError::MultipartTooLarge { limit },
                 ));
             }
             data.extend_from_slice(&chunk);

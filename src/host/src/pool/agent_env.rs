@@ -30,8 +30,13 @@ pub const BASE: &[&str] = &["PATH", "HOME", "RUST_LOG", "RUST_BACKTRACE"];
 /// The agents' own settings.
 pub const AGENT_PREFIX: &str = "SANDBOX_AGENT_";
 
+/// The environment variable that may hold API keys (comma- or
+/// newline-separated). Read once at start, then removed, so no child
+/// process inherits it.
+pub const API_KEY_ENV: &str = "SANDBOX_HOST_API_KEY";
+
 /// Never passed, even when named: the host's API keys.
-const NEVER: &[&str] = &[crate::config::API_KEY_ENV];
+const NEVER: &[&str] = &[API_KEY_ENV];
 
 /// The variables a slot's main process gets, taken once at start.
 #[derive(Debug, Clone, Default)]

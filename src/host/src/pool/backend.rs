@@ -32,7 +32,7 @@ pub enum Backend {
         /// `kvm` or `tcg`, decided once (see [`probe_accel`]).
         accel: String,
     },
-    /// Pods claimed from agent-sandbox's warm pools (`crate::cluster`):
+    /// Pods claimed from agent-sandbox's warm pools (`crate::fleet::cluster`):
     /// the pool makes no slot itself. (Made only with the `kubernetes`
     /// feature.)
     #[cfg_attr(not(feature = "kubernetes"), allow(dead_code))]

@@ -47,7 +47,7 @@ use sandbox_client::proto;
 use tokio::sync::Notify;
 use tracing::info;
 
-pub use agent_env::{AgentEnv, manifest_pass_env};
+pub use agent_env::{API_KEY_ENV, AgentEnv, manifest_pass_env};
 pub use backend::{Backend, Kind, probe_accel, slots_dir};
 use backend::{VM_AGENT_PORT, VM_MCP_PORT};
 pub use discovery::{CatalogMode, Discovery};
@@ -56,7 +56,7 @@ use reclaim::Reclaim;
 #[cfg(feature = "kubernetes")]
 pub use slot::Remote;
 pub use slot::{Deadlines, Slot};
-pub use warm::{Want, WarmLease, WarmProfile};
+pub use warm::{ServerStart, Want, WarmLease, WarmProfile};
 
 /// What [`Pool::take`] hands out.
 pub struct Taken {

@@ -47,7 +47,7 @@ impl Pool {
     async fn spawn_once(&self) -> Result<Slot, PoolError> {
         if self.is_closed() || matches!(self.cfg.backend, Backend::Kubernetes) {
             // The kubernetes backend's sandboxes are claimed pods
-            // (`crate::cluster`), never made here.
+            // (`crate::fleet::cluster`), never made here.
             return Err(PoolError::Stopping);
         }
         let id = uuid::Uuid::new_v4().simple().to_string();

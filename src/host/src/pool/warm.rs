@@ -310,6 +310,26 @@ impl Pool {
     }
 }
 
+/// `--server-start`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ServerStart {
+    Auto,
+    Eager,
+    Lazy,
+}
+
+impl ServerStart {
+    /// Whether an Acquire starts its servers on first use; `many` is
+    /// `auto`'s case for it (ALL, `local_dev`).
+    pub fn lazy(self, many: bool) -> bool {
+        match self {
+            ServerStart::Auto => many,
+            ServerStart::Eager => false,
+            ServerStart::Lazy => true,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

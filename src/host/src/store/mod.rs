@@ -1,18 +1,16 @@
-//! The host's state: its sandboxes (leases) and their owners, in one of
-//! two places behind one interface:
+//! The host's state: its sandboxes (leases) and their owners, behind one
+//! interface ([`Leases`]) with one implementation per place they are kept:
 //! - `sqlite`: the local backends' database in the data dir (it survives
 //!   a host restart; their agents, separate processes, survive it too);
-//! - the kubernetes backend's claims (`crate::cluster`): every replica
-//!   reads and writes the same leases through the API server.
+//! - the kubernetes backend's claims (`crate::fleet::cluster` implements it):
+//!   every replica reads and writes the same leases through the API server.
 
 mod sqlite;
 
 use std::path::Path;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
-
-#[cfg(feature = "kubernetes")]
-use crate::cluster::Cluster;
 
 /// One server of a sandbox, as the REST API shows it.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -88,108 +86,70 @@ pub enum StoreError {
     ClaimGone(String),
 }
 
-/// Where the leases are kept.
-pub enum Store {
-    Db(sqlite::Db),
-    #[cfg(feature = "kubernetes")]
-    Cluster(std::sync::Arc<Cluster>),
-}
+/// Where the leases are kept: what each backend's store does.
+#[async_trait::async_trait]
+pub trait Leases: Send + Sync {
+    async fn insert(&self, s: &SandboxRow) -> Result<(), StoreError>;
 
-impl Store {
-    pub fn open(path: &Path) -> Result<Store, StoreError> {
-        Ok(Store::Db(sqlite::Db::open(path)?))
-    }
+    /// A live (not released) sandbox, whoever owns it.
+    async fn get_live(&self, id: &str) -> Result<Option<SandboxRow>, StoreError>;
 
-    pub async fn insert(&self, s: &SandboxRow) -> Result<(), StoreError> {
-        match self {
-            Store::Db(d) => d.insert(s),
-            #[cfg(feature = "kubernetes")]
-            Store::Cluster(c) => c.insert(s).await,
-        }
-    }
-
-    /// A live (not released) sandbox of `owner`.
-    pub async fn get(&self, id: &str, owner: &str) -> Result<Option<SandboxRow>, StoreError> {
-        let s = self.get_live(id).await?;
-        Ok(s.filter(|s| s.owner == owner))
-    }
-
-    /// A live (not released) sandbox, whoever owns it (for a capability
-    /// that names it).
-    pub async fn get_live(&self, id: &str) -> Result<Option<SandboxRow>, StoreError> {
-        match self {
-            Store::Db(d) => d.get_live(id),
-            #[cfg(feature = "kubernetes")]
-            Store::Cluster(c) => c.get_live(id).await,
-        }
-    }
-
-    /// [`Store::get_live`] for the MCP path's admissions: on the
-    /// kubernetes backend a lookup is reused for `--kube-admit-cache-ms`
-    /// (a release by this replica ends it at once).
-    pub async fn admit_live(&self, id: &str) -> Result<Option<SandboxRow>, StoreError> {
-        match self {
-            Store::Db(d) => d.get_live(id),
-            #[cfg(feature = "kubernetes")]
-            Store::Cluster(c) => c.admit_live(id).await,
-        }
+    /// [`Leases::get_live`] for the MCP path's admissions (the claims reuse
+    /// a lookup for `--kube-admit-cache-ms`; a release by this replica
+    /// ends it at once).
+    async fn admit_live(&self, id: &str) -> Result<Option<SandboxRow>, StoreError> {
+        self.get_live(id).await
     }
 
     /// Whether `id` is live as far as this replica can tell without
     /// waiting (the upload store asks under its lock).
-    pub fn live_now(&self, id: &str) -> bool {
-        match self {
-            Store::Db(d) => matches!(d.get_live(id), Ok(Some(_))),
-            #[cfg(feature = "kubernetes")]
-            Store::Cluster(c) => c.live_now(id),
-        }
-    }
+    fn live_now(&self, id: &str) -> bool;
 
     /// Live sandboxes; of one owner, or all.
-    pub async fn list(&self, owner: Option<&str>) -> Result<Vec<SandboxRow>, StoreError> {
-        match self {
-            Store::Db(d) => d.list(owner),
-            #[cfg(feature = "kubernetes")]
-            Store::Cluster(c) => c.list(owner).await,
-        }
-    }
+    async fn list(&self, owner: Option<&str>) -> Result<Vec<SandboxRow>, StoreError>;
 
     /// The live sandboxes of `owner` that this replica counts against its
-    /// cap before an Acquire starts. On the kubernetes backend none: the
-    /// cap is decided across replicas, every claim and admitted Acquire
-    /// counted, before any claim is made (`Fleet::admit`, from
-    /// `Cluster::claim`); a count here too would be a second list of the
-    /// owner's claims per Acquire.
-    pub async fn held(&self, owner: &str) -> Result<usize, StoreError> {
-        match self {
-            Store::Db(d) => Ok(d.list(Some(owner))?.len()),
-            #[cfg(feature = "kubernetes")]
-            Store::Cluster(_) => Ok(0),
-        }
-    }
+    /// cap before an Acquire starts. The claims count none: the cap is
+    /// decided across replicas, every claim and admitted Acquire counted,
+    /// before any claim is made (`Fleet::admit`, from `Cluster::claim`); a
+    /// count here too would be a second list of the owner's claims per
+    /// Acquire.
+    async fn held(&self, owner: &str) -> Result<usize, StoreError>;
 
-    pub async fn set_status(&self, id: &str, status: Status, now: &str) -> Result<(), StoreError> {
-        match self {
-            Store::Db(d) => d.set_status(id, status, now),
-            #[cfg(feature = "kubernetes")]
-            Store::Cluster(c) => c.set_status(id, status, now).await,
-        }
-    }
+    async fn set_status(&self, id: &str, status: Status, now: &str) -> Result<(), StoreError>;
 
-    pub async fn mark_released(&self, id: &str, now: &str) -> Result<(), StoreError> {
-        match self {
-            Store::Db(d) => d.mark_released(id, now),
-            #[cfg(feature = "kubernetes")]
-            Store::Cluster(c) => c.mark_released(id, now).await,
-        }
-    }
+    async fn mark_released(&self, id: &str, now: &str) -> Result<(), StoreError>;
 
     /// Live sandboxes whose TTL has passed.
-    pub async fn expired(&self, now_ms: i64) -> Result<Vec<SandboxRow>, StoreError> {
-        match self {
-            Store::Db(d) => d.expired(now_ms),
-            #[cfg(feature = "kubernetes")]
-            Store::Cluster(c) => c.expired(now_ms).await,
-        }
+    async fn expired(&self, now_ms: i64) -> Result<Vec<SandboxRow>, StoreError>;
+}
+
+/// The host's leases, wherever they are kept.
+#[derive(Clone)]
+pub struct Store(Arc<dyn Leases>);
+
+impl Store {
+    #[cfg_attr(not(feature = "kubernetes"), allow(dead_code))]
+    pub fn new(leases: Arc<dyn Leases>) -> Store {
+        Store(leases)
+    }
+
+    /// The local backends' database at `path`.
+    pub fn open(path: &Path) -> Result<Store, StoreError> {
+        Ok(Store(Arc::new(sqlite::Db::open(path)?)))
+    }
+
+    /// A live (not released) sandbox of `owner`.
+    pub async fn get(&self, id: &str, owner: &str) -> Result<Option<SandboxRow>, StoreError> {
+        let s = self.0.get_live(id).await?;
+        Ok(s.filter(|s| s.owner == owner))
+    }
+}
+
+impl std::ops::Deref for Store {
+    type Target = dyn Leases;
+
+    fn deref(&self) -> &(dyn Leases + 'static) {
+        &*self.0
     }
 }

@@ -148,3 +148,38 @@ impl Db {
         Ok(out)
     }
 }
+
+#[async_trait::async_trait]
+impl super::Leases for Db {
+    async fn insert(&self, s: &SandboxRow) -> Result<(), StoreError> {
+        Db::insert(self, s)
+    }
+
+    async fn get_live(&self, id: &str) -> Result<Option<SandboxRow>, StoreError> {
+        Db::get_live(self, id)
+    }
+
+    fn live_now(&self, id: &str) -> bool {
+        matches!(Db::get_live(self, id), Ok(Some(_)))
+    }
+
+    async fn list(&self, owner: Option<&str>) -> Result<Vec<SandboxRow>, StoreError> {
+        Db::list(self, owner)
+    }
+
+    async fn held(&self, owner: &str) -> Result<usize, StoreError> {
+        Ok(Db::list(self, Some(owner))?.len())
+    }
+
+    async fn set_status(&self, id: &str, status: Status, now: &str) -> Result<(), StoreError> {
+        Db::set_status(self, id, status, now)
+    }
+
+    async fn mark_released(&self, id: &str, now: &str) -> Result<(), StoreError> {
+        Db::mark_released(self, id, now)
+    }
+
+    async fn expired(&self, now_ms: i64) -> Result<Vec<SandboxRow>, StoreError> {
+        Db::expired(self, now_ms)
+    }
+}

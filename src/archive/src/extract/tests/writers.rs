@@ -66,7 +66,7 @@ fn a_limit_hit_mid_stream_leaves_no_writer_running() {
 /// Hands `w` one file of `n` bytes (`fill`), opened by the caller, as
 /// the extractor does: straight into the open batch, closed with `last`.
 fn hand(w: &mut super::super::writers::Writers, file: fs::File, n: usize, last: bool) {
-    use super::super::fsops::FileMeta;
+    use super::super::meta::FileMeta;
     use super::super::writers::Dest;
     use std::sync::Arc;
     let mut left = n;

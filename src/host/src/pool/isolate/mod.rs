@@ -344,7 +344,7 @@ impl Isolation {
         c.arg("--").args(agent);
         // The environment is the caller's (`AgentEnv::apply`): cleared,
         // then an allow-list; never the host's own.
-        c.env_remove(crate::config::API_KEY_ENV);
+        c.env_remove(super::agent_env::API_KEY_ENV);
         let procs = cgroups.procs_fds();
         let raw: Vec<i32> = procs.iter().map(|f| f.as_raw_fd()).collect();
         let info_raw = info.as_raw_fd();

@@ -5,12 +5,15 @@
 //! - [`Fleet::Local`]: the pool's slots (the process and qemu backends);
 //!   a released slot goes back to the pool, or is replaced.
 //! - [`Fleet::Claims`]: pods claimed from agent-sandbox's warm pools
-//!   ([`crate::cluster`]); a released lease's claim is deleted, its pod
+//!   ([`crate::fleet::cluster`]); a released lease's claim is deleted, its pod
 //!   with it.
 //!
 //! The leases themselves are kept by the backend's store
 //! ([`crate::store::Store`]: SQLite, or the claims), behind one interface
 //! too.
+
+#[cfg(feature = "kubernetes")]
+pub mod cluster;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,10 +23,53 @@ use tokio_util::task::TaskTracker;
 use tracing::{info, warn};
 
 #[cfg(feature = "kubernetes")]
-use crate::cluster::Cluster;
-use crate::error::{HostError, HostResult};
+use crate::fleet::cluster::Cluster;
 use crate::pool::{OnRelease, Pool, Slot, Taken, Want};
 use crate::store::SandboxRow;
+
+/// Why the fleet could not give or reach a sandbox; `crate::error` maps
+/// each to its status.
+#[derive(Debug, thiserror::Error)]
+#[cfg_attr(not(feature = "kubernetes"), allow(dead_code))]
+pub enum FleetError {
+    /// The pool has no sandbox to give.
+    #[error("no sandbox available: {0}")]
+    NoSandbox(crate::pool::PoolError),
+    /// The sandbox's agent is not running any more.
+    #[error("the sandbox's agent is gone")]
+    AgentGone,
+    /// The sandbox's agent does not answer.
+    #[error("{0}")]
+    AgentUnreachable(crate::pool::PoolError),
+    /// The agent refused or failed `what`.
+    #[error("{what}: {}", status.message())]
+    Agent { what: String, status: tonic::Status },
+    /// The owner's cap, decided across replicas.
+    #[error("this API key already holds {held} sandbox(es) (limit {limit})")]
+    OwnerFull { held: usize, limit: usize },
+    /// The kubernetes backend: no pool for the benchmark, the pool empty
+    /// past the wait, a failed claim, the API server unreachable.
+    #[cfg(feature = "kubernetes")]
+    #[error(transparent)]
+    Cluster(sandbox_kube::KubeError),
+    /// The leases' store.
+    #[error(transparent)]
+    Store(#[from] crate::store::StoreError),
+    /// Anything else of the fleet's own.
+    #[error("{0}")]
+    Internal(String),
+}
+
+#[cfg_attr(not(feature = "kubernetes"), allow(dead_code))]
+impl FleetError {
+    /// The agent's gRPC failure of `what`.
+    pub fn agent(what: impl Into<String>) -> impl FnOnce(tonic::Status) -> FleetError {
+        let what = what.into();
+        move |status| FleetError::Agent { what, status }
+    }
+}
+
+pub type FleetResult<T> = Result<T, FleetError>;
 
 pub enum Fleet {
     Local(Arc<Pool>),
@@ -61,9 +107,9 @@ impl Fleet {
     /// A sandbox for a new lease: a slot of the pool (perhaps holding a
     /// warm lease), or a claimed pod bound to the lease (the owner's cap
     /// decided across replicas first).
-    pub async fn take(&self, ask: Ask<'_>) -> HostResult<Taken> {
+    pub async fn take(&self, ask: Ask<'_>) -> FleetResult<Taken> {
         match self {
-            Fleet::Local(pool) => pool.take(&ask.want).await.map_err(HostError::NoSandbox),
+            Fleet::Local(pool) => pool.take(&ask.want).await.map_err(FleetError::NoSandbox),
             #[cfg(feature = "kubernetes")]
             Fleet::Claims { cluster, .. } => {
                 let slot = cluster
@@ -137,9 +183,9 @@ impl Fleet {
     }
 
     /// The slot a live sandbox runs in: the pool's, or its claimed pod.
-    pub fn slot_of(&self, s: &SandboxRow) -> HostResult<Slot> {
+    pub fn slot_of(&self, s: &SandboxRow) -> FleetResult<Slot> {
         match self {
-            Fleet::Local(pool) => pool.leased_slot(&s.slot).ok_or(HostError::AgentGone),
+            Fleet::Local(pool) => pool.leased_slot(&s.slot).ok_or(FleetError::AgentGone),
             #[cfg(feature = "kubernetes")]
             Fleet::Claims { cluster, .. } => cluster.slot_of(s),
         }

@@ -10,7 +10,7 @@
 //! - A lease's agent token is derived from the signing key every replica
 //!   shares, and the lease id: any replica reaches any lease's agent, and
 //!   no token of one lease is another's.
-//! - The store ([`crate::store::Store::Cluster`]): reads and writes go to
+//! - The store (its [`crate::store::Leases`]): reads and writes go to
 //!   the claims; live lookups of the MCP path are cached for
 //!   `--kube-admit-cache-ms`.
 
@@ -25,7 +25,7 @@ use sandbox_kube::lease::Phase;
 use sandbox_kube::{Claimed, Fleet, KubeError, Lease};
 use tracing::{info, warn};
 
-use crate::error::{HostError, HostResult};
+use crate::fleet::{FleetError, FleetResult};
 use crate::pool::{PoolError, Remote, Slot};
 use crate::signed::Signer;
 use crate::store::{SandboxRow, ServerRow, Status, StoreError};
@@ -157,15 +157,15 @@ impl Cluster {
     }
 
     /// The agent token of lease `id` (the same on every replica).
-    fn token_for(&self, id: &str) -> HostResult<Token> {
+    fn token_for(&self, id: &str) -> FleetResult<Token> {
         Token::new(
             &self.signer.token(AGENT_TOKEN_ACTION, id),
             "a lease's agent token",
         )
-        .map_err(|e| HostError::Internal(e.to_string()))
+        .map_err(|e| FleetError::Internal(e.to_string()))
     }
 
-    fn remote(&self, ip: &str, id: &str) -> HostResult<Remote> {
+    fn remote(&self, ip: &str, id: &str) -> FleetResult<Remote> {
         Ok(Remote {
             host: ip.to_owned(),
             grpc_port: self.cfg.agent_port,
@@ -180,8 +180,8 @@ impl Cluster {
         self.cfg.release_within
     }
 
-    pub fn slot_of(&self, s: &SandboxRow) -> HostResult<Slot> {
-        let ip = s.endpoint.as_deref().ok_or(HostError::AgentGone)?;
+    pub fn slot_of(&self, s: &SandboxRow) -> FleetResult<Slot> {
+        let ip = s.endpoint.as_deref().ok_or(FleetError::AgentGone)?;
         Ok(Slot::remote(s.slot.clone(), self.remote(ip, &s.id)?))
     }
 
@@ -196,9 +196,9 @@ impl Cluster {
         expires_at_ms: Option<i64>,
         now: &str,
         cap: usize,
-    ) -> HostResult<Slot> {
+    ) -> FleetResult<Slot> {
         if !self.await_presence(PRESENCE_WAIT).await {
-            return Err(HostError::Cluster(KubeError::Absent {
+            return Err(FleetError::Cluster(KubeError::Absent {
                 replica: self.instance.clone(),
             }));
         }
@@ -222,7 +222,7 @@ impl Cluster {
         let bound = tokio::time::timeout(self.cfg.bind_within, self.bind(&claimed, id))
             .await
             .unwrap_or_else(|_| {
-                Err(HostError::agent("binding the pod's agent to the lease")(
+                Err(FleetError::agent("binding the pod's agent to the lease")(
                     tonic::Status::deadline_exceeded(format!(
                         "the pod's agent at {} did not answer within {} s",
                         claimed.ip,
@@ -252,7 +252,7 @@ impl Cluster {
     /// Gives the claimed pod's agent lease `id`'s token. With the
     /// bootstrap secret refused (a retried call bound it already), the
     /// lease's own token must then be the one it admits.
-    async fn bind(&self, c: &Claimed, id: &str) -> HostResult<Slot> {
+    async fn bind(&self, c: &Claimed, id: &str) -> FleetResult<Slot> {
         let slot = Slot::remote(c.claim.clone(), self.remote(&c.ip, id)?);
         let token = self.token_for(id)?;
         let boot = sandbox_client::ConnectOptions {
@@ -263,7 +263,7 @@ impl Cluster {
         .connect(&slot.agent_uri())
         .await
         .map_err(|source| {
-            HostError::AgentUnreachable(PoolError::Connect {
+            FleetError::AgentUnreachable(PoolError::Connect {
                 slot: c.claim.clone(),
                 source,
             })
@@ -280,13 +280,13 @@ impl Cluster {
                 let c2 = slot
                     .client(self.cfg.bind_within)
                     .await
-                    .map_err(HostError::AgentUnreachable)?;
+                    .map_err(FleetError::AgentUnreachable)?;
                 c2.agent()
                     .get_info(proto::GetInfoRequest {})
                     .await
-                    .map_err(HostError::agent("binding the pod's agent to the lease"))?;
+                    .map_err(FleetError::agent("binding the pod's agent to the lease"))?;
             }
-            Err(s) => return Err(HostError::agent("binding the pod's agent to the lease")(s)),
+            Err(s) => return Err(FleetError::agent("binding the pod's agent to the lease")(s)),
         }
         info!(sandbox = %id, claim = %c.claim, sandbox_pod = %c.sandbox, "the pod's agent is bound to the lease");
         Ok(slot)
@@ -522,21 +522,56 @@ fn row_of(l: Lease) -> Result<SandboxRow, StoreError> {
 
 /// A fleet failure as the API answers it; a forbidden call is logged
 /// naming the permission the host's Role lacks.
-pub fn cluster_error(e: KubeError) -> HostError {
+pub fn cluster_error(e: KubeError) -> FleetError {
     log_cluster_error(&e);
     match e {
-        KubeError::OwnerFull { held, limit } => HostError::TooManySandboxes {
-            held,
-            cleaning: 0,
-            limit,
-        },
-        e => HostError::Cluster(e),
+        KubeError::OwnerFull { held, limit } => FleetError::OwnerFull { held, limit },
+        e => FleetError::Cluster(e),
     }
 }
 
 fn log_cluster_error(e: &KubeError) {
     if let Some(permission) = e.permission() {
         warn!(%permission, error = %e, "the Kubernetes API server forbids this host a call it needs: add the permission to its Role");
+    }
+}
+
+#[async_trait::async_trait]
+impl crate::store::Leases for Cluster {
+    async fn insert(&self, s: &SandboxRow) -> Result<(), StoreError> {
+        Cluster::insert(self, s).await
+    }
+
+    async fn get_live(&self, id: &str) -> Result<Option<SandboxRow>, StoreError> {
+        Cluster::get_live(self, id).await
+    }
+
+    async fn admit_live(&self, id: &str) -> Result<Option<SandboxRow>, StoreError> {
+        Cluster::admit_live(self, id).await
+    }
+
+    fn live_now(&self, id: &str) -> bool {
+        Cluster::live_now(self, id)
+    }
+
+    async fn list(&self, owner: Option<&str>) -> Result<Vec<SandboxRow>, StoreError> {
+        Cluster::list(self, owner).await
+    }
+
+    async fn held(&self, _owner: &str) -> Result<usize, StoreError> {
+        Ok(0)
+    }
+
+    async fn set_status(&self, id: &str, status: Status, now: &str) -> Result<(), StoreError> {
+        Cluster::set_status(self, id, status, now).await
+    }
+
+    async fn mark_released(&self, id: &str, now: &str) -> Result<(), StoreError> {
+        Cluster::mark_released(self, id, now).await
+    }
+
+    async fn expired(&self, now_ms: i64) -> Result<Vec<SandboxRow>, StoreError> {
+        Cluster::expired(self, now_ms).await
     }
 }
 

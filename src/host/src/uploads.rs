@@ -478,20 +478,3 @@ impl Drop for Reservation<'_> {
         }
     }
 }
-
-/// Where replicas share the leases (the kubernetes backend), before an
-/// upload is counted: what this replica counts for `owner`'s sandboxes
-/// that another replica released stops counting
-/// ([`Uploads::forget_released`]), the live ones read from the store.
-pub async fn forget_released_elsewhere(
-    h: &super::Host,
-    owner: &str,
-) -> crate::error::HostResult<()> {
-    if !h.fleet.shared() {
-        return Ok(());
-    }
-    let live = h.store.list(Some(owner)).await?;
-    let ids: HashSet<&str> = live.iter().map(|s| s.id.as_str()).collect();
-    h.uploads.forget_released(owner, &ids);
-    Ok(())
-}
