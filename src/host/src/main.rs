@@ -1,13 +1,18 @@
 //! `sandbox-host`: the reference host. Serves Klavis's Local Sandbox REST
 //! API over a pool of sandbox agents, and their MCP endpoints.
 //!
-//! Modules: `config` (the flags and their checks), `start` (data dir,
-//! pool, store and listener up; the orderly stop), `api` (the REST
-//! endpoints and the TTL reaper), `error` (every failure by cause, and the
-//! one place it becomes a status), `openapi` (`/openapi.json`),
-//! `mcp_proxy` (MCP URLs → the agent's data plane), `pool` (the process
-//! and qemu backends, isolation and the warm pool), `metrics` (`/metrics`
-//! for Prometheus), `store` (SQLite state), `signed` (transfer URLs).
+//! Modules, in layers (each imports only its own and the ones below it;
+//! ARCHITECTURE.md): `config` (the flags and their checks; it names the
+//! backend kind), `start` (data dir, pool, fleet, store and listener up;
+//! the orderly stop); `api` (the REST endpoints, `/openapi.json`, MCP URLs
+//! → the agent's data plane, `/metrics`, the TTL reaper) and `error` (every
+//! failure by cause, and the one place it becomes a status); `uploads` (the
+//! upload store); `fleet` (where sandboxes come from: the local pool, or
+//! claimed pods); `store` (the leases), `pool` (the process and qemu
+//! backends, isolation and the warm pool), `metrics` (the counters),
+//! `signed` (transfer URLs).
+
+#![warn(clippy::too_many_lines)]
 
 mod api;
 mod config;
@@ -46,7 +51,7 @@ fn main() -> anyhow::Result<()> {
         tokio::select! {
             () = started.record_catalogs() => {}
             () = terminated() => {
-                Started::stop(started.host).await;
+                Started::stop(started.host, started.pool).await;
                 return anyhow::Ok(());
             }
         }
@@ -63,6 +68,7 @@ fn main() -> anyhow::Result<()> {
         };
         let Started {
             host,
+            pool,
             listener,
             metrics_listener,
             ..
@@ -79,7 +85,7 @@ fn main() -> anyhow::Result<()> {
         }
         let app = hyper_util::service::TowerToHyperService::new(api::router(host.clone()));
         sandbox_serve::http::serve_http(listener, limits, terminated(), app).await;
-        Started::stop(host).await;
+        Started::stop(host, pool).await;
         anyhow::Ok(())
     })
 }

@@ -23,6 +23,7 @@
 //! `--metrics-listen` it is served without one on that address alone and
 //! the API's address answers 404 (`api::metrics`, the HTTP side).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -66,6 +67,8 @@ fn acquire_buckets() -> Histogram {
 
 pub struct Metrics {
     registry: Registry,
+    /// What it observes (its sizes are read at each scrape).
+    source: Arc<Pool>,
     pool: Family<PoolLabels, Gauge>,
     hits: Family<ProfileLabel, Counter>,
     misses: Family<ReasonLabel, Counter>,
@@ -87,111 +90,107 @@ pub struct Metrics {
 }
 
 impl Metrics {
-    pub fn new(pool: &Pool, keyed: bool) -> Metrics {
-        let mut registry = Registry::default();
-        let pool_sizes = Family::<PoolLabels, Gauge>::default();
-        let hits = Family::<ProfileLabel, Counter>::default();
-        let misses = Family::<ReasonLabel, Counter>::default();
-        let acquire = HistogramFamily::new_with_constructor(acquire_buckets);
-        let failures = Counter::default();
-        registry.register(
-            "sandbox_host_pool_sandboxes",
-            "Sandboxes of the pool by state (warm: holding a ready warm lease of the profile)",
-            pool_sizes.clone(),
-        );
-        registry.register(
-            "sandbox_host_warm_hits",
-            "Acquires answered by narrowing a warm lease of the profile",
-            hits.clone(),
-        );
-        registry.register(
-            "sandbox_host_warm_misses",
-            "Acquires that started their servers (no warm lease covered them)",
-            misses.clone(),
-        );
-        registry.register(
-            "sandbox_host_acquire_seconds",
-            "Time from an Acquire request to its answer",
-            acquire.clone(),
-        );
-        registry.register(
-            "sandbox_host_acquire_failures",
-            "Acquires answered with an error",
-            failures.clone(),
-        );
-        let (blocks, blocks_claimed, blocks_exhausted) =
-            (Gauge::default(), Gauge::default(), Counter::default());
-        if pool.isolation().is_some() {
-            registry.register(
-                "sandbox_host_uid_blocks",
-                "Subordinate id blocks this host may give its sandboxes (one each)",
-                blocks.clone(),
-            );
-            registry.register(
-                "sandbox_host_uid_blocks_claimed",
-                "Subordinate id blocks claimed on this machine, by any host",
-                blocks_claimed.clone(),
-            );
-            registry.register(
-                "sandbox_host_uid_blocks_exhausted",
-                "Sandbox starts refused because every id block was claimed",
-                blocks_exhausted.clone(),
-            );
-        }
-        let (reclaim_pending, removals_failed, reclaimed) =
-            (Gauge::default(), Counter::default(), Counter::default());
-        registry.register(
-            "sandbox_host_slots_reclaim_pending",
-            "Slot directories whose removal failed, removed again at the next reclaim pass",
-            reclaim_pending.clone(),
-        );
-        registry.register(
-            "sandbox_host_slot_removals_failed",
-            "Removals of a slot directory that failed",
-            removals_failed.clone(),
-        );
-        registry.register(
-            "sandbox_host_slots_reclaimed",
-            "Slots ended because nothing of this host could adopt them",
-            reclaimed.clone(),
-        );
-        let (catalogs, recording) = (Gauge::default(), Gauge::default());
-        registry.register(
-            "sandbox_host_discovery_catalogs",
-            "Discovery catalogs held and given to every agent",
-            catalogs.clone(),
-        );
-        registry.register(
-            "sandbox_host_discovery_recording",
-            "1 until the recording of discovery catalogs at start has ended",
-            recording.clone(),
-        );
-        let profiles: Vec<String> = pool.profiles().iter().map(|p| p.label()).collect();
+    pub fn new(pool: &Arc<Pool>, keyed: bool) -> Metrics {
+        let mut m = Metrics {
+            registry: Registry::default(),
+            source: pool.clone(),
+            pool: Family::default(),
+            hits: Family::default(),
+            misses: Family::default(),
+            acquire: HistogramFamily::new_with_constructor(acquire_buckets),
+            failures: Counter::default(),
+            blocks: Gauge::default(),
+            blocks_claimed: Gauge::default(),
+            blocks_exhausted: Counter::default(),
+            reclaim_pending: Gauge::default(),
+            removals_failed: Counter::default(),
+            reclaimed: Counter::default(),
+            catalogs: Gauge::default(),
+            recording: Gauge::default(),
+            profiles: pool.profiles().iter().map(|p| p.label()).collect(),
+            keyed,
+        };
+        m.register(pool.isolation().is_some());
         // Every label a scrape should see, at 0 until it moves.
-        for p in &profiles {
-            let _ = hits.get_or_create(&ProfileLabel { profile: p.clone() });
+        for p in &m.profiles {
+            let _ = m.hits.get_or_create(&ProfileLabel { profile: p.clone() });
         }
         for r in [Miss::Uncovered, Miss::Empty, Miss::Refused] {
-            let _ = misses.get_or_create(&ReasonLabel { reason: r.name() });
+            let _ = m.misses.get_or_create(&ReasonLabel { reason: r.name() });
         }
-        Metrics {
-            registry,
-            pool: pool_sizes,
-            hits,
-            misses,
-            acquire,
-            failures,
-            blocks,
-            blocks_claimed,
-            blocks_exhausted,
-            reclaim_pending,
-            removals_failed,
-            reclaimed,
-            catalogs,
-            recording,
-            profiles,
-            keyed,
+        m
+    }
+
+    /// Registers every metric (the id blocks' only with `isolated` slots).
+    fn register(&mut self, isolated: bool) {
+        let r = &mut self.registry;
+        r.register(
+            "sandbox_host_pool_sandboxes",
+            "Sandboxes of the pool by state (warm: holding a ready warm lease of the profile)",
+            self.pool.clone(),
+        );
+        r.register(
+            "sandbox_host_warm_hits",
+            "Acquires answered by narrowing a warm lease of the profile",
+            self.hits.clone(),
+        );
+        r.register(
+            "sandbox_host_warm_misses",
+            "Acquires that started their servers (no warm lease covered them)",
+            self.misses.clone(),
+        );
+        r.register(
+            "sandbox_host_acquire_seconds",
+            "Time from an Acquire request to its answer",
+            self.acquire.clone(),
+        );
+        r.register(
+            "sandbox_host_acquire_failures",
+            "Acquires answered with an error",
+            self.failures.clone(),
+        );
+        if isolated {
+            r.register(
+                "sandbox_host_uid_blocks",
+                "Subordinate id blocks this host may give its sandboxes (one each)",
+                self.blocks.clone(),
+            );
+            r.register(
+                "sandbox_host_uid_blocks_claimed",
+                "Subordinate id blocks claimed on this machine, by any host",
+                self.blocks_claimed.clone(),
+            );
+            r.register(
+                "sandbox_host_uid_blocks_exhausted",
+                "Sandbox starts refused because every id block was claimed",
+                self.blocks_exhausted.clone(),
+            );
         }
+        r.register(
+            "sandbox_host_slots_reclaim_pending",
+            "Slot directories whose removal failed, removed again at the next reclaim pass",
+            self.reclaim_pending.clone(),
+        );
+        r.register(
+            "sandbox_host_slot_removals_failed",
+            "Removals of a slot directory that failed",
+            self.removals_failed.clone(),
+        );
+        r.register(
+            "sandbox_host_slots_reclaimed",
+            "Slots ended because nothing of this host could adopt them",
+            self.reclaimed.clone(),
+        );
+        r.register(
+            "sandbox_host_discovery_catalogs",
+            "Discovery catalogs held and given to every agent",
+            self.catalogs.clone(),
+        );
+        r.register(
+            "sandbox_host_discovery_recording",
+            "1 until the recording of discovery catalogs at start has ended",
+            self.recording.clone(),
+        );
     }
 
     /// One Acquire answered: from the warm lease of `profile`, or cold
@@ -223,7 +222,8 @@ impl Metrics {
     }
 
     /// The text a scrape gets, with the pool's sizes as of now.
-    pub fn render(&self, pool: &Pool) -> Result<String, std::fmt::Error> {
+    pub fn render(&self) -> Result<String, std::fmt::Error> {
+        let pool = &*self.source;
         let c = pool.counts();
         let set = |state: &'static str, profile: &str, n: usize| {
             self.pool

@@ -11,7 +11,7 @@ use tracing::{info, warn};
 
 use crate::error::{HostError, HostResult};
 use crate::fleet::Ask;
-use crate::pool::{Miss, Slot, Taken, Want};
+use crate::pool::{Miss, Slot, Taken, Want, WarmLease};
 use crate::store::{SandboxRow, ServerRow, Status};
 
 use super::Shared;
@@ -70,7 +70,7 @@ pub async fn lease(h: &Shared, who: String, req: &AcquireBody) -> HostResult<New
     };
     let slot = taken.slot.clone();
     let lazy = h.server_start.lazy(req.many);
-    let mut leased = match lease_slot(&slot, taken, req, &id, lazy, h.pool.deadlines()).await {
+    let mut leased = match lease_slot(&slot, taken, req, &id, lazy, h.fleet.deadlines()).await {
         Ok(l) => l,
         Err(e) => {
             h.metrics.failed();
@@ -108,7 +108,7 @@ pub async fn reset(h: &Shared, s: SandboxRow) -> HostResult<SandboxRow> {
     // the Reset runs (ended again after it): nothing admitted before the
     // Reset is done lands after it.
     h.inflight.end(&s.id);
-    let r = agent_of(h, &s, h.pool.deadlines().acquire)
+    let r = agent_of(h, &s, h.fleet.deadlines().acquire)
         .await?
         .agent()
         .reset(proto::ResetRequest {
@@ -142,7 +142,7 @@ fn check_servers_known(h: &Shared, req: &AcquireBody) -> HostResult<()> {
     let Some((missing, known)) = req
         .servers
         .as_deref()
-        .and_then(|asked| h.pool.missing_servers(asked))
+        .and_then(|asked| h.fleet.missing_servers(asked))
     else {
         return Ok(());
     };
@@ -238,7 +238,7 @@ impl OwnerClaim {
     /// sandboxes still being cleaned up are in the way, waits (at most
     /// `--agent-release-timeout`) for one of them to be clean.
     async fn take(h: &Shared, who: &str) -> HostResult<OwnerClaim> {
-        let deadline = tokio::time::Instant::now() + h.pool.deadlines().release;
+        let deadline = tokio::time::Instant::now() + h.fleet.deadlines().release;
         loop {
             let cleaned = h.cleaning.cleaned();
             tokio::pin!(cleaned);
@@ -317,62 +317,94 @@ async fn lease_slot(
         .map_err(HostError::AgentUnreachable)?;
     let mut miss = taken.miss;
     let to_end = match taken.warm {
-        Some(w) if taken.covers => {
-            let narrowed = c
-                .agent()
-                .narrow(proto::NarrowRequest {
-                    lease_id: w.lease_id.clone(),
-                    new_lease_id: id.to_owned(),
-                    // ALL: every server the warm lease holds.
-                    server_names: req.servers.clone().unwrap_or_else(|| w.servers.clone()),
-                    benchmark: benchmark_proto(req.benchmark.as_deref()),
-                    ttl_seconds: Some(0),
-                    test_account_email: req.email.clone(),
-                })
-                .await;
-            match narrowed {
-                Ok(r) => {
-                    let r = r.into_inner();
-                    let auth = auth_data(r.lease.as_ref());
-                    return Ok(Leased {
-                        servers: r.servers.into_iter().map(|s| s.name).collect(),
-                        profile: Some(w.profile),
-                        miss: None,
-                        skipped: Vec::new(),
-                        auth,
-                    });
-                }
-                Err(s)
-                    if matches!(
-                        s.code(),
-                        tonic::Code::FailedPrecondition | tonic::Code::NotFound
-                    ) =>
-                {
-                    warn!(slot = %slot.id, error = %s.message(), "the warm lease cannot serve this Acquire; starting cold");
-                    miss = Some(Miss::Refused);
-                    Some(w)
-                }
-                Err(s) => return Err(HostError::agent("acquire")(s)),
+        Some(w) if taken.covers => match narrow(&c, &w, req, id).await? {
+            Ok(leased) => return Ok(leased),
+            Err(why) => {
+                warn!(slot = %slot.id, error = %why, "the warm lease cannot serve this Acquire; starting cold");
+                miss = Some(Miss::Refused);
+                Some(w)
             }
-        }
+        },
         other => other,
     };
     if let Some(w) = to_end {
-        // A warm lease of other servers: ended first (gone already is fine).
-        let ended = c
-            .agent()
-            .release(proto::ReleaseRequest {
-                lease_id: w.lease_id,
-                is_ttl: false,
-                ..Default::default()
-            })
-            .await;
-        if let Err(s) = ended
-            && s.code() != tonic::Code::NotFound
-        {
-            return Err(HostError::agent("releasing the warm lease")(s));
-        }
+        end_warm(&c, w).await?;
     }
+    cold(&c, req, id, lazy, miss).await
+}
+
+/// Narrows warm lease `w` to sandbox `id`; `Err` with the agent's words
+/// when it will not (the lease cannot serve the request).
+async fn narrow(
+    c: &sandbox_client::Client,
+    w: &WarmLease,
+    req: &AcquireBody,
+    id: &str,
+) -> HostResult<Result<Leased, String>> {
+    let narrowed = c
+        .agent()
+        .narrow(proto::NarrowRequest {
+            lease_id: w.lease_id.clone(),
+            new_lease_id: id.to_owned(),
+            // ALL: every server the warm lease holds.
+            server_names: req.servers.clone().unwrap_or_else(|| w.servers.clone()),
+            benchmark: benchmark_proto(req.benchmark.as_deref()),
+            ttl_seconds: Some(0),
+            test_account_email: req.email.clone(),
+        })
+        .await;
+    match narrowed {
+        Ok(r) => {
+            let r = r.into_inner();
+            let auth = auth_data(r.lease.as_ref());
+            Ok(Ok(Leased {
+                servers: r.servers.into_iter().map(|s| s.name).collect(),
+                profile: Some(w.profile),
+                miss: None,
+                skipped: Vec::new(),
+                auth,
+            }))
+        }
+        Err(s)
+            if matches!(
+                s.code(),
+                tonic::Code::FailedPrecondition | tonic::Code::NotFound
+            ) =>
+        {
+            Ok(Err(s.message().to_owned()))
+        }
+        Err(s) => Err(HostError::agent("acquire")(s)),
+    }
+}
+
+/// Ends a warm lease of other servers before a cold Acquire (gone already
+/// is fine).
+async fn end_warm(c: &sandbox_client::Client, w: WarmLease) -> HostResult<()> {
+    let ended = c
+        .agent()
+        .release(proto::ReleaseRequest {
+            lease_id: w.lease_id,
+            is_ttl: false,
+            ..Default::default()
+        })
+        .await;
+    match ended {
+        Err(s) if s.code() != tonic::Code::NotFound => {
+            Err(HostError::agent("releasing the warm lease")(s))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// A cold Acquire of sandbox `id` (its servers started now, or on first
+/// use when `lazy`).
+async fn cold(
+    c: &sandbox_client::Client,
+    req: &AcquireBody,
+    id: &str,
+    lazy: bool,
+    miss: Option<Miss>,
+) -> HostResult<Leased> {
     let r = c
         .agent()
         .acquire(proto::AcquireRequest {
@@ -436,5 +468,6 @@ pub async fn release_in_background(h: &Shared, s: &SandboxRow, is_ttl: bool) {
     // After the store says released: a request admitted later finds it so
     // (`inflight::admit`); one in flight stops here.
     h.inflight.end(&s.id);
-    h.fleet.release(s, is_ttl, &h.releases, until_clean);
+    h.fleet
+        .release(s, is_ttl, &h.releases, Box::new(until_clean));
 }

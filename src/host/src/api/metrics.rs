@@ -46,7 +46,7 @@ pub async fn unkeyed(
     axum::extract::State(h): axum::extract::State<super::Shared>,
 ) -> axum::response::Response {
     use axum::response::IntoResponse;
-    match h.metrics.render(&h.pool) {
+    match h.metrics.render() {
         Ok(text) => (
             [(
                 http::header::CONTENT_TYPE,

@@ -6,20 +6,26 @@
 //! owners, and another owner's sandbox is answered 404, never 403. Archive
 //! transfers go through expiring signed URLs that this host serves itself.
 //!
-//! Handlers (one module per group of endpoints, importing only the
-//! modules below them, never each other):
-//! - `sandboxes`: acquire, list, get, reset, release.
-//! - `transfer`: signed upload/download URLs and the streams behind them.
-//! - `exec`: the execution endpoints over the agent's `Exec` service.
-//! - `server_data`: the per-server data of google_cloud, mail and canvas.
+//! Handlers, a folder or file per resource, importing only what they
+//! share, never each other:
+//! - `local_sandbox/`: `/local-sandbox` (`lifecycle`: acquire, list, get,
+//!   reset, release; `transfer`: the workspace's upload URL, initialize,
+//!   dump, and the signed URLs and streams behind them).
+//! - `sandbox/`: Klavis's `/sandbox/{server}` (`names`: its server names).
+//! - `executions`: the execution endpoints over the agent's `Exec` service.
+//! - `data/`: the per-server data of google_cloud, mail, canvas and
+//!   localmemory (`klavis`: Klavis's models of them).
+//! - `mcp_proxy` (MCP URLs), `metrics` (`/metrics`), `openapi`
+//!   (`/openapi.json`).
 //!
 //! What they share:
 //! - `common`: the caller, the sandbox and agent a request names, signed
 //!   URLs, the streams between the upload store and an agent.
-//! - `model`: every answer's type (they generate the document's schemas);
-//!   `klavis_data`: Klavis's per-server data models.
+//! - `model`: every answer's type (they generate the document's schemas).
 //! - `validation`: request bodies and queries checked as Klavis's pydantic
 //!   models check them, with the same 422 bodies.
+//! - `leases`: Acquire, Release and Reset, the rules both APIs share;
+//!   `cleaning`: released sandboxes per owner still being cleaned up.
 //! - `inflight`: requests in flight per sandbox, stopped when its lease
 //!   ends or is reset.
 //! - `reaper`: TTL expiry, dead agents, and mute ones (`probe`).
@@ -29,20 +35,17 @@
 
 mod cleaning;
 mod common;
-mod exec;
+mod data;
+mod executions;
 pub mod inflight;
-pub mod klavis_data;
 mod leases;
+mod local_sandbox;
 mod mcp_proxy;
 pub mod metrics;
 pub mod model;
-mod names;
 pub mod openapi;
 mod reaper;
-mod sandbox_api;
-mod sandboxes;
-mod server_data;
-mod transfer;
+mod sandbox;
 mod validation;
 
 use std::collections::HashMap;
@@ -51,7 +54,6 @@ use std::sync::Arc;
 use axum::Router;
 use axum::routing::{get, post, put};
 
-use crate::pool::Pool;
 use crate::signed::Signer;
 use crate::store::Store;
 
@@ -70,48 +72,70 @@ pub fn router(host: Shared) -> Router {
     Router::new()
         .route(
             "/local-sandbox",
-            post(sandboxes::acquire).get(sandboxes::list),
+            post(local_sandbox::lifecycle::acquire).get(local_sandbox::lifecycle::list),
         )
-        .route(sandbox, get(sandboxes::get).delete(sandboxes::release))
-        .route(&format!("{sandbox}/reset"), post(sandboxes::reset))
-        .route(&format!("{sandbox}/upload-url"), post(transfer::upload_url))
+        .route(
+            sandbox,
+            get(local_sandbox::lifecycle::get).delete(local_sandbox::lifecycle::release),
+        )
+        .route(
+            &format!("{sandbox}/reset"),
+            post(local_sandbox::lifecycle::reset),
+        )
+        .route(
+            &format!("{sandbox}/upload-url"),
+            post(local_sandbox::transfer::upload_url),
+        )
         // The multipart form counts its own bytes (--max-multipart-bytes).
         .route(
             &format!("{sandbox}/initialize"),
-            post(transfer::initialize).layer(axum::extract::DefaultBodyLimit::disable()),
+            post(local_sandbox::transfer::initialize)
+                .layer(axum::extract::DefaultBodyLimit::disable()),
         )
-        .route(&format!("{sandbox}/dump"), get(transfer::dump_url))
+        .route(
+            &format!("{sandbox}/dump"),
+            get(local_sandbox::transfer::dump_url),
+        )
         .route(
             "/local-sandbox/{server}/{id}/initialize",
-            post(server_data::initialize)
+            post(data::initialize)
                 .layer(axum::extract::DefaultBodyLimit::max(MAX_SERVER_DATA_BYTES)),
         )
-        .route("/local-sandbox/{server}/{id}/dump", get(server_data::dump))
+        .route("/local-sandbox/{server}/{id}/dump", get(data::dump))
         .route(
             &format!("{sandbox}/execution-upload-url"),
-            post(exec::execution_upload_url),
+            post(executions::execution_upload_url),
         )
-        .route(&format!("{sandbox}/execute"), post(exec::execute))
+        .route(&format!("{sandbox}/execute"), post(executions::execute))
         .route(
             &format!("{sandbox}/execution-status"),
-            get(exec::execution_status),
+            get(executions::execution_status),
         )
         .route(
             &format!("{sandbox}/execution-logs"),
-            get(exec::execution_logs),
+            get(executions::execution_logs),
         )
         .route(
             &format!("{sandbox}/export-artifacts"),
-            post(exec::export_artifacts),
+            post(executions::export_artifacts),
         )
         .merge(sandbox_api_routes())
-        .route("/transfer/upload/{id}", put(transfer::upload))
-        .route("/transfer/exec-upload/{id}/{name}", put(exec::exec_upload))
+        .route(
+            "/transfer/upload/{id}",
+            put(local_sandbox::transfer::upload),
+        )
+        .route(
+            "/transfer/exec-upload/{id}/{name}",
+            put(executions::exec_upload),
+        )
         .route(
             "/transfer/exec-export/{id}/{name}",
-            get(exec::exec_download),
+            get(executions::exec_download),
         )
-        .route("/transfer/dump/{id}", get(transfer::download))
+        .route(
+            "/transfer/dump/{id}",
+            get(local_sandbox::transfer::download),
+        )
         .route("/openapi.json", get(openapi))
         .route(
             "/metrics",
@@ -128,27 +152,31 @@ pub fn router(host: Shared) -> Router {
 /// over `{server}`), its answers in its own words.
 fn sandbox_api_routes() -> Router<Shared> {
     Router::new()
-        .route("/sandbox/{server}", post(sandbox_api::create))
+        .route("/sandbox/{server}", post(sandbox::create))
         .route(
             "/sandbox/{server}/{id}",
-            get(sandbox_api::get).delete(sandbox_api::delete),
+            get(sandbox::get).delete(sandbox::delete),
         )
-        .route("/sandbox/{server}/{id}/reset", post(sandbox_api::reset))
+        .route("/sandbox/{server}/{id}/reset", post(sandbox::reset))
         .route(
             "/sandbox/local_dev/{id}/upload-url",
-            post(transfer::upload_url),
+            post(local_sandbox::transfer::upload_url),
         )
         .route(
             "/sandbox/local_dev/{id}/initialize",
-            post(transfer::initialize).layer(axum::extract::DefaultBodyLimit::disable()),
+            post(local_sandbox::transfer::initialize)
+                .layer(axum::extract::DefaultBodyLimit::disable()),
         )
-        .route("/sandbox/local_dev/{id}/dump", get(transfer::dump_url))
+        .route(
+            "/sandbox/local_dev/{id}/dump",
+            get(local_sandbox::transfer::dump_url),
+        )
         .route(
             "/sandbox/{server}/{id}/initialize",
-            post(server_data::initialize)
+            post(data::initialize)
                 .layer(axum::extract::DefaultBodyLimit::max(MAX_SERVER_DATA_BYTES)),
         )
-        .route("/sandbox/{server}/{id}/dump", get(server_data::dump))
+        .route("/sandbox/{server}/{id}/dump", get(data::dump))
         .layer(axum::middleware::map_response(
             crate::error::in_sandbox_api_words,
         ))
@@ -182,9 +210,8 @@ pub const SERVER_NAMES: &[&str] = &[
 pub struct Host {
     pub metrics: crate::metrics::Metrics,
     pub store: Store,
-    pub pool: Arc<Pool>,
     /// Where the sandboxes come from: the pool's slots, or claimed pods.
-    pub fleet: crate::fleet::Fleet,
+    pub fleet: Arc<dyn crate::fleet::Fleet>,
     pub signer: Signer,
     /// API key → owner.
     pub keys: HashMap<String, String>,

@@ -1,7 +1,7 @@
 //! `/openapi.json`: the paths, parameters and request schemas written in
 //! `openapi.json` beside this file, and every answer's and per-server
 //! data document's schema generated from the types the handlers answer
-//! with (`api::model`, `api::klavis_data`, `error`). A generated schema is
+//! with (`api::model`, `api::data::klavis`, `error`). A generated schema is
 //! never also written by hand (a test checks), so the answers the document
 //! declares are the answers the code gives.
 
@@ -10,7 +10,7 @@ mod pydantic;
 use serde_json::Value;
 use utoipa::OpenApi;
 
-use crate::api::klavis_data::{CanvasData, GoogleCloudData, LocalMemoryData, PosteEmailData};
+use crate::api::data::klavis::{CanvasData, GoogleCloudData, LocalMemoryData, PosteEmailData};
 use crate::api::model::{
     AcquireResponse, CanvasDataOutput, CreateSandboxResponse, DownloadUrlResponse, ExecuteResponse,
     ExecutionLogsResponse, ExecutionStatusResponse, InitializeResponse, ListResponse,

@@ -25,7 +25,7 @@ pub async fn reap(h: Shared) {
             }
             Err(e) => warn!(error = %e, "TTL reaper"),
         }
-        for slot in h.pool.dead_leased() {
+        for slot in h.fleet.dead_leased() {
             end_slot(&h, slot, "its agent died; marked error").await;
         }
     }
@@ -39,8 +39,7 @@ async fn end_slot(h: &Shared, slot: String, why: &str) {
             let _ = h.store.set_status(&s.id, Status::Error, &timestamp()).await;
         }
     }
-    let pool = h.pool.clone();
-    let _ = tokio::task::spawn_blocking(move || pool.drop_slot(&slot)).await;
+    h.fleet.discard(slot).await;
 }
 
 /// Every `--agent-call-timeout`, asks each leased slot's agent whether it
@@ -49,11 +48,11 @@ async fn end_slot(h: &Shared, slot: String, why: &str) {
 /// VM, a stopped process) has its sandboxes marked `error` and its slot
 /// replaced, instead of every later call waiting on it.
 pub async fn probe(h: Shared) {
-    let every = h.pool.deadlines().call;
+    let every = h.fleet.deadlines().call;
     let mut failed: HashMap<String, u32> = HashMap::new();
     loop {
         tokio::time::sleep(every).await;
-        let slots = h.pool.leased_slots();
+        let slots = h.fleet.leased_slots();
         let answers = futures_util::future::join_all(slots.iter().map(|slot| async move {
             let ok = match slot.client(every).await {
                 Ok(c) => c.serving().await.is_ok_and(|s| s),
@@ -68,7 +67,7 @@ pub async fn probe(h: Shared) {
                 continue;
             }
             let n = failed.get(&id).copied().unwrap_or(0) + 1;
-            if n >= 2 && h.pool.leased_slot(&id).is_some() {
+            if n >= 2 && h.fleet.is_leased(&id) {
                 end_slot(&h, id, "its agent does not answer; marked error").await;
             } else {
                 now.insert(id, n);

@@ -1,30 +1,28 @@
-//! Where the host's sandboxes come from: one interface, one
+//! Where the host's sandboxes come from: one interface ([`Fleet`]), one
 //! implementation per kind of backend. `api/` asks this, never which
 //! backend serves it.
 //!
-//! - [`Fleet::Local`]: the pool's slots (the process and qemu backends);
-//!   a released slot goes back to the pool, or is replaced.
-//! - [`Fleet::Claims`]: pods claimed from agent-sandbox's warm pools
-//!   ([`crate::fleet::cluster`]); a released lease's claim is deleted, its pod
-//!   with it.
+//! - [`local::Local`]: the pool's slots (the process and qemu backends); a
+//!   released slot goes back to the pool, or is replaced.
+//! - `claims::Claims`: pods claimed from agent-sandbox's warm pools
+//!   (`cluster`); a released lease's claim is deleted, its pod with it.
 //!
 //! The leases themselves are kept by the backend's store
-//! ([`crate::store::Store`]: SQLite, or the claims), behind one interface
+//! ([`crate::store::Leases`]: SQLite, or the claims), behind one interface
 //! too.
 
 #[cfg(feature = "kubernetes")]
+pub mod claims;
+#[cfg(feature = "kubernetes")]
 pub mod cluster;
+pub mod local;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use sandbox_client::proto;
 use tokio_util::task::TaskTracker;
-use tracing::{info, warn};
 
-#[cfg(feature = "kubernetes")]
-use crate::fleet::cluster::Cluster;
-use crate::pool::{OnRelease, Pool, Slot, Taken, Want};
+use crate::pool::{Deadlines, Slot, Taken, Want};
 use crate::store::SandboxRow;
 
 /// Why the fleet could not give or reach a sandbox; `crate::error` maps
@@ -71,15 +69,6 @@ impl FleetError {
 
 pub type FleetResult<T> = Result<T, FleetError>;
 
-pub enum Fleet {
-    Local(Arc<Pool>),
-    #[cfg(feature = "kubernetes")]
-    Claims {
-        cluster: Arc<Cluster>,
-        pool: Arc<Pool>,
-    },
-}
-
 /// What an Acquire asks of the fleet (a local pool reads `want` only).
 #[cfg_attr(not(feature = "kubernetes"), allow(dead_code))]
 pub struct Ask<'a> {
@@ -95,110 +84,41 @@ pub struct Ask<'a> {
     pub cap: usize,
 }
 
-impl Fleet {
-    fn pool(&self) -> &Arc<Pool> {
-        match self {
-            Fleet::Local(pool) => pool,
-            #[cfg(feature = "kubernetes")]
-            Fleet::Claims { pool, .. } => pool,
-        }
-    }
-
+/// What the lease service asks of the sandboxes' backend.
+#[async_trait::async_trait]
+pub trait Fleet: Send + Sync {
     /// A sandbox for a new lease: a slot of the pool (perhaps holding a
     /// warm lease), or a claimed pod bound to the lease (the owner's cap
     /// decided across replicas first).
-    pub async fn take(&self, ask: Ask<'_>) -> FleetResult<Taken> {
-        match self {
-            Fleet::Local(pool) => pool.take(&ask.want).await.map_err(FleetError::NoSandbox),
-            #[cfg(feature = "kubernetes")]
-            Fleet::Claims { cluster, .. } => {
-                let slot = cluster
-                    .claim(
-                        ask.id,
-                        ask.owner,
-                        ask.want.benchmark.as_deref(),
-                        ask.expires_at_ms,
-                        ask.now,
-                        ask.cap,
-                    )
-                    .await?;
-                Ok(Taken {
-                    slot,
-                    warm: None,
-                    covers: false,
-                    miss: None,
-                })
-            }
-        }
-    }
+    async fn take(&self, ask: Ask<'_>) -> FleetResult<Taken>;
 
     /// Held from before [`Fleet::take`] until the lease is stored: dropped
     /// armed (the request abandoned mid-way), what was taken for lease
     /// `id` is given up in the background.
-    pub fn guard(&self, id: &str) -> Guard {
-        match self {
-            Fleet::Local(_) => {
-                let _ = id;
-                Guard::default()
-            }
-            #[cfg(feature = "kubernetes")]
-            Fleet::Claims { cluster, .. } => Guard {
-                cluster: Some(cluster.clone()),
-                claim: sandbox_kube::fleet::claim_name(id),
-            },
-        }
+    fn guard(&self, _id: &str) -> Guard {
+        Guard::default()
     }
 
     /// A sandbox whose Acquire failed after it was taken: a claim is
     /// deleted; a slot goes back to the pool idle, its warm lease ended
     /// first (replaced if that fails), in the background.
-    pub async fn abandon(&self, slot: Slot) {
-        match self {
-            #[cfg(feature = "kubernetes")]
-            Fleet::Claims { cluster, .. } => cluster.unclaim(&slot.id).await,
-            Fleet::Local(pool) => settle_failed_lease(pool.clone(), slot),
-        }
-    }
+    async fn abandon(&self, slot: Slot);
 
     /// A sandbox leased whose record failed: a claim is deleted (a slot
     /// stays leased, ended by the reaper with its agent).
-    pub async fn unrecorded(&self, slot: &Slot) {
-        #[cfg(feature = "kubernetes")]
-        if let Fleet::Claims { cluster, .. } = self {
-            cluster.unclaim(&slot.id).await;
-        }
-        #[cfg(not(feature = "kubernetes"))]
-        let _ = slot;
-    }
+    async fn unrecorded(&self, _slot: &Slot) {}
 
     /// A sandbox just leased: a claimed pod teaches the pool its servers'
     /// catalog (the pool learns it from the slots it starts itself).
-    pub async fn leased(&self, slot: &Slot) {
-        #[cfg(feature = "kubernetes")]
-        if let Fleet::Claims { pool, .. } = self {
-            pool.learn_catalog(slot).await;
-        }
-        #[cfg(not(feature = "kubernetes"))]
-        let _ = slot;
-    }
+    async fn leased(&self, _slot: &Slot) {}
 
     /// The slot a live sandbox runs in: the pool's, or its claimed pod.
-    pub fn slot_of(&self, s: &SandboxRow) -> FleetResult<Slot> {
-        match self {
-            Fleet::Local(pool) => pool.leased_slot(&s.slot).ok_or(FleetError::AgentGone),
-            #[cfg(feature = "kubernetes")]
-            Fleet::Claims { cluster, .. } => cluster.slot_of(s),
-        }
-    }
+    fn slot_of(&self, s: &SandboxRow) -> FleetResult<Slot>;
 
     /// Whether other replicas serve the same leases (so this one learns of
     /// their releases from the store, not by itself).
-    pub fn shared(&self) -> bool {
-        match self {
-            Fleet::Local(_) => false,
-            #[cfg(feature = "kubernetes")]
-            Fleet::Claims { .. } => true,
-        }
+    fn shared(&self) -> bool {
+        false
     }
 
     /// Ends lease `s` (already recorded released) in the background,
@@ -206,150 +126,74 @@ impl Fleet {
     /// the pool (replaced if the Release failed, or by `--on-release
     /// replace`), or the claim deleted (whatever the pod's agent did).
     /// `until_clean` is dropped once the sandbox is clean (or gone).
-    pub fn release(
+    fn release(
         &self,
         s: &SandboxRow,
         is_ttl: bool,
         releases: &TaskTracker,
-        until_clean: impl Send + 'static,
-    ) {
-        let (s, within) = (s.clone(), self.pool().deadlines().release);
-        match self {
-            Fleet::Local(pool) => {
-                let pool = pool.clone();
-                releases.spawn(async move {
-                    release_slot(pool, s, is_ttl, within).await;
-                    drop(until_clean);
-                });
-            }
-            #[cfg(feature = "kubernetes")]
-            Fleet::Claims { cluster, .. } => {
-                let cluster = cluster.clone();
-                releases.spawn(async move {
-                    release_claim(cluster, s, is_ttl, within).await;
-                    drop(until_clean);
-                });
-            }
-        }
-    }
+        until_clean: Box<dyn Send>,
+    );
+
+    /// Every agent call's deadline.
+    fn deadlines(&self) -> Deadlines;
+
+    /// The servers every sandbox has, when known.
+    fn servers(&self) -> Option<Vec<String>>;
+
+    /// Of `asked`, the servers no sandbox has, and the ones it has.
+    fn missing_servers(&self, asked: &[String]) -> Option<(Vec<String>, Vec<String>)>;
+
+    /// Leased sandboxes (their slot ids) whose agent has died.
+    fn dead_leased(&self) -> Vec<String>;
+
+    /// The leased sandboxes' slots, for the reaper's probes.
+    fn leased_slots(&self) -> Vec<Slot>;
+
+    /// Whether slot `id` is still leased.
+    fn is_leased(&self, id: &str) -> bool;
+
+    /// Replaces slot `id`, whose agent died or went mute.
+    async fn discard(&self, id: String);
+
+    /// Stops what serves the fleet (a replica's part of the cluster); the
+    /// pool is closed by whoever made it.
+    async fn stop(&self) {}
 }
 
 /// See [`Fleet::guard`]; [`Guard::keep`] disarms it.
 #[derive(Default)]
 pub struct Guard {
-    #[cfg(feature = "kubernetes")]
-    cluster: Option<Arc<Cluster>>,
-    #[cfg(feature = "kubernetes")]
-    claim: String,
+    /// What dropping it armed does (in the background).
+    on_drop: Option<Box<dyn FnOnce() + Send>>,
 }
 
 impl Guard {
+    /// Armed: dropped before [`Guard::keep`], it runs `undo`.
+    #[cfg_attr(not(feature = "kubernetes"), allow(dead_code))]
+    pub fn armed(undo: impl FnOnce() + Send + 'static) -> Guard {
+        Guard {
+            on_drop: Some(Box::new(undo)),
+        }
+    }
+
     /// The lease is stored, or its Acquire gave up what it took itself.
     pub fn keep(&mut self) {
-        #[cfg(feature = "kubernetes")]
-        {
-            self.cluster = None;
-        }
+        self.on_drop = None;
     }
 }
 
-#[cfg(feature = "kubernetes")]
 impl Drop for Guard {
     fn drop(&mut self) {
-        let Some(c) = self.cluster.take() else {
-            return;
-        };
-        let claim = std::mem::take(&mut self.claim);
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            rt.spawn(async move { c.unclaim(&claim).await });
+        if let Some(undo) = self.on_drop.take() {
+            undo();
         }
     }
-}
-
-/// A failed Acquire leaves the agent idle, but a warm lease the failure
-/// left behind (a Narrow that failed for another reason) is ended before
-/// the sandbox goes back to the pool bare; one that cannot be ended is
-/// replaced. In the background.
-fn settle_failed_lease(pool: Arc<Pool>, slot: Slot) {
-    tokio::spawn(async move {
-        let idle = match slot.client(pool.deadlines().release).await {
-            Ok(c) => c
-                .agent()
-                .release(proto::ReleaseRequest::default())
-                .await
-                .is_ok(),
-            Err(_) => false,
-        };
-        let _ = tokio::task::spawn_blocking(move || {
-            if idle {
-                pool.give_back(&slot.id)
-            } else {
-                pool.drop_slot(&slot.id)
-            }
-        })
-        .await;
-    });
-}
-
-/// A local slot's end of a lease.
-async fn release_slot(pool: Arc<Pool>, s: SandboxRow, is_ttl: bool, within: Duration) {
-    let (id, slot_id) = (s.id, s.slot);
-    if pool.on_release() == OnRelease::Replace {
-        // Its agent or VM is stopped whole; nothing to release inside.
-        let _ = tokio::task::spawn_blocking(move || pool.drop_slot(&slot_id)).await;
-        info!(sandbox = %id, is_ttl, "released; its sandbox is replaced");
-        return;
-    }
-    let over = pool.discard_over_inodes(&slot_id);
-    let released = match pool.leased_slot(&slot_id) {
-        Some(slot) => release_on(&slot, &id, is_ttl, over, within).await,
-        None => Err("its agent is gone".to_owned()),
-    };
-    match released {
-        Ok(false) => {
-            info!(sandbox = %id, is_ttl, "released");
-            let _ = tokio::task::spawn_blocking(move || pool.give_back(&slot_id)).await;
-        }
-        Ok(true) => {
-            // What the lease left is dropped with the slot's own file
-            // system: an unmount, whatever the tenant made.
-            info!(sandbox = %id, is_ttl, "released; its sandbox is discarded with what it held");
-            let _ = tokio::task::spawn_blocking(move || pool.drop_slot(&slot_id)).await;
-        }
-        Err(e) => {
-            warn!(sandbox = %id, error = %e, "release failed; the agent is replaced");
-            let _ = tokio::task::spawn_blocking(move || pool.drop_slot(&slot_id)).await;
-        }
-    }
-}
-
-/// The kubernetes backend's end of a lease: the pod's agent releases it
-/// (servers stopped, outside accounts cleaned), then the claim is deleted
-/// and its sandbox pod with it.
-#[cfg(feature = "kubernetes")]
-async fn release_claim(cluster: Arc<Cluster>, s: SandboxRow, is_ttl: bool, within: Duration) {
-    let released = async {
-        let slot = cluster.slot_of(&s).map_err(|e| e.to_string())?;
-        release_on(&slot, &s.id, is_ttl, 0, within)
-            .await
-            .map(|_| ())
-    };
-    match tokio::time::timeout(cluster.release_within(), released).await {
-        Ok(Ok(())) => info!(sandbox = %s.id, is_ttl, "released"),
-        Ok(Err(e)) => {
-            warn!(sandbox = %s.id, error = %e, "the pod's agent did not release; its pod is deleted anyway")
-        }
-        Err(_) => {
-            warn!(sandbox = %s.id, "the pod's agent did not release in time; its pod is deleted anyway")
-        }
-    }
-    cluster.unclaim(&s.slot).await;
 }
 
 /// The Release of lease `id` by the agent of `slot`, a discard past
 /// `discard_over_inodes` entries of its own file system (0: never);
 /// whether it ended the lease for a discard (the slot is then dropped).
-async fn release_on(
+pub(super) async fn release_on(
     slot: &Slot,
     id: &str,
     is_ttl: bool,

@@ -60,10 +60,13 @@ impl Backend {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The kinds of backend (`--backend`): the one place they are named;
+/// config makes the fleet of the kind chosen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Kind {
     Process,
     Qemu,
+    /// Pods claimed from agent-sandbox's warm pools (docs/kubernetes.md).
     Kubernetes,
 }
 

@@ -38,6 +38,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 mod cgroups;
+mod checks;
 mod ids;
 mod network;
 pub mod slot_fs;
@@ -46,6 +47,7 @@ mod users;
 
 use cgroups::CgroupLayout;
 pub(super) use cgroups::{SlotCgroups, teardown};
+use checks::{check_config, check_host, is_filesystem_root};
 use ids::subids;
 pub(super) use strays::{empty_slot_groups, end_stray_pastas, remove_empty_group};
 
@@ -185,54 +187,12 @@ pub struct Isolation {
     registry: PathBuf,
 }
 
-/// The kernel's refusal to hard-link a file one does not own (1 or 2).
-const PROTECTED_HARDLINKS: &str = "/proc/sys/fs/protected_hardlinks";
-
-/// Whether a `fs.protected_*` value is on (unreadable: taken as on, the
-/// kernel's own default is checked where it matters, at a slot's boot).
-fn links_protected(value: &str) -> bool {
-    value.trim() != "0"
-}
-
 impl Isolation {
     /// Checks the tools, the subordinate ids and the cgroup hierarchy.
     pub fn new(cfg: IsolationConfig) -> Result<Isolation, IsolationError> {
-        let mut tools = TOOLS.to_vec();
-        if cfg.network == Network::Outbound {
-            tools.push(("pasta", "passt"));
-            tools.push(("ip", "iproute2"));
-        }
-        for (tool, package) in tools {
-            if which(tool).is_none() {
-                return Err(IsolationError::MissingTool { tool, package });
-            }
-        }
-        if cfg.memory_max == 0 || cfg.pids_max == 0 {
-            return Err(IsolationError::ZeroLimit);
-        }
-        // The sandboxes share this kernel: its link protection is theirs.
-        if !links_protected(&std::fs::read_to_string(PROTECTED_HARDLINKS).unwrap_or_default()) {
-            return Err(IsolationError::HardlinksUnprotected);
-        }
+        check_host(&cfg)?;
         let data = std::fs::canonicalize(&cfg.data_dir).unwrap_or_else(|_| cfg.data_dir.clone());
-        for p in &cfg.read_only {
-            if !p.is_absolute() || !p.exists() {
-                return Err(IsolationError::BadReadOnly(p.clone()));
-            }
-            let real = std::fs::canonicalize(p).unwrap_or_else(|_| p.clone());
-            if data.starts_with(&real) || real.starts_with(&data) {
-                return Err(IsolationError::ExposesData(p.clone(), data));
-            }
-        }
-        if let Some(private) = unreachable_ancestor(&data) {
-            return Err(IsolationError::PrivateDataDir(data, private));
-        }
-        if cfg.host_ports.contains(&cfg.api_port) {
-            return Err(IsolationError::ForwardsApi(cfg.api_port));
-        }
-        if !cfg.host_ports.is_empty() && cfg.network == Network::None {
-            return Err(IsolationError::PortsWithoutNetwork);
-        }
+        check_config(&cfg, &data)?;
         let uid = nix::unistd::getuid().as_raw();
         let user = nix::unistd::User::from_uid(uid.into())
             .ok()
@@ -420,43 +380,7 @@ impl Isolation {
         ] {
             mounts.push(("--bind", self.place(dir, sub), inside.into()));
         }
-        // Before each mount, the directories leading to it that are not
-        // there yet (made world-traversable); none inside a read-only bind.
-        let mut args: Vec<OsString> = Vec::new();
-        let mut made: std::collections::BTreeSet<PathBuf> = std::collections::BTreeSet::new();
-        let mut read_only: Vec<PathBuf> = Vec::new();
-        for (op, src, dest) in mounts {
-            let mut parents: Vec<&Path> = dest
-                .ancestors()
-                .skip(1)
-                .filter(|a| a.parent().is_some())
-                .collect();
-            parents.reverse();
-            for a in parents {
-                if made.contains(a) || read_only.iter().any(|r| a.starts_with(r)) {
-                    continue;
-                }
-                args.extend(["--perms".into(), "0755".into(), "--dir".into(), a.into()]);
-                made.insert(a.to_owned());
-            }
-            if op == "--ro-bind" {
-                read_only.push(dest.clone());
-            }
-            made.insert(dest.clone());
-            let op = match op {
-                "--tmpfs-sticky" => {
-                    args.extend(["--perms".into(), "1777".into()]);
-                    "--tmpfs"
-                }
-                op => op,
-            };
-            args.push(op.into());
-            if !src.as_os_str().is_empty() {
-                args.push(src.into());
-            }
-            args.push(dest.into());
-        }
-        args
+        view_args(mounts)
     }
 
     /// Reads the agent's host pid from bubblewrap's info (the read end of
@@ -483,78 +407,43 @@ impl Isolation {
     }
 }
 
-/// Whether `dir` is the root of a filesystem mounted at it: then the
-/// sandboxes' bind mounts from below it show paths relative to it in their
-/// /proc/self/mountinfo (`/slots/<id>/ws`), not the data dir's path. A
-/// mount point that is itself a bind of a subdirectory does not hide it.
-fn is_filesystem_root(dir: &Path) -> bool {
-    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
-        return false;
-    };
-    let want = dir.to_string_lossy();
-    // The last mount at `dir` is the one seen there.
-    info.lines()
-        .rev()
-        .filter_map(|l| {
-            let mut f = l.split(' ');
-            let root = f.nth(3)?;
-            let point = f.next()?;
-            Some((root, point))
-        })
-        .find(|(_, point)| unescape_mountinfo(point) == want)
-        .is_some_and(|(root, _)| root == "/")
-}
-
-/// mountinfo's octal escapes (`\040` for a space) undone.
-fn unescape_mountinfo(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        let octal = b
-            .get(i + 1..i + 4)
-            .filter(|d| d.iter().all(|c| (b'0'..=b'7').contains(c)));
-        if b[i] == b'\\'
-            && let Some(d) = octal
-        {
-            out.push(
-                d.iter()
-                    .fold(0u8, |v, c| v.wrapping_mul(8).wrapping_add(c - b'0')),
-            );
-            i += 4;
-        } else {
-            out.push(b[i]);
-            i += 1;
+/// bubblewrap's arguments for `mounts` (operation, source, destination):
+/// before each mount, the directories leading to it that are not there yet
+/// (made world-traversable); none inside a read-only bind.
+fn view_args(mounts: Vec<(&str, PathBuf, PathBuf)>) -> Vec<OsString> {
+    let mut args: Vec<OsString> = Vec::new();
+    let mut made: std::collections::BTreeSet<PathBuf> = std::collections::BTreeSet::new();
+    let mut read_only: Vec<PathBuf> = Vec::new();
+    for (op, src, dest) in mounts {
+        let mut parents: Vec<&Path> = dest
+            .ancestors()
+            .skip(1)
+            .filter(|a| a.parent().is_some())
+            .collect();
+        parents.reverse();
+        for a in parents {
+            if made.contains(a) || read_only.iter().any(|r| a.starts_with(r)) {
+                continue;
+            }
+            args.extend(["--perms".into(), "0755".into(), "--dir".into(), a.into()]);
+            made.insert(a.to_owned());
         }
+        if op == "--ro-bind" {
+            read_only.push(dest.clone());
+        }
+        made.insert(dest.clone());
+        let op = match op {
+            "--tmpfs-sticky" => {
+                args.extend(["--perms".into(), "1777".into()]);
+                "--tmpfs"
+            }
+            op => op,
+        };
+        args.push(op.into());
+        if !src.as_os_str().is_empty() {
+            args.push(src.into());
+        }
+        args.push(dest.into());
     }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
-/// The first directory above `dir` that others cannot pass through (no
-/// `o+x`), if any.
-fn unreachable_ancestor(dir: &Path) -> Option<PathBuf> {
-    dir.ancestors().skip(1).find_map(|a| {
-        let mode = std::fs::metadata(a).ok()?.permissions().mode();
-        (mode & 0o001 == 0).then(|| a.to_owned())
-    })
-}
-
-fn which(tool: &str) -> Option<PathBuf> {
-    std::env::var_os("PATH")?
-        .to_str()?
-        .split(':')
-        .map(|d| Path::new(d).join(tool))
-        .find(|p| p.is_file())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn only_a_zero_leaves_links_unprotected() {
-        assert!(!links_protected("0\n"));
-        assert!(links_protected("1\n"));
-        assert!(links_protected("2"));
-    }
+    args
 }

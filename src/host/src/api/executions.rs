@@ -21,16 +21,16 @@ use serde_json::Value;
 
 use crate::error::{HostError, HostResult};
 
-use super::common::{
+use crate::api::common::{
     SignedQuery, URL_MINUTES, agent_of, archive_response, check_signed, owner, sandbox_of,
     signed_url, stored_chunks, stream_to_agent,
 };
-use super::model::{
+use crate::api::model::{
     DownloadUrlResponse, ExecuteResponse, ExecutionLogsResponse, ExecutionStatusResponse,
     UploadUrlResponse,
 };
-use super::validation::{body_object, check_region, query_error, verr};
-use super::{Shared, inflight};
+use crate::api::validation::{body_object, check_region, query_error, verr};
+use crate::api::{Shared, inflight};
 use crate::uploads::Kind;
 
 /// The signed-URL action for an execution `name` (the signature binds it).
@@ -167,7 +167,7 @@ pub async fn exec_upload(
 ) -> HostResult<StatusCode> {
     check_name("path", &name)?;
     let s = check_signed(&h, &action("exec-upload", &name), &id, &q).await?;
-    super::common::forget_released_elsewhere(&h, &s.owner).await?;
+    crate::api::common::forget_released_elsewhere(&h, &s.owner).await?;
     let total = h
         .uploads
         .store(&id, &s.owner, Kind::Exec(&name), body, || {
@@ -195,7 +195,7 @@ pub async fn execute(
     existing_name(&name, &id)?;
     let file = stored_archive(&h, &id, &name).await?;
     let up = inflight::run(&h, &s, async {
-        let c = agent_of(&h, &s, h.pool.deadlines().transfer).await?;
+        let c = agent_of(&h, &s, h.fleet.deadlines().transfer).await?;
         let up = upload_to_agent(&c, file, &id, &name).await?;
         c.exec()
             .start(proto::ExecStartRequest {
@@ -268,7 +268,7 @@ pub async fn execution_status(
     let name = query_name(&q)?;
     let s = sandbox_of(&h, &headers, &id).await?;
     existing_name(&name, &id)?;
-    let st = agent_of(&h, &s, h.pool.deadlines().call)
+    let st = agent_of(&h, &s, h.fleet.deadlines().call)
         .await?
         .exec()
         .status(proto::ExecStatusRequest {
@@ -295,7 +295,7 @@ pub async fn execution_logs(
     let cursor = query_cursor(&q)?;
     let s = sandbox_of(&h, &headers, &id).await?;
     existing_name(&name, &id)?;
-    let r = agent_of(&h, &s, h.pool.deadlines().call)
+    let r = agent_of(&h, &s, h.fleet.deadlines().call)
         .await?
         .exec()
         .logs(proto::ExecLogsRequest {
@@ -328,7 +328,7 @@ pub async fn export_artifacts(
     let s = sandbox_of(&h, &headers, &id).await?;
     existing_name(&name, &id)?;
     // An unknown execution is a 404 now, not a broken download later.
-    agent_of(&h, &s, h.pool.deadlines().call)
+    agent_of(&h, &s, h.fleet.deadlines().call)
         .await?
         .exec()
         .status(proto::ExecStatusRequest {
@@ -359,7 +359,7 @@ pub async fn exec_download(
     let s = check_signed(&h, &action("exec-export", &name), &id, &q).await?;
     let token = inflight::admit(&h, &s).await?;
     let stream = inflight::run(&h, &s, async {
-        agent_of(&h, &s, h.pool.deadlines().call)
+        agent_of(&h, &s, h.fleet.deadlines().call)
             .await?
             .exec()
             .export(proto::ExecExportRequest {

@@ -15,13 +15,13 @@ use tracing::info;
 
 use crate::error::{HostError, HostResult};
 
-use super::common::{
+use crate::api::common::{
     SignedQuery, URL_MINUTES, agent_of, archive_response, check_signed, owner, sandbox_of,
     signed_url, stored_chunks, stream_to_agent,
 };
-use super::model::{DownloadUrlResponse, InitializeResponse, UploadUrlResponse};
-use super::validation::check_region;
-use super::{Shared, inflight};
+use crate::api::model::{DownloadUrlResponse, InitializeResponse, UploadUrlResponse};
+use crate::api::validation::check_region;
+use crate::api::{Shared, inflight};
 use crate::uploads::Kind;
 
 /// The `message` of Klavis's initialize answer.
@@ -76,7 +76,7 @@ pub async fn upload(
     body: Body,
 ) -> HostResult<StatusCode> {
     let s = check_signed(&h, "upload", &id, &q).await?;
-    super::common::forget_released_elsewhere(&h, &s.owner).await?;
+    crate::api::common::forget_released_elsewhere(&h, &s.owner).await?;
     let total = h
         .uploads
         .store(&id, &s.owner, Kind::Workspace, body, || {
@@ -110,7 +110,7 @@ pub async fn initialize(
     let r = inflight::run(&h, &s, async {
         if multipart {
             let archive = files_archive(req, h.uploads.limits().multipart_bytes).await?;
-            let c = agent_of(&h, &s, h.pool.deadlines().transfer).await?;
+            let c = agent_of(&h, &s, h.fleet.deadlines().transfer).await?;
             let (chunks, failure) = chunked(archive);
             send_archive(&c, chunks, failure).await
         } else {
@@ -121,7 +121,7 @@ pub async fn initialize(
                         .into(),
                 )
             })?;
-            let c = agent_of(&h, &s, h.pool.deadlines().transfer).await?;
+            let c = agent_of(&h, &s, h.fleet.deadlines().transfer).await?;
             let (chunks, failure) = stored_chunks(file);
             send_archive(&c, chunks, failure).await
         }
@@ -211,7 +211,7 @@ async fn files_archive(req: Request, limit: u64) -> HostResult<Vec<u8>> {
         let mut head = tar::Header::new_gnu();
         head.set_size(data.len() as u64);
         head.set_mode(0o644);
-        head.set_mtime(super::common::now_ms() as u64 / 1000);
+        head.set_mtime(crate::api::common::now_ms() as u64 / 1000);
         tar.append_data(&mut head, name.trim_start_matches('/'), data.as_slice())
             .map_err(|e| HostError::BadRequest(format!("the file {name:?}: {e}")))?;
         count += 1;
@@ -234,7 +234,7 @@ pub async fn download(
     let s = check_signed(&h, "dump", &id, &q).await?;
     let token = inflight::admit(&h, &s).await?;
     let dump = async {
-        agent_of(&h, &s, h.pool.deadlines().transfer)
+        agent_of(&h, &s, h.fleet.deadlines().transfer)
             .await?
             .workspace()
             .dump(proto::DumpRequest {

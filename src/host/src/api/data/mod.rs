@@ -19,12 +19,14 @@ use tracing::info;
 use crate::error::{HostError, HostResult};
 use crate::store::SandboxRow;
 
-use super::Shared;
-use super::common::{agent_of, sandbox_of};
-use super::klavis_data;
-use super::model::{InitializeResponse, ServerDataDump};
-use super::names;
-use super::validation;
+use crate::api::Shared;
+use crate::api::common::{agent_of, sandbox_of};
+pub mod klavis;
+
+use crate::api::model::{InitializeResponse, ServerDataDump};
+use crate::api::sandbox::names;
+use crate::api::validation;
+use klavis as klavis_data;
 
 /// The servers Klavis gives per-server data endpoints.
 pub const DATA_SERVERS: [&str; 4] = [
@@ -81,7 +83,7 @@ pub async fn initialize(
     check_server(&server, &s)?;
     let default_data = validation::query_bool(&q, "init_default_data")?;
     let data = data_of(&server, &body, default_data)?;
-    let c = agent_of(&h, &s, h.pool.deadlines().transfer).await?;
+    let c = agent_of(&h, &s, h.fleet.deadlines().transfer).await?;
     let r = c
         .servers()
         .load_data(proto::LoadDataRequest {
@@ -109,7 +111,7 @@ pub async fn dump(
     let server = names::ours(&asked).to_owned();
     let s = sandbox_of(&h, &headers, &id).await?;
     check_server(&server, &s)?;
-    let c = agent_of(&h, &s, h.pool.deadlines().transfer).await?;
+    let c = agent_of(&h, &s, h.fleet.deadlines().transfer).await?;
     let r = c
         .servers()
         .max_decoding_message_size(MAX_DUMP_BYTES)

@@ -13,19 +13,21 @@ use axum::http::HeaderMap;
 use crate::error::{HostError, HostResult};
 use crate::store::{SandboxRow, Status};
 
-use super::Shared;
-use super::common::{live_states, mcp_url, owner, sandbox_of};
-use super::leases;
-use super::model::{CreateSandboxResponse, McpSandboxInfo, SandboxStatusResponse};
-use super::names::{Named, PUBLIC_DATA, resolve};
-use super::validation::parse_create;
+use crate::api::Shared;
+use crate::api::common::{live_states, mcp_url, owner, sandbox_of};
+use crate::api::leases;
+use crate::api::model::{CreateSandboxResponse, McpSandboxInfo, SandboxStatusResponse};
+pub mod names;
+
+use crate::api::validation::parse_create;
+use names::{Named, PUBLIC_DATA, resolve};
 
 /// The host's servers, for [`resolve`]: those its sandboxes carry, or
 /// before any has served, Klavis's local and public-data names (the agent
 /// refuses the ones it lacks).
 fn known(h: &Shared) -> Vec<String> {
-    h.pool.servers().unwrap_or_else(|| {
-        super::SERVER_NAMES
+    h.fleet.servers().unwrap_or_else(|| {
+        crate::api::SERVER_NAMES
             .iter()
             .chain(PUBLIC_DATA)
             .map(|s| (*s).to_owned())

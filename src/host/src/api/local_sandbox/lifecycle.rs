@@ -8,11 +8,13 @@ use axum::http::{HeaderMap, StatusCode};
 
 use crate::error::HostResult;
 
-use super::Shared;
-use super::common::{info as sandbox_info, info_live, owner, sandbox_of};
-use super::leases;
-use super::model::{AcquireResponse, ListResponse, ReleaseResponse, ResetResponse, SandboxInfo};
-use super::validation::{is_ttl, parse_acquire};
+use crate::api::Shared;
+use crate::api::common::{info as sandbox_info, info_live, owner, sandbox_of};
+use crate::api::leases;
+use crate::api::model::{
+    AcquireResponse, ListResponse, ReleaseResponse, ResetResponse, SandboxInfo,
+};
+use crate::api::validation::{is_ttl, parse_acquire};
 
 /// `POST /local-sandbox`
 pub async fn acquire(

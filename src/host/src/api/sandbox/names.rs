@@ -4,7 +4,7 @@
 
 use serde_json::Value;
 
-use super::validation::verr;
+use crate::api::validation::verr;
 use crate::error::{HostError, HostResult};
 
 /// What `local_dev` holds: the local servers Klavis's integrations expect
@@ -144,7 +144,7 @@ pub fn resolve(name: &str, known: &[String]) -> HostResult<Named> {
              self-hosted sandbox has none: use Klavis's API for it, or a local server"
         )));
     }
-    if PUBLIC_DATA.contains(&name) || super::SERVER_NAMES.contains(&ours) {
+    if PUBLIC_DATA.contains(&name) || crate::api::SERVER_NAMES.contains(&ours) {
         return Err(HostError::BadRequest(format!(
             "this host's sandboxes do not carry {name}; they carry: local_dev, {}",
             known.join(", ")
