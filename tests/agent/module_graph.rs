@@ -27,8 +27,8 @@ const HOST_LAYERS: &[&[&str]] = &[
     // OpenAPI document, the MCP proxy, `/metrics`) and the one mapping of
     // errors to statuses.
     &["api", "error"],
-    // The lease service's parts with no HTTP in them.
-    &["uploads"],
+    // The lease service: the rules, with no HTTP in them.
+    &["lease", "uploads"],
     // Where sandboxes come from, one interface over the backends.
     &["fleet"],
     // Below: the leases' store, the pool's slots, metrics' counters,

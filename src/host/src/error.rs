@@ -10,6 +10,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::fleet::FleetError;
+use crate::lease::LeaseError;
 use crate::pool::PoolError;
 use crate::store::StoreError;
 use crate::uploads::UploadError;
@@ -257,6 +258,29 @@ impl From<String> for Loc {
 impl From<usize> for Loc {
     fn from(i: usize) -> Loc {
         Loc::Index(i)
+    }
+}
+
+impl From<LeaseError> for HostError {
+    fn from(e: LeaseError) -> HostError {
+        match e {
+            LeaseError::TooManySandboxes {
+                held,
+                cleaning,
+                limit,
+            } => HostError::TooManySandboxes {
+                held,
+                cleaning,
+                limit,
+            },
+            LeaseError::BadRequest(m) => HostError::BadRequest(m),
+            LeaseError::SandboxNotFound(id) => HostError::SandboxNotFound(id),
+            LeaseError::LeaseEnded(id) => HostError::LeaseEnded(id),
+            LeaseError::AgentUnreachable(p) => HostError::AgentUnreachable(p),
+            LeaseError::Agent { what, status } => HostError::agent(what)(status),
+            LeaseError::Fleet(f) => f.into(),
+            LeaseError::Store(s) => HostError::Store(s),
+        }
     }
 }
 

@@ -18,6 +18,7 @@ mod api;
 mod config;
 mod error;
 mod fleet;
+mod lease;
 mod metrics;
 mod pool;
 mod signed;
@@ -30,8 +31,8 @@ use std::time::Duration;
 
 use clap::Parser;
 
-use api::Host;
 use config::{API_KEY_ENV, Args, LogFormat};
+use lease::Host;
 use start::Started;
 
 fn main() -> anyhow::Result<()> {

@@ -9,8 +9,9 @@ use std::time::Duration;
 use anyhow::Context;
 use sandbox_serve::listen::Listener;
 
-use crate::api::{self, Host, Shared};
+use crate::api;
 use crate::config::{self, Args};
+use crate::lease::{Host, Shared};
 use crate::store::Status;
 use crate::{metrics, pool, signed, store};
 
@@ -265,14 +266,14 @@ async fn upload_owners(
 /// The reaper; and the local slots' upkeep (on the kubernetes backend the
 /// pool holds no slot: the warm pools are the cluster's, and none runs).
 fn upkeep(args: &Args, host: &Shared, pool: &Arc<pool::Pool>, local: bool) {
-    tokio::spawn(api::reap(host.clone()));
+    tokio::spawn(crate::lease::reap(host.clone()));
     if local {
         tokio::spawn(pool.clone().keep_warm());
         tokio::spawn(
             pool.clone()
                 .keep_reclaiming(Duration::from_secs(args.reclaim_interval)),
         );
-        tokio::spawn(api::probe(host.clone()));
+        tokio::spawn(crate::lease::probe(host.clone()));
     }
 }
 

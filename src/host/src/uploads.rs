@@ -11,8 +11,7 @@ use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 
-use axum::body::Body;
-use futures_util::StreamExt;
+use futures_util::{Stream, StreamExt};
 use tokio::io::AsyncWriteExt;
 
 /// The store's bounds (`sandbox-host --help`).
@@ -254,7 +253,8 @@ impl Uploads {
         }
     }
 
-    /// Streams `body` into the store as `kind` of sandbox `id` (of
+    /// Streams `body` (the request's bytes as they arrive) into the store
+    /// as `kind` of sandbox `id` (of
     /// `owner`), counted against every limit as it arrives; only a complete
     /// upload replaces the stored one, and only while `live()` says the
     /// sandbox is not released. Returns the archive's size.
@@ -263,7 +263,7 @@ impl Uploads {
         id: &str,
         owner: &str,
         kind: Kind<'_>,
-        body: Body,
+        body: impl Stream<Item = Result<bytes::Bytes, impl std::fmt::Display>> + Send,
         live: impl Fn() -> bool,
     ) -> Result<u64, UploadError> {
         let final_path = self.path(id, kind);
@@ -281,7 +281,7 @@ impl Uploads {
                 .create_new(true)
                 .open(&part)
                 .await?;
-            let mut stream = body.into_data_stream();
+            let mut stream = std::pin::pin!(body);
             while let Some(chunk) = stream.next().await {
                 let chunk = chunk.map_err(|e| UploadError::Body(e.to_string()))?;
                 r.add(chunk.len() as u64)?;

@@ -5,8 +5,6 @@
 //! `model`), never from each other.
 
 use std::collections::{BTreeMap, HashSet};
-use std::time::Duration;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::body::Body;
 use axum::body::Bytes;
@@ -15,11 +13,11 @@ use axum::response::Response;
 use futures_util::{Stream, StreamExt};
 use sandbox_client::proto;
 use serde::Deserialize;
-use serde_json::Value;
 
-use super::Host;
 use super::model::{SandboxInfo, ServerItem, ServerState};
 use crate::error::{HostError, HostResult};
+use crate::lease::Host;
+pub use crate::lease::{agent_of, now_ms, timestamp};
 use crate::signed::Invalid;
 use crate::store::SandboxRow;
 
@@ -30,17 +28,6 @@ pub const URL_MINUTES: u64 = 30;
 pub const MCP_TOKEN_PARAM: &str = "mcp_token";
 /// What the capability token is signed for.
 pub const MCP_TOKEN_ACTION: &str = "mcp";
-
-pub fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
-}
-
-pub fn timestamp() -> String {
-    chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, false)
-}
 
 fn unix_now() -> u64 {
     (now_ms() / 1000) as u64
@@ -69,27 +56,6 @@ pub async fn sandbox_of(h: &Host, headers: &HeaderMap, id: &str) -> HostResult<S
         .get(id, &who)
         .await?
         .ok_or_else(|| HostError::SandboxNotFound(id.to_owned()))
-}
-
-/// The agent of a live sandbox, every call bound to its lease: the agent
-/// refuses them once the lease has ended (`sandbox_client::lease`). Each
-/// call fails past `within` (one of [`crate::pool::Deadlines`]).
-pub async fn agent_of(
-    h: &Host,
-    s: &SandboxRow,
-    within: Duration,
-) -> HostResult<sandbox_client::Client> {
-    let slot = slot_of(h, s)?;
-    let c = slot
-        .client(within)
-        .await
-        .map_err(HostError::AgentUnreachable)?;
-    Ok(c.for_lease(&s.id))
-}
-
-/// The slot a live sandbox runs in: the pool's, or its claimed pod.
-pub fn slot_of(h: &Host, s: &SandboxRow) -> HostResult<crate::pool::Slot> {
-    Ok(h.fleet.slot_of(s)?)
 }
 
 /// `<public_url>/transfer/<path>?<signature of action on sandbox id>`.
@@ -225,29 +191,6 @@ pub fn info(h: &Host, s: &SandboxRow) -> SandboxInfo {
         status: s.status,
         benchmark: s.benchmark.clone(),
         servers: server_items(h, s),
-    }
-}
-
-/// A protobuf Struct as JSON.
-pub fn struct_json(s: &prost_types::Struct) -> Value {
-    Value::Object(
-        s.fields
-            .iter()
-            .map(|(k, v)| (k.clone(), value_json(v)))
-            .collect(),
-    )
-}
-
-fn value_json(v: &prost_types::Value) -> Value {
-    use prost_types::value::Kind;
-    match &v.kind {
-        None | Some(Kind::NullValue(_)) => Value::Null,
-        Some(Kind::BoolValue(b)) => Value::Bool(*b),
-        Some(Kind::NumberValue(n)) if n.fract() == 0.0 && n.abs() < 9e15 => Value::from(*n as i64),
-        Some(Kind::NumberValue(n)) => Value::from(*n),
-        Some(Kind::StringValue(s)) => Value::String(s.clone()),
-        Some(Kind::ListValue(l)) => Value::Array(l.values.iter().map(value_json).collect()),
-        Some(Kind::StructValue(s)) => struct_json(s),
     }
 }
 

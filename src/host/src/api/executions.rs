@@ -170,9 +170,13 @@ pub async fn exec_upload(
     crate::api::common::forget_released_elsewhere(&h, &s.owner).await?;
     let total = h
         .uploads
-        .store(&id, &s.owner, Kind::Exec(&name), body, || {
-            h.store.live_now(&id)
-        })
+        .store(
+            &id,
+            &s.owner,
+            Kind::Exec(&name),
+            body.into_data_stream(),
+            || h.store.live_now(&id),
+        )
         .await?;
     tracing::info!(sandbox = %id, execution = %name, bytes = total, "execution archive uploaded");
     Ok(StatusCode::OK)

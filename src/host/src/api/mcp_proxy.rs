@@ -32,7 +32,7 @@ pub async fn proxy(State(h): State<Shared>, req: Request<Body>) -> HostResult<Re
             "sandbox {id} has no server {server}"
         )));
     }
-    let slot = crate::api::slot_of(&h, &s)?;
+    let slot = crate::lease::slot_of(&h, &s)?;
     let token = inflight::admit(&h, &s).await?;
     let up = Upstream {
         token: slot.mcp_token(),

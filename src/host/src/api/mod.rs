@@ -24,42 +24,31 @@
 //! - `model`: every answer's type (they generate the document's schemas).
 //! - `validation`: request bodies and queries checked as Klavis's pydantic
 //!   models check them, with the same 422 bodies.
-//! - `leases`: Acquire, Release and Reset, the rules both APIs share;
-//!   `cleaning`: released sandboxes per owner still being cleaned up.
-//! - `inflight`: requests in flight per sandbox, stopped when its lease
-//!   ends or is reset.
-//! - `reaper`: TTL expiry, dead agents, and mute ones (`probe`).
+//! - `inflight`: a response body cut when its sandbox's lease ends.
+//!
+//! The rules (Acquire, Release, Reset, owner caps, TTL) are the lease
+//! service's (`crate::lease`), with no HTTP in them.
 //!
 //! Errors are `crate::error::HostError`, whose one `status()` decides
 //! every answer's status.
 
-mod cleaning;
 mod common;
 mod data;
 mod executions;
 pub mod inflight;
-mod leases;
 mod local_sandbox;
 mod mcp_proxy;
 pub mod metrics;
 pub mod model;
 pub mod openapi;
-mod reaper;
 mod sandbox;
 mod validation;
-
-use std::collections::HashMap;
-use std::sync::Arc;
 
 use axum::Router;
 use axum::routing::{get, post, put};
 
-use crate::signed::Signer;
-use crate::store::Store;
-
 pub use crate::uploads::{UploadLimits, Uploads};
-pub use common::{MCP_TOKEN_ACTION, MCP_TOKEN_PARAM, sandbox_of, slot_of, timestamp};
-pub use reaper::{probe, reap};
+pub use common::{MCP_TOKEN_ACTION, MCP_TOKEN_PARAM, sandbox_of, timestamp};
 
 /// The largest per-server data document (`POST /local-sandbox/{server}/{id}/initialize`)
 /// the host reads; the agent applies its own mail.max_data_bytes (16 MiB by default).
@@ -207,34 +196,4 @@ pub const SERVER_NAMES: &[&str] = &[
     "playwright",
 ];
 
-pub struct Host {
-    pub metrics: crate::metrics::Metrics,
-    pub store: Store,
-    /// Where the sandboxes come from: the pool's slots, or claimed pods.
-    pub fleet: Arc<dyn crate::fleet::Fleet>,
-    pub signer: Signer,
-    /// API key → owner.
-    pub keys: HashMap<String, String>,
-    pub public_url: String,
-    pub uploads: Uploads,
-    /// Multiplies TTLs (tests shorten the clock with it).
-    pub time_scale: f64,
-    /// When servers start (`--server-start`).
-    pub server_start: crate::pool::ServerStart,
-    /// Live sandboxes per owner (`--max-sandboxes-per-key`).
-    pub max_per_owner: usize,
-    /// Acquires in flight per owner, counted against `max_per_owner`
-    /// until their sandbox is stored.
-    pub acquiring: std::sync::Mutex<HashMap<String, usize>>,
-    /// Released sandboxes per owner still being cleaned up, counted
-    /// against `max_per_owner` until they are clean.
-    pub cleaning: Arc<cleaning::OwnerCount>,
-    /// Releases running in the background; a shutdown waits for them, so a
-    /// released sandbox is back in the pool (and stopped with it), never
-    /// left running outside it.
-    pub releases: tokio_util::task::TaskTracker,
-    /// Requests in flight per sandbox, stopped at its Release and Reset.
-    pub inflight: inflight::Inflight,
-}
-
-pub type Shared = Arc<Host>;
+pub use crate::lease::{Host, Shared};

@@ -2,6 +2,7 @@
 //! service checks them: the same messages, `loc`s and error types in the
 //! 422 body.
 
+use crate::lease::AcquireAsk;
 use std::collections::HashMap;
 
 use sandbox_client::limits::{DEFAULT_TTL_SECONDS, MAX_TTL_SECONDS, MIN_TTL_SECONDS};
@@ -46,16 +47,6 @@ fn ctx(key: &str, value: impl Into<Value>) -> serde_json::Map<String, Value> {
     let mut m = serde_json::Map::new();
     m.insert(key.to_owned(), value.into());
     m
-}
-
-pub(super) struct AcquireBody {
-    pub servers: Option<Vec<String>>,
-    pub benchmark: Option<String>,
-    pub email: String,
-    pub ttl: Option<u32>,
-    /// Many servers a task uses few of (ALL, `local_dev`): under
-    /// `--server-start auto` they start on first use.
-    pub many: bool,
 }
 
 /// The name pydantic gives the list member of `server_names`'s union
@@ -114,7 +105,7 @@ fn lax_int(v: &Value) -> Result<i64, (&'static str, &'static str)> {
 
 /// Validates `POST /local-sandbox` like the Klavis (pydantic) model does:
 /// every bad field reported at once, in the model's field order.
-pub(super) fn parse_acquire(body: &[u8]) -> Result<AcquireBody, HostError> {
+pub(super) fn parse_acquire(body: &[u8]) -> Result<AcquireAsk, HostError> {
     let v = body_object(body)?;
     let Some(o) = v.as_object() else {
         return Err(HostError::Internal("a checked body is an object".into()));
@@ -138,9 +129,10 @@ pub(super) fn parse_acquire(body: &[u8]) -> Result<AcquireBody, HostError> {
     if !errors.is_empty() {
         return Err(HostError::Validation(errors));
     }
-    Ok(AcquireBody {
+    Ok(AcquireAsk {
         many: servers.is_none(),
         servers,
+        benchmark_proto: benchmark_proto(benchmark.as_deref()),
         benchmark,
         email,
         ttl,
@@ -154,7 +146,7 @@ pub(super) fn parse_create(
     body: &[u8],
     servers: Vec<String>,
     many: bool,
-) -> Result<AcquireBody, HostError> {
+) -> Result<AcquireAsk, HostError> {
     let v = if body.iter().all(u8::is_ascii_whitespace) {
         Value::Object(Default::default())
     } else {
@@ -170,8 +162,9 @@ pub(super) fn parse_create(
     if !errors.is_empty() {
         return Err(HostError::Validation(errors));
     }
-    Ok(AcquireBody {
+    Ok(AcquireAsk {
         servers: Some(servers),
+        benchmark_proto: benchmark_proto(benchmark.as_deref()),
         benchmark,
         email,
         ttl,

@@ -10,11 +10,11 @@ use crate::error::HostResult;
 
 use crate::api::Shared;
 use crate::api::common::{info as sandbox_info, info_live, owner, sandbox_of};
-use crate::api::leases;
 use crate::api::model::{
     AcquireResponse, ListResponse, ReleaseResponse, ResetResponse, SandboxInfo,
 };
 use crate::api::validation::{is_ttl, parse_acquire};
+use crate::lease;
 
 /// `POST /local-sandbox`
 pub async fn acquire(
@@ -24,7 +24,7 @@ pub async fn acquire(
 ) -> HostResult<(StatusCode, Json<AcquireResponse>)> {
     let who = owner(&h, &headers)?;
     let req = parse_acquire(&body)?;
-    let new = leases::lease(&h, who, &req).await?;
+    let new = lease::lease(&h, who, &req).await?;
     let row = &new.row;
     let SandboxInfo {
         local_sandbox_id,
@@ -38,7 +38,7 @@ pub async fn acquire(
         status,
         benchmark,
         servers,
-        message: leases::acquire_message(&new),
+        message: lease::acquire_message(&new),
     };
     Ok((StatusCode::CREATED, Json(answer)))
 }
@@ -74,7 +74,7 @@ pub async fn release(
     owner(&h, &headers)?;
     let is_ttl = is_ttl(&q)?;
     let s = sandbox_of(&h, &headers, &id).await?;
-    leases::release_in_background(&h, &s, is_ttl).await;
+    lease::release_in_background(&h, &s, is_ttl).await;
     Ok(Json(ReleaseResponse {
         message: format!(
             "Local sandbox release started for {id}: it will be released asynchronously in background."
@@ -91,7 +91,7 @@ pub async fn reset(
     let s = sandbox_of(&h, &headers, &id).await?;
     // Klavis declares any JSON object; the sandbox as it is after the
     // reset, which Klavis clients ignore, and a message.
-    let s = leases::reset(&h, s).await?;
+    let s = lease::reset(&h, s).await?;
     Ok(Json(ResetResponse {
         sandbox: info_live(&h, &s).await,
         message: format!("Local sandbox {id} reset"),

@@ -79,9 +79,13 @@ pub async fn upload(
     crate::api::common::forget_released_elsewhere(&h, &s.owner).await?;
     let total = h
         .uploads
-        .store(&id, &s.owner, Kind::Workspace, body, || {
-            h.store.live_now(&id)
-        })
+        .store(
+            &id,
+            &s.owner,
+            Kind::Workspace,
+            body.into_data_stream(),
+            || h.store.live_now(&id),
+        )
         .await?;
     info!(sandbox = %id, bytes = total, "archive uploaded");
     Ok(StatusCode::OK)

@@ -15,8 +15,8 @@ use crate::store::{SandboxRow, Status};
 
 use crate::api::Shared;
 use crate::api::common::{live_states, mcp_url, owner, sandbox_of};
-use crate::api::leases;
 use crate::api::model::{CreateSandboxResponse, McpSandboxInfo, SandboxStatusResponse};
+use crate::lease;
 pub mod names;
 
 use crate::api::validation::parse_create;
@@ -46,14 +46,14 @@ pub async fn create(
     let who = owner(&h, &headers)?;
     let named = resolve(&server, &known(&h))?;
     let req = parse_create(&body, named.servers.clone(), named.local_dev)?;
-    let new = leases::lease(&h, who, &req).await?;
+    let new = lease::lease(&h, who, &req).await?;
     let row = &new.row;
     Ok(Json(CreateSandboxResponse {
         server_urls: server_urls(&h, row, &named),
         sandbox_id: row.id.clone(),
         server_name: named.answer_name,
         status: row.status,
-        message: leases::acquire_message(&new),
+        message: lease::acquire_message(&new),
         server_states: live_states(&h, row).await,
     }))
 }
@@ -124,7 +124,7 @@ pub async fn delete(
     Path((server, id)): Path<(String, String)>,
 ) -> HostResult<Json<SandboxStatusResponse>> {
     let (s, _) = sandbox_named(&h, &headers, &server, &id).await?;
-    leases::release_in_background(&h, &s, false).await;
+    lease::release_in_background(&h, &s, false).await;
     Ok(Json(SandboxStatusResponse {
         sandbox_id: id.clone(),
         status: Status::Idle,
@@ -139,7 +139,7 @@ pub async fn reset(
     Path((server, id)): Path<(String, String)>,
 ) -> HostResult<Json<SandboxStatusResponse>> {
     let (s, _) = sandbox_named(&h, &headers, &server, &id).await?;
-    let s = leases::reset(&h, s).await?;
+    let s = lease::reset(&h, s).await?;
     Ok(Json(SandboxStatusResponse {
         sandbox_id: s.id.clone(),
         status: s.status,

@@ -9,14 +9,25 @@ use sandbox_client::proto;
 use serde_json::Value;
 use tracing::{info, warn};
 
-use crate::error::{HostError, HostResult};
 use crate::fleet::Ask;
 use crate::pool::{Miss, Slot, Taken, Want, WarmLease};
 use crate::store::{SandboxRow, ServerRow, Status};
 
-use super::Shared;
-use super::common::{agent_of, now_ms, struct_json, timestamp};
-use super::validation::{AcquireBody, benchmark_proto};
+use super::{LeaseError, LeaseResult, Shared, now_ms, struct_json, timestamp};
+
+/// What an Acquire asks for, checked (`api::validation` makes it from
+/// either API's body).
+pub struct AcquireAsk {
+    pub servers: Option<Vec<String>>,
+    pub benchmark: Option<String>,
+    /// `benchmark` as the agent's enum.
+    pub benchmark_proto: i32,
+    pub email: String,
+    pub ttl: Option<u32>,
+    /// Many servers a task uses few of (ALL, `local_dev`): under
+    /// `--server-start auto` they start on first use.
+    pub many: bool,
+}
 
 /// What a leased slot carries: its servers, the warm profile on a hit (or
 /// why not), the servers of ALL not started, and each server's auth_data.
@@ -39,7 +50,7 @@ pub struct NewLease {
 }
 
 /// Leases a sandbox for `who` as `req` asks.
-pub async fn lease(h: &Shared, who: String, req: &AcquireBody) -> HostResult<NewLease> {
+pub async fn lease(h: &Shared, who: String, req: &AcquireAsk) -> LeaseResult<NewLease> {
     check_servers_known(h, req)?;
     let _claim = OwnerClaim::take(h, &who).await?;
     let started = std::time::Instant::now();
@@ -97,48 +108,14 @@ pub async fn lease(h: &Shared, who: String, req: &AcquireBody) -> HostResult<New
 }
 
 /// When a lease of `req` made now expires (unix ms), if it has a TTL.
-fn expires_at(h: &Shared, req: &AcquireBody) -> Option<i64> {
+fn expires_at(h: &Shared, req: &AcquireAsk) -> Option<i64> {
     req.ttl
         .map(|t| now_ms() + (f64::from(t) * 1000.0 * h.time_scale) as i64)
 }
 
-/// The agent's Reset of sandbox `s`; returns it as it is after.
-pub async fn reset(h: &Shared, s: SandboxRow) -> HostResult<SandboxRow> {
-    // What the lease had in flight stops, and so does what arrives while
-    // the Reset runs (ended again after it): nothing admitted before the
-    // Reset is done lands after it.
-    h.inflight.end(&s.id);
-    let r = agent_of(h, &s, h.fleet.deadlines().acquire)
-        .await?
-        .agent()
-        .reset(proto::ResetRequest {
-            lease_id: s.id.clone(),
-        })
-        .await;
-    h.inflight.end(&s.id);
-    if let Err(e) = r {
-        // Past its checks, a Reset that failed leaves the sandbox in error
-        // (a clean-up or a server that failed): say so until a Reset or a
-        // Release ends it.
-        if !matches!(
-            e.code(),
-            tonic::Code::NotFound | tonic::Code::InvalidArgument
-        ) {
-            h.store
-                .set_status(&s.id, Status::Error, &timestamp())
-                .await?;
-        }
-        return Err(HostError::agent("reset")(e));
-    }
-    h.store
-        .set_status(&s.id, Status::Occupied, &timestamp())
-        .await?;
-    Ok(h.store.get(&s.id, &s.owner).await?.unwrap_or(s))
-}
-
 /// Names of the API that this host's sandboxes do not carry: a 400 naming
 /// them and what they do carry.
-fn check_servers_known(h: &Shared, req: &AcquireBody) -> HostResult<()> {
+fn check_servers_known(h: &Shared, req: &AcquireAsk) -> LeaseResult<()> {
     let Some((missing, known)) = req
         .servers
         .as_deref()
@@ -147,7 +124,7 @@ fn check_servers_known(h: &Shared, req: &AcquireBody) -> HostResult<()> {
         return Ok(());
     };
     // The agents leave out the manifest's servers that are not installed.
-    Err(HostError::BadRequest(format!(
+    Err(LeaseError::BadRequest(format!(
         "acquire: unknown server{} {}; this host's sandboxes carry: {} (a server of the manifest that is not installed is left out: `packaging/install-servers.sh {}` installs it)",
         if missing.len() > 1 { "s" } else { "" },
         missing.join(", "),
@@ -160,7 +137,7 @@ fn check_servers_known(h: &Shared, req: &AcquireBody) -> HostResult<()> {
 /// lists its profile's order); and the servers of ALL not started.
 fn stored_row(
     h: &Shared,
-    req: &AcquireBody,
+    req: &AcquireAsk,
     id: String,
     owner: String,
     slot: &Slot,
@@ -237,7 +214,7 @@ impl OwnerClaim {
     /// Room for one more of `who`'s sandboxes. Where only its released
     /// sandboxes still being cleaned up are in the way, waits (at most
     /// `--agent-release-timeout`) for one of them to be clean.
-    async fn take(h: &Shared, who: &str) -> HostResult<OwnerClaim> {
+    async fn take(h: &Shared, who: &str) -> LeaseResult<OwnerClaim> {
         let deadline = tokio::time::Instant::now() + h.fleet.deadlines().release;
         loop {
             let cleaned = h.cleaning.cleaned();
@@ -249,7 +226,7 @@ impl OwnerClaim {
             };
             if tokio::time::timeout_at(deadline, cleaned).await.is_err() {
                 let live = h.store.held(who).await?;
-                return Err(HostError::TooManySandboxes {
+                return Err(LeaseError::TooManySandboxes {
                     held: live,
                     cleaning,
                     limit: h.max_per_owner,
@@ -260,7 +237,7 @@ impl OwnerClaim {
 
     /// The claim, or (`Err`) how many of `who`'s released sandboxes still
     /// being cleaned up are all that is in the way.
-    async fn try_take(h: &Shared, who: &str) -> HostResult<Result<OwnerClaim, usize>> {
+    async fn try_take(h: &Shared, who: &str) -> LeaseResult<Result<OwnerClaim, usize>> {
         // The live sandboxes the store counts here (where replicas share
         // the leases, the fleet decides the cap across them when it
         // takes the sandbox); this replica's Acquires are counted under
@@ -270,7 +247,7 @@ impl OwnerClaim {
         let mut acquiring = h.acquiring.lock().unwrap_or_else(|p| p.into_inner());
         let n = acquiring.entry(who.to_owned()).or_default();
         if live + *n >= h.max_per_owner {
-            return Err(HostError::TooManySandboxes {
+            return Err(LeaseError::TooManySandboxes {
                 held: live + *n,
                 cleaning: 0,
                 limit: h.max_per_owner,
@@ -306,15 +283,15 @@ impl Drop for OwnerClaim {
 async fn lease_slot(
     slot: &Slot,
     taken: Taken,
-    req: &AcquireBody,
+    req: &AcquireAsk,
     id: &str,
     lazy: bool,
     deadlines: crate::pool::Deadlines,
-) -> HostResult<Leased> {
+) -> LeaseResult<Leased> {
     let c = slot
         .client(deadlines.acquire)
         .await
-        .map_err(HostError::AgentUnreachable)?;
+        .map_err(LeaseError::AgentUnreachable)?;
     let mut miss = taken.miss;
     let to_end = match taken.warm {
         Some(w) if taken.covers => match narrow(&c, &w, req, id).await? {
@@ -338,9 +315,9 @@ async fn lease_slot(
 async fn narrow(
     c: &sandbox_client::Client,
     w: &WarmLease,
-    req: &AcquireBody,
+    req: &AcquireAsk,
     id: &str,
-) -> HostResult<Result<Leased, String>> {
+) -> LeaseResult<Result<Leased, String>> {
     let narrowed = c
         .agent()
         .narrow(proto::NarrowRequest {
@@ -348,7 +325,7 @@ async fn narrow(
             new_lease_id: id.to_owned(),
             // ALL: every server the warm lease holds.
             server_names: req.servers.clone().unwrap_or_else(|| w.servers.clone()),
-            benchmark: benchmark_proto(req.benchmark.as_deref()),
+            benchmark: req.benchmark_proto,
             ttl_seconds: Some(0),
             test_account_email: req.email.clone(),
         })
@@ -373,13 +350,13 @@ async fn narrow(
         {
             Ok(Err(s.message().to_owned()))
         }
-        Err(s) => Err(HostError::agent("acquire")(s)),
+        Err(s) => Err(LeaseError::agent("acquire")(s)),
     }
 }
 
 /// Ends a warm lease of other servers before a cold Acquire (gone already
 /// is fine).
-async fn end_warm(c: &sandbox_client::Client, w: WarmLease) -> HostResult<()> {
+async fn end_warm(c: &sandbox_client::Client, w: WarmLease) -> LeaseResult<()> {
     let ended = c
         .agent()
         .release(proto::ReleaseRequest {
@@ -390,7 +367,7 @@ async fn end_warm(c: &sandbox_client::Client, w: WarmLease) -> HostResult<()> {
         .await;
     match ended {
         Err(s) if s.code() != tonic::Code::NotFound => {
-            Err(HostError::agent("releasing the warm lease")(s))
+            Err(LeaseError::agent("releasing the warm lease")(s))
         }
         _ => Ok(()),
     }
@@ -400,11 +377,11 @@ async fn end_warm(c: &sandbox_client::Client, w: WarmLease) -> HostResult<()> {
 /// use when `lazy`).
 async fn cold(
     c: &sandbox_client::Client,
-    req: &AcquireBody,
+    req: &AcquireAsk,
     id: &str,
     lazy: bool,
     miss: Option<Miss>,
-) -> HostResult<Leased> {
+) -> LeaseResult<Leased> {
     let r = c
         .agent()
         .acquire(proto::AcquireRequest {
@@ -412,7 +389,7 @@ async fn cold(
             server_names: req.servers.clone().unwrap_or_default(),
             all_servers: req.servers.is_none(),
             no_servers: req.servers.as_ref().is_some_and(Vec::is_empty),
-            benchmark: benchmark_proto(req.benchmark.as_deref()),
+            benchmark: req.benchmark_proto,
             // The host's reaper owns the TTL (it survives host restarts in
             // the database).
             ttl_seconds: Some(0),
@@ -425,9 +402,9 @@ async fn cold(
             // A name of the API that this sandbox's manifest (or VM image)
             // does not carry is the request's fault, not a missing resource.
             if s.code() == tonic::Code::NotFound {
-                HostError::BadRequest(format!("acquire: {}", s.message()))
+                LeaseError::BadRequest(format!("acquire: {}", s.message()))
             } else {
-                HostError::agent("acquire")(s)
+                LeaseError::agent("acquire")(s)
             }
         })?
         .into_inner();
@@ -451,23 +428,4 @@ fn auth_data(lease: Option<&proto::Lease>) -> BTreeMap<String, Value> {
                 .collect()
         })
         .unwrap_or_default()
-}
-
-/// Ends a sandbox: marked released now, then ended by its fleet in the
-/// background ([`crate::fleet::Fleet::release`]).
-pub async fn release_in_background(h: &Shared, s: &SandboxRow, is_ttl: bool) {
-    // Until it is clean, it counts against its owner's cap: an owner
-    // cannot leave more trash behind than it may hold sandboxes. Counted
-    // before the store stops counting it as live (twice for a moment, never
-    // not at all).
-    let until_clean = h.cleaning.count(&s.owner);
-    if let Err(e) = h.store.mark_released(&s.id, &timestamp()).await {
-        warn!(sandbox = %s.id, error = %e, "cannot record the release");
-    }
-    h.uploads.release(&s.id);
-    // After the store says released: a request admitted later finds it so
-    // (`inflight::admit`); one in flight stops here.
-    h.inflight.end(&s.id);
-    h.fleet
-        .release(s, is_ttl, &h.releases, Box::new(until_clean));
 }

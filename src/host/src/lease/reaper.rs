@@ -6,9 +6,7 @@ use std::time::Duration;
 
 use tracing::{info, warn};
 
-use super::Shared;
-use super::common::{now_ms, timestamp};
-use super::leases::release_in_background;
+use super::{Shared, now_ms, release_in_background, timestamp};
 use crate::store::Status;
 
 /// The TTL reaper: releases sandboxes whose TTL passed.
