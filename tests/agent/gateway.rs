@@ -150,12 +150,15 @@ async fn concurrent_sessions_never_mix_up_answers() {
     assert_eq!(v["mismatches"], serde_json::json!([]), "{v}");
 }
 
+/// One server serves every session: what each of many one-call sessions
+/// wrote is there at the end (64 sessions: the 200 this took before cost
+/// 11 CPU-seconds and showed nothing more).
 #[tokio::test]
-async fn memory_survives_two_hundred_one_call_sessions() {
+async fn memory_survives_many_one_call_sessions() {
     let agent = agent_with("", "");
     acquire(&agent, &["localmemory"]).await;
-    let v = sdk(&agent, &["localmemory", "memory-sessions", "200"]);
-    assert_eq!(v["entities"], 200, "{v}");
+    let v = sdk(&agent, &["localmemory", "memory-sessions", "64"]);
+    assert_eq!(v["entities"], 64, "{v}");
 }
 
 #[tokio::test]

@@ -116,7 +116,6 @@ fn uv_sync(
         .args(["--exclude-newer", EXCLUDE_NEWER])
         .current_dir(build.path())
         .envs(installer_env())
-        .env("UV_LINK_MODE", "copy")
         .output()
         .expect("uv");
     assert!(
