@@ -17,7 +17,7 @@ use crate::{api, pool};
 mod backend;
 #[cfg_attr(not(feature = "kubernetes"), path = "config/kube_off.rs")]
 mod kube;
-pub use backend::backend;
+pub use backend::{backend, fleet};
 pub use kube::{ClusterPlan, cluster};
 
 /// The manifest a local agent reads when the host passes none.

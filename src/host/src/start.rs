@@ -151,11 +151,7 @@ impl Host {
             None => None,
         };
         let owners = upload_owners(&store, live, local).await;
-        let fleet: Arc<dyn crate::fleet::Fleet> = match cluster {
-            #[cfg(feature = "kubernetes")]
-            Some(cluster) => Arc::new(crate::fleet::claims::Claims::new(cluster, pool.clone())),
-            _ => Arc::new(crate::fleet::local::Local::new(pool.clone())),
-        };
+        let fleet = config::fleet(cluster, &pool);
         let host = Arc::new(Host {
             metrics: metrics::Metrics::new(&pool, args.metrics_listen.is_none()),
             store,

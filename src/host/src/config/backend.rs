@@ -5,8 +5,26 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 
+use std::sync::Arc;
+
 use super::{Args, BackendKind, INSTALLED_MANIFEST, kube};
+use crate::fleet::Fleet;
 use crate::pool;
+
+/// The fleet of the backend chosen: claimed pods when a cluster is
+/// connected (`--backend kubernetes`), else the pool's own slots. The one
+/// place a fleet's kind is chosen; everything above holds it as a
+/// [`Fleet`].
+pub fn fleet(
+    cluster: Option<Arc<crate::fleet::Cluster>>,
+    pool: &Arc<pool::Pool>,
+) -> Arc<dyn Fleet> {
+    match cluster {
+        #[cfg(feature = "kubernetes")]
+        Some(cluster) => Arc::new(crate::fleet::claims::Claims::new(cluster, pool.clone())),
+        _ => Arc::new(crate::fleet::local::Local::new(pool.clone())),
+    }
+}
 
 /// The backend the arguments describe, checked before anything starts.
 pub fn backend(args: &Args) -> anyhow::Result<pool::Backend> {

@@ -17,6 +17,12 @@ pub mod claims;
 pub mod cluster;
 pub mod local;
 
+/// The kubernetes backend's cluster, or nothing in a build without it.
+#[cfg(feature = "kubernetes")]
+pub use cluster::Cluster;
+#[cfg(not(feature = "kubernetes"))]
+pub type Cluster = std::convert::Infallible;
+
 use std::time::Duration;
 
 use sandbox_client::proto;

@@ -47,6 +47,16 @@ impl Backend {
             Backend::Kubernetes => Kind::Kubernetes,
         }
     }
+    /// The sockets the host dials in a slot's directory (relative to it);
+    /// none for a pod, reached over TCP.
+    pub fn slot_sockets(&self) -> &'static [&'static str] {
+        match self.kind() {
+            Kind::Process => &["run/agent.sock", "run/mcp.sock"],
+            Kind::Qemu => &["vsock.sock"],
+            Kind::Kubernetes => &[],
+        }
+    }
+
     /// How long a new slot may take to serve, unless
     /// `--slot-start-timeout` says otherwise. Twenty isolated agents
     /// starting at once on two busy cores take tens of seconds.

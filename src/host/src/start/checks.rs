@@ -52,11 +52,7 @@ pub(super) fn check_data_dir(
     let slots = pool::slots_dir(data);
     // A slot's directory is named by 32 hex digits.
     let slot = slots.join("0".repeat(32));
-    let sockets: &[&str] = match backend.kind() {
-        pool::Kind::Process => &["run/agent.sock", "run/mcp.sock"],
-        pool::Kind::Qemu => &["vsock.sock"],
-        pool::Kind::Kubernetes => &[],
-    };
+    let sockets = backend.slot_sockets();
     for s in sockets {
         let p = slot.join(s);
         let len = p.as_os_str().as_bytes().len();

@@ -9,11 +9,7 @@ use anyhow::Context;
 
 use crate::config::{self, Args};
 
-/// The kubernetes backend's fleet, or nothing in a build without it.
-#[cfg(feature = "kubernetes")]
-pub(super) use crate::fleet::cluster::Cluster;
-#[cfg(not(feature = "kubernetes"))]
-pub(super) type Cluster = std::convert::Infallible;
+use crate::fleet::Cluster;
 
 #[cfg(not(feature = "kubernetes"))]
 pub(super) async fn connect_cluster(
