@@ -278,6 +278,8 @@ impl From<LeaseError> for HostError {
             LeaseError::LeaseEnded(id) => HostError::LeaseEnded(id),
             LeaseError::AgentUnreachable(p) => HostError::AgentUnreachable(p),
             LeaseError::Agent { what, status } => HostError::agent(what)(status),
+            LeaseError::BadAgentAnswer(m) => HostError::BadAgentAnswer(m),
+            LeaseError::Internal(m) => HostError::Internal(m),
             LeaseError::Fleet(f) => f.into(),
             LeaseError::Store(s) => HostError::Store(s),
         }

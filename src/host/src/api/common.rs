@@ -7,16 +7,16 @@
 use std::collections::{BTreeMap, HashSet};
 
 use axum::body::Body;
-use axum::body::Bytes;
 use axum::http::{HeaderMap, header};
 use axum::response::Response;
-use futures_util::{Stream, StreamExt};
+use futures_util::StreamExt;
 use sandbox_client::proto;
 use serde::Deserialize;
 
 use super::model::{SandboxInfo, ServerItem, ServerState};
 use crate::error::{HostError, HostResult};
 use crate::lease::Host;
+pub use crate::lease::stream::{stored_chunks, stream_to_agent};
 pub use crate::lease::{agent_of, now_ms, timestamp};
 use crate::signed::Invalid;
 use crate::store::SandboxRow;
@@ -194,59 +194,6 @@ pub fn info(h: &Host, s: &SandboxRow) -> SandboxInfo {
     }
 }
 
-/// A stored archive as chunks for an agent's client stream, and the read
-/// failure that ends it early, if any (see [`stream_to_agent`]).
-pub fn stored_chunks(
-    file: tokio::fs::File,
-) -> (
-    impl Stream<Item = Bytes> + Send + 'static,
-    tokio::sync::oneshot::Receiver<std::io::Error>,
-) {
-    let (failed, failure) = tokio::sync::oneshot::channel();
-    let reader = tokio_util::io::ReaderStream::with_capacity(file, 256 << 10);
-    let chunks = futures_util::stream::unfold(
-        (reader, Some(failed)),
-        |(mut reader, mut failed)| async move {
-            match reader.next().await {
-                Some(Ok(b)) => Some((b, (reader, failed))),
-                None => None,
-                Some(Err(e)) => {
-                    if let Some(f) = failed.take() {
-                        let _ = f.send(e);
-                    }
-                    // Never ends: the call is cancelled instead, so the
-                    // agent never takes a truncated archive for whole.
-                    std::future::pending().await
-                }
-            }
-        },
-    );
-    (chunks, failure)
-}
-
-/// Runs an agent call fed by [`stored_chunks`]: a read failure of the
-/// stored archive cancels the call (the agent then changes nothing) and
-/// fails the request.
-pub async fn stream_to_agent<T>(
-    what: &str,
-    call: impl Future<Output = Result<tonic::Response<T>, tonic::Status>>,
-    failure: tokio::sync::oneshot::Receiver<std::io::Error>,
-) -> HostResult<T> {
-    let failed = async {
-        match failure.await {
-            Ok(e) => e,
-            // The stream ended whole: wait for the call.
-            Err(_) => std::future::pending().await,
-        }
-    };
-    tokio::select! {
-        r = call => Ok(r.map_err(HostError::agent(what))?.into_inner()),
-        e = failed => Err(HostError::Internal(format!(
-            "{what}: reading the uploaded archive from this host's store: {e}"
-        ))),
-    }
-}
-
 /// An agent's archive stream (chunks, then a trailer) as a streamed
 /// `application/gzip` answer; an error mid-stream breaks the body, so the
 /// client never takes a truncated archive for a whole one.
@@ -294,6 +241,8 @@ pub async fn forget_released_elsewhere(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use axum::body::Bytes;
+    use futures_util::Stream;
 
     /// A stand-in agent: reads the whole client stream, then answers how
     /// many chunks it got (as a real one takes a clean end for a whole
@@ -323,7 +272,7 @@ mod tests {
         let file = tokio::fs::File::open(dir.path()).await.expect("open");
         let (chunks, failure) = stored_chunks(file);
         match stream_to_agent("initialize", agent(chunks), failure).await {
-            Err(HostError::Internal(m)) => {
+            Err(crate::lease::LeaseError::Internal(m)) => {
                 assert!(m.contains("reading the uploaded archive"), "{m}")
             }
             Ok(n) => panic!("the agent took a {n}-chunk archive for whole"),
@@ -402,7 +351,10 @@ mod tests {
         )
         .await
         .expect("the request ends");
-        assert!(matches!(r, Err(HostError::Internal(_))), "{r:?}");
+        assert!(
+            matches!(r, Err(crate::lease::LeaseError::Internal(_))),
+            "{r:?}"
+        );
         let end = tokio::time::timeout(wait, ends.recv())
             .await
             .expect("the agent sees the stream end")

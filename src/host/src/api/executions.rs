@@ -15,15 +15,12 @@ use axum::body::{Body, Bytes};
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
-use futures_util::StreamExt;
-use sandbox_client::proto;
 use serde_json::Value;
 
 use crate::error::{HostError, HostResult};
 
 use crate::api::common::{
-    SignedQuery, URL_MINUTES, agent_of, archive_response, check_signed, owner, sandbox_of,
-    signed_url, stored_chunks, stream_to_agent,
+    SignedQuery, URL_MINUTES, archive_response, check_signed, owner, sandbox_of, signed_url,
 };
 use crate::api::model::{
     DownloadUrlResponse, ExecuteResponse, ExecutionLogsResponse, ExecutionStatusResponse,
@@ -31,6 +28,7 @@ use crate::api::model::{
 };
 use crate::api::validation::{body_object, check_region, query_error, verr};
 use crate::api::{Shared, inflight};
+use crate::lease::executions;
 use crate::uploads::Kind;
 
 /// The signed-URL action for an execution `name` (the signature binds it).
@@ -198,19 +196,7 @@ pub async fn execute(
     // Never uploaded, as no upload URL is given for such a name.
     existing_name(&name, &id)?;
     let file = stored_archive(&h, &id, &name).await?;
-    let up = inflight::run(&h, &s, async {
-        let c = agent_of(&h, &s, h.fleet.deadlines().transfer).await?;
-        let up = upload_to_agent(&c, file, &id, &name).await?;
-        c.exec()
-            .start(proto::ExecStartRequest {
-                lease_id: id.clone(),
-                execution_name: name.clone(),
-            })
-            .await
-            .map_err(HostError::agent("execute"))?;
-        Ok(up)
-    })
-    .await?;
+    let up = executions::start(&h, &s, &name, file).await?;
     let replaced = match (up.replaced, up.killed_running) {
         (_, true) => " (replacing a running execution of that name, which was killed)",
         (true, false) => " (replacing the previous execution of that name)",
@@ -234,33 +220,6 @@ async fn stored_archive(h: &Shared, id: &str, name: &str) -> HostResult<tokio::f
     })
 }
 
-/// Streams an execution's stored archive to the agent's `Exec.Upload`.
-async fn upload_to_agent(
-    c: &sandbox_client::Client,
-    file: tokio::fs::File,
-    id: &str,
-    name: &str,
-) -> HostResult<proto::ExecUploadResponse> {
-    let size = file.metadata().await.map(|m| m.len()).unwrap_or(0);
-    let head = proto::ExecUploadRequest {
-        msg: Some(proto::exec_upload_request::Msg::Header(
-            proto::ExecUploadHeader {
-                lease_id: id.to_owned(),
-                execution_name: name.to_owned(),
-                compression: proto::Compression::Auto as i32,
-                size_hint: size,
-            },
-        )),
-    };
-    let (chunks, failure) = stored_chunks(file);
-    let chunks = chunks.map(|c| proto::ExecUploadRequest {
-        msg: Some(proto::exec_upload_request::Msg::Chunk(c)),
-    });
-    let stream = futures_util::stream::iter([head]).chain(chunks);
-    let mut exec = c.exec();
-    stream_to_agent("execute", exec.upload(stream), failure).await
-}
-
 /// `GET /local-sandbox/{id}/execution-status?execution_name=`
 pub async fn execution_status(
     State(h): State<Shared>,
@@ -272,16 +231,7 @@ pub async fn execution_status(
     let name = query_name(&q)?;
     let s = sandbox_of(&h, &headers, &id).await?;
     existing_name(&name, &id)?;
-    let st = agent_of(&h, &s, h.fleet.deadlines().call)
-        .await?
-        .exec()
-        .status(proto::ExecStatusRequest {
-            lease_id: id,
-            execution_name: name,
-        })
-        .await
-        .map_err(HostError::agent("execution-status"))?
-        .into_inner();
+    let st = executions::status(&h, &s, &name, "execution-status").await?;
     Ok(Json(ExecutionStatusResponse {
         status: st.klavis_status,
     }))
@@ -299,18 +249,7 @@ pub async fn execution_logs(
     let cursor = query_cursor(&q)?;
     let s = sandbox_of(&h, &headers, &id).await?;
     existing_name(&name, &id)?;
-    let r = agent_of(&h, &s, h.fleet.deadlines().call)
-        .await?
-        .exec()
-        .logs(proto::ExecLogsRequest {
-            lease_id: id,
-            execution_name: name,
-            cursor,
-            max_bytes: 0,
-        })
-        .await
-        .map_err(HostError::agent("execution-logs"))?
-        .into_inner();
+    let r = executions::logs(&h, &s, &name, cursor).await?;
     Ok(Json(ExecutionLogsResponse {
         status: r.klavis_status,
         logs: r.logs,
@@ -332,15 +271,7 @@ pub async fn export_artifacts(
     let s = sandbox_of(&h, &headers, &id).await?;
     existing_name(&name, &id)?;
     // An unknown execution is a 404 now, not a broken download later.
-    agent_of(&h, &s, h.fleet.deadlines().call)
-        .await?
-        .exec()
-        .status(proto::ExecStatusRequest {
-            lease_id: id.clone(),
-            execution_name: name.clone(),
-        })
-        .await
-        .map_err(HostError::agent("export-artifacts"))?;
+    executions::status(&h, &s, &name, "export-artifacts").await?;
     let url = signed_url(
         &h,
         &action("exec-export", &name),
@@ -362,19 +293,7 @@ pub async fn exec_download(
     check_name("path", &name)?;
     let s = check_signed(&h, &action("exec-export", &name), &id, &q).await?;
     let token = inflight::admit(&h, &s).await?;
-    let stream = inflight::run(&h, &s, async {
-        agent_of(&h, &s, h.fleet.deadlines().call)
-            .await?
-            .exec()
-            .export(proto::ExecExportRequest {
-                lease_id: id.clone(),
-                execution_name: name.clone(),
-            })
-            .await
-            .map_err(HostError::agent("export-artifacts"))
-    })
-    .await?
-    .into_inner();
+    let stream = executions::export(&h, &s, &name).await?.into_inner();
     let resp = archive_response(stream, Some(&format!("{name}-artifacts.tar.gz")))?;
     Ok(inflight::response(resp, token, &id))
 }

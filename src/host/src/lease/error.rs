@@ -30,6 +30,12 @@ pub enum LeaseError {
     /// The agent refused or failed `what`.
     #[error("{what}: {}", status.message())]
     Agent { what: String, status: tonic::Status },
+    /// The agent answered something this host cannot read.
+    #[error("{0}")]
+    BadAgentAnswer(String),
+    /// Anything else of the host's own.
+    #[error("{0}")]
+    Internal(String),
     #[error(transparent)]
     Fleet(#[from] FleetError),
     #[error(transparent)]

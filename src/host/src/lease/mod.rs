@@ -1,14 +1,18 @@
 //! The lease service: Acquire, Release and Reset for both of Klavis's
-//! APIs, the owners' caps, TTLs and the sandboxes' requests in flight;
-//! the rules, with no HTTP in them (`api/` adapts them). Its errors are
+//! APIs, the owners' caps, TTLs, the sandboxes' requests in flight, their
+//! executions and per-server data, and the streams from the upload store
+//! to an agent; the rules, with no HTTP in them (`api/` adapts them). Its errors are
 //! [`LeaseError`], which `crate::error` maps to statuses.
 
 mod acquire;
 mod cleaning;
+pub mod data;
 mod end;
 mod error;
+pub mod executions;
 pub mod inflight;
 mod reaper;
+pub mod stream;
 
 use std::collections::HashMap;
 use std::sync::Arc;

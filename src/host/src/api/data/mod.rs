@@ -12,15 +12,13 @@ use axum::Json;
 use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
 use axum::http::HeaderMap;
-use sandbox_client::proto;
 use serde_json::Value;
-use tracing::info;
 
 use crate::error::{HostError, HostResult};
 use crate::store::SandboxRow;
 
 use crate::api::Shared;
-use crate::api::common::{agent_of, sandbox_of};
+use crate::api::common::sandbox_of;
 pub mod klavis;
 
 use crate::api::model::{InitializeResponse, ServerDataDump};
@@ -35,10 +33,6 @@ pub const DATA_SERVERS: [&str; 4] = [
     "canvas",
     "localmemory",
 ];
-
-/// The largest dump the host takes from an agent (the agent's own
-/// mail.max_data_bytes bounds it first).
-const MAX_DUMP_BYTES: usize = 256 << 20;
 
 fn check_server(server: &str, s: &SandboxRow) -> HostResult<()> {
     if !DATA_SERVERS.contains(&server) {
@@ -83,22 +77,11 @@ pub async fn initialize(
     check_server(&server, &s)?;
     let default_data = validation::query_bool(&q, "init_default_data")?;
     let data = data_of(&server, &body, default_data)?;
-    let c = agent_of(&h, &s, h.fleet.deadlines().transfer).await?;
-    let r = c
-        .servers()
-        .load_data(proto::LoadDataRequest {
-            server_name: server.clone(),
-            default_data: data.is_none(),
-            json: data.map(|d| d.to_string()).unwrap_or_default(),
-        })
-        .await
-        .map_err(HostError::agent(format!("initializing {server}")))?
-        .into_inner();
-    info!(sandbox = %id, server = %server, summary = %r.summary, "server data loaded");
+    let summary = crate::lease::data::load(&h, &s, &server, data).await?;
     Ok(Json(InitializeResponse {
         sandbox_id: id,
         status: s.status,
-        message: format!("{server} initialized: {}", r.summary),
+        message: format!("{server} initialized: {summary}"),
     }))
 }
 
@@ -111,20 +94,8 @@ pub async fn dump(
     let server = names::ours(&asked).to_owned();
     let s = sandbox_of(&h, &headers, &id).await?;
     check_server(&server, &s)?;
-    let c = agent_of(&h, &s, h.fleet.deadlines().transfer).await?;
-    let r = c
-        .servers()
-        .max_decoding_message_size(MAX_DUMP_BYTES)
-        .dump_data(proto::DumpDataRequest {
-            server_name: server.clone(),
-        })
-        .await
-        .map_err(HostError::agent(format!("dumping {server}")))?
-        .into_inner();
-    let data: Value = serde_json::from_str(&r.json).map_err(|e| {
-        HostError::BadAgentAnswer(format!("the sandbox's {server} dump is not JSON: {e}"))
-    })?;
-    let dumped_at = chrono::DateTime::from_timestamp_millis(r.dumped_at_ms as i64)
+    let (data, dumped_ms) = crate::lease::data::dump(&h, &s, &server).await?;
+    let dumped_at = chrono::DateTime::from_timestamp_millis(dumped_ms as i64)
         .unwrap_or_else(chrono::Utc::now)
         .to_rfc3339_opts(chrono::SecondsFormat::Micros, false);
     Ok(Json(ServerDataDump {

@@ -157,7 +157,7 @@ async fn send_archive(
     });
     let stream = futures_util::stream::iter([header]).chain(chunks);
     let mut workspace = c.workspace();
-    stream_to_agent("initialize", workspace.initialize(stream), failure).await
+    Ok(stream_to_agent("initialize", workspace.initialize(stream), failure).await?)
 }
 
 /// An archive in memory as agent-sized chunks (nothing can fail reading it).
