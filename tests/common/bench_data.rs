@@ -236,11 +236,9 @@ pub struct Installed {
 pub fn atlas() -> &'static Installed {
     static INSTALLED: OnceLock<Installed> = OnceLock::new();
     INSTALLED.get_or_init(|| {
-        let root = tempfile::Builder::new()
-            .prefix("sandbox-suite-benchmark-data")
-            .tempdir()
-            .expect("tempdir")
-            .keep();
+        // Kept for the whole process (the servers read it), then removed
+        // by the next process's run: never left to pile up in /tmp.
+        let root = process_dir("benchmark-data");
         let s = |p: &Path| p.display().to_string();
         let (mirror, csv) = (root.join("mirror"), root.join("repos.csv"));
         let prefix = root.join("installed");
@@ -353,6 +351,28 @@ fn make_writable(dir: &Path) {
         .status()
         .expect("chmod");
     assert!(ok.success(), "chmod {}", dir.display());
+}
+
+/// A fresh directory of this test process under cargo's target tmpdir,
+/// `PREFIX-<pid>`; those of processes gone are removed first (a test
+/// process's statics are never dropped, so nothing removes its own).
+pub fn process_dir(prefix: &str) -> PathBuf {
+    let tmp = Path::new(env!("CARGO_TARGET_TMPDIR"));
+    let lead = format!("{prefix}-");
+    for e in std::fs::read_dir(tmp).into_iter().flatten().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let gone = name
+            .strip_prefix(&lead)
+            .and_then(|p| p.parse::<u32>().ok())
+            .is_some_and(|p| !Path::new(&format!("/proc/{p}")).exists());
+        if gone {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
+    let dir = tmp.join(format!("{lead}{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    dir
 }
 
 /// The prefix holding the installed test data.

@@ -37,20 +37,7 @@ pub fn node_image(servers: &str) -> PathBuf {
             }
             // Under target/tmp, one directory per test process; those of
             // processes gone are removed.
-            let tmp = Path::new(env!("CARGO_TARGET_TMPDIR"));
-            let mine = format!("vm-image-{}", std::process::id());
-            for e in std::fs::read_dir(tmp).into_iter().flatten().flatten() {
-                let name = e.file_name().to_string_lossy().into_owned();
-                let gone = name
-                    .strip_prefix("vm-image-")
-                    .and_then(|p| p.parse::<u32>().ok())
-                    .is_some_and(|p| !Path::new(&format!("/proc/{p}")).exists());
-                if gone {
-                    let _ = std::fs::remove_dir_all(e.path());
-                }
-            }
-            let dir = tmp.join(mine);
-            std::fs::create_dir_all(&dir).expect("the image's directory");
+            let dir = super::bench_data::process_dir("vm-image");
             build_initramfs(&dir, "node", &["--node-servers", servers, "--python"])
         })
         .clone()
